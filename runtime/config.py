@@ -1,0 +1,66 @@
+"""Runtime settings, with their units and defaults (DESIGN.md, "Decisions" and "Retention")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_ATTEMPTS = 3
+"""A run interrupted by a restart is re-queued; the third interruption fails it (DESIGN.md)."""
+
+DAY_SECONDS = 86_400.0
+
+
+class RetentionPolicy(BaseModel):
+    """How long finished runs are kept (DESIGN.md, "Retention").
+
+    Attributes:
+        completed_seconds: Completed and canceled runs are kept this long after they
+            finished (default 30 days).
+        failed_seconds: Failed runs are kept this long (default 24 hours).
+        max_finished: At most this many of the most recent finished runs are kept per
+            thread (default 1,000).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    completed_seconds: float = Field(default=30 * DAY_SECONDS, gt=0)
+    failed_seconds: float = Field(default=DAY_SECONDS, gt=0)
+    max_finished: int = Field(default=1000, ge=1)
+
+
+class Settings(BaseModel):
+    """Everything `runtime.Runtime` can be tuned with; pass them as keyword arguments.
+
+    Attributes:
+        data_dir: Where ``runtime.sqlite`` and ``threads/<thread_id>.sqlite`` live.
+        app_dir: The application folder (its ``effects/`` holds the effects); None = none.
+        synchronous: SQLite ``synchronous`` for every database. ``FULL`` (default): an
+            acknowledged schedule survives power loss. ``NORMAL``: faster, survives a
+            process crash only.
+        max_open_threads: Size of the LRU of open thread databases (each holds 3 file
+            descriptors and about 134 KiB).
+        max_concurrent_runs: Threads whose runs execute at the same moment, process-wide.
+        max_args_bytes: Largest args accepted, as UTF-8 JSON bytes (default 1 MiB).
+        retention: See `RetentionPolicy`.
+        shutdown_grace_seconds: On shutdown, runs still going after this are interrupted
+            and re-queued.
+        subscriber_queue_size: Events buffered per change subscriber before it is dropped.
+        load_packages: Whether effects of installed packages (entry point group
+            ``thread_effects.packages``) are loaded.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_dir: Path
+    app_dir: Path | None = None
+    synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    max_open_threads: int = Field(default=1000, ge=1)
+    max_concurrent_runs: int = Field(default=64, ge=1)
+    max_args_bytes: int = Field(default=1 << 20, ge=2)
+    retention: RetentionPolicy = RetentionPolicy()
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    subscriber_queue_size: int = Field(default=1000, ge=1)
+    load_packages: bool = True

@@ -1,0 +1,287 @@
+"""Effect definitions and the records of their runs.
+
+An effect is a named function that runs later, outside the model's turn. Each file in
+``agents/effects/`` defines one with `define_effect`; the file name is the effect name.
+Each scheduled execution of an effect is a *run* (`EffectRun`), which moves through
+``pending → running → completed | failed`` or ``pending → canceled``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, overload
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from runtime.thread import ThreadState
+
+EFFECT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+"""Effect names (and so effect file names) are snake_case."""
+
+EffectFn = Callable[..., Awaitable[None] | None]
+
+
+class EffectStatus(StrEnum):
+    """Where a run is in its life: ``pending → running → completed | failed``, or canceled."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def finished(self) -> bool:
+        """True for the terminal statuses (completed, failed, canceled)."""
+        return self in (EffectStatus.COMPLETED, EffectStatus.FAILED, EffectStatus.CANCELED)
+
+
+FINISHED_STATUSES = (EffectStatus.COMPLETED, EffectStatus.FAILED, EffectStatus.CANCELED)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectDefinition:
+    """What `define_effect` returns: an effect's description, argument schema and function.
+
+    Attributes:
+        description: One line for people (shown in the pane and in ``GET /api/effects``).
+        schema: A pydantic model the run's args are validated against, or None for an
+            effect without arguments (its args must then be ``None`` or ``{}``).
+        fn: ``fn(state, args)`` (or ``fn(state)`` without a schema); async, or sync (which
+            then runs in a worker thread).
+        timeout_seconds: A run that takes longer fails with a timeout error; None = no limit.
+        name: Filled in by discovery from the file name (``""`` until then).
+        package_id: The package that exports the effect, or None for the app's own.
+    """
+
+    description: str
+    schema: type[BaseModel] | None
+    fn: EffectFn
+    timeout_seconds: float | None = None
+    name: str = ""
+    package_id: str | None = None
+
+    @property
+    def is_async(self) -> bool:
+        """Whether ``fn`` is a coroutine function (else it runs in a worker thread)."""
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def qualified_name(self) -> str:
+        """``name`` for app effects, ``"{package_id}/{name}"`` for package effects."""
+        return f"{self.package_id}/{self.name}" if self.package_id else self.name
+
+    def args_json_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of the args, or None for an effect without arguments."""
+        return self.schema.model_json_schema() if self.schema is not None else None
+
+
+@overload
+def define_effect(
+    description: str,
+    schema: type[BaseModel],
+    fn: Callable[[ThreadState, Any], Awaitable[None] | None],
+    /,
+    *,
+    timeout_seconds: float | None = None,
+) -> EffectDefinition: ...
+
+
+@overload
+def define_effect(
+    description: str,
+    fn: Callable[[ThreadState], Awaitable[None] | None],
+    /,
+    *,
+    timeout_seconds: float | None = None,
+) -> EffectDefinition: ...
+
+
+def define_effect(
+    description: str,
+    schema_or_fn: Any,
+    fn: Any = None,
+    /,
+    *,
+    timeout_seconds: float | None = None,
+) -> EffectDefinition:
+    """Define an effect; assign the result to a module-level name in ``agents/effects/<name>.py``.
+
+    Two forms::
+
+        effect = define_effect("Posts a reminder.", Reminder, send_reminder)  # with args
+        effect = define_effect("Cleans up.", cleanup)                        # no args
+
+    Args:
+        description: Non-empty text for people.
+        schema_or_fn: The pydantic model of the args, or the function for an effect
+            without arguments.
+        fn: The function when a schema is given: ``fn(state: ThreadState, args: Schema)``.
+        timeout_seconds: Optional run time limit in seconds (> 0); an overrunning run fails.
+
+    Returns:
+        An `EffectDefinition` (its ``name`` is set when the file is discovered).
+
+    Raises:
+        TypeError: if the schema is not a pydantic model or the function is not callable.
+        ValueError: if the description is empty or the timeout is not a positive number.
+    """
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("define_effect: description must be a non-empty string")
+    schema: type[BaseModel] | None
+    if fn is None:
+        schema, fn = None, schema_or_fn
+    else:
+        schema = schema_or_fn
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise TypeError(
+                f"define_effect: schema must be a pydantic BaseModel subclass, got {schema!r}"
+            )
+    if not callable(fn):
+        raise TypeError(f"define_effect: fn must be callable, got {fn!r}")
+    if timeout_seconds is not None and (
+        not isinstance(timeout_seconds, int | float)
+        or not math.isfinite(timeout_seconds)
+        or timeout_seconds <= 0
+    ):
+        raise ValueError(
+            f"define_effect: timeout_seconds must be a positive finite number, "
+            f"got {timeout_seconds!r}"
+        )
+    return EffectDefinition(
+        description=description.strip(),
+        schema=schema,
+        fn=fn,
+        timeout_seconds=float(timeout_seconds) if timeout_seconds is not None else None,
+    )
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRun:
+    """One scheduled execution of an effect, as stored in the thread's database.
+
+    Times are seconds since the Unix epoch (UTC) in the ``*_ts`` fields; the datetime
+    properties give aware UTC datetimes.
+
+    Attributes:
+        id: The run id (32 hex characters), unique across threads.
+        thread_id: The thread that owns the run.
+        name: The effect name (``"{package_id}/{name}"`` for package effects).
+        status: See `EffectStatus`.
+        args: The JSON args as scheduled (None for an effect without arguments).
+        run_at_ts: When the run is (or was) due.
+        created_at_ts: When it was scheduled.
+        started_at_ts: When its latest attempt started, or None.
+        finished_at_ts: When it reached a terminal status, or None.
+        attempts: How many times it has started (at most three).
+        error: Why it failed, or None.
+        replay_of: The id of the run this one replays, or None.
+    """
+
+    id: str
+    thread_id: str
+    name: str
+    status: EffectStatus
+    args: Any
+    run_at_ts: float
+    created_at_ts: float
+    started_at_ts: float | None = None
+    finished_at_ts: float | None = None
+    attempts: int = 0
+    error: str | None = None
+    replay_of: str | None = None
+
+    @property
+    def run_at(self) -> datetime:
+        """When the run is due, an aware UTC datetime."""
+        return datetime.fromtimestamp(self.run_at_ts, UTC)
+
+    @property
+    def created_at(self) -> datetime:
+        """When the run was scheduled, an aware UTC datetime."""
+        return datetime.fromtimestamp(self.created_at_ts, UTC)
+
+    def to_json(self, *, include_args: bool = False) -> dict[str, Any]:
+        """The wire form (camelCase keys, ISO 8601 UTC times); args only when asked for."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "threadId": self.thread_id,
+            "name": self.name,
+            "status": str(self.status),
+            "runAt": _iso(self.run_at_ts),
+            "createdAt": _iso(self.created_at_ts),
+            "startedAt": _iso(self.started_at_ts),
+            "finishedAt": _iso(self.finished_at_ts),
+            "attempts": self.attempts,
+            "error": self.error,
+            "replayOf": self.replay_of,
+        }
+        if include_args:
+            out["args"] = self.args
+        return out
+
+
+class RunChange(StrEnum):
+    """What happened to a run, as carried by a change event."""
+
+    SCHEDULED = "scheduled"
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    REQUEUED = "requeued"
+    RESCHEDULED = "rescheduled"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectChanged:
+    """A change of one run, delivered to the thread's subscribers. Never carries the args.
+
+    Attributes:
+        thread_id: The thread.
+        seq: Grows by one per event of the thread within this process (starts at 1), so
+            a subscriber that sees a gap knows it missed events.
+        change: What happened.
+        run: The run after the change (its ``args`` are not part of `data`).
+    """
+
+    thread_id: str
+    seq: int
+    change: RunChange
+    run: EffectRun = field(repr=False)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The frame payload: the run's wire form without args, plus ``change``."""
+        d = self.run.to_json(include_args=False)
+        d.pop("threadId", None)
+        d["change"] = str(self.change)
+        return d
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``effect_changed`` WebSocket frame."""
+        return {
+            "type": "event",
+            "eventType": "effect_changed",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+            "data": self.data,
+        }
+
+
+def iso(ts: float | None) -> str | None:
+    """Seconds since the epoch → ISO 8601 UTC with a ``Z`` suffix (None stays None)."""
+    return _iso(ts)

@@ -1,0 +1,112 @@
+"""Exceptions raised by thread-effects.
+
+Every exception the runtime raises on purpose derives from `EffectsError`::
+
+    EffectsError
+    ├── EffectNotFound          no effect of that name (app or package)
+    ├── EffectDefinitionError   a file in agents/effects/ (or a package) is not a valid effect
+    ├── InvalidEffectArgs       args are not JSON, too large, or fail the effect's schema
+    ├── InvalidDelay            a delay that is negative, NaN or infinite
+    ├── InvalidThreadId         a thread id that is not ^[A-Za-z0-9_-]{1,64}$
+    ├── ThreadNotFound          no thread with that id
+    ├── ThreadExists            create_thread with an id that is taken
+    ├── DataDirLocked           another process is using the data directory
+    ├── ThreadStorageError      a thread's database cannot be used (corrupt, newer schema)
+    ├── RunNotFound             no run with that id in the thread
+    ├── RunStateError           the run is in the wrong status for the operation
+    ├── RuntimeClosed           the runtime is not running (not started or shut down)
+    └── SubscriptionOverflow    a change subscriber fell behind its bounded queue
+
+`InvalidThreadId`, `InvalidDelay` and `InvalidEffectArgs` are also `ValueError`s; `EffectNotFound`,
+`ThreadNotFound` and `RunNotFound` are also `LookupError`s, so callers that only know the
+builtin hierarchy still catch them.
+"""
+
+from __future__ import annotations
+
+
+class EffectsError(Exception):
+    """Base class of every error the runtime raises on purpose."""
+
+
+class EffectNotFound(EffectsError, LookupError):
+    """No effect is registered under the requested name."""
+
+    def __init__(self, name: str, detail: str | None = None) -> None:
+        self.name = name
+        message = f"Effect not found: {name}"
+        if detail:
+            message = f"{message} ({detail})"
+        super().__init__(message)
+
+
+class EffectDefinitionError(EffectsError):
+    """A file that should define an effect does not (raised at startup, names the file)."""
+
+
+class InvalidEffectArgs(EffectsError, ValueError):
+    """Arguments for an effect are not JSON, exceed the size limit, or fail the schema."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        self.too_large = too_large
+        super().__init__(message)
+
+
+class InvalidThreadId(EffectsError, ValueError):
+    """A thread id does not match ``^[A-Za-z0-9_-]{1,64}$``."""
+
+
+class ThreadNotFound(EffectsError, LookupError):
+    """No thread exists with the given id (never created, or deleted)."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(f"Thread not found: {thread_id}")
+
+
+class ThreadStorageError(EffectsError):
+    """A thread's database file cannot be used: corrupt, unreadable or from a newer version.
+
+    Only that thread is affected; every other thread keeps running.
+    """
+
+    def __init__(self, thread_id: str, message: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(message)
+
+
+class RunNotFound(EffectsError, LookupError):
+    """No run with the given id exists in the thread (or it was pruned)."""
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        super().__init__(f"Run not found: {run_id} in thread {thread_id}")
+
+
+class RunStateError(EffectsError):
+    """The run's status does not allow the operation (e.g. run-now on a completed run)."""
+
+
+class RuntimeClosed(EffectsError):
+    """The runtime is not started, or is shutting down."""
+
+
+class SubscriptionOverflow(EffectsError):
+    """A change subscriber did not read fast enough and its bounded queue overflowed."""
+
+
+class InvalidDelay(EffectsError, ValueError):
+    """A delay that is negative, NaN, infinite or not a number of seconds."""
+
+
+class ThreadExists(EffectsError):
+    """`create_thread` was given an id that another thread already has."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(f"Thread already exists: {thread_id}")
+
+
+class DataDirLocked(EffectsError):
+    """Another process holds the data directory (the SQLite backend is single-process)."""

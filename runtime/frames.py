@@ -1,0 +1,120 @@
+"""Change events per thread and their subscribers (DESIGN.md, "Frames").
+
+Publishing never awaits a subscriber: each has a bounded buffer, and one that falls
+behind is cut off (`SubscriptionOverflow`) rather than slowing the others or the runtime.
+The server turns each `EffectChanged` into an ``effect_changed`` frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+
+from runtime.effects import EffectChanged, EffectRun, RunChange
+from runtime.errors import SubscriptionOverflow
+
+
+class Subscription(AsyncIterator[EffectChanged]):
+    """An async iterator over one thread's change events, from the moment it was made.
+
+    Iteration ends when the subscription is closed (the thread was deleted or the runtime
+    shut down) and raises `SubscriptionOverflow` if more than ``maxsize`` events piled up
+    unread. Use it as ``async with`` or call `close` to stop receiving.
+    """
+
+    def __init__(self, hub: ChangeHub, thread_id: str, maxsize: int) -> None:
+        self.thread_id = thread_id
+        self.maxsize = maxsize
+        self.overflowed = False
+        self.closed = False
+        self._hub = hub
+        self._buffer: deque[EffectChanged] = deque()
+        self._ready = asyncio.Event()
+
+    def _push(self, event: EffectChanged) -> None:
+        if self.closed:
+            return
+        if len(self._buffer) >= self.maxsize:
+            self.overflowed = True
+            self._buffer.clear()
+            self._end()
+            return
+        self._buffer.append(event)
+        self._ready.set()
+
+    def _end(self) -> None:
+        self.closed = True
+        self._hub._remove(self)
+        self._ready.set()
+
+    def close(self) -> None:
+        """Stop receiving; pending events are still yielded, then iteration ends."""
+        if not self.closed:
+            self._end()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> EffectChanged:
+        while True:
+            if self.overflowed:
+                raise SubscriptionOverflow(
+                    f"Subscriber of thread {self.thread_id} fell more than {self.maxsize} "
+                    f"events behind and was dropped; reload the runs and subscribe again"
+                )
+            if self._buffer:
+                return self._buffer.popleft()
+            if self.closed:
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ChangeHub:
+    """Per-thread sequence numbers and subscriber sets. Event-loop only (not thread-safe)."""
+
+    def __init__(self, queue_size: int) -> None:
+        self.queue_size = queue_size
+        self._seq: dict[str, int] = {}
+        self._subs: dict[str, set[Subscription]] = {}
+
+    def subscribe(self, thread_id: str) -> Subscription:
+        """A new subscription to a thread's events."""
+        sub = Subscription(self, thread_id, self.queue_size)
+        self._subs.setdefault(thread_id, set()).add(sub)
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.thread_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.thread_id]
+
+    def publish(self, change: RunChange, run: EffectRun) -> EffectChanged:
+        """Number the event and hand it to every subscriber of its thread, without waiting."""
+        seq = self._seq.get(run.thread_id, 0) + 1
+        self._seq[run.thread_id] = seq
+        event = EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=run)
+        for sub in list(self._subs.get(run.thread_id, ())):
+            sub._push(event)
+        return event
+
+    def close_thread(self, thread_id: str) -> None:
+        """End every subscription of a thread (it was deleted) and forget its counter."""
+        for sub in list(self._subs.get(thread_id, ())):
+            sub.close()
+        self._seq.pop(thread_id, None)
+
+    def close_all(self) -> None:
+        """End every subscription (shutdown)."""
+        for thread_id in list(self._subs):
+            for sub in list(self._subs.get(thread_id, ())):
+                sub.close()

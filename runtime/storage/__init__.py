@@ -1,0 +1,1 @@
+"""Storage: the table models (SQLModel, one schema definition) and the SQLite backend."""

@@ -1,0 +1,513 @@
+"""The embedded backend: one SQLite file per thread plus ``runtime.sqlite``.
+
+Plain ``sqlite3`` on an open connection, one short transaction per call; the runtime calls
+these from worker threads. Each store guards its connection with a lock so that a close
+from another thread (thread deletion, eviction) never races a query.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from runtime.config import RetentionPolicy
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
+from runtime.errors import ThreadStorageError
+from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.models import RUNTIME_MODELS, THREAD_MODELS, sqlite_ddl
+
+T = TypeVar("T")
+
+THREAD_SCHEMA_VERSION = 1
+"""``PRAGMA user_version`` of a current thread file."""
+
+RUNTIME_SCHEMA_VERSION = 1
+
+# Migrations from version N to N+1, applied in one transaction when an older file is
+# opened. Version 0 is a new, empty file: its "migration" creates the schema.
+THREAD_MIGRATIONS: dict[int, list[str]] = {0: sqlite_ddl(*THREAD_MODELS)}
+RUNTIME_MIGRATIONS: dict[int, list[str]] = {0: sqlite_ddl(*RUNTIME_MODELS)}
+
+_RUN_COLUMNS = (
+    "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
+    "attempts, error, replay_of"
+)
+_FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
+
+
+def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write transaction
+    # takes the write lock up front instead of failing on upgrade.
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: an acknowledged write survives power loss; NORMAL: a process crash only.
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(
+    conn: sqlite3.Connection, current: int, migrations: dict[int, list[str]], what: str
+) -> None:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > current:
+        raise sqlite3.DatabaseError(
+            f"{what} has schema version {version}, newer than this runtime's {current}; "
+            f"upgrade thread-effects"
+        )
+    if version == current:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Re-read under the write lock: another process may have migrated meanwhile.
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        while version < current:
+            for statement in migrations[version]:
+                conn.execute(statement)
+            version += 1
+        conn.execute(f"PRAGMA user_version={version}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
+    return EffectRun(
+        id=row[1],
+        thread_id=thread_id,
+        name=row[2],
+        status=EffectStatus(row[3]),
+        args=json.loads(row[4]) if row[4] is not None else None,
+        run_at_ts=row[5],
+        created_at_ts=row[6],
+        started_at_ts=row[7],
+        finished_at_ts=row[8],
+        attempts=row[9],
+        error=row[10],
+        replay_of=row[11],
+    )
+
+
+class SQLiteThreadStore(ThreadStore):
+    """One thread's file, ``<data_dir>/threads/<thread_id>.sqlite``."""
+
+    def __init__(self, thread_id: str, path: Path, synchronous: str = "FULL") -> None:
+        """Open (creating if needed) and migrate the file.
+
+        Raises:
+            ThreadStorageError: the file is not a database, is corrupt, or has a newer
+                schema. The message names the thread and the file.
+        """
+        self.thread_id = thread_id
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._conn: sqlite3.Connection | None = _connect(path, synchronous)
+            try:
+                _migrate(self._conn, THREAD_SCHEMA_VERSION, THREAD_MIGRATIONS, str(path))
+                # A cheap read that touches the run table: a damaged header or schema fails
+                # here, when the thread is opened, not in the middle of a run.
+                self._conn.execute("SELECT count(*) FROM thread_meta").fetchone()
+            except BaseException:
+                self._conn.close()
+                raise
+        except sqlite3.DatabaseError as exc:
+            raise ThreadStorageError(
+                thread_id, f"Thread {thread_id}: database {path} cannot be used: {exc}"
+            ) from exc
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
+            try:
+                if not write:
+                    return fn(conn)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
+            except sqlite3.DatabaseError as exc:
+                raise ThreadStorageError(
+                    self.thread_id,
+                    f"Thread {self.thread_id}: database {self.path} failed: {exc}",
+                ) from exc
+
+    def _one(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> EffectRun | None:
+        row = conn.execute(sql, params).fetchone()
+        return _row_to_run(self.thread_id, row) if row is not None else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Write one key of ``thread_meta``."""
+        self._tx(
+            lambda c: c.execute(
+                "INSERT INTO thread_meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+        )
+
+    def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
+        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        self._tx(
+            lambda c: c.execute(
+                "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
+                "attempts, replay_of) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
+                (run.id, run.name, str(run.status), args, run.run_at_ts, run.created_at_ts,
+                 run.replay_of),
+            )
+        )
+
+    def finish_and_claim(  # noqa: D102 - contract in base
+        self, finish: Finish | None, now: float, *, claim: bool = True
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        def tx(c: sqlite3.Connection) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+            finished = None
+            if finish is not None:
+                finished = self._one(
+                    c,
+                    f"UPDATE effect_runs SET status = ?, error = ?, finished_at = ? "
+                    f"WHERE id = ? AND status = 'running' RETURNING {_RUN_COLUMNS}",
+                    (str(finish.status), finish.error, finish.finished_at, finish.run_id),
+                )
+            if not claim:
+                return finished, None, None
+            claimed = self._one(
+                c,
+                f"UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
+                f"started_at = ? WHERE seq = (SELECT seq FROM effect_runs "
+                f"WHERE status = 'pending' AND run_at <= ? ORDER BY run_at, seq LIMIT 1) "
+                f"RETURNING {_RUN_COLUMNS}",
+                (now, now),
+            )
+            next_due = None
+            if claimed is None:
+                row = c.execute(
+                    "SELECT min(run_at) FROM effect_runs WHERE status = 'pending'"
+                ).fetchone()
+                next_due = row[0]
+            return finished, claimed, next_due
+
+        if finish is None and claim:
+            # Nothing to write unless something is due: probe first without taking the
+            # write lock (and without a commit, hence no fsync).
+            row = self._tx(
+                lambda c: c.execute(
+                    "SELECT min(run_at) FROM effect_runs WHERE status = 'pending'"
+                ).fetchone(),
+                write=False,
+            )
+            if row[0] is None or row[0] > now:
+                return None, None, row[0]
+        return self._tx(tx)
+
+    def recover_interrupted(  # noqa: D102 - contract in base
+        self, now: float, max_attempts: int, run_ids: Sequence[str] | None = None
+    ) -> list[EffectRun]:
+        def tx(c: sqlite3.Connection) -> list[EffectRun]:
+            if run_ids is None:
+                rows = c.execute(
+                    "SELECT id, attempts FROM effect_runs WHERE status = 'running'"
+                ).fetchall()
+            else:
+                marks = ",".join("?" * len(run_ids))
+                rows = c.execute(
+                    f"SELECT id, attempts FROM effect_runs WHERE status = 'running' "
+                    f"AND id IN ({marks})",
+                    tuple(run_ids),
+                ).fetchall()
+            changed: list[EffectRun] = []
+            for run_id, attempts in rows:
+                if attempts >= max_attempts:
+                    sql = (
+                        f"UPDATE effect_runs SET status = 'failed', finished_at = ?, error = ? "
+                        f"WHERE id = ? RETURNING {_RUN_COLUMNS}"
+                    )
+                    params: tuple[Any, ...] = (
+                        now,
+                        f"Interrupted {attempts} times (by a restart or shutdown, not by its "
+                        f"own error); gave up after {max_attempts} attempts",
+                        run_id,
+                    )
+                else:
+                    sql = (
+                        f"UPDATE effect_runs SET status = 'pending', run_at = min(run_at, ?) "
+                        f"WHERE id = ? RETURNING {_RUN_COLUMNS}"
+                    )
+                    params = (now, run_id)
+                run = self._one(c, sql, params)
+                if run is not None:
+                    changed.append(run)
+            return changed
+
+        if run_ids is not None and not run_ids:
+            return []
+        return self._tx(tx)
+
+    def cancel(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
+        return self._tx(
+            lambda c: self._one(
+                c,
+                f"UPDATE effect_runs SET status = 'canceled', finished_at = ? "
+                f"WHERE id = ? AND status = 'pending' RETURNING {_RUN_COLUMNS}",
+                (now, run_id),
+            )
+        )
+
+    def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
+        return self._tx(
+            lambda c: self._one(
+                c,
+                f"UPDATE effect_runs SET run_at = min(run_at, ?) "
+                f"WHERE id = ? AND status = 'pending' RETURNING {_RUN_COLUMNS}",
+                (now, run_id),
+            )
+        )
+
+    @staticmethod
+    def _visible(now: float, retention: RetentionPolicy) -> tuple[str, tuple[Any, ...]]:
+        # Read-side retention: a run past its retention is never returned, even before
+        # the pruning pass has deleted it.
+        return (
+            "NOT ((status IN ('completed', 'canceled') AND finished_at < ?) "
+            "OR (status = 'failed' AND finished_at < ?))",
+            (now - retention.completed_seconds, now - retention.failed_seconds),
+        )
+
+    def get_run(  # noqa: D102
+        self, run_id: str, now: float, retention: RetentionPolicy
+    ) -> EffectRun | None:
+        self.prune(now, retention)
+        visible, params = self._visible(now, retention)
+        return self._tx(
+            lambda c: self._one(
+                c,
+                f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ? AND {visible}",
+                (run_id, *params),
+            ),
+            write=False,
+        )
+
+    def list_runs(  # noqa: D102
+        self,
+        now: float,
+        retention: RetentionPolicy,
+        *,
+        statuses: Sequence[EffectStatus] | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        before_seq: int | None = None,
+    ) -> tuple[list[EffectRun], int | None]:
+        self.prune(now, retention)
+        visible, vparams = self._visible(now, retention)
+        where = [visible]
+        params: list[Any] = list(vparams)
+        if statuses:
+            where.append(f"status IN ({','.join('?' * len(statuses))})")
+            params.extend(str(s) for s in statuses)
+        if name is not None:
+            where.append("name = ?")
+            params.append(name)
+        if before_seq is not None:
+            where.append("seq < ?")
+            params.append(before_seq)
+        sql = (
+            f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE {' AND '.join(where)} "
+            f"ORDER BY seq DESC LIMIT ?"
+        )
+        params.append(limit + 1)
+        rows = self._tx(lambda c: c.execute(sql, params).fetchall(), write=False)
+        runs = [_row_to_run(self.thread_id, r) for r in rows[:limit]]
+        cursor = rows[limit - 1][0] if len(rows) > limit else None
+        return runs, cursor
+
+    def pending_runs(self, name: str | None = None) -> list[EffectRun]:  # noqa: D102
+        sql = f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE status = 'pending'"
+        params: tuple[Any, ...] = ()
+        if name is not None:
+            sql += " AND name = ?"
+            params = (name,)
+        sql += " ORDER BY run_at, seq"
+        rows = self._tx(lambda c: c.execute(sql, params).fetchall(), write=False)
+        return [_row_to_run(self.thread_id, r) for r in rows]
+
+    def prune(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
+        def count_excess(c: sqlite3.Connection) -> int:
+            row = c.execute(
+                "SELECT count(*) FROM effect_runs WHERE status IN (?, ?, ?)", _FINISHED
+            ).fetchone()
+            return int(row[0]) - retention.max_finished
+
+        def expired(c: sqlite3.Connection) -> bool:
+            row = c.execute(
+                "SELECT 1 FROM effect_runs WHERE (status IN ('completed', 'canceled') "
+                "AND finished_at < ?) OR (status = 'failed' AND finished_at < ?) LIMIT 1",
+                (now - retention.completed_seconds, now - retention.failed_seconds),
+            ).fetchone()
+            return row is not None
+
+        # Reads first: the common case deletes nothing and then takes no write lock.
+        if not self._tx(lambda c: count_excess(c) > 0 or expired(c), write=False):
+            return 0
+
+        def tx(c: sqlite3.Connection) -> int:
+            deleted = c.execute(
+                "DELETE FROM effect_runs WHERE (status IN ('completed', 'canceled') "
+                "AND finished_at < ?) OR (status = 'failed' AND finished_at < ?)",
+                (now - retention.completed_seconds, now - retention.failed_seconds),
+            ).rowcount
+            excess = count_excess(c)
+            if excess > 0:
+                deleted += c.execute(
+                    "DELETE FROM effect_runs WHERE seq IN (SELECT seq FROM effect_runs "
+                    "WHERE status IN (?, ?, ?) ORDER BY finished_at, seq LIMIT ?)",
+                    (*_FINISHED, excess),
+                ).rowcount
+            return deleted
+
+        return self._tx(tx)
+
+    def close(self) -> None:  # noqa: D102
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def remove_files(self) -> None:
+        """Close and delete the file with its WAL and shared-memory companions."""
+        self.close()
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            try:
+                os.remove(f"{self.path}{suffix}")
+            except FileNotFoundError:
+                pass
+
+
+class SQLiteRuntimeStore(RuntimeStore):
+    """``<data_dir>/runtime.sqlite``: the registry and the alarm index."""
+
+    def __init__(self, path: Path, synchronous: str = "FULL") -> None:
+        """Open (creating if needed) and migrate the runtime database.
+
+        Raises:
+            sqlite3.DatabaseError: the runtime database is unusable; the runtime cannot
+                start without it.
+        """
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = _connect(path, synchronous)
+        _migrate(self._conn, RUNTIME_SCHEMA_VERSION, RUNTIME_MIGRATIONS, str(path))
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise sqlite3.ProgrammingError(f"{self.path} is closed")
+            if not write:
+                return fn(conn)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+    @staticmethod
+    def _info(row: Sequence[Any]) -> ThreadInfo:
+        return ThreadInfo(
+            id=row[0], created_at_ts=row[1], agent_id=row[2], user_id=row[3],
+            tags=tuple(json.loads(row[4])),
+        )
+
+    def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
+        def tx(c: sqlite3.Connection) -> bool:
+            cur = c.execute(
+                "INSERT INTO threads (id, created_at, agent_id, user_id, tags) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                (info.id, info.created_at_ts, info.agent_id, info.user_id,
+                 json.dumps(list(info.tags))),
+            )
+            return cur.rowcount == 1
+
+        return self._tx(tx)
+
+    def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
+        row = self._tx(
+            lambda c: c.execute(
+                "SELECT id, created_at, agent_id, user_id, tags FROM threads WHERE id = ?",
+                (thread_id,),
+            ).fetchone(),
+            write=False,
+        )
+        return self._info(row) if row is not None else None
+
+    def list_threads(  # noqa: D102
+        self, limit: int, after: tuple[float, str] | None
+    ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
+        sql = "SELECT id, created_at, agent_id, user_id, tags FROM threads"
+        params: tuple[Any, ...] = ()
+        if after is not None:
+            sql += " WHERE (created_at, id) < (?, ?)"
+            params = (after[0], after[1])
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall(), write=False)
+        infos = [self._info(r) for r in rows[:limit]]
+        cursor = (infos[-1].created_at_ts, infos[-1].id) if len(rows) > limit else None
+        return infos, cursor
+
+    def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
+        def tx(c: sqlite3.Connection) -> bool:
+            c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,))
+            return c.execute("DELETE FROM threads WHERE id = ?", (thread_id,)).rowcount == 1
+
+        return self._tx(tx)
+
+    def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
+        if due_at is None:
+            self._tx(lambda c: c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,)))
+        else:
+            self._tx(
+                lambda c: c.execute(
+                    "INSERT INTO alarms (thread_id, due_at) VALUES (?, ?) "
+                    "ON CONFLICT(thread_id) DO UPDATE SET due_at = excluded.due_at",
+                    (thread_id, due_at),
+                )
+            )
+
+    def lower_alarm(self, thread_id: str, due_at: float) -> None:  # noqa: D102
+        self._tx(
+            lambda c: c.execute(
+                "INSERT INTO alarms (thread_id, due_at) VALUES (?, ?) "
+                "ON CONFLICT(thread_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)",
+                (thread_id, due_at),
+            )
+        )
+
+    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall(), write=False
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    def close(self) -> None:  # noqa: D102
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

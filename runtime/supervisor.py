@@ -1,0 +1,892 @@
+"""The supervisor: `Runtime`, which creates, finds and evicts thread actors and runs due work.
+
+Life of a run (DESIGN.md, "Core semantics" and "Alarms")::
+
+    schedule_effect ─► alarm row lowered (runtime.sqlite) ─► run row committed (thread file)
+                       └► in-process timer armed
+    timer fires ─► thread queued ─► a worker drains it: claim the earliest due run
+      (status running, attempts + 1, committed) ─► run the effect ─► record the outcome
+      together with the next claim (one transaction) ─► … ─► nothing due: the alarm row is
+      set to the next pending run, or removed
+
+Because the alarm row is written before the run row and cleared only after the due runs
+finished, a crash can cause a spurious wake-up but never a lost one. At startup every alarm
+row is re-armed; opening a thread's file returns runs left ``running`` by a dead process to
+``pending`` (the third interruption fails them).
+
+Concurrency: each thread runs one effect at a time (one worker drains it); at most
+``max_concurrent_runs`` workers run at once. SQLite calls run in worker threads, never on
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import re
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import anyio.to_thread
+from pydantic import BaseModel, ValidationError
+
+from runtime.alarms import AlarmTimer, Clock, SystemClock
+from runtime.config import MAX_ATTEMPTS, Settings
+from runtime.discovery import EffectRegistry, discover
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunChange
+from runtime.errors import (
+    DataDirLocked,
+    EffectNotFound,
+    InvalidDelay,
+    InvalidEffectArgs,
+    InvalidThreadId,
+    RunNotFound,
+    RunStateError,
+    RuntimeClosed,
+    ThreadExists,
+    ThreadNotFound,
+    ThreadStorageError,
+)
+from runtime.frames import ChangeHub
+from runtime.storage.base import Finish, ThreadInfo
+from runtime.storage.sqlite import SQLiteRuntimeStore, SQLiteThreadStore
+from runtime.thread import RunPage, ThreadActor, ThreadState
+
+log = logging.getLogger("runtime")
+
+T = TypeVar("T")
+
+THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""Thread ids become file names, so they are checked before they touch a path."""
+
+_DRAIN_BATCH = 100
+"""Runs a worker executes for one thread before letting other due threads go first."""
+
+_MAX_PAGE = 500
+
+
+def validate_thread_id(thread_id: object) -> str:
+    """Return ``thread_id`` if it matches ``^[A-Za-z0-9_-]{1,64}$``.
+
+    Raises:
+        InvalidThreadId: otherwise (e.g. ``"../x"``), naming the value and the rule.
+    """
+    if not isinstance(thread_id, str) or not THREAD_ID_RE.match(thread_id):
+        raise InvalidThreadId(
+            f"Invalid thread id {thread_id!r}: must match ^[A-Za-z0-9_-]{{1,64}}$ "
+            f"(letters, digits, '_' and '-', 1 to 64 characters)"
+        )
+    return thread_id
+
+
+def delay_seconds(delay: object) -> float:
+    """Normalize a delay to seconds.
+
+    Args:
+        delay: Seconds (int or float) or a `datetime.timedelta`.
+
+    Returns:
+        A finite number of seconds ≥ 0.
+
+    Raises:
+        InvalidDelay: for a negative, NaN or infinite delay, or one of another type.
+    """
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise InvalidDelay(f"delay must be seconds (int or float) or a timedelta, got {delay!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidDelay(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+    return seconds
+
+
+def _validation_summary(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(args)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPage:
+    """A page of threads, newest first.
+
+    Attributes:
+        threads: Registry entries.
+        next_cursor: Pass as ``cursor`` for the next page; None on the last page.
+    """
+
+    threads: list[ThreadInfo]
+    next_cursor: str | None
+
+
+class Runtime:
+    """The thread-effects runtime: threads, their effects and the alarm clock.
+
+    Use it as an async context manager::
+
+        async with Runtime(app_dir="agents", data_dir="data") as rt:
+            thread = await rt.create_thread()
+            run_id = await thread.schedule_effect("send_reminder", {"text": "hi"}, delay=60)
+
+    Only one process may use a data directory at a time (its ``runtime.lock`` is held).
+
+    Args:
+        data_dir: Where the databases live (created if missing).
+        app_dir: The application folder whose ``effects/`` holds the effects.
+        clock: The time source and timer; `runtime.testing.FakeClock` in tests.
+        **settings: Any other field of `runtime.config.Settings`.
+
+    Raises:
+        pydantic.ValidationError: for an unknown or invalid setting.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: str | os.PathLike[str],
+        app_dir: str | os.PathLike[str] | None = None,
+        clock: Clock | None = None,
+        **settings: Any,
+    ) -> None:
+        self.settings = Settings(
+            data_dir=Path(data_dir),
+            app_dir=Path(app_dir) if app_dir is not None else None,
+            **settings,
+        )
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.registry = EffectRegistry()
+        self._hub = ChangeHub(self.settings.subscriber_queue_size)
+        self._rtdb: SQLiteRuntimeStore | None = None
+        self._timer: AlarmTimer | None = None
+        self._lock_file: IO[str] | None = None
+        self._actors: OrderedDict[str, ThreadActor] = OrderedDict()
+        self._opening: dict[str, asyncio.Future[ThreadActor]] = {}
+        self._deleting: set[str] = set()
+        self._alarm_due: dict[str, float] = {}
+        self._queue: deque[str] = deque()
+        self._queued: set[str] = set()
+        self._draining: set[str] = set()
+        self._work = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._workers: list[asyncio.Task[None]] = []
+        self._started = False
+        self._closing = False
+        self._startup_hooks: list[Callable[[Runtime], Any]] = []
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def threads_dir(self) -> Path:
+        """``<data_dir>/threads``, one ``<thread_id>.sqlite`` per thread."""
+        return self.settings.data_dir / "threads"
+
+    def thread_path(self, thread_id: str) -> Path:
+        """The database file of a thread (the id is validated first)."""
+        return self.threads_dir / f"{validate_thread_id(thread_id)}.sqlite"
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Open the runtime database, discover effects, re-arm every alarm and start workers.
+
+        Raises:
+            EffectDefinitionError: an effect file is invalid (names the file).
+            DataDirLocked: another process uses the data directory.
+        """
+        if self._started:
+            raise RuntimeClosed("Runtime already started")
+        await self._run_sync(self._open_data_dir)
+        try:
+            self.registry = await self._run_sync(self._discover)
+            for hook in self._startup_hooks:
+                result = hook(self)
+                if asyncio.iscoroutine(result):
+                    await result
+            self._rtdb = await self._run_sync(
+                SQLiteRuntimeStore, self.settings.data_dir / "runtime.sqlite",
+                self.settings.synchronous,
+            )
+        except BaseException:
+            await self._run_sync(self._release_data_dir)
+            raise
+        self._started = True
+        self._timer = self.clock.create_timer(self._on_alarm)
+        self._timer.start()
+        self._workers = [
+            asyncio.create_task(self._worker(), name=f"thread-effects-worker-{i}")
+            for i in range(self.settings.max_concurrent_runs)
+        ]
+        alarms = await self._run_sync(self._rtdb.load_alarms)
+        for thread_id, due_at in alarms:
+            self._alarm_due[thread_id] = due_at
+            self._timer.arm(thread_id, due_at)
+        log.info("runtime started: %d effects, %d alarms re-armed",
+                 sum(1 for _ in self.registry.all()), len(alarms))
+
+    def _discover(self) -> EffectRegistry:
+        registry = discover(self.settings.app_dir)
+        if self.settings.load_packages:
+            from runtime.discovery import discover_packages  # noqa: PLC0415
+
+            registry.packages = discover_packages()
+        return registry
+
+    def _open_data_dir(self) -> None:
+        self.threads_dir.mkdir(parents=True, exist_ok=True)
+        lock_path = self.settings.data_dir / "runtime.lock"
+        handle = open(lock_path, "a+")  # noqa: SIM115 - held for the runtime's life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise DataDirLocked(
+                f"Data directory {self.settings.data_dir} is in use by {holder}; "
+                f"one process per data directory"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._lock_file = handle
+
+    def _release_data_dir(self) -> None:
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    async def close(self) -> None:
+        """Stop: let running effects finish for ``shutdown_grace_seconds``, then interrupt
+        them (their runs go back to ``pending``, or fail on a third interruption), and
+        close every database. Idempotent."""
+        if not self._started or self._closing:
+            return
+        self._closing = True
+        assert self._timer is not None and self._rtdb is not None
+        self._timer.shutdown()
+        self._work.set()
+        grace = self.settings.shutdown_grace_seconds
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await asyncio.gather(*self._workers, return_exceptions=True)
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        now = self.clock.now()
+        for actor in list(self._actors.values()):
+            run = actor.current_run
+            if run is None or actor.deleted:
+                continue
+            try:
+                changed = await self._run_sync(
+                    actor.store.recover_interrupted, now, MAX_ATTEMPTS, [run.id]
+                )
+            except ThreadStorageError:
+                log.exception("could not re-queue interrupted run %s", run.id)
+                continue
+            for r in changed:
+                self._publish_recovered(r)
+        self._hub.close_all()
+        for actor in list(self._actors.values()):
+            await self._run_sync(actor.store.close)
+        self._actors.clear()
+        await self._run_sync(self._rtdb.close)
+        await self._run_sync(self._release_data_dir)
+        self._started = False
+
+    def _check_open(self) -> None:
+        if not self._started or self._closing:
+            raise RuntimeClosed("The runtime is not running (not started, or shutting down)")
+
+    @staticmethod
+    async def _run_sync(fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(partial(fn, *args))
+
+    async def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no thread is queued or running effects (for tests and scripts).
+
+        Raises:
+            TimeoutError: still busy after ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            while True:
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                if self._idle.is_set() and not self._opening:
+                    return
+                await self._idle.wait()
+
+    # ------------------------------------------------------------------ threads
+
+    async def create_thread(
+        self,
+        thread_id: str | None = None,
+        *,
+        agent_id: str | None = None,
+        user_id: str | None = None,
+        tags: list[str] | tuple[str, ...] = (),
+    ) -> ThreadState:
+        """Create a thread with its own database file.
+
+        Args:
+            thread_id: The id to use (``^[A-Za-z0-9_-]{1,64}$``); None = a new random id.
+            agent_id: The agent that serves the thread.
+            user_id: The user the thread belongs to.
+            tags: Free-form labels.
+
+        Returns:
+            The new thread's state.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadExists: the id is taken.
+        """
+        self._check_open()
+        tid = validate_thread_id(thread_id) if thread_id is not None else uuid.uuid4().hex
+        assert self._rtdb is not None
+        if await self._run_sync(self._rtdb.get_thread, tid) is not None:
+            raise ThreadExists(tid)
+        info = ThreadInfo(
+            id=tid, created_at_ts=self.clock.now(), agent_id=agent_id, user_id=user_id,
+            tags=tuple(str(t) for t in tags),
+        )
+        store = await self._run_sync(self._create_store, info)
+        if not await self._run_sync(self._rtdb.add_thread, info):
+            await self._run_sync(store.close)
+            raise ThreadExists(tid)
+        actor = ThreadActor(info, store)
+        self._actors[tid] = actor
+        await self._evict()
+        return ThreadState(self, info)
+
+    def _create_store(self, info: ThreadInfo) -> SQLiteThreadStore:
+        path = self.thread_path(info.id)
+        # A file without a registry row is left over from a crash during create or
+        # delete: it belongs to no thread, so it is discarded.
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{path}{suffix}")
+        store = SQLiteThreadStore(info.id, path, self.settings.synchronous)
+        store.set_meta("thread_id", info.id)
+        store.set_meta("created_at", repr(info.created_at_ts))
+        return store
+
+    async def get_thread(self, thread_id: str) -> ThreadState:
+        """The state of an existing thread.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadNotFound: no such thread.
+        """
+        self._check_open()
+        validate_thread_id(thread_id)
+        actor = self._actors.get(thread_id)
+        if actor is not None and not actor.deleted:
+            return ThreadState(self, actor.info)
+        info = await self._thread_info(thread_id)
+        return ThreadState(self, info)
+
+    async def _thread_info(self, thread_id: str) -> ThreadInfo:
+        assert self._rtdb is not None
+        if thread_id in self._deleting:
+            raise ThreadNotFound(thread_id)
+        info = await self._run_sync(self._rtdb.get_thread, thread_id)
+        if info is None:
+            raise ThreadNotFound(thread_id)
+        return info
+
+    async def list_threads(self, *, limit: int = 50, cursor: str | None = None) -> ThreadPage:
+        """Threads, newest first.
+
+        Args:
+            limit: Page size, 1 to 500.
+            cursor: ``next_cursor`` from the previous page.
+
+        Raises:
+            ValueError: a bad limit or a malformed cursor.
+        """
+        self._check_open()
+        assert self._rtdb is not None
+        _check_limit(limit)
+        after: tuple[float, str] | None = None
+        if cursor is not None:
+            ts, sep, tid = cursor.partition("~")
+            try:
+                after = (float(ts), validate_thread_id(tid))
+            except ValueError:
+                raise ValueError(f"Invalid cursor {cursor!r}") from None
+            if not sep:
+                raise ValueError(f"Invalid cursor {cursor!r}")
+        infos, nxt = await self._run_sync(self._rtdb.list_threads, limit, after)
+        return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
+
+    async def delete_thread(self, thread_id: str) -> bool:
+        """Delete a thread: its file, its alarm and every run. Nothing of it runs afterwards,
+        even if its alarm was due or one of its runs is running now (that run is canceled
+        mid-flight; a sync effect's worker thread is abandoned, its writes refused).
+
+        Returns:
+            True if the thread existed.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+        """
+        self._check_open()
+        validate_thread_id(thread_id)
+        assert self._rtdb is not None and self._timer is not None
+        self._deleting.add(thread_id)
+        try:
+            opening = self._opening.get(thread_id)
+            if opening is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(opening)
+            actor = self._actors.pop(thread_id, None)
+            if actor is not None:
+                actor.deleted = True
+                if actor.effect_task is not None:
+                    actor.effect_task.cancel()
+            self._timer.disarm(thread_id)
+            self._alarm_due.pop(thread_id, None)
+            existed = await self._run_sync(self._rtdb.delete_thread, thread_id)
+            self._hub.close_thread(thread_id)
+            if actor is not None:
+                await self._run_sync(actor.store.remove_files)
+            else:
+                await self._run_sync(_remove_thread_files, self.thread_path(thread_id))
+            return existed
+        finally:
+            self._deleting.discard(thread_id)
+
+    async def _actor(self, thread_id: str) -> ThreadActor:
+        """The open actor of a thread, opening (and recovering) its file if needed."""
+        self._check_open()
+        validate_thread_id(thread_id)
+        if thread_id in self._deleting:
+            raise ThreadNotFound(thread_id)
+        actor = self._actors.get(thread_id)
+        if actor is not None:
+            self._actors.move_to_end(thread_id)
+            return actor
+        pending = self._opening.get(thread_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[ThreadActor] = asyncio.get_running_loop().create_future()
+        self._opening[thread_id] = future
+        try:
+            actor = await self._open(thread_id)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._opening[thread_id]
+        future.set_result(actor)
+        return actor
+
+    async def _open(self, thread_id: str) -> ThreadActor:
+        info = await self._thread_info(thread_id)
+        store = await self._run_sync(
+            SQLiteThreadStore, thread_id, self.thread_path(thread_id), self.settings.synchronous
+        )
+        try:
+            # The actor did not exist, so nothing in this process runs this thread's
+            # effects: a run still marked running was interrupted by a crash.
+            recovered = await self._run_sync(
+                store.recover_interrupted, self.clock.now(), MAX_ATTEMPTS
+            )
+        except BaseException:
+            await self._run_sync(store.close)
+            raise
+        if thread_id in self._deleting:
+            await self._run_sync(store.close)
+            raise ThreadNotFound(thread_id)
+        actor = ThreadActor(info, store)
+        self._actors[thread_id] = actor
+        for run in recovered:
+            self._publish_recovered(run)
+        if any(r.status is EffectStatus.PENDING for r in recovered):
+            await self._lower_alarm(thread_id, min(r.run_at_ts for r in recovered))
+        await self._evict()
+        return actor
+
+    async def _evict(self) -> None:
+        excess = len(self._actors) - self.settings.max_open_threads
+        if excess <= 0:
+            return
+        victims = []
+        for tid, actor in self._actors.items():
+            if len(victims) >= excess:
+                break
+            if not actor.busy and tid not in self._draining and tid not in self._queued:
+                victims.append(tid)
+        for tid in victims:
+            actor = self._actors.pop(tid)
+            # Closing a WAL connection checkpoints: done off the loop.
+            await self._run_sync(actor.store.close)
+
+    def _publish_recovered(self, run: EffectRun) -> None:
+        change = RunChange.REQUEUED if run.status is EffectStatus.PENDING else RunChange.FAILED
+        self._hub.publish(change, run)
+
+    # ------------------------------------------------------------------ alarms
+
+    async def _lower_alarm(self, thread_id: str, due_at: float) -> None:
+        """Make sure the durable alarm is at or before ``due_at`` (call with the actor lock)."""
+        assert self._rtdb is not None and self._timer is not None
+        current = self._alarm_due.get(thread_id)
+        if current is not None and current <= due_at:
+            return
+        await self._run_sync(self._rtdb.lower_alarm, thread_id, due_at)
+        self._alarm_due[thread_id] = due_at
+        if thread_id not in self._draining:
+            self._timer.arm(thread_id, due_at)
+
+    async def _set_alarm(self, thread_id: str, due_at: float | None) -> None:
+        """Set the alarm to the next pending run after a drain (call with the actor lock)."""
+        assert self._rtdb is not None and self._timer is not None
+        if due_at is None:
+            if thread_id in self._alarm_due:
+                await self._run_sync(self._rtdb.set_alarm, thread_id, None)
+                del self._alarm_due[thread_id]
+            self._timer.disarm(thread_id)
+            return
+        if self._alarm_due.get(thread_id) != due_at:
+            await self._run_sync(self._rtdb.set_alarm, thread_id, due_at)
+            self._alarm_due[thread_id] = due_at
+        self._timer.arm(thread_id, due_at)
+
+    def _on_alarm(self, thread_id: str) -> None:
+        if self._closing or thread_id in self._queued or thread_id in self._draining:
+            return
+        self._queued.add(thread_id)
+        self._queue.append(thread_id)
+        self._idle.clear()
+        self._work.set()
+
+    # ----------------------------------------------------------------- running
+
+    async def _worker(self) -> None:
+        while not self._closing:
+            if not self._queue:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            thread_id = self._queue.popleft()
+            self._queued.discard(thread_id)
+            self._draining.add(thread_id)
+            try:
+                await self._drain(thread_id)
+            except (ThreadNotFound, InvalidThreadId):
+                # Deleted meanwhile: its alarm went with it.
+                self._alarm_due.pop(thread_id, None)
+            except ThreadStorageError as exc:
+                # One bad file never stops the others: log, and leave the alarm row so the
+                # thread's runs are tried again after the file is repaired and the
+                # runtime restarted.
+                log.error("thread %s cannot run its effects: %s", thread_id, exc)
+            except Exception:
+                log.exception("unexpected error while running thread %s", thread_id)
+            finally:
+                self._draining.discard(thread_id)
+                if not self._queue and not self._draining:
+                    self._idle.set()
+
+    async def _drain(self, thread_id: str) -> None:
+        actor = await self._actor(thread_id)
+        finish: Finish | None = None
+        done = 0
+        while True:
+            async with actor.lock:
+                if actor.deleted:
+                    return
+                stop = self._closing or done >= _DRAIN_BATCH
+                finished, claimed, next_due = await self._run_sync(
+                    partial(actor.store.finish_and_claim, claim=not stop),
+                    finish,
+                    self.clock.now(),
+                )
+                actor.current_run = claimed
+                if actor.deleted:
+                    actor.current_run = None
+                    return
+                if finished is not None:
+                    change = (
+                        RunChange.COMPLETED
+                        if finished.status is EffectStatus.COMPLETED
+                        else RunChange.FAILED
+                    )
+                    self._hub.publish(change, finished)
+                if stop:
+                    if not self._closing:
+                        # Let other due threads go first; come back to this one.
+                        self._queue.append(thread_id)
+                        self._queued.add(thread_id)
+                        self._work.set()
+                    return
+                if claimed is None:
+                    await self._set_alarm(thread_id, next_due)
+                    return
+            self._hub.publish(RunChange.STARTED, claimed)
+            finish = await self._execute(actor, claimed)
+            if finish is None:  # interrupted: deletion or shutdown
+                return
+            actor.current_run = None
+            done += 1
+
+    async def _execute(self, actor: ThreadActor, run: EffectRun) -> Finish | None:
+        try:
+            defn = self.registry.resolve(run.name)
+        except EffectNotFound as exc:
+            return Finish(run.id, EffectStatus.FAILED, str(exc), self.clock.now())
+        try:
+            args = defn.schema.model_validate(run.args) if defn.schema is not None else None
+        except ValidationError as exc:
+            return Finish(
+                run.id,
+                EffectStatus.FAILED,
+                f"Invalid args for effect {run.name}: {_validation_summary(exc)}",
+                self.clock.now(),
+            )
+        state = ThreadState(self, actor.info, package_id=defn.package_id)
+        task = asyncio.create_task(self._call(defn, state, args), name=f"effect-{run.id}")
+        actor.effect_task = task
+        try:
+            await asyncio.wait({task})
+        finally:
+            actor.effect_task = None
+            if not task.done():  # the worker itself was canceled (shutdown)
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.cancelled() or actor.deleted:
+            return None
+        exc = task.exception()
+        now = self.clock.now()
+        if exc is None:
+            return Finish(run.id, EffectStatus.COMPLETED, None, now)
+        if isinstance(exc, _EffectTimeout):
+            return Finish(run.id, EffectStatus.FAILED, str(exc), now)
+        log.info("effect %s (run %s, thread %s) failed: %r", run.name, run.id,
+                 actor.thread_id, exc)
+        message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return Finish(run.id, EffectStatus.FAILED, message, now)
+
+    async def _call(self, defn: EffectDefinition, state: ThreadState, args: Any) -> None:
+        call_args = (state, args) if defn.schema is not None else (state,)
+        try:
+            async with asyncio.timeout(defn.timeout_seconds):
+                if defn.is_async:
+                    await defn.fn(*call_args)
+                else:
+                    # A sync effect runs in a worker thread; if it overruns or the thread
+                    # is deleted, that worker thread is abandoned (Python cannot kill it).
+                    await anyio.to_thread.run_sync(
+                        partial(defn.fn, *call_args), abandon_on_cancel=True
+                    )
+        except TimeoutError as exc:
+            if defn.timeout_seconds is None:
+                raise
+            raise _EffectTimeout(
+                f"Effect {defn.qualified_name} timed out after {defn.timeout_seconds:g} s"
+            ) from exc
+
+    # ----------------------------------------------------------- run operations
+
+    def _encode_args(self, defn: EffectDefinition, args: Any) -> Any:
+        name = defn.qualified_name
+        if isinstance(args, BaseModel):
+            args = args.model_dump(mode="json")
+        try:
+            text = json.dumps(args, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise InvalidEffectArgs(f"Args for effect {name} are not JSON: {exc}") from None
+        size = len(text.encode("utf-8"))
+        limit = self.settings.max_args_bytes
+        if size > limit:
+            raise InvalidEffectArgs(
+                f"Args for effect {name} are {size} bytes of JSON; the limit is {limit} bytes",
+                too_large=True,
+            )
+        value = json.loads(text)
+        if defn.schema is None:
+            if value not in (None, {}):
+                raise InvalidEffectArgs(
+                    f"Effect {name} takes no arguments, got {text[:200]}"
+                )
+            return None
+        try:
+            defn.schema.model_validate(value)
+        except ValidationError as exc:
+            raise InvalidEffectArgs(
+                f"Args for effect {name} fail its schema: {_validation_summary(exc)}"
+            ) from None
+        return value
+
+    async def _schedule(
+        self,
+        state: ThreadState,
+        name: str,
+        args: Any,
+        delay: object,
+        *,
+        replay_of: str | None = None,
+    ) -> str:
+        self._check_open()
+        if not isinstance(name, str):
+            raise EffectNotFound(repr(name))
+        defn = self.registry.resolve(name, package_id=state.package_id)
+        seconds = delay_seconds(delay)
+        stored_args = self._encode_args(defn, args)
+        actor = await self._actor(state.thread_id)
+        async with actor.lock:
+            if actor.deleted:
+                raise ThreadNotFound(state.thread_id)
+            now = self.clock.now()
+            run = EffectRun(
+                id=uuid.uuid4().hex,
+                thread_id=state.thread_id,
+                name=defn.qualified_name,
+                status=EffectStatus.PENDING,
+                args=stored_args,
+                run_at_ts=now + seconds,
+                created_at_ts=now,
+                replay_of=replay_of,
+            )
+            # The alarm first: a crash between the two writes leaves a spurious alarm,
+            # never a run without one.
+            await self._lower_alarm(state.thread_id, run.run_at_ts)
+            await self._run_sync(actor.store.insert_run, run)
+        self._hub.publish(RunChange.SCHEDULED, run)
+        return run.id
+
+    async def _pending(self, thread_id: str, name: str | None) -> list[EffectRun]:
+        actor = await self._actor(thread_id)
+        return await self._run_sync(actor.store.pending_runs, name)
+
+    async def _cancel(self, thread_id: str, run_id: str) -> bool:
+        actor = await self._actor(thread_id)
+        async with actor.lock:
+            if actor.deleted:
+                raise ThreadNotFound(thread_id)
+            run = await self._run_sync(actor.store.cancel, str(run_id), self.clock.now())
+        if run is None:
+            return False
+        self._hub.publish(RunChange.CANCELED, run)
+        return True
+
+    async def _get_run(self, thread_id: str, run_id: str) -> EffectRun:
+        actor = await self._actor(thread_id)
+        run = await self._run_sync(
+            actor.store.get_run, str(run_id), self.clock.now(), self.settings.retention
+        )
+        if run is None:
+            raise RunNotFound(thread_id, str(run_id))
+        return run
+
+    async def _run_now(self, thread_id: str, run_id: str) -> EffectRun:
+        actor = await self._actor(thread_id)
+        async with actor.lock:
+            if actor.deleted:
+                raise ThreadNotFound(thread_id)
+            now = self.clock.now()
+            current = await self._run_sync(
+                actor.store.get_run, run_id, now, self.settings.retention
+            )
+            if current is None:
+                raise RunNotFound(thread_id, run_id)
+            if current.status is not EffectStatus.PENDING:
+                raise RunStateError(
+                    f"Run {run_id} is {current.status}; only a pending run can be run now"
+                )
+            await self._lower_alarm(thread_id, now)
+            run = await self._run_sync(actor.store.run_now, run_id, now)
+        assert run is not None  # pending under the lock
+        self._hub.publish(RunChange.RESCHEDULED, run)
+        return run
+
+    async def _replay(self, state: ThreadState, run_id: str) -> str:
+        original = await self._get_run(state.thread_id, run_id)
+        if not original.status.finished:
+            raise RunStateError(
+                f"Run {run_id} is {original.status}; only a finished run "
+                f"(completed, failed or canceled) can be replayed"
+            )
+        plain = state.with_context(execution=state.execution, package_id=None)
+        return await self._schedule(
+            plain, original.name, original.args, 0, replay_of=original.id
+        )
+
+    async def _list_runs(
+        self,
+        thread_id: str,
+        status: EffectStatus | str | list[EffectStatus | str] | None,
+        name: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> RunPage:
+        _check_limit(limit)
+        statuses: list[EffectStatus] | None = None
+        if status is not None:
+            raw = [status] if isinstance(status, str) else list(status)
+            try:
+                statuses = [EffectStatus(s) for s in raw]
+            except ValueError:
+                allowed = ", ".join(s.value for s in EffectStatus)
+                raise ValueError(f"Unknown status {status!r}; one of: {allowed}") from None
+        before: int | None = None
+        if cursor is not None:
+            try:
+                before = int(cursor)
+            except ValueError:
+                raise ValueError(f"Invalid cursor {cursor!r}") from None
+        actor = await self._actor(thread_id)
+        runs, nxt = await self._run_sync(
+            partial(
+                actor.store.list_runs,
+                self.clock.now(),
+                self.settings.retention,
+                statuses=statuses,
+                name=name,
+                limit=limit,
+                before_seq=before,
+            )
+        )
+        return RunPage(runs, str(nxt) if nxt is not None else None)
+
+
+class _EffectTimeout(Exception):
+    """An effect overran its ``timeout_seconds``."""
+
+
+def _check_limit(limit: int) -> None:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _MAX_PAGE:
+        raise ValueError(f"limit must be an integer from 1 to {_MAX_PAGE}, got {limit!r}")
+
+
+def _remove_thread_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{path}{suffix}")

@@ -1,0 +1,225 @@
+"""Threads: `ThreadState`, the handle code gets, and `ThreadActor`, its serial executor.
+
+A thread is an actor: it owns its SQLite file, and its writes and runs happen one at a
+time. Code never touches the actor directly; it gets a `ThreadState` from the runtime
+(``await rt.get_thread(id)``), as an effect's first argument, or as a tool's dependencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from runtime.effects import EffectRun, EffectStatus
+from runtime.frames import Subscription
+from runtime.storage.base import ThreadInfo
+from runtime.storage.sqlite import SQLiteThreadStore
+
+if TYPE_CHECKING:
+    from runtime.supervisor import Runtime
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """Where code runs inside a turn; `ThreadState.execution` is None outside turns.
+
+    Attributes:
+        run_id: The turn's run id.
+        step: The model step within the turn (1-based).
+        tool_call_id: The tool call being executed, if any.
+    """
+
+    run_id: str
+    step: int = 0
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """A page of runs, newest first.
+
+    Attributes:
+        runs: The runs on this page.
+        next_cursor: Pass as ``cursor`` for the next page; None on the last page.
+    """
+
+    runs: list[EffectRun]
+    next_cursor: str | None
+
+
+class ThreadActor:
+    """The runtime's per-thread state: the open store, the write lock and the runner task."""
+
+    def __init__(self, info: ThreadInfo, store: SQLiteThreadStore) -> None:
+        self.info = info
+        self.thread_id = info.id
+        self.store = store
+        # Held around each store transaction (never while effect code runs), so effect code
+        # may schedule on its own thread without deadlocking.
+        self.lock = asyncio.Lock()
+        self.current_run: EffectRun | None = None
+        self.effect_task: asyncio.Task[None] | None = None
+        self.deleted = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether the actor is running effects or holds its lock (not evictable)."""
+        return self.current_run is not None or self.lock.locked()
+
+
+class ThreadState:
+    """What code running for a thread gets: its id, its context and its effects API.
+
+    Attributes:
+        thread_id: The thread's id.
+        execution: The turn context inside a tool or hook; None inside an effect, an
+            endpoint or host-application code.
+        package_id: The package whose code holds this state (short effect names then
+            mean that package's effects), or None for the app.
+    """
+
+    __slots__ = ("_info", "_rt", "execution", "package_id", "thread_id")
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        info: ThreadInfo,
+        *,
+        execution: Execution | None = None,
+        package_id: str | None = None,
+    ) -> None:
+        self._rt = runtime
+        self._info = info
+        self.thread_id = info.id
+        self.execution = execution
+        self.package_id = package_id
+
+    def __repr__(self) -> str:
+        return f"ThreadState(thread_id={self.thread_id!r}, execution={self.execution!r})"
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime that owns the thread."""
+        return self._rt
+
+    @property
+    def agent_id(self) -> str | None:
+        """The agent serving this thread, if any."""
+        return self._info.agent_id
+
+    @property
+    def user_id(self) -> str | None:
+        """The user the thread belongs to, if any."""
+        return self._info.user_id
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The thread's tags."""
+        return self._info.tags
+
+    @property
+    def created_at(self) -> datetime:
+        """When the thread was created, an aware UTC datetime."""
+        return datetime.fromtimestamp(self._info.created_at_ts, UTC)
+
+    def with_context(
+        self, *, execution: Execution | None = None, package_id: str | None = None
+    ) -> ThreadState:
+        """A copy of this state with another execution context or package."""
+        return ThreadState(self._rt, self._info, execution=execution, package_id=package_id)
+
+    async def schedule_effect(
+        self, name: str, args: Any = None, delay: float | timedelta = 0
+    ) -> str:
+        """Schedule a run of an effect on this thread.
+
+        Args:
+            name: The effect name: ``"send_reminder"``, or ``"{packageId}/{effect}"`` for a
+                package's effect.
+            args: JSON-serializable args (a dict, or a pydantic model instance), validated
+                against the effect's schema now and again when the run starts.
+            delay: Seconds (int/float) or a `timedelta` from now; 0 = as soon as possible.
+
+        Returns:
+            The run id.
+
+        Raises:
+            EffectNotFound: no effect of that name ("Effect not found: <name>").
+            InvalidEffectArgs: args not JSON, over the size limit, or failing the schema.
+            ValueError: delay negative, NaN or infinite (InvalidEffectArgs is one too).
+            ThreadNotFound: the thread was deleted.
+            ThreadStorageError: the thread's database cannot be used.
+        """
+        return await self._rt._schedule(self, name, args, delay)
+
+    async def get_scheduled_effects(self, name: str | None = None) -> list[EffectRun]:
+        """Runs that have not started yet, in due order, optionally of one effect name."""
+        return await self._rt._pending(self.thread_id, name)
+
+    async def remove_scheduled_effect(self, run_id: str) -> bool:
+        """Cancel a pending run.
+
+        Returns:
+            True if a pending run with that id was canceled; False for an unknown id, a
+            run that already started or finished, or a second cancel. A canceled run stays
+            in the history with status ``canceled``.
+        """
+        return await self._rt._cancel(self.thread_id, run_id)
+
+    async def list_runs(
+        self,
+        *,
+        status: EffectStatus | str | list[EffectStatus | str] | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """The run history, newest first (by scheduling order), every status.
+
+        Args:
+            status: Only runs with this status (or any of these statuses).
+            name: Only runs of this effect (qualified name for package effects).
+            limit: Page size, 1 to 500.
+            cursor: ``next_cursor`` of the previous page.
+
+        Raises:
+            ValueError: an unknown status, a bad limit or a malformed cursor.
+        """
+        return await self._rt._list_runs(self.thread_id, status, name, limit, cursor)
+
+    async def get_run(self, run_id: str) -> EffectRun:
+        """One run, with its args.
+
+        Raises:
+            RunNotFound: no such run in this thread (or it was pruned).
+        """
+        return await self._rt._get_run(self.thread_id, run_id)
+
+    async def run_now(self, run_id: str) -> EffectRun:
+        """Make a pending run due now; it starts as soon as the thread is free.
+
+        Raises:
+            RunNotFound: no such run.
+            RunStateError: the run is not pending.
+        """
+        return await self._rt._run_now(self.thread_id, run_id)
+
+    async def replay(self, run_id: str) -> str:
+        """Schedule a new run with the same name and args as a finished run, due now.
+
+        Returns:
+            The new run's id (its ``replay_of`` is ``run_id``).
+
+        Raises:
+            RunNotFound: no such run.
+            RunStateError: the run has not finished (pending or running).
+            EffectNotFound: the effect no longer exists.
+            InvalidEffectArgs: the args no longer pass the effect's schema.
+        """
+        return await self._rt._replay(self, run_id)
+
+    def subscribe(self) -> Subscription:
+        """Subscribe to this thread's run changes (never carrying args), from now on."""
+        return self._rt._hub.subscribe(self.thread_id)
