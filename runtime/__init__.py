@@ -1,5 +1,7 @@
-"""thread-effects: a runtime where every conversation thread owns its SQLite database and
-schedules effects — named functions that run later, outside the model's turn.
+"""thread-effects: per-thread SQLite actors that run scheduled effects.
+
+Every conversation thread owns its SQLite database and schedules effects — named
+functions that run later, outside the model's turn.
 
 The public API is re-exported here; see DESIGN.md and the README.
 """
@@ -57,6 +59,7 @@ __all__ = [
     "RuntimeClosed",
     "Settings",
     "Subscription",
+    "SubscriptionOverflow",
     "ThreadExists",
     "ThreadInfo",
     "ThreadNotFound",

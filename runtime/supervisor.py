@@ -31,12 +31,12 @@ import os
 import re
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 import anyio.to_thread
 from pydantic import BaseModel, ValidationError
@@ -247,7 +247,7 @@ class Runtime:
     def _discover(self) -> EffectRegistry:
         registry = discover(self.settings.app_dir)
         if self.settings.load_packages:
-            from runtime.discovery import discover_packages  # noqa: PLC0415
+            from runtime.discovery import discover_packages
 
             registry.packages = discover_packages()
         return registry
@@ -255,7 +255,7 @@ class Runtime:
     def _open_data_dir(self) -> None:
         self.threads_dir.mkdir(parents=True, exist_ok=True)
         lock_path = self.settings.data_dir / "runtime.lock"
-        handle = open(lock_path, "a+")  # noqa: SIM115 - held for the runtime's life
+        handle = open(lock_path, "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -279,9 +279,12 @@ class Runtime:
             self._lock_file = None
 
     async def close(self) -> None:
-        """Stop: let running effects finish for ``shutdown_grace_seconds``, then interrupt
-        them (their runs go back to ``pending``, or fail on a third interruption), and
-        close every database. Idempotent."""
+        """Stop the runtime; idempotent.
+
+        Running effects get ``shutdown_grace_seconds`` to finish; then they are
+        interrupted and their runs go back to ``pending`` (or fail on a third
+        interruption). Every database is closed.
+        """
         if not self._started or self._closing:
             return
         self._closing = True
@@ -325,13 +328,13 @@ class Runtime:
     async def _run_sync(fn: Callable[..., T], *args: Any) -> T:
         return await anyio.to_thread.run_sync(partial(fn, *args))
 
-    async def wait_idle(self, timeout: float = 30.0) -> None:
+    async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).
 
         Raises:
-            TimeoutError: still busy after ``timeout`` seconds.
+            TimeoutError: still busy after ``timeout_seconds``.
         """
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout_seconds):
             while True:
                 for _ in range(3):
                     await asyncio.sleep(0)
@@ -444,9 +447,11 @@ class Runtime:
         return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
 
     async def delete_thread(self, thread_id: str) -> bool:
-        """Delete a thread: its file, its alarm and every run. Nothing of it runs afterwards,
-        even if its alarm was due or one of its runs is running now (that run is canceled
-        mid-flight; a sync effect's worker thread is abandoned, its writes refused).
+        """Delete a thread: its file, its alarm and every run.
+
+        Nothing of it runs afterwards, even if its alarm was due or one of its runs is
+        running now (that run is canceled mid-flight; a sync effect's worker thread is
+        abandoned and its writes are refused).
 
         Returns:
             True if the thread existed.
@@ -529,21 +534,35 @@ class Runtime:
             self._publish_recovered(run)
         if any(r.status is EffectStatus.PENDING for r in recovered):
             await self._lower_alarm(thread_id, min(r.run_at_ts for r in recovered))
-        await self._evict()
         return actor
+
+    @contextlib.asynccontextmanager
+    async def _use(self, thread_id: str) -> AsyncIterator[ThreadActor]:
+        """Hold a thread's actor open (not evictable) for the duration of the block."""
+        actor = await self._actor(thread_id)
+        actor.users += 1
+        try:
+            await self._evict()
+            yield actor
+        finally:
+            actor.users -= 1
+            # Actors that were busy when the map overflowed are closed once they are idle.
+            if len(self._actors) > self.settings.max_open_threads:
+                await self._evict()
 
     async def _evict(self) -> None:
         excess = len(self._actors) - self.settings.max_open_threads
         if excess <= 0:
             return
-        victims = []
-        for tid, actor in self._actors.items():
-            if len(victims) >= excess:
-                break
-            if not actor.busy and tid not in self._draining and tid not in self._queued:
-                victims.append(tid)
-        for tid in victims:
-            actor = self._actors.pop(tid)
+        victims = [
+            actor for actor in self._actors.values()
+            if actor.users == 0 and not actor.busy and actor.thread_id not in self._draining
+        ][:excess]
+        # Removed from the map before the first await, so concurrent evictions never pick
+        # the same actor; the next use of the thread opens its file again.
+        for actor in victims:
+            del self._actors[actor.thread_id]
+        for actor in victims:
             # Closing a WAL connection checkpoints: done off the loop.
             await self._run_sync(actor.store.close)
 
@@ -615,7 +634,11 @@ class Runtime:
                     self._idle.set()
 
     async def _drain(self, thread_id: str) -> None:
-        actor = await self._actor(thread_id)
+        async with self._use(thread_id) as actor:
+            await self._drain_actor(actor)
+
+    async def _drain_actor(self, actor: ThreadActor) -> None:
+        thread_id = actor.thread_id
         finish: Finish | None = None
         done = 0
         while True:
@@ -683,15 +706,15 @@ class Runtime:
                     await task
         if task.cancelled() or actor.deleted:
             return None
-        exc = task.exception()
+        error = task.exception()
         now = self.clock.now()
-        if exc is None:
+        if error is None:
             return Finish(run.id, EffectStatus.COMPLETED, None, now)
-        if isinstance(exc, _EffectTimeout):
-            return Finish(run.id, EffectStatus.FAILED, str(exc), now)
+        if isinstance(error, _EffectTimeout):
+            return Finish(run.id, EffectStatus.FAILED, str(error), now)
         log.info("effect %s (run %s, thread %s) failed: %r", run.name, run.id,
-                 actor.thread_id, exc)
-        message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                 actor.thread_id, error)
+        message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         return Finish(run.id, EffectStatus.FAILED, message, now)
 
     async def _call(self, defn: EffectDefinition, state: ThreadState, args: Any) -> None:
@@ -699,7 +722,7 @@ class Runtime:
         try:
             async with asyncio.timeout(defn.timeout_seconds):
                 if defn.is_async:
-                    await defn.fn(*call_args)
+                    await cast(Awaitable[None], defn.fn(*call_args))
                 else:
                     # A sync effect runs in a worker thread; if it overruns or the thread
                     # is deleted, that worker thread is abandoned (Python cannot kill it).
@@ -719,6 +742,8 @@ class Runtime:
         name = defn.qualified_name
         if isinstance(args, BaseModel):
             args = args.model_dump(mode="json")
+        if args is None and defn.schema is not None:
+            args = {}  # a schema whose fields all have defaults needs no args
         try:
             text = json.dumps(args, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
@@ -760,8 +785,7 @@ class Runtime:
         defn = self.registry.resolve(name, package_id=state.package_id)
         seconds = delay_seconds(delay)
         stored_args = self._encode_args(defn, args)
-        actor = await self._actor(state.thread_id)
-        async with actor.lock:
+        async with self._use(state.thread_id) as actor, actor.lock:
             if actor.deleted:
                 raise ThreadNotFound(state.thread_id)
             now = self.clock.now()
@@ -783,12 +807,11 @@ class Runtime:
         return run.id
 
     async def _pending(self, thread_id: str, name: str | None) -> list[EffectRun]:
-        actor = await self._actor(thread_id)
-        return await self._run_sync(actor.store.pending_runs, name)
+        async with self._use(thread_id) as actor:
+            return await self._run_sync(actor.store.pending_runs, name)
 
     async def _cancel(self, thread_id: str, run_id: str) -> bool:
-        actor = await self._actor(thread_id)
-        async with actor.lock:
+        async with self._use(thread_id) as actor, actor.lock:
             if actor.deleted:
                 raise ThreadNotFound(thread_id)
             run = await self._run_sync(actor.store.cancel, str(run_id), self.clock.now())
@@ -798,17 +821,16 @@ class Runtime:
         return True
 
     async def _get_run(self, thread_id: str, run_id: str) -> EffectRun:
-        actor = await self._actor(thread_id)
-        run = await self._run_sync(
-            actor.store.get_run, str(run_id), self.clock.now(), self.settings.retention
-        )
+        async with self._use(thread_id) as actor:
+            run = await self._run_sync(
+                actor.store.get_run, str(run_id), self.clock.now(), self.settings.retention
+            )
         if run is None:
             raise RunNotFound(thread_id, str(run_id))
         return run
 
     async def _run_now(self, thread_id: str, run_id: str) -> EffectRun:
-        actor = await self._actor(thread_id)
-        async with actor.lock:
+        async with self._use(thread_id) as actor, actor.lock:
             if actor.deleted:
                 raise ThreadNotFound(thread_id)
             now = self.clock.now()
@@ -862,18 +884,18 @@ class Runtime:
                 before = int(cursor)
             except ValueError:
                 raise ValueError(f"Invalid cursor {cursor!r}") from None
-        actor = await self._actor(thread_id)
-        runs, nxt = await self._run_sync(
-            partial(
-                actor.store.list_runs,
-                self.clock.now(),
-                self.settings.retention,
-                statuses=statuses,
-                name=name,
-                limit=limit,
-                before_seq=before,
+        async with self._use(thread_id) as actor:
+            runs, nxt = await self._run_sync(
+                partial(
+                    actor.store.list_runs,
+                    self.clock.now(),
+                    self.settings.retention,
+                    statuses=statuses,
+                    name=name,
+                    limit=limit,
+                    before_seq=before,
+                )
             )
-        )
         return RunPage(runs, str(nxt) if nxt is not None else None)
 
 

@@ -61,6 +61,7 @@ class ThreadActor:
         self.lock = asyncio.Lock()
         self.current_run: EffectRun | None = None
         self.effect_task: asyncio.Task[None] | None = None
+        self.users = 0  # callers inside Runtime._use: the actor is not evicted meanwhile
         self.deleted = False
 
     @property
@@ -130,6 +131,29 @@ class ThreadState:
         """A copy of this state with another execution context or package."""
         return ThreadState(self._rt, self._info, execution=execution, package_id=package_id)
 
+    def for_package(self, package_id: str | None) -> ThreadState:
+        """This state as seen by a package's code: short effect names mean its effects.
+
+        A package's effects get such a state already; its tools and hooks call this with
+        their own ``packageId`` (the entry point name they publish under). The execution
+        context is kept.
+
+        Args:
+            package_id: The package's id; None for the app's scope.
+
+        Returns:
+            A copy whose `schedule_effect`, `get_scheduled_effects` and `list_runs` take
+            ``"ping"`` as ``"{package_id}/ping"``. Scheduling through a package that is not
+            installed raises `EffectNotFound`.
+        """
+        return ThreadState(self._rt, self._info, execution=self.execution, package_id=package_id)
+
+    def _qualified(self, name: str | None) -> str | None:
+        """A short name inside a package names that package's effect, as stored in runs."""
+        if name is None or self.package_id is None or "/" in name:
+            return name
+        return f"{self.package_id}/{name}"
+
     async def schedule_effect(
         self, name: str, args: Any = None, delay: float | timedelta = 0
     ) -> str:
@@ -155,8 +179,12 @@ class ThreadState:
         return await self._rt._schedule(self, name, args, delay)
 
     async def get_scheduled_effects(self, name: str | None = None) -> list[EffectRun]:
-        """Runs that have not started yet, in due order, optionally of one effect name."""
-        return await self._rt._pending(self.thread_id, name)
+        """Runs that have not started yet, in due order, optionally of one effect name.
+
+        ``name`` is matched as `schedule_effect` resolves it: in a package's scope a short
+        name means the package's effect.
+        """
+        return await self._rt._pending(self.thread_id, self._qualified(name))
 
     async def remove_scheduled_effect(self, run_id: str) -> bool:
         """Cancel a pending run.
@@ -180,14 +208,17 @@ class ThreadState:
 
         Args:
             status: Only runs with this status (or any of these statuses).
-            name: Only runs of this effect (qualified name for package effects).
+            name: Only runs of this effect (qualified name for package effects; in a
+                package's scope a short name means the package's effect).
             limit: Page size, 1 to 500.
             cursor: ``next_cursor`` of the previous page.
 
         Raises:
             ValueError: an unknown status, a bad limit or a malformed cursor.
         """
-        return await self._rt._list_runs(self.thread_id, status, name, limit, cursor)
+        return await self._rt._list_runs(
+            self.thread_id, status, self._qualified(name), limit, cursor
+        )
 
     async def get_run(self, run_id: str) -> EffectRun:
         """One run, with its args.

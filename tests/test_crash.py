@@ -1,0 +1,131 @@
+"""What survives a real SIGKILL of a real process running the runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).parent / "_child.py"
+pytestmark = pytest.mark.slow
+
+
+def _start(data_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), str(data_dir), "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"child exited ({proc.wait()}) before {prefix!r}: {err}")
+        if line.startswith(prefix):
+            return line.strip()
+    raise AssertionError(f"no {prefix!r} line within {timeout}s")
+
+
+def _wait_file(path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGKILL)
+    _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[str]) -> str:
+    """Wait for a process that was killed (or killed itself); return its stderr."""
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, err
+    return err
+
+
+def _drain(data_dir: Path, thread_id: str) -> list[dict[str, object]]:
+    out = subprocess.run(
+        [sys.executable, str(CHILD), str(data_dir), "drain", thread_id],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_sigkill_while_running_requeues_the_run_with_a_second_attempt(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "t1", "hang_once", "null", "0")
+    _wait_line(proc, "SCHEDULED")
+    _wait_file(tmp_path / "hang_once.started")
+    _kill(proc)
+
+    runs = _drain(tmp_path, "t1")
+
+    assert len(runs) == 1
+    assert runs[0]["status"] == "completed"
+    assert runs[0]["attempts"] == 2
+    assert (tmp_path / "hang_once.done").exists()
+
+
+def test_effect_that_kills_its_process_fails_after_the_third_attempt(tmp_path: Path) -> None:
+    attempts_file = tmp_path / "kill_self.attempts"
+    _reap(_start(tmp_path, "t1", "kill_self", "null", "0"))  # attempt 1 kills its process
+    for _ in range(2):  # attempts 2 and 3: each restart re-queues and runs it again
+        _reap(_start(tmp_path))
+
+    runs = _drain(tmp_path, "t1")  # the third interruption is final: failed, not re-run
+
+    assert attempts_file.read_text().count("x") == 3
+    assert [r["status"] for r in runs] == ["failed"]
+    assert runs[0]["attempts"] == 3
+    assert "Interrupted 3 times" in str(runs[0]["error"])
+
+    runs = _drain(tmp_path, "t1")  # and never queued again
+    assert attempts_file.read_text().count("x") == 3
+    assert [r["status"] for r in runs] == ["failed"]
+
+
+def test_run_scheduled_before_a_crash_runs_once_after_restart_past_due(tmp_path: Path) -> None:
+    proc = _start(tmp_path, "t1", "record", json.dumps({"key": "k"}), "2")
+    _wait_line(proc, "SCHEDULED")
+    _kill(proc)  # right after schedule_effect returned
+    due = time.time() + 2
+    time.sleep(max(0.0, due - time.time()) + 0.2)
+
+    runs = _drain(tmp_path, "t1")
+
+    assert [(r["status"], r["attempts"]) for r in runs] == [("completed", 1)]
+    lines = (tmp_path / "record.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0])["key"] == "k"
+    # A second start has nothing left to do: still exactly one execution.
+    _drain(tmp_path, "t1")
+    assert len((tmp_path / "record.jsonl").read_text().splitlines()) == 1
+
+
+def test_second_process_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
+    proc = _start(tmp_path)
+    try:
+        _wait_line(proc, "READY")
+        out = subprocess.run(
+            [sys.executable, str(CHILD), str(tmp_path), "serve"],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert out.returncode != 0
+        assert "is in use by pid" in out.stderr
+        assert f"pid {proc.pid}" in out.stderr
+    finally:
+        _kill(proc)
+    assert os.path.exists(tmp_path / "runtime.sqlite")

@@ -1,0 +1,414 @@
+"""The runtime core as a user sees it: statuses, attempts, order, errors, deletion."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sqlite3
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from runtime import (
+    EffectNotFound,
+    EffectStatus,
+    InvalidDelay,
+    InvalidEffectArgs,
+    InvalidThreadId,
+    RunNotFound,
+    RunStateError,
+    Runtime,
+    ThreadExists,
+    ThreadNotFound,
+    ThreadStorageError,
+)
+from runtime.testing import FakeClock
+
+APP = Path(__file__).parent / "apps" / "core"
+
+
+def records(data_dir: Path) -> list[dict[str, object]]:
+    path = data_dir / "record.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[Runtime]:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as runtime:
+        yield runtime
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start=1_800_000_000.0)
+
+
+@pytest.fixture
+async def frt(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runtime]:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False
+    ) as runtime:
+        yield runtime
+
+
+async def test_delay_zero_runs_promptly_and_exactly_once(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    run_id = await thread.schedule_effect("record", {"key": "a"})
+    await rt.wait_idle()
+    await asyncio.sleep(0.1)  # a spurious extra wake-up would show up here
+    await rt.wait_idle()
+
+    run = await thread.get_run(run_id)
+    assert run.status is EffectStatus.COMPLETED
+    assert run.attempts == 1
+    assert run.args == {"key": "a"}
+    assert [r["key"] for r in records(rt.settings.data_dir)] == ["a"]
+    assert records(rt.settings.data_dir)[0]["execution"] is False  # execution is None
+
+
+async def test_delayed_run_waits_for_its_due_time(frt: Runtime, clock: FakeClock) -> None:
+    thread = await frt.create_thread()
+    run_id = await thread.schedule_effect("record", {"key": "later"}, delay=timedelta(hours=1))
+    await frt.wait_idle()
+    assert (await thread.get_run(run_id)).status is EffectStatus.PENDING
+    assert [r.id for r in await thread.get_scheduled_effects()] == [run_id]
+
+    clock.advance(3599)
+    await frt.wait_idle()
+    assert (await thread.get_run(run_id)).status is EffectStatus.PENDING
+
+    clock.advance(1)
+    await frt.wait_idle()
+    run = await thread.get_run(run_id)
+    assert run.status is EffectStatus.COMPLETED
+    assert run.run_at_ts == 1_800_000_000.0 + 3600
+    assert await thread.get_scheduled_effects() == []
+
+
+async def test_raising_effect_fails_with_its_message_and_never_runs_again(
+    frt: Runtime, clock: FakeClock
+) -> None:
+    thread = await frt.create_thread()
+    run_id = await thread.schedule_effect("boom", {"message": "no such mailbox"})
+    await frt.wait_idle()
+    clock.advance(86_000)
+    await frt.wait_idle()
+
+    run = await thread.get_run(run_id)
+    assert run.status is EffectStatus.FAILED
+    assert run.error == "RuntimeError: no such mailbox"
+    assert run.attempts == 1
+
+
+async def test_sync_effect_without_args_runs_in_a_worker_thread(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    run_id = await thread.schedule_effect("cleanup")
+    await rt.wait_idle()
+    assert (await thread.get_run(run_id)).status is EffectStatus.COMPLETED
+    assert (rt.settings.data_dir / "cleanup.log").read_text() == thread.thread_id + "\n"
+
+
+async def test_effect_over_its_timeout_fails(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    run_id = await thread.schedule_effect("overrun")
+    await rt.wait_idle()
+    run = await thread.get_run(run_id)
+    assert run.status is EffectStatus.FAILED
+    assert run.error == "Effect overrun timed out after 0.2 s"
+
+
+async def test_effect_can_schedule_on_its_own_thread(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    await thread.schedule_effect("chain", {"key": "from-effect"})
+    await rt.wait_idle()
+    page = await thread.list_runs()
+    assert sorted((r.name, r.status) for r in page.runs) == [
+        ("chain", EffectStatus.COMPLETED),
+        ("record", EffectStatus.COMPLETED),
+    ]
+
+
+async def test_cancel_returns_false_unless_a_pending_run_was_canceled(
+    frt: Runtime, clock: FakeClock
+) -> None:
+    thread = await frt.create_thread()
+    pending = await thread.schedule_effect("record", {"key": "p"}, delay=60)
+    done = await thread.schedule_effect("record", {"key": "d"})
+    await frt.wait_idle()
+
+    assert await thread.remove_scheduled_effect("no-such-run") is False
+    assert await thread.remove_scheduled_effect(done) is False
+    assert await thread.remove_scheduled_effect(pending) is True
+    assert await thread.remove_scheduled_effect(pending) is False
+
+    clock.advance(120)
+    await frt.wait_idle()
+    canceled = await thread.get_run(pending)
+    assert canceled.status is EffectStatus.CANCELED  # stays in the history, never ran
+    assert [r["key"] for r in records(frt.settings.data_dir)] == ["d"]
+
+
+async def test_run_now_and_replay(frt: Runtime, clock: FakeClock) -> None:
+    thread = await frt.create_thread()
+    later = await thread.schedule_effect("record", {"key": "x"}, delay=3600)
+    await thread.run_now(later)
+    await frt.wait_idle()
+    assert (await thread.get_run(later)).status is EffectStatus.COMPLETED
+
+    with pytest.raises(RunStateError, match="only a pending run"):
+        await thread.run_now(later)
+    with pytest.raises(RunNotFound):
+        await thread.run_now("nope")
+
+    replay_id = await thread.replay(later)
+    await frt.wait_idle()
+    replay = await thread.get_run(replay_id)
+    assert replay.replay_of == later
+    assert (replay.name, replay.args, replay.status) == ("record", {"key": "x"},
+                                                         EffectStatus.COMPLETED)
+    assert [r["key"] for r in records(frt.settings.data_dir)] == ["x", "x"]
+
+    pending = await thread.schedule_effect("record", {"key": "y"}, delay=60)
+    with pytest.raises(RunStateError, match="only a finished run"):
+        await thread.replay(pending)
+
+
+async def test_history_filters_and_pages_newest_first(frt: Runtime) -> None:
+    thread = await frt.create_thread()
+    ids = [await thread.schedule_effect("record", {"key": str(i)}, delay=60) for i in range(5)]
+    boom = await thread.schedule_effect("boom")
+    await frt.wait_idle()
+
+    page = await thread.list_runs(limit=2)
+    assert [r.id for r in page.runs] == [boom, ids[4]]
+    assert page.next_cursor is not None
+    page2 = await thread.list_runs(limit=2, cursor=page.next_cursor)
+    assert [r.id for r in page2.runs] == [ids[3], ids[2]]
+    page3 = await thread.list_runs(limit=2, cursor=page2.next_cursor)
+    assert [r.id for r in page3.runs] == [ids[1], ids[0]]
+    assert page3.next_cursor is None
+
+    failed = await thread.list_runs(status="failed")
+    assert [r.id for r in failed.runs] == [boom]
+    assert [r.id for r in (await thread.list_runs(name="boom")).runs] == [boom]
+    assert len((await thread.list_runs(status=["pending", "failed"])).runs) == 6
+    with pytest.raises(ValueError, match="Unknown status"):
+        await thread.list_runs(status="done")
+    with pytest.raises(ValueError, match="limit"):
+        await thread.list_runs(limit=0)
+
+
+async def test_hundred_threads_every_run_once_in_due_order(rt: Runtime) -> None:
+    threads = [await rt.create_thread(f"t{i:03d}") for i in range(100)]
+    # Interleaved due times: run j of thread i is due about (j * 100 + (i * 37) % 100) ms
+    # after a common base, scheduled in reverse order so insertion order is not due order.
+    base = rt.clock.now() + 1.0
+    for j in reversed(range(10)):
+        for i, thread in enumerate(threads):
+            due = base + (j * 100 + (i * 37) % 100) / 1000
+            await thread.schedule_effect(
+                "record", {"key": f"{j}"}, delay=max(0.0, due - rt.clock.now())
+            )
+
+    deadline = asyncio.get_running_loop().time() + 60
+    while len(records(rt.settings.data_dir)) < 1000:
+        assert asyncio.get_running_loop().time() < deadline, "runs did not all execute"
+        await asyncio.sleep(0.05)
+    await rt.wait_idle()
+
+    seen: dict[str, list[str]] = {}
+    for rec in records(rt.settings.data_dir):
+        seen.setdefault(str(rec["thread"]), []).append(str(rec["key"]))
+    for thread in threads:
+        page = await thread.list_runs(limit=20)
+        assert {(r.status, r.attempts) for r in page.runs} == {(EffectStatus.COMPLETED, 1)}
+        in_due_order = [r.args["key"] for r in sorted(page.runs, key=lambda r: r.run_at_ts)]
+        assert seen[thread.thread_id] == in_due_order
+    assert sum(len(v) for v in seen.values()) == 1000
+
+
+async def test_bad_input_is_refused_and_stores_nothing(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    with pytest.raises(EffectNotFound, match=r"^Effect not found: nope$"):
+        await thread.schedule_effect("nope")
+    with pytest.raises(InvalidEffectArgs, match="fail its schema: key: Field required"):
+        await thread.schedule_effect("record", {"other": 1})
+    with pytest.raises(InvalidEffectArgs, match="not JSON"):
+        await thread.schedule_effect("record", {"key": object()})
+    with pytest.raises(InvalidEffectArgs, match="not JSON"):
+        await thread.schedule_effect("record", {"key": "k", "due": math.nan})
+    with pytest.raises(InvalidEffectArgs, match=r"bytes of JSON; the limit is 1048576 bytes"):
+        await thread.schedule_effect("record", {"key": "x" * (1 << 20)})
+    with pytest.raises(InvalidEffectArgs, match="takes no arguments"):
+        await thread.schedule_effect("cleanup", {"x": 1})
+    for delay in (-1, math.nan, math.inf, "5"):
+        with pytest.raises(InvalidDelay, match="delay must be"):
+            await thread.schedule_effect("record", {"key": "k"}, delay=delay)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # InvalidDelay is a ValueError too
+        await thread.schedule_effect("record", {"key": "k"}, delay=timedelta(seconds=-1))
+
+    assert (await thread.list_runs()).runs == []
+    assert not (rt.settings.data_dir / "record.jsonl").exists()
+
+
+async def test_bad_thread_ids_and_unknown_threads(rt: Runtime, tmp_path: Path) -> None:
+    for bad in ("../x", "", "a" * 65, "a/b", "é", "a b"):
+        with pytest.raises(InvalidThreadId, match="must match"):
+            await rt.get_thread(bad)
+        with pytest.raises(InvalidThreadId):
+            await rt.create_thread(bad)
+    assert not (tmp_path / "x.sqlite").exists()
+    with pytest.raises(ThreadNotFound, match="Thread not found: ghost"):
+        await rt.get_thread("ghost")
+    await rt.create_thread("dup")
+    with pytest.raises(ThreadExists):
+        await rt.create_thread("dup")
+    assert await rt.delete_thread("ghost") is False
+
+
+async def test_corrupt_thread_file_fails_that_thread_only(tmp_path: Path) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        bad = await rt.create_thread("bad")
+        await bad.schedule_effect("record", {"key": "never"}, delay=0.3)
+        good = await rt.create_thread("good")
+    (tmp_path / "threads" / "bad.sqlite").write_bytes(b"this is not a database" * 100)
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / "threads" / f"bad.sqlite{suffix}").unlink(missing_ok=True)
+
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        bad = await rt.get_thread("bad")  # the registry still knows it
+        with pytest.raises(ThreadStorageError, match=r"Thread bad: database .*bad\.sqlite"):
+            await bad.list_runs()
+        with pytest.raises(ThreadStorageError):
+            await bad.schedule_effect("record", {"key": "k"})
+        good = await rt.get_thread("good")
+        run_id = await good.schedule_effect("record", {"key": "fine"})
+        await asyncio.sleep(0.5)  # past the bad thread's alarm
+        await rt.wait_idle()
+        assert (await good.get_run(run_id)).status is EffectStatus.COMPLETED
+        assert [r["key"] for r in records(tmp_path)] == ["fine"]
+        assert await rt.delete_thread("bad") is True  # a corrupt thread can still be deleted
+        assert not (tmp_path / "threads" / "bad.sqlite").exists()
+
+
+async def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        await rt.create_thread("t")
+    conn = sqlite3.connect(tmp_path / "threads" / "t.sqlite")
+    conn.execute("PRAGMA user_version=99")
+    conn.close()
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        t = await rt.get_thread("t")
+        with pytest.raises(ThreadStorageError, match="schema version 99, newer than"):
+            await t.list_runs()
+
+
+async def test_delete_thread_discards_due_and_running_runs(tmp_path: Path) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        thread = await rt.create_thread("doomed")
+        await thread.schedule_effect("slow", {"seconds": 5})
+        await thread.schedule_effect("record", {"key": "after-slow"})
+        await thread.schedule_effect("record", {"key": "later"}, delay=0.2)
+        while not (tmp_path / "slow.started").exists():
+            await asyncio.sleep(0.01)
+
+        assert await rt.delete_thread("doomed") is True
+        assert not (tmp_path / "threads" / "doomed.sqlite").exists()
+        with pytest.raises(ThreadNotFound):
+            await thread.schedule_effect("record", {"key": "k"})
+        with pytest.raises(ThreadNotFound):
+            await rt.get_thread("doomed")
+        await asyncio.sleep(0.4)
+        await rt.wait_idle()
+
+    assert not (tmp_path / "slow.done").exists()
+    assert records(tmp_path) == []
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        await asyncio.sleep(0.1)
+        await rt.wait_idle()
+        assert (await rt.list_threads()).threads == []
+    assert records(tmp_path) == []
+
+
+async def test_delete_with_a_due_alarm_runs_nothing(tmp_path: Path) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        await thread.schedule_effect("record", {"key": "k"}, delay=0.3)
+    # The alarm is overdue when the runtime starts again; the thread is deleted first.
+    await asyncio.sleep(0.4)
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        assert await rt.delete_thread("t") is True
+        await asyncio.sleep(0.1)
+        await rt.wait_idle()
+    assert records(tmp_path) == []
+
+
+async def test_subscription_sees_every_change_without_args(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    sub = thread.subscribe()
+    ok = await thread.schedule_effect("record", {"key": "secret-value"})
+    await rt.wait_idle()
+    bad = await thread.schedule_effect("boom")
+    await rt.wait_idle()
+    gone = await thread.schedule_effect("record", {"key": "k"}, delay=60)
+    await thread.remove_scheduled_effect(gone)
+    sub.close()
+    events = [e async for e in sub]
+
+    assert [(e.run.id, str(e.change), e.data["status"]) for e in events] == [
+        (ok, "scheduled", "pending"),
+        (ok, "started", "running"),
+        (ok, "completed", "completed"),
+        (bad, "scheduled", "pending"),
+        (bad, "started", "running"),
+        (bad, "failed", "failed"),
+        (gone, "scheduled", "pending"),
+        (gone, "canceled", "canceled"),
+    ]
+    assert [e.seq for e in events] == list(range(1, 9))
+    assert events[5].data["error"] == "RuntimeError: boom"
+    assert all("args" not in e.to_frame()["data"] for e in events)
+    assert "secret-value" not in json.dumps([e.to_frame() for e in events])
+
+
+async def test_graceful_shutdown_requeues_a_running_run(tmp_path: Path) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, load_packages=False, shutdown_grace_seconds=0.1
+    ) as rt:
+        thread = await rt.create_thread("t")
+        run_id = await thread.schedule_effect("slow", {"seconds": 30})
+        while not (tmp_path / "slow.started").exists():
+            await asyncio.sleep(0.01)
+        sub = thread.subscribe()
+    events = [e async for e in sub]
+    assert [str(e.change) for e in events] == ["requeued"]
+
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, load_packages=False, shutdown_grace_seconds=0.1
+    ) as rt:
+        thread = await rt.get_thread("t")
+        # Requeued with its attempt counted, and started again at once after the restart.
+        while (await thread.get_run(run_id)).status is not EffectStatus.RUNNING:
+            await asyncio.sleep(0.01)
+        assert (await thread.get_run(run_id)).attempts == 2
+
+
+async def test_lru_evicts_idle_threads_and_reopens_them(tmp_path: Path) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, load_packages=False, max_open_threads=3
+    ) as rt:
+        threads = [await rt.create_thread(f"t{i}") for i in range(8)]
+        for t in threads:
+            await t.schedule_effect("record", {"key": t.thread_id}, delay=0.05)
+        await asyncio.sleep(0.2)
+        await rt.wait_idle()
+        assert len(rt._actors) <= 3
+        assert sorted(str(r["key"]) for r in records(tmp_path)) == [f"t{i}" for i in range(8)]
+        for t in threads:
+            page = await t.list_runs()
+            assert [r.status for r in page.runs] == [EffectStatus.COMPLETED]
