@@ -81,7 +81,7 @@ class SchedulerTimer:
             return
         self._scheduler.add_job(
             self._fire,
-            DateTrigger(run_date=datetime.fromtimestamp(due_at, UTC)),
+            DateTrigger(run_date=datetime.fromtimestamp(due_at, UTC), timezone=UTC),
             args=(thread_id,),
             id=thread_id,
             replace_existing=True,
