@@ -298,17 +298,18 @@ class Runtime:
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        # Every worker has stopped, so a run still marked running in an open thread was
+        # interrupted (a thread with running work is never evicted, so open ones are all).
         now = self.clock.now()
         for actor in list(self._actors.values()):
-            run = actor.current_run
-            if run is None or actor.deleted:
+            if actor.deleted:
                 continue
             try:
                 changed = await self._run_sync(
-                    actor.store.recover_interrupted, now, MAX_ATTEMPTS, [run.id]
+                    actor.store.recover_interrupted, now, MAX_ATTEMPTS
                 )
             except ThreadStorageError:
-                log.exception("could not re-queue interrupted run %s", run.id)
+                log.exception("could not re-queue interrupted runs of %s", actor.thread_id)
                 continue
             for r in changed:
                 self._publish_recovered(r)
