@@ -39,6 +39,7 @@ const el = {
   scheduleDelay: $("schedule-delay"),
   scheduleSubmit: $("schedule-submit"),
   scheduleError: $("schedule-error"),
+  scheduleResult: $("schedule-result"),
   filters: $("filters"),
   loadedNote: $("loaded-note"),
   table: $("runs-table"),
@@ -478,6 +479,7 @@ function selectThread(tid) {
   el.tbody.replaceChildren();
   el.threadError.hidden = true;
   el.scheduleError.hidden = true;
+  el.scheduleResult.hidden = true;
 
   const want = tid ? `#thread=${encodeURIComponent(tid)}` : "";
   if (location.hash !== want) {
@@ -861,7 +863,7 @@ function createRow(run) {
     dueAbs: make("span", { class: "due-abs" }),
     dueRel: make("span", { class: "rel muted" }),
     due: make("td", { class: "cell-due" }),
-    att: make("td", { class: "num" }),
+    att: make("td", { class: "num cell-att" }),
     err: make("td", { class: "cell-error" }),
     act: make("td", { class: "cell-actions" }),
   };
@@ -893,6 +895,7 @@ function updateRow(tr, run) {
   const err = run.error ? String(run.error) : "";
   c.err.textContent = err.split("\n", 1)[0].slice(0, 300);
   c.err.title = err.slice(0, 2000);
+  c.badge.title = err ? err.split("\n", 1)[0].slice(0, 300) : ""; // the error column may be hidden
   if (tr._status !== run.status) {
     tr._status = run.status;
     c.act.replaceChildren(...actionButtons(run));
@@ -1015,7 +1018,9 @@ async function runAction(action, id, button) {
     if (action === "run-now") {
       const res = await api.runNow(tid, id);
       if (gen !== state.gen) return;
-      if (res && res.status) {
+      // The "started" frame may have overtaken this answer; only ever move the run forward.
+      const run = state.runs.get(id);
+      if (res && res.status && (!run || progress({ ...run, status: res.status }) > progress(run))) {
         mergeRun({ id, status: res.status });
         markDirty(id);
       }
@@ -1027,7 +1032,7 @@ async function runAction(action, id, button) {
         markDirty(id);
       } else {
         toast(`Run ${id} was not canceled: it is no longer pending.`);
-        await refreshRun(id);
+        await refreshRun(id).catch(() => {});
       }
     } else if (action === "replay") {
       const res = await api.replay(tid, id);
@@ -1205,7 +1210,10 @@ function selectedEffect() {
 function onEffectChosen() {
   const effect = selectedEffect();
   el.scheduleDesc.textContent = effect && effect.description ? effect.description : "";
-  el.scheduleArgs.title = effect && effect.argsSchema ? JSON.stringify(effect.argsSchema, null, 2) : "No arguments";
+  const takesArgs = Boolean(effect && effect.argsSchema);
+  el.scheduleArgs.title = takesArgs ? JSON.stringify(effect.argsSchema, null, 2) : "This effect takes no arguments";
+  // An empty box is sent as null, which is what an effect without arguments expects.
+  el.scheduleArgs.placeholder = takesArgs ? "{}" : "no arguments (sent as null)";
   // Offer a skeleton of the args unless the user already typed their own.
   if (!state.argsEdited) el.scheduleArgs.value = effect ? argsTemplate(effect.argsSchema) : "";
 }
@@ -1241,6 +1249,7 @@ async function onSchedule(ev) {
   const tid = state.tid;
   if (!tid) return;
   showScheduleError("");
+  el.scheduleResult.hidden = true;
 
   const name = el.scheduleName.value;
   if (!name) {
@@ -1272,7 +1281,8 @@ async function onSchedule(ev) {
     const res = await api.schedule(tid, name, args, delay);
     if (gen !== state.gen) return;
     const id = String(res.id);
-    toast(`Scheduled ${name} as ${id}.`, { kind: "info", timeout: 3000 });
+    el.scheduleResult.textContent = `Scheduled ${name} as ${id}.`;
+    el.scheduleResult.hidden = false;
     await refreshRun(id).catch(() => {}); // the frame usually wins; this covers a dead socket
   } catch (err) {
     if (gen !== state.gen) return;
