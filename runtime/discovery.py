@@ -1,26 +1,50 @@
 """Finding effects: ``agents/effects/*.py`` by file name, package effects by entry point.
 
-Rules (DESIGN.md, "Defining"):
+Rules (DESIGN.md, "Defining" and "Package effects"):
 - Each ``*.py`` file directly inside ``<app_dir>/effects/`` defines exactly one effect, whose
   name is the file name without ``.py``; names are snake_case (``^[a-z][a-z0-9_]*$``).
 - Files starting with ``_`` (``__init__.py``, private helpers) are not effects.
 - A bad name, an import error, no definition or several definitions stop startup with an
   `EffectDefinitionError` naming the file.
+- An installed distribution publishes effects with an entry point in the group
+  ``thread_effects.packages``: its name is the ``packageId`` (``^[a-z][a-z0-9_-]*$``), its
+  value an importable package whose ``effects/`` folder follows the rules above. Its effects
+  are scheduled as ``"{packageId}/{effect}"``; code inside the package may use short names.
+- A package's bad effect file stops startup naming the package, its distribution and the
+  file; so do a bad ``packageId``, an entry point that cannot be imported, and one
+  ``packageId`` claimed by two distributions.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.metadata
+import importlib.resources
 import importlib.util
+import re
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
 from runtime.effects import EFFECT_NAME_RE, EffectDefinition
 from runtime.errors import EffectDefinitionError, EffectNotFound
+
+PACKAGES_GROUP = "thread_effects.packages"
+"""The entry point group through which installed distributions publish effects."""
+
+PACKAGE_ID_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+"""A ``packageId`` (an entry point name): lowercase letters, digits, ``_`` and ``-``."""
+
+
+def _import_failed(path: str, exc: BaseException) -> EffectDefinitionError:
+    """The error for an effect file whose import raised ``exc``, with the file's line."""
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    where = f" (line {lines[-1]})" if lines else ""
+    return EffectDefinitionError(f"{path}: import failed{where}: {type(exc).__name__}: {exc}")
 
 
 def _load_module(path: Path, module_name: str) -> ModuleType:
@@ -33,12 +57,48 @@ def _load_module(path: Path, module_name: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(module_name, None)
-        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        where = f" (line {last.lineno})" if last and last.filename == str(path) else ""
-        raise EffectDefinitionError(
-            f"{path}: import failed{where}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise _import_failed(str(path), exc) from exc
     return module
+
+
+def _the_definition(module: ModuleType, path: str) -> EffectDefinition:
+    """The one `EffectDefinition` a loaded effect file holds."""
+    found: list[EffectDefinition] = []
+    for value in vars(module).values():
+        if isinstance(value, EffectDefinition) and not any(value is f for f in found):
+            found.append(value)
+    if not found:
+        raise EffectDefinitionError(
+            f"{path}: defines no effect; assign define_effect(...) to a "
+            f"module-level name, e.g. `effect = define_effect(...)`"
+        )
+    if len(found) > 1:
+        raise EffectDefinitionError(
+            f"{path}: defines {len(found)} effects; one file holds exactly one "
+            f"effect (its name is the file name)"
+        )
+    return found[0]
+
+
+def _load_files(
+    files: Iterable[tuple[str, str]],
+    load: Callable[[str, str], ModuleType],
+    package_id: str | None,
+) -> dict[str, EffectDefinition]:
+    """Load effect files given as (file name, path for messages), in file name order."""
+    effects: dict[str, EffectDefinition] = {}
+    for filename, path in sorted(files):
+        stem = filename.removesuffix(".py")
+        if stem.startswith("_"):
+            continue
+        if not EFFECT_NAME_RE.match(stem):
+            raise EffectDefinitionError(
+                f"{path}: effect file names must be snake_case "
+                f"(^[a-z][a-z0-9_]*$), so {filename!r} is not a valid effect name"
+            )
+        module = load(stem, path)
+        effects[stem] = replace(_the_definition(module, path), name=stem, package_id=package_id)
+    return effects
 
 
 def load_effects_dir(
@@ -46,9 +106,11 @@ def load_effects_dir(
 ) -> dict[str, EffectDefinition]:
     """Load every effect file in one folder.
 
+    Each file is executed afresh under ``{module_prefix}.{name}``, so a folder that is
+    not a Python package (like ``agents/effects``) can be loaded by several runtimes.
+
     Args:
-        effects_dir: The folder (``<app_dir>/effects`` or a package's ``effects/``). A
-            missing folder means no effects.
+        effects_dir: The folder (``<app_dir>/effects``). A missing folder means no effects.
         package_id: Set on each definition for package effects; None for the app's own.
         module_prefix: The ``sys.modules`` prefix the files are imported under.
 
@@ -59,36 +121,18 @@ def load_effects_dir(
         EffectDefinitionError: naming the file, for a bad name, an import error, or a
             file with no or several `EffectDefinition` objects.
     """
-    effects: dict[str, EffectDefinition] = {}
     if not effects_dir.is_dir():
-        return effects
-    owner = f"package {package_id!r}: " if package_id else ""
-    for path in sorted(effects_dir.glob("*.py")):
-        stem = path.stem
-        if stem.startswith("_"):
-            continue
-        if not EFFECT_NAME_RE.match(stem):
-            raise EffectDefinitionError(
-                f"{owner}{path}: effect file names must be snake_case "
-                f"(^[a-z][a-z0-9_]*$), so {path.name!r} is not a valid effect name"
-            )
-        module = _load_module(path, f"{module_prefix}.{stem}")
-        found: list[EffectDefinition] = []
-        for value in vars(module).values():
-            if isinstance(value, EffectDefinition) and not any(value is f for f in found):
-                found.append(value)
-        if not found:
-            raise EffectDefinitionError(
-                f"{owner}{path}: defines no effect; assign define_effect(...) to a "
-                f"module-level name, e.g. `effect = define_effect(...)`"
-            )
-        if len(found) > 1:
-            raise EffectDefinitionError(
-                f"{owner}{path}: defines {len(found)} effects; one file holds exactly one "
-                f"effect (its name is the file name)"
-            )
-        effects[stem] = replace(found[0], name=stem, package_id=package_id)
-    return effects
+        return {}
+    try:
+        return _load_files(
+            ((p.name, str(p)) for p in effects_dir.glob("*.py")),
+            lambda stem, path: _load_module(Path(path), f"{module_prefix}.{stem}"),
+            package_id,
+        )
+    except EffectDefinitionError as exc:
+        if package_id is None:
+            raise
+        raise EffectDefinitionError(f"package {package_id!r}: {exc}") from exc
 
 
 @dataclass
@@ -106,16 +150,20 @@ class EffectRegistry:
     def resolve(self, name: str, *, package_id: str | None = None) -> EffectDefinition:
         """Find an effect by the name a caller used.
 
+        A qualified name means the same effect from anywhere. A short name means the
+        caller's own: the app's effect for app code, and for code inside a package that
+        package's effect only (a package cannot know which app it is installed in, so a
+        short name never silently reaches an app effect that happens to share it).
+
         Args:
             name: ``"effect"`` or ``"{package_id}/{effect}"``.
-            package_id: The package the caller's code belongs to, if any: inside a package
-                a short name means that package's own effect.
+            package_id: The package the caller's code belongs to, if any.
 
         Returns:
             The definition (its ``qualified_name`` is what runs are stored under).
 
         Raises:
-            EffectNotFound: naming what was asked for.
+            EffectNotFound: naming what was asked for, and which package lacks it.
         """
         if "/" in name:
             pkg, _, short = name.partition("/")
@@ -126,9 +174,18 @@ class EffectRegistry:
                 raise EffectNotFound(name, f"package {pkg!r} has no effect {short!r}")
             return effects[short]
         if package_id is not None:
-            own = self.packages.get(package_id, {})
-            if name in own:
-                return own[name]
+            own = self.packages.get(package_id)
+            if own is None:
+                raise EffectNotFound(
+                    name, f"the caller belongs to package {package_id!r}, which is not installed"
+                )
+            if name not in own:
+                raise EffectNotFound(
+                    name,
+                    f"package {package_id!r} has no effect {name!r}; inside a package a "
+                    f"short name means the package's own effect",
+                )
+            return own[name]
         if name in self.app:
             return self.app[name]
         raise EffectNotFound(name)
@@ -158,10 +215,110 @@ def discover(app_dir: Path | None) -> EffectRegistry:
     return registry
 
 
+def _describe(ep: importlib.metadata.EntryPoint) -> str:
+    """``distribution version (at site folder)`` for messages."""
+    dist = ep.dist
+    if dist is None:  # an EntryPoint built by hand rather than read from metadata
+        return "an unknown distribution"
+    return f"{dist.name} {dist.version} (in {dist.locate_file('')})"
+
+
+def load_package_effects(
+    package_id: str, entry_point: importlib.metadata.EntryPoint
+) -> dict[str, EffectDefinition]:
+    """Load one package's effects from the ``effects/`` folder of its entry point's module.
+
+    Each file is imported as ``{module}.effects.{name}`` through the normal import system,
+    so relative imports inside the package work and the package's other code shares the
+    same module objects.
+
+    Args:
+        package_id: The entry point's name (already checked against `PACKAGE_ID_RE`).
+        entry_point: An entry point of the group `PACKAGES_GROUP`; its value names a
+            package (``"my_pkg"``). A package without an ``effects/`` folder has no effects.
+
+    Returns:
+        Short effect name → definition, ``package_id`` filled in.
+
+    Raises:
+        EffectDefinitionError: naming the package, its distribution and, for a bad effect
+            file, the file: the value names an object (``module:attr``) or a plain module
+            rather than a package, the package cannot be imported, or a file breaks the
+            rules of `load_effects_dir`.
+    """
+    owner = f"package {package_id!r} (distribution {_describe(entry_point)})"
+    if entry_point.attr:
+        raise EffectDefinitionError(
+            f"{owner}: the entry point value {entry_point.value!r} must name a package, "
+            f"such as {entry_point.module!r}, not an object inside one"
+        )
+    try:
+        module = importlib.import_module(entry_point.module)
+    except Exception as exc:
+        raise EffectDefinitionError(
+            f"{owner}: cannot import {entry_point.module!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not hasattr(module, "__path__"):
+        raise EffectDefinitionError(
+            f"{owner}: {entry_point.module!r} is a module, not a package; a package's "
+            f"effects live in the effects/ folder of the package named by the entry point"
+        )
+    folder = importlib.resources.files(module).joinpath("effects")
+    if not folder.is_dir():
+        return {}
+    files = [
+        (entry.name, str(entry))
+        for entry in folder.iterdir()
+        if entry.name.endswith(".py") and entry.is_file()
+    ]
+
+    def load(name: str, path: str) -> ModuleType:
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:
+            raise _import_failed(path, exc) from exc
+
+    try:
+        # The folder's own __init__.py first, so its failure is not blamed on an effect.
+        load(f"{module.__name__}.effects", str(folder.joinpath("__init__.py")))
+        return _load_files(
+            files, lambda stem, path: load(f"{module.__name__}.effects.{stem}", path), package_id
+        )
+    except EffectDefinitionError as exc:
+        raise EffectDefinitionError(f"{owner}: {exc}") from exc
+
+
 def discover_packages() -> dict[str, dict[str, EffectDefinition]]:
     """Effects of installed packages (entry point group ``thread_effects.packages``).
 
+    Every ``packageId`` is checked before any package is imported, so a clash or a bad
+    id is reported even when a package's code is broken too. Packages load in id order.
+
     Returns:
-        ``package_id`` → effects by short name. Empty until package support lands.
+        ``package_id`` → effects by short name.
+
+    Raises:
+        EffectDefinitionError: one ``packageId`` claimed by two distributions (naming
+            both), an id that does not match ``^[a-z][a-z0-9_-]*$`` (naming the
+            distribution), or a package that fails `load_package_effects`.
     """
-    return {}
+    claims: dict[str, list[importlib.metadata.EntryPoint]] = {}
+    for ep in importlib.metadata.entry_points(group=PACKAGES_GROUP):
+        claims.setdefault(ep.name, []).append(ep)
+    for package_id, eps in sorted(claims.items()):
+        if len(eps) > 1:
+            who = "; ".join(f"{_describe(ep)} as {ep.value!r}" for ep in eps)
+            raise EffectDefinitionError(
+                f"packageId {package_id!r} is claimed by {len(eps)} distributions: {who}. "
+                f"A packageId names one package: uninstall one of them"
+            )
+        if not PACKAGE_ID_RE.match(package_id):
+            raise EffectDefinitionError(
+                f"packageId {package_id!r} of distribution {_describe(eps[0])} is not valid: "
+                f"entry point names in the group {PACKAGES_GROUP!r} must match "
+                f"^[a-z][a-z0-9_-]*$ (lowercase letters, digits, '_' and '-')"
+            )
+    return {
+        package_id: load_package_effects(package_id, eps[0])
+        for package_id, eps in sorted(claims.items())
+    }
