@@ -6,6 +6,7 @@ functions that run later, outside the model's turn.
 The public API is re-exported here; see DESIGN.md and the README.
 """
 
+from runtime.agents import AgentDefinition, define_agent
 from runtime.config import MAX_ATTEMPTS, RetentionPolicy, Settings
 from runtime.effects import (
     EffectChanged,
@@ -15,7 +16,10 @@ from runtime.effects import (
     RunChange,
     define_effect,
 )
+from runtime.endpoints import ThreadEndpointDefinition, define_thread_endpoint
 from runtime.errors import (
+    AgentDefinitionError,
+    AgentNotFound,
     DataDirLocked,
     EffectDefinitionError,
     EffectNotFound,
@@ -23,6 +27,7 @@ from runtime.errors import (
     InvalidDelay,
     InvalidEffectArgs,
     InvalidThreadId,
+    MessageNotFound,
     RunNotFound,
     RunStateError,
     RuntimeClosed,
@@ -30,14 +35,23 @@ from runtime.errors import (
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
+    TurnFailed,
+    TurnInProgress,
 )
 from runtime.frames import Subscription
+from runtime.hooks import HookDefinition, HookPoint, define_hook
+from runtime.messages import Message, MessagePage, MessageRole, ToolCall, ToolResult
 from runtime.storage.base import ThreadInfo
 from runtime.supervisor import Runtime, ThreadPage, validate_thread_id
 from runtime.thread import Execution, RunPage, ThreadState
+from runtime.tools import ToolDefinition, define_tool
+from runtime.turns import TurnResult
 
 __all__ = [
     "MAX_ATTEMPTS",
+    "AgentDefinition",
+    "AgentDefinitionError",
+    "AgentNotFound",
     "DataDirLocked",
     "EffectChanged",
     "EffectDefinition",
@@ -47,9 +61,15 @@ __all__ = [
     "EffectStatus",
     "EffectsError",
     "Execution",
+    "HookDefinition",
+    "HookPoint",
     "InvalidDelay",
     "InvalidEffectArgs",
     "InvalidThreadId",
+    "Message",
+    "MessageNotFound",
+    "MessagePage",
+    "MessageRole",
     "RetentionPolicy",
     "RunChange",
     "RunNotFound",
@@ -60,12 +80,23 @@ __all__ = [
     "Settings",
     "Subscription",
     "SubscriptionOverflow",
+    "ThreadEndpointDefinition",
     "ThreadExists",
     "ThreadInfo",
     "ThreadNotFound",
     "ThreadPage",
     "ThreadState",
     "ThreadStorageError",
+    "ToolCall",
+    "ToolDefinition",
+    "ToolResult",
+    "TurnFailed",
+    "TurnInProgress",
+    "TurnResult",
+    "define_agent",
     "define_effect",
+    "define_hook",
+    "define_thread_endpoint",
+    "define_tool",
     "validate_thread_id",
 ]

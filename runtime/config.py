@@ -50,6 +50,9 @@ class Settings(BaseModel):
         subscriber_queue_size: Events buffered per change subscriber before it is dropped.
         load_packages: Whether effects of installed packages (entry point group
             ``thread_effects.packages``) are loaded.
+        model: The pydantic-ai model agents use unless they name their own, e.g.
+            ``"openai:gpt-4o-mini"`` (the server reads ``THREAD_EFFECTS_MODEL``). None =
+            the offline demo model of `runtime.testing.demo_model`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,3 +67,4 @@ class Settings(BaseModel):
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     subscriber_queue_size: int = Field(default=1000, ge=1)
     load_packages: bool = True
+    model: str | None = None

@@ -15,11 +15,16 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── RunNotFound             no run with that id in the thread
     ├── RunStateError           the run is in the wrong status for the operation
     ├── RuntimeClosed           the runtime is not running (not started or shut down)
-    └── SubscriptionOverflow    a change subscriber fell behind its bounded queue
+    ├── SubscriptionOverflow    a change subscriber fell behind its bounded queue
+    ├── AgentDefinitionError    a file in agents/agents|tools|hooks|api is not valid
+    ├── AgentNotFound           no agent of that id (or no agent serves the thread)
+    ├── MessageNotFound         no message with that id in the thread
+    ├── TurnInProgress          a message was sent while the thread's turn runs
+    └── TurnFailed              the model (or the agent loop) failed during a turn
 
 `InvalidThreadId`, `InvalidDelay` and `InvalidEffectArgs` are also `ValueError`s; `EffectNotFound`,
-`ThreadNotFound` and `RunNotFound` are also `LookupError`s, so callers that only know the
-builtin hierarchy still catch them.
+`ThreadNotFound`, `RunNotFound`, `AgentNotFound` and `MessageNotFound` are also
+`LookupError`s, so callers that only know the builtin hierarchy still catch them.
 """
 
 from __future__ import annotations
@@ -110,3 +115,47 @@ class ThreadExists(EffectsError):
 
 class DataDirLocked(EffectsError):
     """Another process holds the data directory (the SQLite backend is single-process)."""
+
+
+class AgentDefinitionError(EffectsError):
+    """A file in ``agents/agents/``, ``tools/``, ``hooks/`` or ``api/`` is not valid.
+
+    Raised at startup (or when the thread endpoints are mounted); the message names the file.
+    """
+
+
+class AgentNotFound(EffectsError, LookupError):
+    """No agent has the requested id, or the thread names none and no default exists."""
+
+
+class MessageNotFound(EffectsError, LookupError):
+    """No message with the given id exists in the thread."""
+
+    def __init__(self, thread_id: str, message_id: str) -> None:
+        self.thread_id = thread_id
+        self.message_id = message_id
+        super().__init__(f"Message not found: {message_id} in thread {thread_id}")
+
+
+class TurnInProgress(EffectsError):
+    """A message was sent to a thread whose previous turn is still running (one at a time)."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(
+            f"Thread {thread_id} is already running a turn; send the next message when it "
+            f"has answered"
+        )
+
+
+class TurnFailed(EffectsError):
+    """The model or the agent loop failed during a turn (the user's message stays stored).
+
+    Attributes:
+        run_id: The failed turn's run id.
+    """
+
+    def __init__(self, thread_id: str, run_id: str, message: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        super().__init__(message)

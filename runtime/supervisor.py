@@ -41,6 +41,8 @@ from typing import IO, Any, TypeVar, cast
 import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 
+from runtime import hooks as _hooks
+from runtime.agents import AgentApp, load_agent_app
 from runtime.alarms import AlarmTimer, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
@@ -62,6 +64,7 @@ from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
 from runtime.storage.sqlite import SQLiteRuntimeStore, SQLiteThreadStore
 from runtime.thread import RunPage, ThreadActor, ThreadState
+from runtime.turns import TurnTracker
 
 log = logging.getLogger("runtime")
 
@@ -170,6 +173,8 @@ class Runtime:
         )
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.registry = EffectRegistry()
+        self.agents = AgentApp()  # agents, tools and hooks of the app folder (at start)
+        self.turns = TurnTracker()
         self._hub = ChangeHub(self.settings.subscriber_queue_size)
         self._rtdb: SQLiteRuntimeStore | None = None
         self._timer: AlarmTimer | None = None
@@ -212,6 +217,7 @@ class Runtime:
 
         Raises:
             EffectDefinitionError: an effect file is invalid (names the file).
+            AgentDefinitionError: an agent, tool or hook file is invalid (names the file).
             DataDirLocked: another process uses the data directory.
         """
         if self._started:
@@ -219,6 +225,7 @@ class Runtime:
         await self._run_sync(self._open_data_dir)
         try:
             self.registry = await self._run_sync(self._discover)
+            self.agents = await self._run_sync(load_agent_app, self.settings.app_dir)
             for hook in self._startup_hooks:
                 result = hook(self)
                 if asyncio.iscoroutine(result):
@@ -355,9 +362,13 @@ class Runtime:
     ) -> ThreadState:
         """Create a thread with its own database file.
 
+        Then the ``after_thread_created`` hooks of its agent run (a hook that raises is
+        logged and ignored).
+
         Args:
             thread_id: The id to use (``^[A-Za-z0-9_-]{1,64}$``); None = a new random id.
-            agent_id: The agent that serves the thread.
+            agent_id: The agent that serves the thread; None = the app's only agent, or
+                its default one. Free-form when the app defines no agents.
             user_id: The user the thread belongs to.
             tags: Free-form labels.
 
@@ -367,9 +378,12 @@ class Runtime:
         Raises:
             InvalidThreadId: a malformed id.
             ThreadExists: the id is taken.
+            AgentNotFound: the app defines agents and none is ``agent_id`` (or, without
+                one, none is the default).
         """
         self._check_open()
         tid = validate_thread_id(thread_id) if thread_id is not None else uuid.uuid4().hex
+        agent_id = self.agents.agent_for_new_thread(agent_id)
         assert self._rtdb is not None
         if await self._run_sync(self._rtdb.get_thread, tid) is not None:
             raise ThreadExists(tid)
@@ -384,7 +398,11 @@ class Runtime:
         actor = ThreadActor(info, store)
         self._actors[tid] = actor
         await self._evict()
-        return ThreadState(self, info)
+        state = ThreadState(self, info)
+        await _hooks.after_thread_created(
+            self.agents.hooks_for(agent_id, _hooks.HookPoint.AFTER_THREAD_CREATED), state
+        )
+        return state
 
     def _create_store(self, info: ThreadInfo) -> SQLiteThreadStore:
         path = self.thread_path(info.id)

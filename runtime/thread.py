@@ -18,7 +18,9 @@ from runtime.storage.base import ThreadInfo
 from runtime.storage.sqlite import SQLiteThreadStore
 
 if TYPE_CHECKING:
+    from runtime.messages import Message, MessagePage, MessageRole
     from runtime.supervisor import Runtime
+    from runtime.turns import TurnResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,3 +256,79 @@ class ThreadState:
     def subscribe(self) -> Subscription:
         """Subscribe to this thread's run changes (never carrying args), from now on."""
         return self._rt._hub.subscribe(self.thread_id)
+
+    # ----------------------------------------------------------- conversation
+    # runtime.turns holds the logic; it imports this module, hence the local imports.
+
+    async def get_messages(self, *, limit: int = 50, after: str | None = None) -> MessagePage:
+        """The thread's messages, oldest first.
+
+        Args:
+            limit: Page size, 1 to 500.
+            after: A message id: the page starts after it (``next_cursor`` of the previous
+                page, or the last message a client has, to poll for new ones).
+
+        Raises:
+            ValueError: a bad limit, or ``after`` names no message of the thread.
+            ThreadNotFound: the thread was deleted.
+        """
+        from runtime.turns import get_messages
+
+        return await get_messages(self, limit=limit, after=after)
+
+    async def get_message(self, message_id: str) -> Message:
+        """One message.
+
+        Raises:
+            MessageNotFound: no such message in this thread.
+        """
+        from runtime.turns import get_message
+
+        return await get_message(self, message_id)
+
+    async def inject_message(
+        self, content: str, role: MessageRole | str = "assistant"
+    ) -> Message:
+        """Add a message to the conversation without running a turn (a reminder, a notice).
+
+        Outside a turn (an effect, an endpoint, host code) it waits for a running turn of
+        the thread to end and is stored at once. Inside a turn (a tool or hook) it is
+        stored right after the turn's own messages. The agent's
+        ``before_create_message`` / ``after_create_message`` hooks run for it.
+
+        Args:
+            content: The text (non-empty, at most 100,000 characters).
+            role: ``"assistant"`` (default), ``"user"`` or ``"system"``.
+
+        Returns:
+            The message (``injected`` is True).
+
+        Raises:
+            ValueError: empty or too long content, or an unknown role (or ``"tool"``).
+            ThreadNotFound: the thread was deleted.
+        """
+        from runtime.turns import inject_message
+
+        return await inject_message(self, content, role)
+
+    async def send_message(self, content: str) -> TurnResult:
+        """Send a user message and run one turn of the thread's agent; returns its answer.
+
+        One turn at a time per thread: a message sent while a turn runs is refused.
+
+        Args:
+            content: The user's text (non-empty, at most 100,000 characters).
+
+        Returns:
+            The turn's run id, the reply and every message the turn stored.
+
+        Raises:
+            ValueError: empty or too long content.
+            AgentNotFound: no agent serves the thread.
+            TurnInProgress: a turn of this thread is running.
+            TurnFailed: the model or the agent loop failed (the user message stays stored).
+            ThreadNotFound: the thread was deleted.
+        """
+        from runtime.turns import run_turn
+
+        return await run_turn(self, content)

@@ -4,7 +4,8 @@ SQLModel models describe every table; the SQLite backend generates its DDL from 
 then talks plain ``sqlite3`` on the hot path (≈10 µs per query against ≈200 µs through an
 ORM session, DESIGN.md "Decisions"). Two databases use them:
 
-- each thread's file (``threads/<id>.sqlite``): `ThreadMetaRow`, `EffectRunRow`;
+- each thread's file (``threads/<id>.sqlite``): `ThreadMetaRow`, `EffectRunRow`,
+  `MessageRow` (the conversation, from schema version 2);
 - the runtime database (``runtime.sqlite``): `ThreadRow` (the registry), `AlarmRow`
   (the durable alarm index: one row per thread with pending work).
 """
@@ -50,6 +51,27 @@ class EffectRunRow(SQLModel, table=True):
     replay_of: str | None = None
 
 
+class MessageRow(SQLModel, table=True):
+    """One message of the thread's conversation, in the order it was stored (``seq``).
+
+    ``data`` is the pydantic-ai ``ModelMessage`` as JSON (the history a turn sends to the
+    model is rebuilt from it); ``meta`` holds the tool calls or tool results as JSON for
+    readers. Times are seconds since the epoch, UTC.
+    """
+
+    __tablename__ = "messages"
+    __table_args__ = (Index("ix_messages_run", "run_id", "seq"),)
+
+    seq: int | None = Field(default=None, primary_key=True)
+    id: str = Field(unique=True)
+    role: str
+    content: str
+    created_at: float
+    run_id: str | None = None
+    meta: str = "{}"
+    data: str
+
+
 class ThreadRow(SQLModel, table=True):
     """The registry: one row per existing thread."""
 
@@ -90,5 +112,5 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
     return statements
 
 
-THREAD_MODELS: tuple[type[SQLModel], ...] = (ThreadMetaRow, EffectRunRow)
+THREAD_MODELS: tuple[type[SQLModel], ...] = (ThreadMetaRow, EffectRunRow, MessageRow)
 RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow)

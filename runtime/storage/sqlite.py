@@ -18,19 +18,29 @@ from typing import Any, TypeVar
 from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
 from runtime.errors import ThreadStorageError
+from runtime.messages import Message, message_from_row
 from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
-from runtime.storage.models import RUNTIME_MODELS, THREAD_MODELS, sqlite_ddl
+from runtime.storage.models import (
+    RUNTIME_MODELS,
+    EffectRunRow,
+    MessageRow,
+    ThreadMetaRow,
+    sqlite_ddl,
+)
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 1
-"""``PRAGMA user_version`` of a current thread file."""
+THREAD_SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of a current thread file (2: the ``messages`` table)."""
 
 RUNTIME_SCHEMA_VERSION = 1
 
 # Migrations from version N to N+1, applied in one transaction when an older file is
 # opened. Version 0 is a new, empty file: its "migration" creates the schema.
-THREAD_MIGRATIONS: dict[int, list[str]] = {0: sqlite_ddl(*THREAD_MODELS)}
+THREAD_MIGRATIONS: dict[int, list[str]] = {
+    0: sqlite_ddl(ThreadMetaRow, EffectRunRow),
+    1: sqlite_ddl(MessageRow),
+}
 RUNTIME_MIGRATIONS: dict[int, list[str]] = {0: sqlite_ddl(*RUNTIME_MODELS)}
 
 _RUN_COLUMNS = (
@@ -396,6 +406,81 @@ class SQLiteThreadStore(ThreadStore):
                 os.remove(f"{self.path}{suffix}")
             except FileNotFoundError:
                 pass
+
+
+    # ------------------------------------------------------------ messages
+
+    def insert_messages(self, messages: Sequence[Message]) -> None:
+        """Append messages to the conversation, in order, in one transaction."""
+
+        def tx(c: sqlite3.Connection) -> None:
+            c.executemany(
+                "INSERT INTO messages (id, role, content, created_at, run_id, meta, data) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (m.id, str(m.role), m.content, m.created_at_ts, m.run_id, m.meta_json(),
+                     m.data)
+                    for m in messages
+                ],
+            )
+
+        if messages:
+            self._tx(tx)
+
+    def _message(self, row: Sequence[Any]) -> Message:
+        return message_from_row(
+            self.thread_id, id=row[1], role=row[2], content=row[3], created_at_ts=row[4],
+            run_id=row[5], meta=row[6], data=row[7],
+        )
+
+    def list_messages(
+        self, *, limit: int = 50, after_id: str | None = None
+    ) -> tuple[list[Message], str | None] | None:
+        """Messages oldest first, after the message ``after_id`` (from the start if None).
+
+        Returns:
+            ``(messages, next_cursor)``, the cursor being the id of the page's last message
+            when more follow (else None); None when ``after_id`` names no message.
+        """
+
+        def read(c: sqlite3.Connection) -> tuple[list[Message], str | None] | None:
+            after = 0
+            if after_id is not None:
+                row = c.execute("SELECT seq FROM messages WHERE id = ?", (after_id,)).fetchone()
+                if row is None:
+                    return None
+                after = int(row[0])
+            rows = c.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?",
+                (after, limit + 1),
+            ).fetchall()
+            page = [self._message(r) for r in rows[:limit]]
+            return page, (page[-1].id if len(rows) > limit else None)
+
+        return self._tx(read, write=False)
+
+    def get_message(self, message_id: str) -> Message | None:
+        """One message, or None."""
+        row = self._tx(
+            lambda c: c.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)
+            ).fetchone(),
+            write=False,
+        )
+        return self._message(row) if row is not None else None
+
+    def all_messages(self) -> list[Message]:
+        """The whole conversation, oldest first (what a turn rebuilds its history from)."""
+        rows = self._tx(
+            lambda c: c.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages ORDER BY seq"
+            ).fetchall(),
+            write=False,
+        )
+        return [self._message(r) for r in rows]
+
+
+_MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
 
 
 class SQLiteRuntimeStore(RuntimeStore):

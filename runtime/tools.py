@@ -1,0 +1,149 @@
+"""Tools: functions the model may call during a turn, one per file in ``agents/tools/``.
+
+``agents/tools/set_reminder.py`` defines the tool ``set_reminder``::
+
+    class Reminder(BaseModel):
+        text: str
+        delay_seconds: float
+
+    async def set_reminder(state: ThreadState, args: Reminder) -> dict:
+        run_id = await state.schedule_effect("send_reminder", {"text": args.text},
+                                             delay=args.delay_seconds)
+        return {"scheduled": run_id}
+
+    tool = define_tool("Sets a reminder.", Reminder, set_reminder)
+
+A tool runs as a pydantic-ai tool whose dependencies are the thread's `ThreadState`, with
+``state.execution`` set to the turn's run id, the model step and the tool call id. What it
+returns (text, or anything JSON-serializable) is what the model sees. If it raises, or its
+args fail the schema, the model sees a tool error (a pydantic-ai ``ToolFailed``) and the
+turn goes on; ``after_tool_call_failure`` hooks see the error first.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, overload
+
+import anyio.to_thread
+from pydantic import BaseModel, ValidationError
+
+if TYPE_CHECKING:
+    from runtime.thread import ThreadState
+
+ToolFn = Callable[..., Awaitable[Any] | Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """What `define_tool` returns: a tool's description, argument schema and function.
+
+    Attributes:
+        description: Tells the model what the tool does and when to call it.
+        args_schema: A pydantic model the model's arguments are validated against, or
+            None for a tool without arguments.
+        execute: ``execute(state, args)`` (``execute(state)`` without a schema); async, or
+            sync (then run in a worker thread, and unable to await the state's methods).
+        name: Filled in by discovery from the file name (``""`` until then).
+    """
+
+    description: str
+    args_schema: type[BaseModel] | None
+    execute: ToolFn
+    name: str = ""
+
+    @property
+    def is_async(self) -> bool:
+        """Whether ``execute`` is a coroutine function (else it runs in a worker thread)."""
+        return inspect.iscoroutinefunction(self.execute)
+
+    def json_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments the model is asked for."""
+        if self.args_schema is None:
+            return {"type": "object", "properties": {}, "additionalProperties": False}
+        return self.args_schema.model_json_schema()
+
+    def validate_args(self, raw: dict[str, Any]) -> BaseModel | None:
+        """Validate the model's arguments.
+
+        Raises:
+            ValueError: naming each failing field (the model sees this message).
+        """
+        if self.args_schema is None:
+            return None
+        try:
+            return self.args_schema.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(args)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ValueError(f"Invalid arguments for tool {self.name}: {problems}") from None
+
+    async def call(self, state: ThreadState, args: BaseModel | None) -> Any:
+        """Run ``execute`` (sync functions in a worker thread) and return its result."""
+        call_args = (state, args) if self.args_schema is not None else (state,)
+        if self.is_async:
+            return await self.execute(*call_args)
+        result = await anyio.to_thread.run_sync(partial(self.execute, *call_args))
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+
+@overload
+def define_tool(
+    description: str,
+    args_schema: type[BaseModel],
+    execute: Callable[[ThreadState, Any], Awaitable[Any] | Any],
+    /,
+) -> ToolDefinition: ...
+
+
+@overload
+def define_tool(
+    description: str,
+    execute: Callable[[ThreadState], Awaitable[Any] | Any],
+    /,
+) -> ToolDefinition: ...
+
+
+def define_tool(description: str, schema_or_execute: Any, execute: Any = None, /) -> ToolDefinition:
+    """Define a tool; assign the result to a module-level name in ``agents/tools/<name>.py``.
+
+    Two forms::
+
+        tool = define_tool("Sets a reminder.", Reminder, set_reminder)  # with arguments
+        tool = define_tool("Tells the time.", tell_time)                # no arguments
+
+    Args:
+        description: Non-empty text telling the model what the tool does.
+        schema_or_execute: The pydantic model of the arguments, or the function for a tool
+            without arguments.
+        execute: The function when a schema is given: ``execute(state, args)``, returning
+            text or a JSON-serializable value, or raising to report a failure.
+
+    Returns:
+        A `ToolDefinition` (its ``name`` is set when the file is discovered).
+
+    Raises:
+        TypeError: the schema is not a pydantic model, or the function is not callable.
+        ValueError: the description is empty.
+    """
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("define_tool: description must be a non-empty string")
+    schema: type[BaseModel] | None
+    if execute is None:
+        schema, execute = None, schema_or_execute
+    else:
+        schema = schema_or_execute
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise TypeError(
+                f"define_tool: args_schema must be a pydantic BaseModel subclass, got {schema!r}"
+            )
+    if not callable(execute):
+        raise TypeError(f"define_tool: execute must be callable, got {execute!r}")
+    return ToolDefinition(description=description.strip(), args_schema=schema, execute=execute)

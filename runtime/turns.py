@@ -1,0 +1,378 @@
+"""Turns: a user message to a thread, answered by its agent through pydantic-ai.
+
+Life of a turn (`run_turn`, or ``await state.send_message(text)``)::
+
+    the thread's turn slot is taken (one turn at a time: a second message raises
+    TurnInProgress, HTTP 409) ─► the user message is stored (before/after_create_message
+    hooks) ─► the history is rebuilt from the stored messages ─► pydantic-ai runs the
+    agent: model requests (filter_messages hooks as a history processor), tool calls with
+    the ThreadState as dependencies (after_tool_call_success/failure hooks) ─► the turn's
+    new messages are stored, then messages injected during the turn ─► the slot is freed
+
+Effects scheduled by tools or hooks run after the turn, on the thread's own schedule.
+`inject_message` outside a turn waits for a running turn to end, so the conversation is
+never interleaved; inside the turn (from a tool or hook) the message is stored after the
+turn's own messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai import Agent, ModelRetry, RunContext, Tool, ToolFailed
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import ModelMessage, ModelResponse
+
+from runtime import hooks as _hooks
+from runtime.agents import AgentApp, AgentDefinition
+from runtime.errors import MessageNotFound, ThreadNotFound, TurnFailed, TurnInProgress
+from runtime.hooks import HookPoint
+from runtime.messages import (
+    Message,
+    MessagePage,
+    MessageRole,
+    ToolCall,
+    check_content,
+    history,
+    message_from_model,
+    text_model_message,
+)
+from runtime.thread import Execution, ThreadState
+from runtime.tools import ToolDefinition
+
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+
+    from runtime.supervisor import Runtime
+
+log = logging.getLogger("runtime.turns")
+
+_MAX_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What a turn produced.
+
+    Attributes:
+        run_id: The turn's run id (``state.execution.run_id`` inside its tools and hooks).
+        reply: The model's last text answer, or None if it gave none.
+        messages: Every message the turn stored, in order (the user's first).
+    """
+
+    run_id: str
+    reply: Message | None
+    messages: list[Message]
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form."""
+        return {
+            "runId": self.run_id,
+            "reply": self.reply.to_json() if self.reply is not None else None,
+            "messages": [m.to_json() for m in self.messages],
+        }
+
+
+@dataclass
+class ActiveTurn:
+    """A running turn: its id, and messages injected by its own tools and hooks."""
+
+    run_id: str
+    injected: list[Message] = field(default_factory=list)
+
+
+@dataclass
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+    turn: ActiveTurn | None = None  # the turn holding or waiting for the lock
+
+
+class TurnTracker:
+    """Per runtime: which threads run a turn, and the pydantic-ai agents built so far."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, _Slot] = {}
+        self._agents: dict[int, Agent[ThreadState, str]] = {}
+        self.model_override: Model | None = None  # see runtime.testing.override_model
+
+    def running(self, thread_id: str) -> ActiveTurn | None:
+        """The turn the thread runs now, if any."""
+        slot = self._slots.get(thread_id)
+        return slot.turn if slot is not None else None
+
+    @contextlib.asynccontextmanager
+    async def exclusive(
+        self, thread_id: str, *, turn: ActiveTurn | None = None
+    ) -> AsyncIterator[None]:
+        """Hold the thread's conversation: no turn runs and no message is stored meanwhile.
+
+        Args:
+            thread_id: The thread.
+            turn: The turn taking the slot. A turn never waits for another turn; anything
+                else (an injected message) waits for the slot.
+
+        Raises:
+            TurnInProgress: ``turn`` is given and another turn runs or waits.
+        """
+        slot = self._slots.setdefault(thread_id, _Slot())
+        if turn is not None:
+            if slot.turn is not None:
+                raise TurnInProgress(thread_id)
+            slot.turn = turn
+        slot.users += 1
+        try:
+            async with slot.lock:
+                yield
+        finally:
+            if turn is not None:
+                slot.turn = None
+            slot.users -= 1
+            if slot.users == 0:
+                self._slots.pop(thread_id, None)
+
+    def pydantic_agent(self, app: AgentApp, agent: AgentDefinition) -> Agent[ThreadState, str]:
+        """The pydantic-ai agent of a definition (built once, then reused)."""
+        built = self._agents.get(id(agent))
+        if built is None:
+            built = _build_agent(app, agent)
+            self._agents[id(agent)] = built
+        return built
+
+
+# ----------------------------------------------------------------- the agent loop
+
+
+def _execution(ctx: RunContext[ThreadState]) -> Execution:
+    return Execution(run_id=ctx.run_id or "", step=ctx.run_step, tool_call_id=ctx.tool_call_id)
+
+
+def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[ThreadState]:
+    succeeded = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_SUCCESS)
+    failed = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_FAILURE)
+
+    async def run(ctx: RunContext[ThreadState], **raw: Any) -> Any:
+        state = ctx.deps.with_context(execution=_execution(ctx))
+        call = ToolCall(ctx.tool_call_id or "", defn.name, dict(raw))
+        try:
+            args = defn.validate_args(raw)
+            result = await defn.call(state, args)
+        except ModelRetry as exc:
+            # The tool asks the model to correct its call: pydantic-ai's retry, as is.
+            await _hooks.after_tool_call_failure(failed, state, call, exc.message)
+            raise
+        except Exception as exc:
+            error = str(exc) if isinstance(exc, ToolFailed | ValueError) and str(exc) else (
+                f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            )
+            log.info("tool %s failed in thread %s: %s", defn.name, state.thread_id, error)
+            await _hooks.after_tool_call_failure(failed, state, call, error)
+            raise ToolFailed(error) from exc
+        return await _hooks.after_tool_call_success(succeeded, state, call, result)
+
+    return Tool.from_schema(
+        run,
+        name=defn.name,
+        description=defn.description,
+        json_schema=defn.json_schema(),
+        takes_ctx=True,
+    )
+
+
+def _build_agent(app: AgentApp, agent: AgentDefinition) -> Agent[ThreadState, str]:
+    filters = app.hooks_for(agent.name, HookPoint.FILTER_MESSAGES)
+
+    async def filter_history(
+        ctx: RunContext[ThreadState], messages: list[ModelMessage]
+    ) -> list[ModelMessage]:
+        state = ctx.deps.with_context(execution=_execution(ctx))
+        return await _hooks.filter_messages(filters, state, messages)
+
+    instructions = agent.instructions
+    if callable(instructions):
+        compute = instructions
+
+        async def dynamic(ctx: RunContext[ThreadState]) -> str:
+            text = compute(ctx.deps.with_context(execution=_execution(ctx)))
+            if inspect.isawaitable(text):
+                text = await text
+            return str(text)
+
+        agent_instructions: Any = dynamic
+    else:
+        agent_instructions = instructions
+
+    return Agent(
+        None,
+        name=agent.name,
+        instructions=agent_instructions,
+        deps_type=ThreadState,
+        output_type=str,
+        tools=[_tool(app, agent, app.tools[name]) for name in agent.tools],
+        capabilities=[ProcessHistory(filter_history)] if filters else None,
+    )
+
+
+def resolve_model(rt: Runtime, agent: AgentDefinition) -> Model | str:
+    """The model of a turn: a test's override, the agent's, the setting, or the demo model."""
+    if rt.turns.model_override is not None:
+        return rt.turns.model_override
+    if agent.model is not None:
+        return agent.model
+    if rt.settings.model:
+        return rt.settings.model
+    from runtime.testing import demo_model  # only needed when nothing is configured
+
+    return demo_model()
+
+
+# ------------------------------------------------------------------- messages
+
+
+async def _store(rt: Runtime, thread_id: str, messages: list[Message]) -> None:
+    async with rt._use(thread_id) as actor, actor.lock:
+        if actor.deleted:
+            raise ThreadNotFound(thread_id)
+        await rt._run_sync(actor.store.insert_messages, messages)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+async def get_messages(
+    state: ThreadState, *, limit: int = 50, after: str | None = None
+) -> MessagePage:
+    """See `ThreadState.get_messages`."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _MAX_PAGE:
+        raise ValueError(f"limit must be an integer from 1 to {_MAX_PAGE}, got {limit!r}")
+    rt = state.runtime
+    async with rt._use(state.thread_id) as actor:
+        page = await rt._run_sync(
+            lambda: actor.store.list_messages(limit=limit, after_id=after)
+        )
+    if page is None:
+        raise ValueError(f"Invalid cursor {after!r}: no such message in thread {state.thread_id}")
+    return MessagePage(page[0], page[1])
+
+
+async def get_message(state: ThreadState, message_id: str) -> Message:
+    """See `ThreadState.get_message`."""
+    rt = state.runtime
+    async with rt._use(state.thread_id) as actor:
+        message = await rt._run_sync(actor.store.get_message, str(message_id))
+    if message is None:
+        raise MessageNotFound(state.thread_id, str(message_id))
+    return message
+
+
+async def _all_messages(state: ThreadState) -> list[Message]:
+    rt = state.runtime
+    async with rt._use(state.thread_id) as actor:
+        return await rt._run_sync(actor.store.all_messages)
+
+
+async def inject_message(
+    state: ThreadState, content: str, role: MessageRole | str = MessageRole.ASSISTANT
+) -> Message:
+    """See `ThreadState.inject_message`."""
+    content = check_content(content)
+    role = MessageRole(role)
+    if role is MessageRole.TOOL:
+        raise ValueError("inject_message: role must be assistant, user or system, not tool")
+    rt = state.runtime
+    tid = state.thread_id
+    active = rt.turns.running(tid)
+    inside = (
+        active is not None
+        and state.execution is not None
+        and state.execution.run_id == active.run_id
+    )
+    run_id = state.execution.run_id if state.execution is not None else None
+    before = rt.agents.hooks_for(state.agent_id, HookPoint.BEFORE_CREATE_MESSAGE)
+    after = rt.agents.hooks_for(state.agent_id, HookPoint.AFTER_CREATE_MESSAGE)
+
+    def build() -> Message:
+        return message_from_model(
+            tid, text_model_message(role, content), id=_new_id(),
+            created_at_ts=rt.clock.now(), run_id=run_id, injected=True,
+        )
+
+    if inside:
+        assert active is not None
+        message = await _hooks.before_create_message(before, state, build())
+        active.injected.append(message)  # stored, and after-hooks run, when the turn ends
+        return message
+    async with rt.turns.exclusive(tid):
+        message = await _hooks.before_create_message(before, state, build())
+        await _store(rt, tid, [message])
+    await _hooks.after_create_message(after, state, message)
+    return message
+
+
+async def run_turn(state: ThreadState, content: str) -> TurnResult:
+    """See `ThreadState.send_message`."""
+    content = check_content(content)
+    rt = state.runtime
+    tid = state.thread_id
+    app = rt.agents
+    agent = app.agent(state.agent_id)
+    before = app.hooks_for(agent.name, HookPoint.BEFORE_CREATE_MESSAGE)
+    after = app.hooks_for(agent.name, HookPoint.AFTER_CREATE_MESSAGE)
+    run_id = _new_id()
+    turn = ActiveTurn(run_id)
+    plain = state.with_context(execution=None, package_id=state.package_id)
+    async with rt.turns.exclusive(tid, turn=turn):
+        turn_state = plain.with_context(execution=Execution(run_id=run_id, step=0))
+        user = message_from_model(
+            tid, text_model_message(MessageRole.USER, content), id=_new_id(),
+            created_at_ts=rt.clock.now(), run_id=run_id,
+        )
+        user = await _hooks.before_create_message(before, turn_state, user)
+        await _store(rt, tid, [user])
+        await _hooks.after_create_message(after, turn_state, user)
+
+        stored = await _all_messages(plain)
+        pydantic_agent = rt.turns.pydantic_agent(app, agent)
+        try:
+            result = await pydantic_agent.run(
+                None,
+                message_history=history(stored),
+                deps=turn_state,
+                run_id=run_id,
+                model=resolve_model(rt, agent),
+            )
+        except Exception as exc:
+            log.warning("turn %s of thread %s failed: %r", run_id, tid, exc)
+            # What its tools and hooks injected is kept; the model's partial answer is not.
+            await _store(rt, tid, turn.injected)
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise TurnFailed(
+                tid, run_id, f"Turn {run_id} of thread {tid} failed: {reason}"
+            ) from exc
+
+        new = result.new_messages()
+        steps = sum(1 for m in new if isinstance(m, ModelResponse))
+        end_state = plain.with_context(execution=Execution(run_id=run_id, step=steps))
+        created: list[Message] = []
+        for model_message in new:
+            message = message_from_model(
+                tid, model_message, id=_new_id(), created_at_ts=rt.clock.now(), run_id=run_id
+            )
+            created.append(await _hooks.before_create_message(before, end_state, message))
+        created.extend(turn.injected)
+        await _store(rt, tid, created)
+    # Outside the slot: a hook here may inject (it then waits for the slot like any caller).
+    for message in created:
+        await _hooks.after_create_message(after, end_state, message)
+    replies = [
+        m for m in created if m.role is MessageRole.ASSISTANT and m.content and not m.injected
+    ]
+    return TurnResult(run_id, replies[-1] if replies else None, [user, *created])

@@ -1,0 +1,3 @@
+"""Skipped: files starting with _ are not endpoints."""
+
+VALUE = 1

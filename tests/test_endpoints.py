@@ -1,0 +1,254 @@
+"""Thread endpoints and the messages routes over HTTP: file-based routing, params, errors,
+collisions, and a message that leads to an effect that posts back into the thread."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from runtime import AgentDefinitionError, Runtime
+from runtime.endpoints import discover_thread_endpoints, message_routes, thread_endpoint_routes
+from runtime.testing import FakeClock, override_model
+from tests.test_turns import APP, Script, call, text
+
+
+@asynccontextmanager
+async def serve(tmp_path: Path, clock: FakeClock, app_dir: Path = APP) -> AsyncIterator[
+    tuple[httpx.AsyncClient, Runtime]
+]:
+    """The messages routes and the app's thread endpoints in a bare Starlette app."""
+    async with Runtime(
+        app_dir=app_dir, data_dir=tmp_path / "data", clock=clock, load_packages=False
+    ) as rt:
+        app = Starlette(routes=[*message_routes(), *thread_endpoint_routes(app_dir)])
+        app.state.runtime = rt
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+            yield c, rt
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start=1_800_000_000.0)
+
+
+@pytest.fixture
+async def served(tmp_path: Path, clock: FakeClock) -> AsyncIterator[
+    tuple[httpx.AsyncClient, Runtime]
+]:
+    async with serve(tmp_path, clock) as pair:
+        yield pair
+
+
+async def test_file_routes_static_nested_params_and_rest(
+    served: tuple[httpx.AsyncClient, Runtime],
+) -> None:
+    client, rt = served
+    tid = (await rt.create_thread("t1")).thread_id
+
+    status = await client.get(f"/api/threads/{tid}/status")
+    assert status.status_code == 200
+    assert status.json() == {"thread": "t1", "agent": "helper", "execution": "None", "params": {}}
+
+    index = await client.get(f"/api/threads/{tid}/notes")
+    assert index.json() == {"route": "notes index", "params": {}}
+    special = await client.get(f"/api/threads/{tid}/notes/special")
+    assert special.json() == {"route": "notes special", "params": {}}
+    one = await client.get(f"/api/threads/{tid}/notes/n-42")
+    assert one.json() == {"route": "one note", "params": {"note_id": "n-42"}}
+    deep = await client.get(f"/api/threads/{tid}/files/a/b/c.txt")
+    assert deep.status_code == 200 and deep.text == "file a/b/c.txt"
+
+    # Method suffixes: notes/[note_id].delete.py answers DELETE (None -> 204); GET-only
+    # files refuse other methods.
+    deleted = await client.delete(f"/api/threads/{tid}/notes/n-42")
+    assert deleted.status_code == 204
+    assert (await client.post(f"/api/threads/{tid}/status")).status_code == 405
+    assert (await client.get(f"/api/threads/{tid}/_helpers")).status_code == 404
+
+
+async def test_unknown_thread_is_404_and_a_raising_handler_a_json_500(
+    served: tuple[httpx.AsyncClient, Runtime], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, rt = served
+    missing = await client.get("/api/threads/nope/status")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "thread_not_found"
+    bad_id = await client.get("/api/threads/bad.id/status")
+    assert bad_id.status_code == 404
+
+    tid = (await rt.create_thread()).thread_id
+    boom = await client.get(f"/api/threads/{tid}/boom")
+    assert boom.status_code == 500
+    body = boom.json()
+    assert body["error"]["code"] == "endpoint_error"
+    assert "boom.py" in body["error"]["message"]
+    assert "Traceback" not in boom.text and "/etc/passwd" not in boom.text
+    assert any("secret internals" in (r.exc_text or "") for r in caplog.records)
+
+
+async def test_an_endpoint_schedules_an_effect_that_posts_into_the_thread(
+    served: tuple[httpx.AsyncClient, Runtime], clock: FakeClock
+) -> None:
+    client, rt = served
+    tid = (await rt.create_thread()).thread_id
+    res = await client.post(f"/api/threads/{tid}/export", json={"text": "exported", "delay": 5})
+    assert res.status_code == 202
+    run_id = res.json()["scheduled"]
+    thread = await rt.get_thread(tid)
+    assert [r.id for r in await thread.get_scheduled_effects()] == [run_id]
+    clock.advance(5)
+    await rt.wait_idle()
+    listed = (await client.get(f"/api/threads/{tid}/messages")).json()
+    assert [m["content"] for m in listed["messages"]] == ["note: exported"]
+    assert listed["messages"][0]["injected"] is True
+
+
+async def test_messages_over_http(
+    served: tuple[httpx.AsyncClient, Runtime], clock: FakeClock
+) -> None:
+    client, rt = served
+    tid = (await rt.create_thread()).thread_id
+    script = Script(call("schedule_note", {"text": "tea", "delay_seconds": 60}), text("Sure."))
+    with override_model(rt, script.model):
+        res = await client.post(f"/api/threads/{tid}/messages", json={"content": "tea in 1 min"})
+    assert res.status_code == 200, res.text
+    turn = res.json()
+    assert turn["reply"]["content"] == "Sure." and turn["reply"]["role"] == "assistant"
+    assert [m["role"] for m in turn["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert turn["messages"][1]["toolCalls"][0]["name"] == "schedule_note"
+    assert turn["messages"][2]["toolResults"][0]["isError"] is False
+    assert {m["runId"] for m in turn["messages"]} == {turn["runId"]}
+
+    page = (await client.get(f"/api/threads/{tid}/messages", params={"limit": 3})).json()
+    assert [m["content"] for m in page["messages"]] == ["tea in 1 min", "", turn["messages"][2][
+        "content"]]
+    rest = (await client.get(
+        f"/api/threads/{tid}/messages", params={"after": page["nextCursor"]}
+    )).json()
+    assert [m["content"] for m in rest["messages"]] == ["Sure."] and rest["nextCursor"] is None
+
+    clock.advance(60)
+    await rt.wait_idle()
+    newest = (await client.get(
+        f"/api/threads/{tid}/messages", params={"after": rest["messages"][-1]["id"]}
+    )).json()
+    assert [m["content"] for m in newest["messages"]] == ["note: tea"]
+    one = await client.get(f"/api/threads/{tid}/messages/{newest['messages'][0]['id']}")
+    assert one.json()["content"] == "note: tea"
+
+
+async def test_messages_errors_over_http(served: tuple[httpx.AsyncClient, Runtime]) -> None:
+    client, rt = served
+    tid = (await rt.create_thread()).thread_id
+
+    def code(res: httpx.Response) -> tuple[int, str]:
+        body: dict[str, Any] = res.json()
+        return res.status_code, body["error"]["code"]
+
+    url = f"/api/threads/{tid}/messages"
+    assert code(await client.post("/api/threads/nope/messages", json={"content": "x"})) == (
+        404, "thread_not_found")
+    assert code(await client.post(url, content=b"{not json")) == (400, "invalid_json")
+    assert code(await client.post(url, json={"content": ""})) == (400, "invalid_body")
+    assert code(await client.post(url, json={"text": "x"})) == (400, "invalid_body")
+    assert code(await client.post(url, json={"content": "x" * 100_001})) == (
+        413, "content_too_large")
+    assert code(await client.get(url, params={"after": "zzz"})) == (400, "invalid_parameter")
+    assert code(await client.get(url, params={"limit": "many"})) == (400, "invalid_parameter")
+    assert code(await client.get(f"{url}/nope")) == (404, "message_not_found")
+
+    def broken(messages: Any, info: Any) -> Any:
+        raise ConnectionError("model down")
+
+    from pydantic_ai.models.function import FunctionModel
+
+    with override_model(rt, FunctionModel(broken)):
+        failed = await client.post(url, json={"content": "hi"})
+    assert code(failed) == (502, "turn_failed") and "model down" in failed.text
+
+    free = (await rt.create_thread(agent_id="plain")).thread_id
+    rt.agents.agents.pop("plain")  # the app no longer has the thread's agent
+    assert code(await client.post(f"/api/threads/{free}/messages", json={"content": "x"})) == (
+        409, "no_agent")
+
+
+async def test_a_message_during_a_turn_gets_409(
+    served: tuple[httpx.AsyncClient, Runtime],
+) -> None:
+    import asyncio
+
+    from pydantic_ai.models.function import FunctionModel
+
+    client, rt = served
+    tid = (await rt.create_thread()).thread_id
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(messages: Any, info: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return text("done")
+
+    url = f"/api/threads/{tid}/messages"
+    with override_model(rt, FunctionModel(slow)):
+        first = asyncio.create_task(client.post(url, json={"content": "one"}))
+        await entered.wait()
+        second = await client.post(url, json={"content": "two"})
+        release.set()
+        assert (await first).status_code == 200
+    assert second.status_code == 409 and second.json()["error"]["code"] == "turn_in_progress"
+
+
+@pytest.mark.parametrize(
+    ("files", "bad", "message"),
+    [
+        ({"effects.py": 1}, "effects.py", "collides with the built-in route"),
+        ({"messages/extra.post.py": 1}, "messages/extra.post.py",
+         "collides with the built-in route /api/threads/{tid}/messages"),
+        ({"stream/index.py": 1}, "stream/index.py", "collides with the built-in route"),
+        ({"index.py": 1}, "index.py", "routes to /api/threads/{tid} itself"),
+        ({"[a].py": 1, "[b].py": 1}, "[b].py", "collides with"),
+        ({"x.py": 1, "x.get.py": 1}, "x.py", "collides with"),
+        ({"report.fetch.py": 1}, "report.fetch.py", "unknown method suffix 'fetch'"),
+        ({"[*]/x.py": 1}, "[*]/x.py", "must be last"),
+        ({"[tid].py": 1}, "[tid].py", "reserved"),
+        ({"a b.py": 1}, "a b.py", "must be letters, digits"),
+        ({"nothing.py": 0}, "nothing.py", "defines no thread endpoint"),
+    ],
+)
+def test_bad_endpoint_files_stop_startup_naming_the_file(
+    tmp_path: Path, files: dict[str, int], bad: str, message: str
+) -> None:
+    endpoint = (
+        "from runtime import define_thread_endpoint\n"
+        "endpoint = define_thread_endpoint(lambda request, state, params: None)\n"
+    )
+    for rel, good in files.items():
+        path = tmp_path / "api" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(endpoint if good else "x = 1\n")
+    with pytest.raises(AgentDefinitionError) as caught:
+        thread_endpoint_routes(tmp_path)
+    assert str(tmp_path / "api" / bad) in str(caught.value)
+    assert message in str(caught.value)
+
+
+def test_routes_are_ordered_most_specific_first() -> None:
+    paths = [(e.method, e.path) for e in discover_thread_endpoints(APP)]
+    assert paths == [
+        ("GET", "/boom"),
+        ("POST", "/export"),
+        ("GET", "/files/{_rest:path}"),
+        ("GET", "/notes"),
+        ("GET", "/notes/special"),
+        ("DELETE", "/notes/{note_id}"),
+        ("GET", "/notes/{note_id}"),
+        ("GET", "/status"),
+    ]
+    assert discover_thread_endpoints(None) == []

@@ -1,0 +1,384 @@
+"""Turns as a user sees them: replies, stored messages, tools that schedule effects, effects
+that post into the conversation, one turn at a time, failures, and the offline demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import pytest
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from runtime import (
+    EffectStatus,
+    Execution,
+    MessageNotFound,
+    MessageRole,
+    Runtime,
+    ThreadState,
+    TurnFailed,
+    TurnInProgress,
+)
+from runtime.storage.models import EffectRunRow, ThreadMetaRow, sqlite_ddl
+from runtime.testing import FakeClock, demo_model, override_model, parse_reminder
+
+pytestmark = pytest.mark.usefixtures("no_blocking")
+APP = Path(__file__).parent / "apps" / "turns"
+DEMO_APP = Path(__file__).resolve().parent.parent / "agents"
+
+Step = ModelResponse | Callable[[list[ModelMessage], AgentInfo], ModelResponse]
+
+
+class Script:
+    """A FunctionModel that answers the n-th model request with the n-th step."""
+
+    def __init__(self, *steps: Step) -> None:
+        self.steps = list(steps)
+        self.seen: list[list[ModelMessage]] = []
+        self.model = FunctionModel(self._answer)
+
+    def _answer(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.seen.append(list(messages))
+        step = self.steps.pop(0)
+        return step(messages, info) if callable(step) else step
+
+
+def call(tool: str, args: dict[str, Any], call_id: str = "call-1") -> ModelResponse:
+    return ModelResponse(parts=[ToolCallPart(tool, args, tool_call_id=call_id)])
+
+
+def text(content: str) -> ModelResponse:
+    return ModelResponse(parts=[TextPart(content)])
+
+
+def user_texts(messages: list[ModelMessage]) -> list[str]:
+    return [
+        str(p.content)
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, UserPromptPart)
+    ]
+
+
+def module_list(rt: Runtime, kind: str, name: str, var: str = "SEEN") -> list[Any]:
+    if kind == "tool":
+        fn: Any = rt.agents.tools[name].execute
+    elif kind == "hook":
+        fn = rt.agents.hooks[name].execute
+    else:
+        fn = rt.registry.app[name].fn
+    seen: list[Any] = fn.__globals__[var]
+    return seen
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start=1_800_000_000.0)
+
+
+@pytest.fixture
+async def rt(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runtime]:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as r:
+        yield r
+
+
+async def test_tool_schedules_an_effect_that_posts_into_the_thread_after_the_turn(
+    rt: Runtime, clock: FakeClock
+) -> None:
+    thread = await rt.create_thread()
+    script = Script(call("schedule_note", {"text": "stretch", "delay_seconds": 10}), text("Noted."))
+    with override_model(rt, script.model):
+        result = await thread.send_message("note stretch in 10 s")
+
+    assert result.reply is not None and result.reply.content == "Noted."
+    assert [m.role for m in result.messages] == [
+        MessageRole.USER, MessageRole.ASSISTANT, MessageRole.TOOL, MessageRole.ASSISTANT,
+    ]
+    tool_msg = result.messages[2]
+    assert tool_msg.tool_results[0].tool_name == "schedule_note"
+    assert not tool_msg.tool_results[0].is_error
+    (pending,) = await thread.get_scheduled_effects()
+    assert pending.name == "note" and pending.args == {"text": "stretch"}
+    assert pending.run_at_ts == clock.now() + 10
+    assert json.loads(tool_msg.tool_results[0].content) == {"run_id": pending.id}
+
+    # The turn is over; nothing was posted yet.
+    before = (await thread.get_messages()).messages
+    assert [m.content for m in before][-1] == "Noted."
+
+    clock.advance(10)
+    await rt.wait_idle()
+    after = (await thread.get_messages()).messages
+    assert len(after) == len(before) + 1
+    reminder = after[-1]
+    assert reminder.role is MessageRole.ASSISTANT
+    assert reminder.content == "note: stretch"
+    assert reminder.injected and reminder.run_id is None
+    assert (await thread.get_run(pending.id)).status is EffectStatus.COMPLETED
+
+
+async def test_the_model_sees_the_stored_history_also_after_a_restart(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as rt:
+        thread = await rt.create_thread("t1")
+        script = Script(text("one"), call("echo", {"text": "x"}), text("two"))
+        with override_model(rt, script.model):
+            await thread.send_message("first")
+            await thread.send_message("second")
+        assert user_texts(script.seen[0]) == ["first"]
+        assert user_texts(script.seen[1]) == ["first", "second"]
+        # The second turn's model saw the first answer too.
+        assert any(
+            isinstance(m, ModelResponse) and m.text == "one" for m in script.seen[1]
+        )
+
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as rt:
+        thread = await rt.get_thread("t1")
+        script = Script(text("three"))
+        with override_model(rt, script.model):
+            result = await thread.send_message("third")
+        seen = script.seen[0]
+        assert user_texts(seen) == ["first", "second", "third"]
+        returns = [p for m in seen if isinstance(m, ModelRequest) for p in m.parts
+                   if isinstance(p, ToolReturnPart)]
+        assert [r.content for r in returns] == ["[x]"]  # decorate_echo's result was stored
+        assert result.reply is not None and result.reply.content == "three"
+        contents = [m.content for m in (await thread.get_messages()).messages]
+        assert contents == ["first", "one", "second", "", "[x]", "two", "third", "three"]
+
+
+async def test_a_second_message_during_a_turn_is_refused_and_injections_wait(
+    rt: Runtime,
+) -> None:
+    thread = await rt.create_thread()
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return text("slow answer")
+
+    with override_model(rt, FunctionModel(slow)):
+        turn = asyncio.create_task(thread.send_message("take your time"))
+        await entered.wait()
+        with pytest.raises(TurnInProgress, match="already running a turn"):
+            await thread.send_message("are you there?")
+        injected = asyncio.create_task(thread.inject_message("from an effect"))
+        await asyncio.sleep(0.05)
+        assert not injected.done()  # waits for the turn, never interleaves with it
+        release.set()
+        result = await turn
+        await injected
+
+    contents = [m.content for m in (await thread.get_messages()).messages]
+    assert contents == ["take your time", "slow answer", "from an effect"]
+    assert result.reply is not None and result.reply.content == "slow answer"
+    # The refused message was not stored, and the thread takes messages again.
+    with override_model(rt, Script(text("again")).model):
+        assert (await thread.send_message("now?")).reply is not None
+
+
+async def test_a_raising_tool_is_a_tool_error_the_model_sees(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    script = Script(
+        call("explode", {}),
+        call("schedule_note", {"text": "x", "delay_seconds": -5}, "call-2"),
+        text("recovered"),
+    )
+    with override_model(rt, script.model):
+        result = await thread.send_message("try the tools")
+
+    assert result.reply is not None and result.reply.content == "recovered"
+    failures = [r for m in result.messages for r in m.tool_results]
+    assert [(f.tool_name, f.is_error) for f in failures] == [
+        ("explode", True), ("schedule_note", True),
+    ]
+    assert failures[0].content == "RuntimeError: kaboom"
+    assert "delay_seconds" in failures[1].content and "greater than or equal" in failures[1].content
+    # What the model saw after the failure is the error, marked as failed.
+    (seen_return,) = [p for p in script.seen[1][-1].parts if isinstance(p, ToolReturnPart)]
+    assert seen_return.outcome == "failed" and "kaboom" in str(seen_return.content)
+    assert await thread.get_scheduled_effects() == []
+
+
+async def test_execution_is_set_in_tools_and_hooks_and_none_in_effects(
+    rt: Runtime, clock: FakeClock
+) -> None:
+    thread = await rt.create_thread()
+    script = Script(call("schedule_note", {"text": "x", "delay_seconds": 0}, "tc-9"), text("ok"))
+    with override_model(rt, script.model):
+        result = await thread.send_message("go")
+    await rt.wait_idle()
+
+    (tool_exec,) = module_list(rt, "tool", "schedule_note")
+    assert tool_exec == Execution(run_id=result.run_id, step=1, tool_call_id="tc-9")
+    history_execs = [e for _, e in module_list(rt, "hook", "watch_history")]
+    assert history_execs == [
+        Execution(run_id=result.run_id, step=1), Execution(run_id=result.run_id, step=2),
+    ]
+    stored = [(role, e) for role, _, e in module_list(rt, "hook", "watch_messages")]
+    assert stored[0] == ("user", Execution(run_id=result.run_id, step=0))
+    assert all(isinstance(e, Execution) and e.run_id == result.run_id for _, e in stored[1:4])
+    # The effect the tool scheduled ran outside the turn; its injected message's hooks too.
+    assert module_list(rt, "effect", "note") == [None]
+    assert stored[-1] == ("assistant", None)
+    assert [m.run_id for m in result.messages] == [result.run_id] * 4
+
+
+async def test_a_failing_model_keeps_the_user_message_and_frees_the_thread(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+
+    def broken(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise ConnectionError("model unreachable")
+
+    with override_model(rt, FunctionModel(broken)), pytest.raises(TurnFailed) as caught:
+        await thread.send_message("hello?")
+    assert "model unreachable" in str(caught.value)
+    assert [m.content for m in (await thread.get_messages()).messages] == ["hello?"]
+
+    script = Script(text("back"))
+    with override_model(rt, script.model):
+        result = await thread.send_message("hello again")
+    assert result.reply is not None and result.reply.content == "back"
+    assert user_texts(script.seen[0]) == ["hello?", "hello again"]
+
+
+async def test_messages_page_oldest_first_and_single_lookup(rt: Runtime) -> None:
+    thread = await rt.create_thread(agent_id="plain")
+    for i in range(5):
+        await thread.inject_message(f"m{i}", role="system" if i == 4 else "assistant")
+    first = await thread.get_messages(limit=2)
+    assert [m.content for m in first.messages] == ["m0", "m1"]
+    assert first.next_cursor == first.messages[-1].id
+    second = await thread.get_messages(limit=2, after=first.next_cursor)
+    third = await thread.get_messages(limit=2, after=second.next_cursor)
+    assert [m.content for m in second.messages + third.messages] == ["m2", "m3", "m4"]
+    assert third.next_cursor is None
+    assert third.messages[-1].role is MessageRole.SYSTEM
+    # Polling after the newest message gives nothing new.
+    assert (await thread.get_messages(after=third.messages[-1].id)).messages == []
+
+    assert (await thread.get_message(second.messages[0].id)).content == "m2"
+    with pytest.raises(MessageNotFound, match="no-such-id"):
+        await thread.get_message("no-such-id")
+    with pytest.raises(ValueError, match="Invalid cursor"):
+        await thread.get_messages(after="no-such-id")
+    with pytest.raises(ValueError, match="limit"):
+        await thread.get_messages(limit=0)
+    with pytest.raises(ValueError, match="empty"):
+        await thread.inject_message("   ")
+    with pytest.raises(ValueError, match="tool"):
+        await thread.inject_message("x", role="tool")
+    with pytest.raises(ValueError, match="empty"):
+        await thread.send_message("")
+
+
+async def test_a_thread_file_from_before_messages_is_migrated(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as rt:
+        thread = await rt.create_thread("old")
+        run_id = await thread.schedule_effect("note", {"text": "kept"}, delay=3600)
+    path = tmp_path / "threads" / "old.sqlite"
+    await anyio.to_thread.run_sync(_rewrite_as_schema_1, path)
+
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as rt:
+        thread = await rt.get_thread("old")
+        assert [r.id for r in await thread.get_scheduled_effects()] == [run_id]
+        with override_model(rt, Script(text("hi from v2")).model):
+            result = await thread.send_message("hello")
+        assert [m.content for m in result.messages] == ["hello", "hi from v2"]
+    assert await anyio.to_thread.run_sync(_user_version, path) == 2
+
+
+def _rewrite_as_schema_1(path: Path) -> None:
+    """Rewrite a thread file as schema version 1 had it: no messages table."""
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT * FROM effect_runs").fetchall()
+    meta = conn.execute("SELECT * FROM thread_meta").fetchall()
+    conn.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.unlink()
+    conn = sqlite3.connect(path)
+    for statement in sqlite_ddl(ThreadMetaRow, EffectRunRow):
+        conn.execute(statement)
+    conn.executemany("INSERT INTO thread_meta VALUES (?, ?)", meta)
+    conn.executemany(f"INSERT INTO effect_runs VALUES ({','.join('?' * len(rows[0]))})", rows)
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+
+
+def _user_version(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_the_model_setting_is_used_when_set(tmp_path: Path, clock: FakeClock) -> None:
+    # "test" is pydantic-ai's built-in offline TestModel: it calls every tool once.
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, model="test"
+    ) as rt:
+        thread = await rt.create_thread(agent_id="plain")
+        result = await thread.send_message("hi")
+    calls = [c.name for m in result.messages for c in m.tool_calls]
+    assert calls == ["echo"]
+    assert result.reply is not None and "echo" in result.reply.content
+
+
+def test_the_demo_model_reads_reminders() -> None:
+    assert parse_reminder("remind me in 10 seconds to stretch") == ("stretch", 10.0)
+    assert parse_reminder("Please remind me in 2 minutes to drink water!") == ("drink water", 120.0)
+    assert parse_reminder("remind me to call mom in 1 hour") == ("call mom", 3600.0)
+    assert parse_reminder("remind me in 1.5 s: breathe") == ("breathe", 1.5)
+    assert parse_reminder("what's the weather?") is None
+    assert demo_model().model_name.endswith("thread-effects-demo")
+
+
+async def test_the_demo_reminds_offline_end_to_end(tmp_path: Path, clock: FakeClock) -> None:
+    async with Runtime(
+        app_dir=DEMO_APP, data_dir=tmp_path, clock=clock, load_packages=False
+    ) as rt:
+        thread: ThreadState = await rt.create_thread()
+        await rt.wait_idle()
+        greeting = (await thread.get_messages()).messages
+        assert len(greeting) == 1 and "remind me in 10 seconds" in greeting[0].content
+
+        result = await thread.send_message("remind me in 2 seconds to stretch")
+        assert result.reply is not None
+        assert result.reply.content == "OK, I'll remind you to stretch in 2 seconds."
+        (pending,) = await thread.get_scheduled_effects()
+        assert pending.name == "send_reminder" and pending.run_at_ts == clock.now() + 2
+
+        clock.advance(1.9)
+        await rt.wait_idle()
+        assert not any("Reminder" in m.content for m in (await thread.get_messages()).messages)
+        clock.advance(0.1)
+        await rt.wait_idle()
+        last = (await thread.get_messages()).messages[-1]
+        assert last.injected and last.role is MessageRole.ASSISTANT
+        assert "stretch" in last.content and "Reminder" in last.content
+
+        help_reply = await thread.send_message("hello")
+        assert help_reply.reply is not None and "remind me in" in help_reply.reply.content
