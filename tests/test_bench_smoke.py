@@ -1,0 +1,28 @@
+"""The benchmark runs end to end in --quick mode. No timing is asserted (DESIGN.md:
+performance is measured by bench/, never by timed tests)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = "| figure | threads | thread-effects | raw sqlite3 | ratio | target | result |"
+
+
+def test_bench_quick_runs_and_prints_the_table(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable, str(ROOT / "bench" / "bench_effects.py"), "--quick",
+            "--threads", "3", "--runs", "60", "--runs-one", "20", "--spread", "0.3",
+            "--data-dir", str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert HEADER in result.stdout
+    assert "(b) lag due→start p99" in result.stdout
+    # The benchmark cleans up its databases.
+    assert list(tmp_path.iterdir()) == []
