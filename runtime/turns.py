@@ -23,6 +23,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime.turns")
 
 _MAX_PAGE = 500
+
+_CURRENT_TURN: ContextVar[tuple[str, str] | None] = ContextVar("thread_effects_turn", default=None)
+"""``(thread_id, run_id)`` in code running inside a turn (tools, hooks, what they spawn), so
+that code injecting into its own thread never waits for the turn it is part of."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,12 +295,15 @@ async def inject_message(
     rt = state.runtime
     tid = state.thread_id
     active = rt.turns.running(tid)
-    inside = (
-        active is not None
-        and state.execution is not None
-        and state.execution.run_id == active.run_id
+    inside = active is not None and (
+        (state.execution is not None and state.execution.run_id == active.run_id)
+        or _CURRENT_TURN.get() == (tid, active.run_id)
     )
-    run_id = state.execution.run_id if state.execution is not None else None
+    if inside:
+        assert active is not None
+        run_id: str | None = active.run_id
+    else:
+        run_id = state.execution.run_id if state.execution is not None else None
     before = rt.agents.hooks_for(state.agent_id, HookPoint.BEFORE_CREATE_MESSAGE)
     after = rt.agents.hooks_for(state.agent_id, HookPoint.AFTER_CREATE_MESSAGE)
 
@@ -324,11 +332,29 @@ async def run_turn(state: ThreadState, content: str) -> TurnResult:
     tid = state.thread_id
     app = rt.agents
     agent = app.agent(state.agent_id)
-    before = app.hooks_for(agent.name, HookPoint.BEFORE_CREATE_MESSAGE)
-    after = app.hooks_for(agent.name, HookPoint.AFTER_CREATE_MESSAGE)
     run_id = _new_id()
     turn = ActiveTurn(run_id)
     plain = state.with_context(execution=None, package_id=state.package_id)
+    token = _CURRENT_TURN.set((tid, run_id))
+    try:
+        return await _run_turn(state, content, agent, turn, plain)
+    finally:
+        _CURRENT_TURN.reset(token)
+
+
+async def _run_turn(
+    state: ThreadState,
+    content: str,
+    agent: AgentDefinition,
+    turn: ActiveTurn,
+    plain: ThreadState,
+) -> TurnResult:
+    rt = state.runtime
+    tid = state.thread_id
+    app = rt.agents
+    run_id = turn.run_id
+    before = app.hooks_for(agent.name, HookPoint.BEFORE_CREATE_MESSAGE)
+    after = app.hooks_for(agent.name, HookPoint.AFTER_CREATE_MESSAGE)
     async with rt.turns.exclusive(tid, turn=turn):
         turn_state = plain.with_context(execution=Execution(run_id=run_id, step=0))
         user = message_from_model(

@@ -145,6 +145,10 @@ async def test_hooks_may_inject_messages_during_a_turn(tmp_path: Path) -> None:
         "from runtime import define_tool\n"
         "async def poke(state):\n"
         "    await state.inject_message('poked during the turn', role='system')\n"
+        "    # A state without the turn's context (as host code would get) must not wait\n"
+        "    # for the turn it is part of.\n"
+        "    fresh = await state.runtime.get_thread(state.thread_id)\n"
+        "    await fresh.inject_message('poked again')\n"
         "    return 'poked'\n"
         "tool = define_tool('Pokes.', poke)\n"
     )
@@ -170,6 +174,7 @@ async def test_hooks_may_inject_messages_during_a_turn(tmp_path: Path) -> None:
         ("assistant", "done"),
         ("assistant", "saw: hi"),
         ("system", "poked during the turn"),
+        ("assistant", "poked again"),
     ]
     assert result.reply is not None and result.reply.content == "done"
     # Messages injected inside the turn carry its run id; the model never saw them mid-turn.
