@@ -1,0 +1,150 @@
+"""Shared fixtures.
+
+Server tests:
+- `api` / `serve_api`: the real Starlette app (`runtime.http.create_app`) with its lifespan
+  running, driven in this event loop through ``httpx.ASGITransport`` (no sockets), on the
+  test app in ``tests/apps/server_app`` and a `FakeClock`.
+- `live_server`: the same app behind a real uvicorn server on a free loopback port, in this
+  event loop (for WebSocket tests with real clients).
+- `release`: lets a run of the test app's ``hold`` effect finish.
+- `no_blocking`: fails the test if anything blocks the event loop (blockbuster); opt in
+  with ``pytestmark = pytest.mark.usefixtures("no_blocking")``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import httpx
+import pytest
+import uvicorn
+from blockbuster import blockbuster_ctx
+from starlette.applications import Starlette
+
+from runtime import Runtime
+from runtime.http import create_app
+from runtime.testing import FakeClock
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_APP = ROOT / "agents"
+SERVER_APP = Path(__file__).parent / "apps" / "server_app"
+
+
+@dataclass
+class Api:
+    """A running app and an HTTP client for it."""
+
+    app: Starlette
+    client: httpx.AsyncClient
+    clock: FakeClock | None
+
+    @property
+    def rt(self) -> Runtime:
+        rt: Runtime = self.app.state.runtime
+        return rt
+
+    async def new_thread(self, **body: Any) -> str:
+        res = await self.client.post("/api/threads", json=body)
+        assert res.status_code == 201, res.text
+        tid: str = res.json()["id"]
+        return tid
+
+    async def schedule(
+        self, tid: str, name: str, args: Any = None, delay_seconds: float = 0
+    ) -> str:
+        res = await self.client.post(
+            f"/api/threads/{tid}/effects",
+            json={"name": name, "args": args, "delay_seconds": delay_seconds},
+        )
+        assert res.status_code == 201, res.text
+        run_id: str = res.json()["id"]
+        return run_id
+
+    async def run(self, tid: str, run_id: str) -> dict[str, Any]:
+        res = await self.client.get(f"/api/threads/{tid}/effects/{run_id}")
+        assert res.status_code == 200, res.text
+        data: dict[str, Any] = res.json()
+        return data
+
+
+def make_app(data_dir: Path, **kwargs: Any) -> Starlette:
+    """`create_app` with the test app, no installed packages and, unless given, no pane."""
+    kwargs.setdefault("app_dir", SERVER_APP)
+    kwargs.setdefault("web_dir", None)
+    kwargs.setdefault("load_packages", False)
+    return create_app(data_dir=data_dir, **kwargs)
+
+
+@asynccontextmanager
+async def serve_api(
+    data_dir: Path, *, clock: FakeClock | None = None, **kwargs: Any
+) -> AsyncIterator[Api]:
+    """Run the app's lifespan and yield an `Api` whose client talks to it in-process."""
+    # create_app is startup code (it looks at the pane's folder): not on the loop.
+    app = await anyio.to_thread.run_sync(partial(make_app, data_dir, clock=clock, **kwargs))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            yield Api(app, client, clock)
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as running:
+        yield running
+
+
+@asynccontextmanager
+async def live_server(
+    app: Starlette, *, send_buffer_bytes: int | None = None
+) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port in this loop; yields the base URL.
+
+    Args:
+        app: The application (its lifespan runs inside the server).
+        send_buffer_bytes: SO_SNDBUF of the server's sockets, to make a slow reader's
+            backlog reach the server's queue after little data.
+    """
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets (else every
+    # keep-alive request waits ~40 ms for a delayed ACK).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer_bytes is not None:
+        # Accepted connections inherit the listening socket's buffer sizes (Linux).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                raise RuntimeError(f"uvicorn did not start: {task.exception()!r}")
+            await asyncio.sleep(0.01)
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+def release(rt: Runtime, key: str) -> None:
+    """Let the test app's ``hold`` run with args ``{"key": key}`` finish (now or when it starts)."""
+    gates: dict[str, asyncio.Event] = rt.registry.app["hold"].fn.__globals__["GATES"]
+    gates.setdefault(key, asyncio.Event()).set()
+
+
+@pytest.fixture
+def no_blocking() -> Iterator[None]:
+    """Fail the test if a blocking call (file, socket, sqlite3, sleep) runs on the loop."""
+    with blockbuster_ctx():
+        yield

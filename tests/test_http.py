@@ -1,0 +1,467 @@
+"""The HTTP API of docs/http-api.md against the real app (its lifespan and a real runtime).
+
+Every error path answers ``{"error": {"code", "message"}}`` with the documented status.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import httpx
+import pytest
+from conftest import SERVER_APP, Api, release, serve_api
+
+from runtime.http import DEFAULT_WEB_DIR
+from runtime.testing import FakeClock
+
+pytestmark = pytest.mark.usefixtures("no_blocking")
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+def error_of(res: httpx.Response, status: int, code: str) -> str:
+    assert res.status_code == status, res.text
+    body = res.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    message: str = body["error"]["message"]
+    assert message
+    return message
+
+
+# ------------------------------------------------------------------------- threads
+
+
+async def test_create_list_and_delete_threads(api: Api) -> None:
+    res = await api.client.post(
+        "/api/threads", json={"agent_id": "helper", "user_id": "u1", "tags": ["a", "b"]}
+    )
+    assert res.status_code == 201
+    created = res.json()
+    assert created["agentId"] == "helper" and created["userId"] == "u1"
+    assert created["tags"] == ["a", "b"]
+    assert ISO_UTC.match(created["createdAt"])
+
+    res = await api.client.post("/api/threads")  # no body at all
+    assert res.status_code == 201
+    second = res.json()["id"]
+    named = await api.new_thread(id="named-thread_1")
+    assert named == "named-thread_1"
+
+    res = await api.client.get("/api/threads")
+    assert res.status_code == 200
+    page = res.json()
+    assert {t["id"] for t in page["threads"]} == {created["id"], second, named}
+    assert page["nextCursor"] is None
+    listed = next(t for t in page["threads"] if t["id"] == created["id"])
+    assert listed == created
+
+    res = await api.client.delete(f"/api/threads/{second}")
+    assert res.status_code == 200 and res.json() == {"deleted": True}
+    ids = [t["id"] for t in (await api.client.get("/api/threads")).json()["threads"]]
+    assert second not in ids
+    error_of(await api.client.delete(f"/api/threads/{second}"), 404, "thread_not_found")
+
+
+async def test_threads_are_paged_with_next_cursor(api: Api) -> None:
+    assert api.clock is not None
+    made = []
+    for i in range(5):
+        made.append(await api.new_thread(id=f"t{i}"))
+        api.clock.advance(1)  # distinct creation times: newest first is well defined
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        params = {"limit": "2"} | ({"cursor": cursor} if cursor else {})
+        page = (await api.client.get("/api/threads", params=params)).json()
+        assert len(page["threads"]) <= 2
+        seen += [t["id"] for t in page["threads"]]
+        pages += 1
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(made))
+    assert pages == 3
+
+
+async def test_thread_creation_errors(api: Api) -> None:
+    await api.new_thread(id="taken")
+    message = error_of(
+        await api.client.post("/api/threads", json={"id": "taken"}), 409, "thread_exists"
+    )
+    assert "taken" in message
+    message = error_of(
+        await api.client.post("/api/threads", json={"id": "../etc"}), 400, "invalid_thread_id"
+    )
+    assert "../etc" in message
+    error_of(await api.client.post("/api/threads", json={"tags": "x"}), 400, "invalid_body")
+    message = error_of(
+        await api.client.post("/api/threads", json={"color": "red"}), 400, "invalid_body"
+    )
+    assert "color" in message
+    error_of(await api.client.post("/api/threads", json=[1, 2]), 400, "invalid_body")
+    error_of(await api.client.post("/api/threads", json={"user_id": 7}), 400, "invalid_body")
+    error_of(await api.client.post("/api/threads", content=b"{nope"), 400, "invalid_json")
+    # Nothing was created by the refused requests.
+    threads = (await api.client.get("/api/threads")).json()["threads"]
+    assert [t["id"] for t in threads] == ["taken"]
+
+
+@pytest.mark.parametrize(
+    "params", [{"limit": "0"}, {"limit": "501"}, {"limit": "ten"}, {"cursor": "garbage"}]
+)
+async def test_thread_list_rejects_bad_paging(api: Api, params: dict[str, str]) -> None:
+    error_of(await api.client.get("/api/threads", params=params), 400, "invalid_parameter")
+
+
+# ------------------------------------------------------------------------- effects
+
+
+async def test_effects_lists_names_descriptions_and_schemas(api: Api) -> None:
+    res = await api.client.get("/api/effects")
+    assert res.status_code == 200
+    effects = {e["name"]: e for e in res.json()["effects"]}
+    assert set(effects) == {"boom", "hold", "note", "ping"}
+    assert effects["note"]["description"] == "Takes a note (does nothing else)."
+    assert effects["note"]["argsSchema"]["properties"]["text"]["type"] == "string"
+    assert effects["ping"]["argsSchema"] is None
+
+
+async def test_schedule_run_and_read_a_run(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "note", {"text": "hello"})
+    await api.rt.wait_idle()
+    run = await api.run(tid, run_id)
+    assert run["id"] == run_id and run["threadId"] == tid and run["name"] == "note"
+    assert run["status"] == "completed" and run["attempts"] == 1 and run["error"] is None
+    assert run["args"] == {"text": "hello"}
+    assert run["replayOf"] is None
+    for key in ("runAt", "createdAt", "startedAt", "finishedAt"):
+        assert ISO_UTC.match(run[key]), (key, run[key])
+
+    later = await api.schedule(tid, "ping", delay_seconds=3600)
+    res = await api.client.get(f"/api/threads/{tid}/effects")
+    runs = res.json()["runs"]
+    assert [r["id"] for r in runs] == [later, run_id]  # newest first
+    assert runs[0]["status"] == "pending"
+    assert all("args" not in r for r in runs)  # args only in the single-run answer
+
+
+async def test_run_list_filters_by_status_and_name_and_pages(api: Api) -> None:
+    tid = await api.new_thread()
+    done = [await api.schedule(tid, "note", {"text": str(i)}) for i in range(3)]
+    failed = await api.schedule(tid, "boom")
+    await api.rt.wait_idle()
+    pending = await api.schedule(tid, "ping", delay_seconds=60)
+
+    async def ids(**params: str) -> list[str]:
+        res = await api.client.get(f"/api/threads/{tid}/effects", params=params)
+        assert res.status_code == 200, res.text
+        return [r["id"] for r in res.json()["runs"]]
+
+    assert await ids(status="completed") == list(reversed(done))
+    assert await ids(status="failed") == [failed]
+    assert await ids(status="pending") == [pending]
+    assert await ids(status="canceled") == []
+    assert await ids(name="boom") == [failed]
+    assert await ids(status="pending,failed") == [pending, failed]
+
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": "2"} | ({"cursor": cursor} if cursor else {})
+        page = (await api.client.get(f"/api/threads/{tid}/effects", params=params)).json()
+        seen += [r["id"] for r in page["runs"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert seen == [pending, failed, *reversed(done)]
+
+
+@pytest.mark.parametrize(
+    "params", [{"status": "done"}, {"limit": "0"}, {"limit": "x"}, {"cursor": "abc"}]
+)
+async def test_run_list_rejects_bad_parameters(api: Api, params: dict[str, str]) -> None:
+    tid = await api.new_thread()
+    error_of(
+        await api.client.get(f"/api/threads/{tid}/effects", params=params),
+        400, "invalid_parameter",
+    )
+
+
+async def test_a_failing_run_shows_its_error(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "boom", {"message": "kaput"})
+    await api.rt.wait_idle()
+    run = await api.run(tid, run_id)
+    assert run["status"] == "failed"
+    assert run["error"] == "ValueError: kaput"
+    assert run["attempts"] == 1
+
+
+async def test_schedule_errors(api: Api) -> None:
+    tid = await api.new_thread()
+    path = f"/api/threads/{tid}/effects"
+
+    async def post(body: Any) -> httpx.Response:
+        return await api.client.post(path, json=body)
+
+    assert "nope" in error_of(await post({"name": "nope"}), 404, "effect_not_found")
+    message = error_of(await post({"name": "note", "args": {"text": 5}}), 422, "invalid_args")
+    assert "note" in message and "text" in message
+    error_of(await post({"name": "note", "args": {"text": "x" * 101}}), 422, "invalid_args")
+    error_of(await post({"name": "ping", "args": {"x": 1}}), 422, "invalid_args")
+    error_of(await post({"name": "ping", "delay_seconds": -1}), 422, "invalid_delay")
+    error_of(await post({"name": "ping", "delay_seconds": "soon"}), 422, "invalid_delay")
+    error_of(await post({"name": "ping", "delay_seconds": True}), 422, "invalid_delay")
+    error_of(await post({"args": {}}), 400, "invalid_body")
+    error_of(await post({"name": ""}), 400, "invalid_body")
+    assert "when" in error_of(await post({"name": "ping", "when": 1}), 400, "invalid_body")
+    error_of(await post(["ping"]), 400, "invalid_body")
+    error_of(await api.client.post(path), 400, "invalid_body")
+    error_of(await api.client.post(path, content=b'{"name": "ping",'), 400, "invalid_json")
+    nan = b'{"name": "ping", "delay_seconds": NaN}'
+    error_of(await api.client.post(path, content=nan), 400, "invalid_json")
+    error_of(await api.client.post(path, content=b"\xff\xfe"), 400, "invalid_json")
+    # Unknown and malformed threads.
+    res = await api.client.post("/api/threads/nobody/effects", json={"name": "ping"})
+    assert "nobody" in error_of(res, 404, "thread_not_found")
+    res = await api.client.post("/api/threads/bad.id/effects", json={"name": "ping"})
+    error_of(res, 400, "invalid_thread_id")
+    # None of the refused requests stored a run.
+    assert (await api.client.get(path)).json()["runs"] == []
+
+
+async def test_bodies_and_args_over_the_limits_get_413(tmp_path: Path) -> None:
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(), max_body_bytes=4096, max_args_bytes=64
+    ) as api:
+        tid = await api.new_thread()
+        path = f"/api/threads/{tid}/effects"
+        big_args = {"name": "note", "args": {"text": "y" * 80}}
+        message = error_of(await api.client.post(path, json=big_args), 413, "args_too_large")
+        assert "64 bytes" in message
+        huge = {"name": "note", "args": {"text": "z" * 5000}}
+        message = error_of(await api.client.post(path, json=huge), 413, "body_too_large")
+        assert "4096" in message
+
+        async def chunks() -> Any:  # no Content-Length: the limit holds while reading
+            for _ in range(10):
+                yield b" " * 1000
+
+        res = await api.client.post(path, content=chunks())
+        error_of(res, 413, "body_too_large")
+        res = await api.client.post("/api/threads", content=b"[" + b" " * 5000 + b"]")
+        error_of(res, 413, "body_too_large")
+        assert (await api.client.get(path)).json()["runs"] == []
+
+
+async def test_get_run_errors(api: Api) -> None:
+    tid = await api.new_thread()
+    res = await api.client.get(f"/api/threads/{tid}/effects/0123456789abcdef")
+    assert "0123456789abcdef" in error_of(res, 404, "run_not_found")
+    error_of(await api.client.get("/api/threads/ghost/effects"), 404, "thread_not_found")
+    error_of(await api.client.get("/api/threads/ghost/effects/x"), 404, "thread_not_found")
+    error_of(await api.client.get("/api/threads/a%20b/effects"), 400, "invalid_thread_id")
+
+
+# -------------------------------------------------------------------- run actions
+
+
+async def test_run_now_runs_a_pending_run(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "note", {"text": "later"}, delay_seconds=3600)
+    await api.rt.wait_idle()
+    assert (await api.run(tid, run_id))["status"] == "pending"
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/run")
+    assert res.status_code == 200
+    assert res.json() == {"id": run_id, "status": "pending"}
+    await api.rt.wait_idle()
+    assert (await api.run(tid, run_id))["status"] == "completed"
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/run")
+    assert "completed" in error_of(res, 409, "run_state_conflict")
+    res = await api.client.post(f"/api/threads/{tid}/effects/feed/run")
+    error_of(res, 404, "run_not_found")
+
+
+async def test_cancel_a_pending_run(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "ping", delay_seconds=3600)
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/cancel")
+    assert res.status_code == 200 and res.json() == {"canceled": True}
+    run = await api.run(tid, run_id)
+    assert run["status"] == "canceled" and run["finishedAt"] is not None
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/cancel")
+    assert res.status_code == 200 and res.json() == {"canceled": False}
+    res = await api.client.post(f"/api/threads/{tid}/effects/unknown-run/cancel")
+    error_of(res, 404, "run_not_found")
+    res = await api.client.post(f"/api/threads/ghost/effects/{run_id}/cancel")
+    error_of(res, 404, "thread_not_found")
+    assert api.clock is not None
+    api.clock.advance(3600)
+    await api.rt.wait_idle()
+    assert (await api.run(tid, run_id))["status"] == "canceled"  # and it never ran
+
+
+async def test_replay_makes_a_linked_run_with_the_same_args(api: Api) -> None:
+    tid = await api.new_thread()
+    original = await api.schedule(tid, "boom", {"message": "again"})
+    await api.rt.wait_idle()
+    res = await api.client.post(f"/api/threads/{tid}/effects/{original}/replay")
+    assert res.status_code == 201
+    new_id = res.json()["id"]
+    assert new_id != original
+    await api.rt.wait_idle()
+    replayed = await api.run(tid, new_id)
+    assert replayed["replayOf"] == original
+    assert replayed["args"] == {"message": "again"}
+    assert replayed["status"] == "failed" and replayed["error"] == "ValueError: again"
+
+    pending = await api.schedule(tid, "ping", delay_seconds=60)
+    res = await api.client.post(f"/api/threads/{tid}/effects/{pending}/replay")
+    assert "pending" in error_of(res, 409, "run_state_conflict")
+    res = await api.client.post(f"/api/threads/{tid}/effects/nope/replay")
+    error_of(res, 404, "run_not_found")
+
+
+async def test_actions_on_a_running_run(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "hold", {"key": "running"})
+    for _ in range(100):  # the run starts within a few loop iterations
+        if (await api.run(tid, run_id))["status"] == "running":
+            break
+    assert (await api.run(tid, run_id))["status"] == "running"
+    base = f"/api/threads/{tid}/effects/{run_id}"
+    assert "running" in error_of(await api.client.post(f"{base}/run"), 409, "run_state_conflict")
+    error_of(await api.client.post(f"{base}/replay"), 409, "run_state_conflict")
+    res = await api.client.post(f"{base}/cancel")
+    assert res.status_code == 200 and res.json() == {"canceled": False}
+    release(api.rt, "running")
+    await api.rt.wait_idle()
+    assert (await api.run(tid, run_id))["status"] == "completed"
+
+
+async def test_deleting_a_thread_discards_its_runs(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "ping", delay_seconds=10)
+    assert (await api.client.delete(f"/api/threads/{tid}")).status_code == 200
+    error_of(await api.client.get(f"/api/threads/{tid}/effects"), 404, "thread_not_found")
+    error_of(await api.client.get(f"/api/threads/{tid}/effects/{run_id}"), 404, "thread_not_found")
+    error_of(await api.client.delete("/api/threads/bad!id"), 400, "invalid_thread_id")
+
+
+async def test_a_corrupt_thread_file_is_a_500_and_other_threads_keep_working(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    async with serve_api(data, clock=FakeClock()) as api:
+        await api.new_thread(id="broken")
+        await api.new_thread(id="healthy")
+        await api.schedule("healthy", "ping")
+        await api.rt.wait_idle()
+        path = api.rt.thread_path("broken")
+
+    def corrupt() -> None:
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        path.write_bytes(b"this is not a database" * 100)
+
+    await anyio.to_thread.run_sync(corrupt)
+
+    async with serve_api(data, clock=FakeClock()) as api:
+        res = await api.client.get("/api/threads/broken/effects")
+        message = error_of(res, 500, "thread_storage_error")
+        assert "broken" in message
+        res = await api.client.post("/api/threads/broken/effects", json={"name": "ping"})
+        error_of(res, 500, "thread_storage_error")
+        run_id = await api.schedule("healthy", "note", {"text": "still fine"})
+        await api.rt.wait_idle()
+        assert (await api.run("healthy", run_id))["status"] == "completed"
+        assert len((await api.client.get("/api/threads")).json()["threads"]) == 2
+
+
+# ------------------------------------------------------------ routes, guards, pane
+
+
+async def test_unknown_paths_and_methods_are_json_errors(api: Api) -> None:
+    error_of(await api.client.get("/api/nothing-here"), 404, "not_found")
+    res = await api.client.put("/api/threads")
+    error_of(res, 405, "method_not_allowed")
+    assert "GET" in res.headers["allow"]
+
+
+async def test_an_api_token_guards_every_api_call(tmp_path: Path) -> None:
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(), api_token="s3cret", web_dir=DEFAULT_WEB_DIR
+    ) as api:
+        client = api.client
+        for method, path in [
+            ("GET", "/api/threads"),
+            ("POST", "/api/threads"),
+            ("GET", "/api/effects"),
+            ("GET", "/api/threads/x/effects"),
+            ("DELETE", "/api/threads/x"),
+            ("POST", "/api/threads/x/effects/y/cancel"),
+        ]:
+            res = await client.request(method, path)
+            assert "token" in error_of(res, 401, "unauthorized")
+            assert res.headers["www-authenticate"] == "Bearer"
+        res = await client.get("/api/threads", headers={"Authorization": "Bearer wrong"})
+        assert "wrong" in error_of(res, 401, "unauthorized")
+        res = await client.get("/api/threads", headers={"Authorization": "Basic s3cret"})
+        error_of(res, 401, "unauthorized")
+        good = {"Authorization": "Bearer s3cret"}
+        res = await client.post("/api/threads", json={}, headers=good)
+        assert res.status_code == 201
+        assert (await client.get("/api/threads", headers=good)).status_code == 200
+        # The pane's files hold no data and load without the token.
+        assert (await client.get("/")).status_code == 200
+        assert (await client.get("/web/app.js")).status_code == 200
+
+
+def test_an_empty_api_token_is_refused(tmp_path: Path) -> None:
+    from runtime.http import create_app
+
+    with pytest.raises(ValueError, match="api_token"):
+        create_app(data_dir=tmp_path, app_dir=SERVER_APP, api_token="")
+
+
+async def test_cross_origin_writes_are_refused(api: Api) -> None:
+    res = await api.client.post(
+        "/api/threads", json={}, headers={"Origin": "http://evil.example"}
+    )
+    assert "evil.example" in error_of(res, 403, "forbidden_origin")
+    assert (await api.client.get("/api/threads")).json()["threads"] == []
+    res = await api.client.post("/api/threads", json={}, headers={"Origin": "http://testserver"})
+    assert res.status_code == 201
+    # Reads do not change anything; a browser cannot read them cross-origin without CORS.
+    res = await api.client.get("/api/threads", headers={"Origin": "http://evil.example"})
+    assert res.status_code == 200
+
+
+async def test_trusted_hosts_refuse_other_host_names(tmp_path: Path) -> None:
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(), trusted_hosts=["127.0.0.1", "localhost"]
+    ) as api:
+        res = await api.client.get("/api/threads")  # Host: testserver
+        assert "testserver" in error_of(res, 400, "untrusted_host")
+        res = await api.client.get("/api/threads", headers={"Host": "localhost:8000"})
+        assert res.status_code == 200
+
+
+async def test_the_pane_is_served(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", web_dir=DEFAULT_WEB_DIR) as api:
+        res = await api.client.get("/")
+        assert res.status_code == 200
+        assert res.headers["content-type"].startswith("text/html")
+        assert 'data-testid="conn-state"' in res.text
+        assert res.headers["x-frame-options"] == "DENY"
+        for name in ("app.js", "api.js", "style.css"):
+            res = await api.client.get(f"/web/{name}")
+            assert res.status_code == 200, name
+        assert "javascript" in (await api.client.get("/web/app.js")).headers["content-type"]
+        error_of(await api.client.get("/web/missing.js"), 404, "not_found")

@@ -1,0 +1,205 @@
+"""``python server.py`` as a real process: runs survive SIGKILL, SIGTERM re-queues, and an
+exposed address without a token is refused.
+
+The loops below poll the API until a state appears (with a generous bound against hangs);
+they never assert how long anything took.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+GUARD_SECONDS = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """``python server.py`` with its output in a log file."""
+
+    def __init__(self, data_dir: Path, log: Path, *args: str, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.env = {
+            **os.environ,
+            "THREAD_EFFECTS_DATA_DIR": str(data_dir),
+            "THREAD_EFFECTS_PORT": str(self.port),
+            **env,
+        }
+        self.env.pop("THREAD_EFFECTS_API_TOKEN", None)
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServerProcess:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "server.py", *self.args],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + GUARD_SECONDS
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server.py exited {self.proc.returncode}:\n{self.output()}")
+            try:
+                httpx.get(f"{self.url}/api/effects", timeout=2)  # any answer: it is up
+                return self
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"server.py did not start:\n{self.output()}"
+            time.sleep(0.05)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-5000:]
+
+    def signal(self, sig: int) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=GUARD_SECONDS)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=GUARD_SECONDS)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def start(*args: str, **env: str) -> ServerProcess:
+        server = ServerProcess(tmp_path / "data", tmp_path / "server.log", *args, **env)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+def wait_for_run(
+    url: str, tid: str, run_id: str, done: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    deadline = time.monotonic() + GUARD_SECONDS
+    while True:
+        run: dict[str, Any] = httpx.get(f"{url}/api/threads/{tid}/effects/{run_id}").json()
+        if done(run):
+            return run
+        assert time.monotonic() < deadline, f"run never reached the state: {run}"
+        time.sleep(0.05)
+
+
+def schedule(url: str, tid: str, name: str, args: Any, delay: float = 0) -> str:
+    res = httpx.post(
+        f"{url}/api/threads/{tid}/effects",
+        json={"name": name, "args": args, "delay_seconds": delay},
+    )
+    assert res.status_code == 201, res.text
+    run_id: str = res.json()["id"]
+    return run_id
+
+
+def test_runs_survive_sigkill(servers: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    first = servers()
+    tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
+    # One run killed while it works, one due shortly after the kill.
+    working = schedule(first.url, tid, "slow_task", {"seconds": 1.5})
+    due_later = schedule(first.url, tid, "send_reminder", {"text": "after the crash"}, 1.0)
+    wait_for_run(first.url, tid, working, lambda r: r["status"] == "running")
+    assert first.signal(signal.SIGKILL) == -signal.SIGKILL
+
+    second = servers()
+    run = wait_for_run(second.url, tid, working, lambda r: r["status"] == "completed")
+    assert run["attempts"] == 2 and run["error"] is None
+    run = wait_for_run(second.url, tid, due_later, lambda r: r["status"] == "completed")
+    assert run["attempts"] == 1
+    reminders = (tmp_path / "data" / "reminders" / f"{tid}.txt").read_text().splitlines()
+    assert len(reminders) == 1 and reminders[0].endswith("after the crash")
+
+
+def test_sigterm_requeues_a_running_run(servers: Callable[..., ServerProcess]) -> None:
+    first = servers("--shutdown-grace-seconds", "0.1")
+    tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
+    run_id = schedule(first.url, tid, "slow_task", {"seconds": 60})
+    wait_for_run(first.url, tid, run_id, lambda r: r["status"] == "running")
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit status says why.
+    assert first.signal(signal.SIGTERM) in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in first.output()
+
+    # Re-queued, not failed: after the restart it starts again, as its second attempt.
+    second = servers()
+    run = wait_for_run(
+        second.url, tid, run_id, lambda r: r["status"] == "running" and r["attempts"] == 2
+    )
+    assert run["error"] is None
+
+
+def test_demo_webhook_posts_to_the_server_itself(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    server = servers("--api-token", "tok")
+    auth = {"Authorization": "Bearer tok"}
+    tid = httpx.post(f"{server.url}/api/threads", json={}, headers=auth).json()["id"]
+    res = httpx.post(
+        f"{server.url}/api/threads/{tid}/effects",
+        json={"name": "post_webhook", "args": {"payload": {"hello": "world"}}},
+        headers=auth,
+    )
+    run_id = res.json()["id"]
+    closed = free_port()  # nothing listens there: the run fails with a clear error
+    res = httpx.post(
+        f"{server.url}/api/threads/{tid}/effects",
+        json={"name": "post_webhook", "args": {"url": f"http://127.0.0.1:{closed}/hook"}},
+        headers=auth,
+    )
+    failing = res.json()["id"]
+
+    def get(rid: str) -> dict[str, Any]:
+        deadline = time.monotonic() + GUARD_SECONDS
+        while True:
+            run: dict[str, Any] = httpx.get(
+                f"{server.url}/api/threads/{tid}/effects/{rid}", headers=auth
+            ).json()
+            if run["status"] in ("completed", "failed"):
+                return run
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    assert get(run_id)["status"] == "completed"
+    inbox = (tmp_path / "data" / "webhook-inbox.jsonl").read_text()
+    assert f'"threadId":"{tid}"' in inbox and '"hello":"world"' in inbox
+    run = get(failing)
+    assert run["status"] == "failed"
+    assert run["error"].startswith(f"WebhookError: POST http://127.0.0.1:{closed}/hook failed")
+
+
+def test_an_exposed_address_without_a_token_is_refused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "THREAD_EFFECTS_API_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "server.py", "--host", "0.0.0.0", "--data-dir", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=GUARD_SECONDS,
+    )
+    assert done.returncode == 2
+    assert "without an API token" in done.stderr and "THREAD_EFFECTS_API_TOKEN" in done.stderr
+    assert not (tmp_path / "runtime.sqlite").exists()

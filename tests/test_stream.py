@@ -1,0 +1,242 @@
+"""The ``effect_changed`` WebSocket stream, through a real uvicorn server and real clients.
+
+Every change of a run sends one frame; ``seq`` grows by one per frame of a thread; no
+frame carries args; an unknown thread is refused with 4404; a client that stops reading
+is closed with 1013 while the others receive every frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import httpx
+import pytest
+from conftest import Api, live_server, make_app
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from runtime.testing import FakeClock
+
+Frame = dict[str, Any]
+GUARD_SECONDS = 20  # only guards against a hang; nothing here waits on time
+
+
+@dataclass
+class Live:
+    host: str
+    api: Api
+
+    def url(self, tid: str, query: str = "") -> str:
+        return f"ws://{self.host}/api/threads/{tid}/stream{query}"
+
+
+@asynccontextmanager
+async def running(
+    tmp_path: Path, *, send_buffer_bytes: int | None = None, **kwargs: Any
+) -> AsyncIterator[Live]:
+    clock = FakeClock()
+    app = await anyio.to_thread.run_sync(
+        partial(make_app, tmp_path / "data", clock=clock, **kwargs)
+    )
+    async with live_server(app, send_buffer_bytes=send_buffer_bytes) as host:
+        token = kwargs.get("api_token")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(base_url=f"http://{host}", headers=headers) as client:
+            yield Live(host, Api(app, client, clock))
+
+
+@pytest.fixture
+async def live(tmp_path: Path) -> AsyncIterator[Live]:
+    async with running(tmp_path) as server:
+        yield server
+
+
+@asynccontextmanager
+async def stream(url: str, **kwargs: Any) -> AsyncIterator[ClientConnection]:
+    async with connect(url, ping_interval=None, **kwargs) as ws:
+        yield ws
+
+
+async def frames_until(ws: ClientConnection, done: Callable[[Frame], bool]) -> list[Frame]:
+    """Read frames until one satisfies ``done``; also checks no frame carries args."""
+    frames: list[Frame] = []
+    async with asyncio.timeout(GUARD_SECONDS):
+        while True:
+            raw = await ws.recv()
+            assert isinstance(raw, str)
+            frame = json.loads(raw)
+            assert "args" not in frame and "args" not in frame["data"], frame
+            frames.append(frame)
+            if done(frame):
+                return frames
+
+
+def change_is(run_id: str, change: str) -> Callable[[Frame], bool]:
+    return lambda f: f["data"]["id"] == run_id and f["data"]["change"] == change
+
+
+async def close_code(ws: ClientConnection) -> int | None:
+    """Read until the server closes; the close code it sent."""
+    async with asyncio.timeout(GUARD_SECONDS):
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await ws.recv()
+    assert closed.value.rcvd is not None, "closed without a close frame"
+    return closed.value.rcvd.code
+
+
+async def test_scheduled_started_completed(live: Live) -> None:
+    tid = await live.api.new_thread()
+    async with stream(live.url(tid)) as ws:
+        run_id = await live.api.schedule(tid, "note", {"text": "secret-args-value"})
+        frames = await frames_until(ws, change_is(run_id, "completed"))
+    assert [f["data"]["change"] for f in frames] == ["scheduled", "started", "completed"]
+    assert [f["data"]["status"] for f in frames] == ["pending", "running", "completed"]
+    assert [f["data"]["attempts"] for f in frames] == [0, 1, 1]
+    first = frames[0]["seq"]
+    assert [f["seq"] for f in frames] == [first, first + 1, first + 2]
+    for f in frames:
+        assert f["type"] == "event" and f["eventType"] == "effect_changed"
+        assert f["threadId"] == tid
+        assert f["data"]["id"] == run_id and f["data"]["name"] == "note"
+        assert "secret-args-value" not in json.dumps(f)
+    done = frames[-1]["data"]
+    assert done["error"] is None and done["startedAt"] and done["finishedAt"]
+    assert set(done) >= {
+        "id", "name", "status", "change", "runAt", "startedAt", "finishedAt",
+        "attempts", "error", "replayOf",
+    }
+
+
+async def test_failed_and_replayed(live: Live) -> None:
+    tid = await live.api.new_thread()
+    async with stream(live.url(tid)) as ws:
+        run_id = await live.api.schedule(tid, "boom", {"message": "nope"})
+        frames = await frames_until(ws, change_is(run_id, "failed"))
+        assert [f["data"]["change"] for f in frames] == ["scheduled", "started", "failed"]
+        assert frames[-1]["data"]["status"] == "failed"
+        assert frames[-1]["data"]["error"] == "ValueError: nope"
+
+        res = await live.api.client.post(f"/api/threads/{tid}/effects/{run_id}/replay")
+        new_id = res.json()["id"]
+        frames = await frames_until(ws, change_is(new_id, "failed"))
+        assert frames[0]["data"]["change"] == "scheduled"
+        assert all(f["data"]["replayOf"] == run_id for f in frames)
+
+
+async def test_canceled_and_run_now(live: Live) -> None:
+    tid = await live.api.new_thread()
+    async with stream(live.url(tid)) as ws:
+        doomed = await live.api.schedule(tid, "ping", delay_seconds=3600)
+        await live.api.client.post(f"/api/threads/{tid}/effects/{doomed}/cancel")
+        frames = await frames_until(ws, change_is(doomed, "canceled"))
+        assert [f["data"]["change"] for f in frames] == ["scheduled", "canceled"]
+        assert frames[-1]["data"]["status"] == "canceled"
+
+        later = await live.api.schedule(tid, "ping", delay_seconds=3600)
+        await live.api.client.post(f"/api/threads/{tid}/effects/{later}/run")
+        frames = await frames_until(ws, change_is(later, "completed"))
+        assert [f["data"]["change"] for f in frames] == [
+            "scheduled", "rescheduled", "started", "completed",
+        ]
+
+
+async def test_an_interrupted_run_is_requeued_on_shutdown(tmp_path: Path) -> None:
+    async with running(tmp_path, shutdown_grace_seconds=0) as live:
+        tid = await live.api.new_thread()
+        async with stream(live.url(tid)) as ws:
+            run_id = await live.api.schedule(tid, "hold", {"key": "never"})
+            await frames_until(ws, change_is(run_id, "started"))
+            await live.api.rt.close()  # what the lifespan does on SIGTERM
+            frames = await frames_until(ws, change_is(run_id, "requeued"))
+            requeued = frames[-1]["data"]
+            assert requeued["status"] == "pending" and requeued["attempts"] == 1
+            assert await close_code(ws) == 1012  # "service restart": come back later
+
+
+async def test_an_unknown_thread_is_refused_with_4404(live: Live) -> None:
+    async with stream(live.url("no-such-thread")) as ws:
+        assert await close_code(ws) == 4404
+    async with stream(live.url("bad.id")) as ws:
+        assert await close_code(ws) == 4404
+
+
+async def test_deleting_the_thread_closes_its_stream(live: Live) -> None:
+    tid = await live.api.new_thread()
+    async with stream(live.url(tid)) as ws:
+        run_id = await live.api.schedule(tid, "ping", delay_seconds=60)
+        await frames_until(ws, change_is(run_id, "scheduled"))
+        assert (await live.api.client.delete(f"/api/threads/{tid}")).status_code == 200
+        assert await close_code(ws) == 4404
+
+
+async def test_the_stream_needs_the_token_and_the_same_origin(tmp_path: Path) -> None:
+    async with running(tmp_path, api_token="tok") as live:
+        tid = await live.api.new_thread()
+        async with stream(live.url(tid)) as ws:
+            assert await close_code(ws) == 4401
+        async with stream(live.url(tid, "?token=wrong")) as ws:
+            assert await close_code(ws) == 4401
+        async with stream(live.url(tid, "?token=tok"), origin="http://evil.example") as ws:
+            assert await close_code(ws) == 4403
+        same_origin = f"http://{live.host}"
+        async with stream(live.url(tid, "?token=tok"), origin=same_origin) as ws:
+            run_id = await live.api.schedule(tid, "ping")
+            frames = await frames_until(ws, change_is(run_id, "completed"))
+            assert len(frames) == 3
+
+
+async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame(
+    tmp_path: Path,
+) -> None:
+    # Small socket buffers on both sides and large frames (a long error) make the slow
+    # client's backlog reach the server's per-client queue (8 frames) quickly.
+    runs = 60
+    error_bytes = 20_000
+    async with running(
+        tmp_path, send_buffer_bytes=8192, subscriber_queue_size=8
+    ) as live:
+        tid = await live.api.new_thread()
+        host, port = live.host.split(":")
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(raw, (host, int(port)))
+        # No compression: the long error must be long on the wire too.
+        async with stream(live.url(tid), sock=raw, max_queue=1, compression=None) as slow, stream(
+            live.url(tid)
+        ) as fast:
+            state = await live.api.rt.get_thread(tid)
+            ids = [
+                await state.schedule_effect("boom", {"message": "x", "repeat": error_bytes})
+                for _ in range(runs)
+            ]
+            received = await frames_until(fast, change_is(ids[-1], "failed"))
+            await live.api.rt.wait_idle()
+
+            # The reading client got every frame, in order, with no gap.
+            assert len(received) == 3 * runs
+            first = received[0]["seq"]
+            assert [f["seq"] for f in received] == list(range(first, first + 3 * runs))
+            failed = [f for f in received if f["data"]["change"] == "failed"]
+            assert [f["data"]["id"] for f in failed] == ids
+            assert all(len(f["data"]["error"]) > error_bytes for f in failed)
+
+            # The one that did not read gets what was already on its way, then 1013.
+            got: list[int] = []
+            async with asyncio.timeout(GUARD_SECONDS):
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        got.append(json.loads(await slow.recv())["seq"])
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+            assert got == list(range(first, first + len(got)))
+            assert len(got) < 3 * runs
