@@ -3,8 +3,8 @@
     python server.py [--app-dir agents] [--data-dir data] [--host 127.0.0.1] [--port 8000]
 
 Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
-_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS). The server listens on loopback; another address
-needs an API token. SIGINT/SIGTERM stop it gracefully: runs still going after the grace
+_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _MODEL). The server listens on loopback; another
+address needs an API token. SIGINT/SIGTERM stop it gracefully: runs still going after the grace
 period are interrupted and re-queued.
 """
 
@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shutdown-grace-seconds", type=float,
                    default=env.get(f"{ENV}SHUTDOWN_GRACE_SECONDS", "10"),
                    help="on shutdown, runs still going after this are re-queued")
+    p.add_argument("--model", default=env.get(f"{ENV}MODEL") or None,
+                   help="pydantic-ai model for agents that name none, e.g. openai:gpt-4o-mini "
+                        "(default: the offline demo model)")
     p.add_argument("--log-level", default=env.get(f"{ENV}LOG_LEVEL", "info"))
     return p.parse_args(argv)
 
@@ -119,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         web_dir=ROOT / "web",
         max_body_bytes=max_body_bytes,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
+        model=args.model,
         extra_routes=[demo_webhook_route(args.data_dir, max_body_bytes)],
     )
     config = uvicorn.Config(

@@ -48,12 +48,15 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from runtime.alarms import Clock
 from runtime.config import Settings
 from runtime.effects import EffectChanged, iso
+from runtime.endpoints import message_routes, thread_endpoint_routes
 from runtime.errors import (
+    AgentNotFound,
     EffectNotFound,
     EffectsError,
     InvalidDelay,
     InvalidEffectArgs,
     InvalidThreadId,
+    MessageNotFound,
     RunNotFound,
     RunStateError,
     RuntimeClosed,
@@ -61,6 +64,8 @@ from runtime.errors import (
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
+    TurnFailed,
+    TurnInProgress,
 )
 from runtime.frames import Subscription
 from runtime.storage.base import ThreadInfo
@@ -115,9 +120,10 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
     """The HTTP status and error code for a runtime error.
 
     Returns:
-        ``(status, code)``: 400 for a malformed id, 404 for an unknown thread, run or
-        effect, 409 for a wrong state, 413 for args over the size limit, 422 for args that
-        fail the schema or a bad delay, 503 while the runtime is not running, else 500.
+        ``(status, code)``: 400 for a malformed id, 404 for an unknown thread, run,
+        effect, agent or message, 409 for a wrong state (or a turn already running), 413
+        for args over the size limit, 422 for args that fail the schema or a bad delay,
+        502 when the model failed a turn, 503 while the runtime is not running, else 500.
     """
     if isinstance(exc, InvalidThreadId):
         return 400, "invalid_thread_id"
@@ -139,6 +145,15 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return 500, "thread_storage_error"
     if isinstance(exc, RuntimeClosed):
         return 503, "runtime_closed"
+    # Conversations (runtime/turns.py, docs/agents.md).
+    if isinstance(exc, AgentNotFound):
+        return 404, "agent_not_found"
+    if isinstance(exc, MessageNotFound):
+        return 404, "message_not_found"
+    if isinstance(exc, TurnInProgress):
+        return 409, "turn_in_progress"
+    if isinstance(exc, TurnFailed):
+        return 502, "turn_failed"
     return 500, "runtime_error"
 
 
@@ -735,6 +750,8 @@ def create_app(
         max_body_bytes: Largest request body, in bytes (over it: 413 before parsing).
         clock: The runtime's clock (`runtime.testing.FakeClock` in tests).
         extra_routes: More routes, after the built-in ones (which win on a collision).
+            The messages routes and the app's thread endpoints (``agents/api/``,
+            see `runtime.endpoints`) are always mounted.
         **settings: Any other field of `runtime.config.Settings`.
 
     Returns:
@@ -742,6 +759,7 @@ def create_app(
 
     Raises:
         ValueError: an empty ``api_token`` or a ``max_body_bytes`` below 1.
+        AgentDefinitionError: a thread endpoint file is invalid or collides with a route.
         pydantic.ValidationError: an unknown or invalid setting.
     """
     if api_token is not None and not api_token:
@@ -773,6 +791,11 @@ def create_app(
         _route("/api/effects", GET=_list_effects),
         WebSocketRoute("/api/threads/{tid}/stream", _stream),
     ]
+    # Conversations and the app's thread endpoints (runtime/endpoints.py, docs/agents.md),
+    # after the built-in routes, which win on an overlap. A bad file in <app_dir>/api/
+    # raises AgentDefinitionError here, naming it.
+    routes.extend(message_routes())
+    routes.extend(thread_endpoint_routes(Path(app_dir) if app_dir is not None else None))
     if web_dir is not None and Path(web_dir).is_dir():
         pane_dir = Path(web_dir).resolve()
         routes.append(Route("/", _pane_route(pane_dir), methods=["GET"]))
