@@ -35,6 +35,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -308,7 +309,7 @@ def _endpoint_view(
 
 
 def thread_endpoint_routes(
-    app_dir: str | Path | None, *, get_runtime: RuntimeGetter | None = None
+    app_dir: str | os.PathLike[str] | None, *, get_runtime: RuntimeGetter | None = None
 ) -> list[BaseRoute]:
     """Starlette routes for the thread endpoints of an app folder.
 

@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from runtime import AgentDefinitionError, Runtime
 from runtime.endpoints import discover_thread_endpoints, message_routes, thread_endpoint_routes
 from runtime.testing import FakeClock, override_model
+from tests.conftest import DEMO_APP, serve_api
 from tests.test_turns import APP, Script, call, text
 
 
@@ -252,3 +253,39 @@ def test_routes_are_ordered_most_specific_first() -> None:
         ("GET", "/status"),
     ]
     assert discover_thread_endpoints(None) == []
+
+
+async def test_the_demo_server_reminds_over_http(tmp_path: Path, clock: FakeClock) -> None:
+    """The server app on the demo folder, offline: a reminder set in a turn shows up later."""
+    async with serve_api(tmp_path / "data", clock=clock, app_dir=DEMO_APP) as api:
+        client = api.client
+        unknown = await client.post("/api/threads", json={"agent_id": "nobody"})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "agent_not_found"
+        created = await client.post("/api/threads", json={"user_id": "ada"})
+        assert created.status_code == 201 and created.json()["agentId"] == "assistant"
+        tid = created.json()["id"]
+
+        greeting = (await client.get(f"/api/threads/{tid}/messages")).json()["messages"]
+        assert [m["injected"] for m in greeting] == [True]
+
+        turn = await client.post(
+            f"/api/threads/{tid}/messages", json={"content": "remind me in 2 seconds to stretch"}
+        )
+        assert turn.status_code == 200, turn.text
+        assert turn.json()["reply"]["content"] == "OK, I'll remind you to stretch in 2 seconds."
+        status = (await client.get(f"/api/threads/{tid}/status")).json()
+        assert [e["name"] for e in status["pendingEffects"]] == ["send_reminder"]
+
+        clock.advance(2)
+        await api.rt.wait_idle()
+        newest = (await client.get(
+            f"/api/threads/{tid}/messages", params={"after": turn.json()["reply"]["id"]}
+        )).json()["messages"]
+        assert len(newest) == 1 and newest[0]["injected"] and newest[0]["role"] == "assistant"
+        assert "Reminder" in newest[0]["content"] and "stretch" in newest[0]["content"]
+        runs = (await client.get(f"/api/threads/{tid}/effects")).json()["runs"]
+        assert [(r["name"], r["status"]) for r in runs] == [("send_reminder", "completed")]
+
+        export = await client.post(f"/api/threads/{tid}/export")
+        assert export.status_code == 202
