@@ -203,7 +203,7 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame
     runs = 60
     error_bytes = 20_000
     async with running(
-        tmp_path, send_buffer_bytes=8192, subscriber_queue_size=8
+        tmp_path, send_buffer_bytes=8192, subscriber_queue_size=8, synchronous="NORMAL"
     ) as live:
         tid = await live.api.new_thread()
         host, port = live.host.split(":")
