@@ -30,7 +30,9 @@ after_tool_call_failure    ``(state, call: ToolCall, error)``  None
 ``before_create_message`` runs before any message is stored (user, assistant, tool,
 injected); only the ``content`` of a plain text message (no tool calls or results) can be
 changed. ``filter_messages`` is mapped onto pydantic-ai's history processors: it runs before
-every model request of a turn and changes only what the model sees, never what is stored.
+every model request of a turn and changes what the model sees of earlier messages, never
+what is stored for them. (It also sees the running turn's own messages; pydantic-ai keeps
+a filtered version of those, so the turn stores what the filter left of them.)
 """
 
 from __future__ import annotations
