@@ -31,8 +31,8 @@ after_tool_call_failure    ``(state, call: ToolCall, error)``  None
 injected); only the ``content`` of a plain text message (no tool calls or results) can be
 changed. ``filter_messages`` is mapped onto pydantic-ai's history processors: it runs before
 every model request of a turn and changes what the model sees of earlier messages, never
-what is stored for them. (It also sees the running turn's own messages; pydantic-ai keeps
-a filtered version of those, so the turn stores what the filter left of them.)
+what is stored for them. Leave the running turn's own messages (at the end) in place:
+pydantic-ai continues the turn from, and the turn stores, what the filter returns.
 """
 
 from __future__ import annotations
