@@ -435,7 +435,11 @@ async def _list_runs(request: Request) -> Response:
     except ValueError as exc:  # unknown status, bad limit, malformed cursor
         raise ApiError(400, "invalid_parameter", str(exc)) from None
     return JSONResponse(
-        {"runs": [r.to_json() for r in page.runs], "nextCursor": page.next_cursor}
+        {
+            "runs": [r.to_json() for r in page.runs],
+            "nextCursor": page.next_cursor,
+            "counts": {str(s): n for s, n in page.counts.items()},
+        }
     )
 
 

@@ -78,6 +78,9 @@ _DRAIN_BATCH = 100
 
 _MAX_PAGE = 500
 
+MAX_ERROR_CHARS = 8192
+"""A failed run's stored error is cut to this many characters (it travels in every frame)."""
+
 
 def validate_thread_id(thread_id: object) -> str:
     """Return ``thread_id`` if it matches ``^[A-Za-z0-9_-]{1,64}$``.
@@ -731,9 +734,10 @@ class Runtime:
             return Finish(run.id, EffectStatus.COMPLETED, None, now)
         if isinstance(error, _EffectTimeout):
             return Finish(run.id, EffectStatus.FAILED, str(error), now)
-        log.info("effect %s (run %s, thread %s) failed: %r", run.name, run.id,
-                 actor.thread_id, error)
         message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        message = _truncate(message, MAX_ERROR_CHARS)
+        log.info("effect %s (run %s, thread %s) failed: %s", run.name, run.id,
+                 actor.thread_id, _truncate(message, 500))
         return Finish(run.id, EffectStatus.FAILED, message, now)
 
     async def _call(self, defn: EffectDefinition, state: ThreadState, args: Any) -> None:
@@ -903,23 +907,28 @@ class Runtime:
                 before = int(cursor)
             except ValueError:
                 raise ValueError(f"Invalid cursor {cursor!r}") from None
-        async with self._use(thread_id) as actor:
-            runs, nxt = await self._run_sync(
-                partial(
-                    actor.store.list_runs,
-                    self.clock.now(),
-                    self.settings.retention,
-                    statuses=statuses,
-                    name=name,
-                    limit=limit,
-                    before_seq=before,
-                )
+        now = self.clock.now()
+        retention = self.settings.retention
+
+        def read(store: SQLiteThreadStore) -> tuple[list[EffectRun], int | None, Any]:
+            runs, nxt = store.list_runs(
+                now, retention, statuses=statuses, name=name, limit=limit, before_seq=before
             )
-        return RunPage(runs, str(nxt) if nxt is not None else None)
+            return runs, nxt, store.count_runs(now, retention, name=name)
+
+        async with self._use(thread_id) as actor:
+            runs, nxt, counts = await self._run_sync(read, actor.store)
+        return RunPage(runs, str(nxt) if nxt is not None else None, counts)
 
 
 class _EffectTimeout(Exception):
     """An effect overran its ``timeout_seconds``."""
+
+
+def _truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}… [{len(text) - limit + 40} more characters cut]"
 
 
 def _check_limit(limit: int) -> None:

@@ -8,7 +8,7 @@ time. Code never touches the actor directly; it gets a `ThreadState` from the ru
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -45,10 +45,13 @@ class RunPage:
     Attributes:
         runs: The runs on this page.
         next_cursor: Pass as ``cursor`` for the next page; None on the last page.
+        counts: How many runs the thread has in each status (with the ``name`` filter
+            applied, not the status filter), as of this page.
     """
 
     runs: list[EffectRun]
     next_cursor: str | None
+    counts: dict[EffectStatus, int] = field(default_factory=dict)
 
 
 class ThreadActor:

@@ -180,6 +180,13 @@ async def test_run_list_filters_by_status_and_name_and_pages(api: Api) -> None:
         if cursor is None:
             break
     assert seen == [pending, failed, *reversed(done)]
+    # Counts cover the whole thread (not the page), by status, with the name filter.
+    assert page["counts"] == {
+        "pending": 1, "running": 0, "completed": 3, "failed": 1, "canceled": 0,
+    }
+    by_name = (await api.client.get(f"/api/threads/{tid}/effects", params={"name": "note"}))
+    assert by_name.json()["counts"]["completed"] == 3
+    assert by_name.json()["counts"]["failed"] == 0
 
 
 @pytest.mark.parametrize(

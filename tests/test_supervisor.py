@@ -186,6 +186,11 @@ async def test_history_filters_and_pages_newest_first(frt: Runtime) -> None:
 
     page = await thread.list_runs(limit=2)
     assert [r.id for r in page.runs] == [boom, ids[4]]
+    assert page.counts == {
+        EffectStatus.PENDING: 5, EffectStatus.RUNNING: 0, EffectStatus.COMPLETED: 0,
+        EffectStatus.FAILED: 1, EffectStatus.CANCELED: 0,
+    }
+    assert (await thread.list_runs(name="boom")).counts[EffectStatus.PENDING] == 0
     assert page.next_cursor is not None
     page2 = await thread.list_runs(limit=2, cursor=page.next_cursor)
     assert [r.id for r in page2.runs] == [ids[3], ids[2]]
@@ -412,3 +417,15 @@ async def test_lru_evicts_idle_threads_and_reopens_them(tmp_path: Path) -> None:
         for t in threads:
             page = await t.list_runs()
             assert [r.status for r in page.runs] == [EffectStatus.COMPLETED]
+
+
+async def test_a_huge_error_message_is_cut(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    run_id = await thread.schedule_effect("boom", {"message": "x" * 100_000})
+    await rt.wait_idle()
+    run = await thread.get_run(run_id)
+    assert run.status is EffectStatus.FAILED
+    assert run.error is not None
+    assert len(run.error) <= 8192
+    assert run.error.startswith("RuntimeError: xxx")
+    assert run.error.endswith("more characters cut]")

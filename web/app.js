@@ -469,6 +469,7 @@ function selectThread(tid) {
   state.feeds = newFeeds();
   state.maxT = 0;
   state.lastSeq = null;
+  state.serverCounts = null;
   state.loading = false;
   state.loadingMore = false;
   state.reloadQueued = false;
@@ -640,6 +641,8 @@ async function fetchPage(tid, key, feed) {
     throw err;
   }
   const runs = Array.isArray(res && res.runs) ? res.runs : [];
+  // The server's per-status totals for the whole thread, from the first page of a load.
+  if (!feed.started && res && res.counts && typeof res.counts === "object") feed.counts = res.counts;
   feed.cursor = (res && res.nextCursor) || null;
   feed.exhausted = !feed.cursor;
   feed.started = true;
@@ -743,9 +746,29 @@ function applySnapshot(fetched, feeds) {
     }
   }
   state.feeds = feeds;
+  state.serverCounts = feeds.all.counts ? { ...feeds.all.counts } : null;
   state.loadedOnce = true;
   el.threadError.hidden = true;
   renderAll();
+}
+
+// How each change moves a run between statuses, so the server's totals stay current from
+// frames alone, even for runs beyond the loaded pages.
+const TRANSITIONS = {
+  scheduled: [null, "pending"],
+  started: ["pending", "running"],
+  completed: ["running", "completed"],
+  failed: ["running", "failed"],
+  canceled: ["pending", "canceled"],
+  requeued: ["running", "pending"],
+};
+
+function countChange(change) {
+  const t = TRANSITIONS[change];
+  if (!state.serverCounts || !t) return;
+  const [from, to] = t;
+  if (from && state.serverCounts[from] > 0) state.serverCounts[from] -= 1;
+  state.serverCounts[to] = (state.serverCounts[to] || 0) + 1;
 }
 
 async function loadMore() {
@@ -802,6 +825,7 @@ function handleFrame(frame) {
 
   const { change, args: _ignored, ...fields } = data; // frames never carry args; never clobber ours
   if (change) fields.lastChange = change;
+  countChange(change);
   const id = String(data.id);
   if (state.framesDuringLoad) state.framesDuringLoad.add(id);
   mergeRun(fields);
@@ -951,9 +975,14 @@ function placeRow(id) {
 function renderCounts() {
   const counts = { all: 0 };
   for (const s of STATUSES) counts[s] = 0;
-  for (const run of state.runs.values()) {
-    counts.all += 1;
-    if (run.status in counts) counts[run.status] += 1;
+  if (state.serverCounts) {
+    for (const s of STATUSES) counts[s] = state.serverCounts[s] || 0;
+    counts.all = STATUSES.reduce((n, s) => n + counts[s], 0);
+  } else {
+    for (const run of state.runs.values()) {
+      counts.all += 1;
+      if (run.status in counts) counts[run.status] += 1;
+    }
   }
   for (const btn of el.filters.querySelectorAll("button[data-filter]")) {
     const n = counts[btn.dataset.filter] ?? 0;

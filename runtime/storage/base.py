@@ -124,6 +124,12 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
+    def count_runs(
+        self, now: float, retention: RetentionPolicy, *, name: str | None = None
+    ) -> dict[EffectStatus, int]:
+        """How many visible (unpruned) runs there are in each status, of one name or all."""
+
+    @abstractmethod
     def pending_runs(self, name: str | None = None) -> list[EffectRun]:
         """Runs that have not started yet, in due order."""
 

@@ -346,6 +346,21 @@ class SQLiteThreadStore(ThreadStore):
         cursor = rows[limit - 1][0] if len(rows) > limit else None
         return runs, cursor
 
+    def count_runs(  # noqa: D102
+        self, now: float, retention: RetentionPolicy, *, name: str | None = None
+    ) -> dict[EffectStatus, int]:
+        visible, params = self._visible(now, retention)
+        sql = f"SELECT status, count(*) FROM effect_runs WHERE {visible}"
+        if name is not None:
+            sql += " AND name = ?"
+            params = (*params, name)
+        sql += " GROUP BY status"
+        rows = self._tx(lambda c: c.execute(sql, params).fetchall(), write=False)
+        counts = dict.fromkeys(EffectStatus, 0)
+        for status, n in rows:
+            counts[EffectStatus(status)] = n
+        return counts
+
     def pending_runs(self, name: str | None = None) -> list[EffectRun]:  # noqa: D102
         sql = f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE status = 'pending'"
         params: tuple[Any, ...] = ()

@@ -230,12 +230,18 @@ def test_a_thread_with_a_thousand_runs_stays_usable(pane: Pane) -> None:
     expect(rows.first).to_be_visible(timeout=WAIT_MS)
     loaded = rows.count()
     assert 0 < loaded < 1000  # paged, not all at once
+    # The status counts are the thread's totals from the server, not what is loaded.
+    pending = pane.page.get_by_test_id("filter-pending")
+    expect(pending).to_have_attribute("data-count", "1000", timeout=WAIT_MS)
     pane.page.get_by_test_id("runs-more").click()
     expect(rows).to_have_count(min(2 * loaded, 1000), timeout=WAIT_MS)
     newest = pane.row(ids[-1])
     expect(newest).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
     newest.get_by_test_id("run-now").click()
     expect(newest).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    # Kept current from frames alone.
+    expect(pending).to_have_attribute("data-count", "999", timeout=WAIT_MS)
+    expect(pane.page.get_by_test_id("filter-completed")).to_have_attribute("data-count", "1")
     newest.click()
     expect(pane.page.get_by_test_id("run-args")).to_contain_text("reminder 999")
     assert pane.errors == []
