@@ -40,7 +40,14 @@ from runtime.errors import (
 )
 from runtime.frames import Subscription
 from runtime.hooks import HookDefinition, HookPoint, define_hook
-from runtime.messages import Message, MessagePage, MessageRole, ToolCall, ToolResult
+from runtime.messages import (
+    Message,
+    MessageCreated,
+    MessagePage,
+    MessageRole,
+    ToolCall,
+    ToolResult,
+)
 from runtime.storage.base import ThreadInfo
 from runtime.supervisor import Runtime, ThreadPage, validate_thread_id
 from runtime.thread import Execution, RunPage, ThreadState
@@ -67,6 +74,7 @@ __all__ = [
     "InvalidEffectArgs",
     "InvalidThreadId",
     "Message",
+    "MessageCreated",
     "MessageNotFound",
     "MessagePage",
     "MessageRole",

@@ -64,6 +64,8 @@ class AgentDefinition:
             the runtime's ``model`` setting, or the offline demo model when that is unset.
         default: Serves threads created without an ``agent_id`` when the app has several
             agents.
+        description: A line for people choosing an agent (``GET /api/agents``, the
+            pane's "New thread"); never sent to the model.
     """
 
     name: str
@@ -72,6 +74,7 @@ class AgentDefinition:
     hooks: tuple[str, ...] = ()
     model: str | Model | None = None
     default: bool = False
+    description: str | None = None
 
 
 def define_agent(
@@ -82,6 +85,7 @@ def define_agent(
     model: str | Model | None = None,
     *,
     default: bool = False,
+    description: str | None = None,
 ) -> AgentDefinition:
     """Define an agent; assign the result to a module-level name in ``agents/agents/<name>.py``.
 
@@ -101,13 +105,16 @@ def define_agent(
         hooks: Hook ids (files in ``agents/hooks/``), run in this order.
         model: A pydantic-ai model name or ``Model``; None = the runtime's setting.
         default: Serve threads created without an ``agent_id``.
+        description: What the agent is for, shown to people choosing one (not to the
+            model).
 
     Returns:
         An `AgentDefinition`.
 
     Raises:
         ValueError: a malformed name, empty instructions, or a tool or hook listed twice.
-        TypeError: instructions neither text nor callable, or a tool/hook name not a string.
+        TypeError: instructions neither text nor callable, a tool/hook name not a string,
+            or a description that is not text.
     """
     if not isinstance(name, str) or not AGENT_NAME_RE.match(name):
         raise ValueError(
@@ -121,6 +128,8 @@ def define_agent(
             f"define_agent({name!r}): instructions must be text or a function, "
             f"got {instructions!r}"
         )
+    if description is not None and not isinstance(description, str):
+        raise TypeError(f"define_agent({name!r}): description must be text, got {description!r}")
     for kind, names in (("tools", tools), ("hooks", hooks)):
         if isinstance(names, str):
             raise TypeError(f"define_agent({name!r}): {kind} must be a list of names")
@@ -138,6 +147,7 @@ def define_agent(
         hooks=tuple(hooks),
         model=model,
         default=bool(default),
+        description=description,
     )
 
 

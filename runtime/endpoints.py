@@ -385,6 +385,9 @@ async def _message_body(request: Request) -> str | JSONResponse:
     return content
 
 
+_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+
+
 def message_routes(*, get_runtime: RuntimeGetter | None = None) -> list[BaseRoute]:
     """Starlette routes for a thread's conversation.
 
@@ -393,7 +396,9 @@ def message_routes(*, get_runtime: RuntimeGetter | None = None) -> list[BaseRout
     thread runs (one at a time; the client retries after the answer), 409 ``no_agent``
     when no agent serves the thread, 502 ``turn_failed`` when the model fails.
     ``GET /api/threads/{tid}/messages?limit=50&after=<message id>`` lists messages oldest
-    first: ``{"messages": [...], "nextCursor"}``. ``GET .../messages/{mid}`` gives one.
+    first: ``{"messages": [...], "nextCursor", "prevCursor"}``; ``before=<message id>``
+    gives the page before a message, ``latest=true`` the newest page.
+    ``GET .../messages/{mid}`` gives one.
 
     Args:
         get_runtime: How a view finds the running `Runtime`; default
@@ -423,16 +428,28 @@ def message_routes(*, get_runtime: RuntimeGetter | None = None) -> list[BaseRout
         state = await _thread_or_error(getter(request), request.path_params["tid"])
         if isinstance(state, Response):
             return state
+        raw_latest = request.query_params.get("latest", "false").lower()
+        if raw_latest not in _BOOLEANS:
+            return _error(
+                400, "invalid_parameter", f"latest must be true or false, got {raw_latest!r}"
+            )
         try:
             page = await state.get_messages(
-                limit=limit, after=request.query_params.get("after") or None
+                limit=limit,
+                after=request.query_params.get("after") or None,
+                before=request.query_params.get("before") or None,
+                latest=_BOOLEANS[raw_latest],
             )
         except ValueError as exc:
             return _error(400, "invalid_parameter", str(exc))
         except EffectsError as exc:
             return _turn_error(exc)
         return JSONResponse(
-            {"messages": [m.to_json() for m in page.messages], "nextCursor": page.next_cursor}
+            {
+                "messages": [m.to_json() for m in page.messages],
+                "nextCursor": page.next_cursor,
+                "prevCursor": page.prev_cursor,
+            }
         )
 
     async def get_one(request: Request) -> Response:

@@ -1,22 +1,38 @@
 """Change events per thread and their subscribers (DESIGN.md, "Frames").
 
+A thread has two kinds of event, numbered on one sequence (``seq``) so a subscriber that
+sees a gap knows it missed something of either kind:
+
+- `EffectChanged`: a run was scheduled, started, finished, ... (``effect_changed`` frame);
+- `MessageCreated`: a message was stored in the conversation (``message_created`` frame).
+
+Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame()`` as is.
 Publishing never awaits a subscriber: each has a bounded buffer, and one that falls
 behind is cut off (`SubscriptionOverflow`) rather than slowing the others or the runtime.
-The server turns each `EffectChanged` into an ``effect_changed`` frame.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeAlias, TypeVar
 
 from runtime.effects import EffectChanged, EffectRun, RunChange
 from runtime.errors import SubscriptionOverflow
+from runtime.messages import Message, MessageCreated
+
+ThreadEvent: TypeAlias = EffectChanged | MessageCreated
+"""What a `Subscription` yields."""
+
+_E = TypeVar("_E", EffectChanged, MessageCreated)
 
 
-class Subscription(AsyncIterator[EffectChanged]):
-    """An async iterator over one thread's change events, from the moment it was made.
+class Subscription(AsyncIterator[ThreadEvent]):
+    """An async iterator over one thread's events, from the moment it was made.
+
+    It yields `EffectChanged` and `MessageCreated` events in the order they happened;
+    tell them apart with ``isinstance`` (or use ``to_frame()``, which says which it is).
 
     Iteration ends when the subscription is closed (the thread was deleted or the runtime
     shut down) and raises `SubscriptionOverflow` if more than ``maxsize`` events piled up
@@ -29,10 +45,10 @@ class Subscription(AsyncIterator[EffectChanged]):
         self.overflowed = False
         self.closed = False
         self._hub = hub
-        self._buffer: deque[EffectChanged] = deque()
+        self._buffer: deque[ThreadEvent] = deque()
         self._ready = asyncio.Event()
 
-    def _push(self, event: EffectChanged) -> None:
+    def _push(self, event: ThreadEvent) -> None:
         if self.closed:
             return
         if len(self._buffer) >= self.maxsize:
@@ -56,12 +72,12 @@ class Subscription(AsyncIterator[EffectChanged]):
     def __aiter__(self) -> Subscription:
         return self
 
-    async def __anext__(self) -> EffectChanged:
+    async def __anext__(self) -> ThreadEvent:
         while True:
             if self.overflowed:
                 raise SubscriptionOverflow(
                     f"Subscriber of thread {self.thread_id} fell more than {self.maxsize} "
-                    f"events behind and was dropped; reload the runs and subscribe again"
+                    f"events behind and was dropped; reload over HTTP and subscribe again"
                 )
             if self._buffer:
                 return self._buffer.popleft()
@@ -99,11 +115,25 @@ class ChangeHub:
                 del self._subs[sub.thread_id]
 
     def publish(self, change: RunChange, run: EffectRun) -> EffectChanged:
-        """Number the event and hand it to every subscriber of its thread, without waiting."""
-        seq = self._seq.get(run.thread_id, 0) + 1
-        self._seq[run.thread_id] = seq
-        event = EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=run)
-        for sub in list(self._subs.get(run.thread_id, ())):
+        """Number a run's change and hand it to every subscriber of its thread, without waiting."""
+        return self._deliver(
+            run.thread_id,
+            lambda seq: EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=run),
+        )
+
+    def publish_message(self, message: Message) -> MessageCreated:
+        """Number a stored message and hand it to every subscriber of its thread."""
+        return self._deliver(
+            message.thread_id,
+            lambda seq: MessageCreated(thread_id=message.thread_id, seq=seq, message=message),
+        )
+
+    def _deliver(self, thread_id: str, make: Callable[[int], _E]) -> _E:
+        # One counter per thread for every kind of event: a gap means "missed something".
+        seq = self._seq.get(thread_id, 0) + 1
+        self._seq[thread_id] = seq
+        event = make(seq)
+        for sub in list(self._subs.get(thread_id, ())):
             sub._push(event)
         return event
 

@@ -47,7 +47,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from runtime.alarms import Clock
 from runtime.config import Settings
-from runtime.effects import EffectChanged, iso
+from runtime.effects import iso
 from runtime.endpoints import message_routes, thread_endpoint_routes
 from runtime.errors import (
     AgentNotFound,
@@ -67,7 +67,7 @@ from runtime.errors import (
     TurnFailed,
     TurnInProgress,
 )
-from runtime.frames import Subscription
+from runtime.frames import Subscription, ThreadEvent
 from runtime.storage.base import ThreadInfo
 from runtime.supervisor import Runtime
 from runtime.thread import ThreadState
@@ -500,6 +500,18 @@ async def _list_effects(request: Request) -> Response:
     )
 
 
+async def _list_agents(request: Request) -> Response:
+    app = _runtime(request).agents
+    default = app.default_agent_id()
+    agents: list[dict[str, Any]] = []
+    for name in sorted(app.agents):
+        item: dict[str, Any] = {"id": name, "default": name == default}
+        if app.agents[name].description:
+            item["description"] = app.agents[name].description
+        agents.append(item)
+    return JSONResponse({"agents": agents})
+
+
 _PANE_HEADERS = {
     "Cache-Control": "no-cache",
     "X-Content-Type-Options": "nosniff",
@@ -536,13 +548,13 @@ class _End(enum.Enum):
 
 
 class FrameStream:
-    """One WebSocket client of a thread's ``effect_changed`` frames.
+    """One WebSocket client of a thread's ``effect_changed`` and ``message_created`` frames.
 
     A pump moves events from the `Subscription` into this client's bounded queue without
     ever waiting for the client; a writer sends them. If the queue holds ``max_queued``
     unsent frames (the client reads too slowly) the client is closed with 1013 — the
-    runtime and the other clients never wait for it. Args are never sent: frames come
-    from `EffectChanged.to_frame`.
+    runtime and the other clients never wait for it. Frames are the events' ``to_frame()``
+    (`EffectChanged`, which never carries args, and `MessageCreated`).
 
     Args:
         websocket: The accepted socket.
@@ -635,7 +647,7 @@ class FrameStream:
                 await self.websocket.close(code, reason[:120])
 
 
-def _frame_text(event: EffectChanged) -> str:
+def _frame_text(event: ThreadEvent) -> str:
     return json.dumps(event.to_frame(), separators=(",", ":"))
 
 
@@ -793,6 +805,7 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/replay", POST=_replay),
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
         _route("/api/effects", GET=_list_effects),
+        _route("/api/agents", GET=_list_agents),
         WebSocketRoute("/api/threads/{tid}/stream", _stream),
     ]
     # Conversations and the app's thread endpoints (runtime/endpoints.py, docs/agents.md),

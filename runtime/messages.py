@@ -158,16 +158,53 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class MessageCreated:
+    """A message stored in a thread, delivered to the thread's subscribers.
+
+    Published once per stored message (the user's, the model's, tool results, injected
+    ones), in the order they are stored, on the same per-thread sequence as
+    `runtime.effects.EffectChanged`.
+
+    Attributes:
+        thread_id: The thread.
+        seq: The thread's event number, shared with run changes (see `EffectChanged`).
+        message: The message as stored (after the ``before_create_message`` hooks).
+    """
+
+    thread_id: str
+    seq: int
+    message: Message = field(repr=False)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The frame payload: the message exactly as ``GET .../messages/{id}`` returns it."""
+        return self.message.to_json()
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``message_created`` WebSocket frame."""
+        return {
+            "type": "event",
+            "eventType": "message_created",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+            "data": self.data,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class MessagePage:
     """A page of messages, oldest first.
 
     Attributes:
         messages: The messages on this page.
-        next_cursor: Pass as ``after`` for the next page; None on the last page.
+        next_cursor: Pass as ``after`` for the next (newer) page; None on the last page.
+        prev_cursor: Pass as ``before`` for the previous (older) page; None when the page
+            starts at the thread's first message.
     """
 
     messages: list[Message]
     next_cursor: str | None
+    prev_cursor: str | None = None
 
 
 def message_from_row(

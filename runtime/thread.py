@@ -257,27 +257,43 @@ class ThreadState:
         return await self._rt._replay(self, run_id)
 
     def subscribe(self) -> Subscription:
-        """Subscribe to this thread's run changes (never carrying args), from now on."""
+        """Subscribe to this thread's events from now on, in order, on one ``seq``.
+
+        Yields `EffectChanged` for each change of a run (never carrying its args) and
+        `MessageCreated` for each message stored in the conversation (the user's, the
+        model's, tool results and injected messages).
+        """
         return self._rt._hub.subscribe(self.thread_id)
 
     # ----------------------------------------------------------- conversation
     # runtime.turns holds the logic; it imports this module, hence the local imports.
 
-    async def get_messages(self, *, limit: int = 50, after: str | None = None) -> MessagePage:
-        """The thread's messages, oldest first.
+    async def get_messages(
+        self,
+        *,
+        limit: int = 50,
+        after: str | None = None,
+        before: str | None = None,
+        latest: bool = False,
+    ) -> MessagePage:
+        """A page of the thread's messages, oldest first; from the start unless told.
 
         Args:
             limit: Page size, 1 to 500.
             after: A message id: the page starts after it (``next_cursor`` of the previous
                 page, or the last message a client has, to poll for new ones).
+            before: A message id: the page ends right before it (``prev_cursor`` of the
+                page after, to page back from the newest).
+            latest: The newest ``limit`` messages (what a chat view shows first).
 
         Raises:
-            ValueError: a bad limit, or ``after`` names no message of the thread.
+            ValueError: a bad limit, more than one of ``after``/``before``/``latest``, or
+                a cursor that names no message of the thread.
             ThreadNotFound: the thread was deleted.
         """
         from runtime.turns import get_messages
 
-        return await get_messages(self, limit=limit, after=after)
+        return await get_messages(self, limit=limit, after=after, before=before, latest=latest)
 
     async def get_message(self, message_id: str) -> Message:
         """One message.

@@ -246,6 +246,9 @@ async def _store(rt: Runtime, thread_id: str, messages: list[Message]) -> None:
         if actor.deleted:
             raise ThreadNotFound(thread_id)
         await rt._run_sync(actor.store.insert_messages, messages)
+        # Under the lock, so frames follow commit order; every stored message is a frame.
+        for message in messages:
+            rt._hub.publish_message(message)
 
 
 def _new_id() -> str:
@@ -253,19 +256,29 @@ def _new_id() -> str:
 
 
 async def get_messages(
-    state: ThreadState, *, limit: int = 50, after: str | None = None
+    state: ThreadState,
+    *,
+    limit: int = 50,
+    after: str | None = None,
+    before: str | None = None,
+    latest: bool = False,
 ) -> MessagePage:
     """See `ThreadState.get_messages`."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _MAX_PAGE:
         raise ValueError(f"limit must be an integer from 1 to {_MAX_PAGE}, got {limit!r}")
+    if sum((after is not None, before is not None, bool(latest))) > 1:
+        raise ValueError("give at most one of after, before and latest")
     rt = state.runtime
     async with rt._use(state.thread_id) as actor:
         page = await rt._run_sync(
-            lambda: actor.store.list_messages(limit=limit, after_id=after)
+            lambda: actor.store.list_messages(
+                limit=limit, after_id=after, before_id=before, latest=bool(latest)
+            )
         )
     if page is None:
-        raise ValueError(f"Invalid cursor {after!r}: no such message in thread {state.thread_id}")
-    return MessagePage(page[0], page[1])
+        cursor = after if after is not None else before
+        raise ValueError(f"Invalid cursor {cursor!r}: no such message in thread {state.thread_id}")
+    return MessagePage(page[0], page[1], page[2])
 
 
 async def get_message(state: ThreadState, message_id: str) -> Message:

@@ -12,7 +12,7 @@ from typing import Any
 import anyio.to_thread
 import httpx
 import pytest
-from conftest import SERVER_APP, Api, release, serve_api
+from conftest import DEMO_APP, SERVER_APP, Api, release, serve_api
 
 from runtime.http import DEFAULT_WEB_DIR
 from runtime.testing import FakeClock
@@ -129,6 +129,82 @@ async def test_effects_lists_names_descriptions_and_schemas(api: Api) -> None:
     assert effects["note"]["description"] == "Takes a note (does nothing else)."
     assert effects["note"]["argsSchema"]["properties"]["text"]["type"] == "string"
     assert effects["ping"]["argsSchema"] is None
+
+
+def write_two_agents_without_a_default(app: Path) -> None:
+    (app / "agents").mkdir(parents=True)
+    (app / "agents" / "writer.py").write_text(
+        "from runtime import define_agent\n"
+        "agent = define_agent('writer', 'You write.', description='Drafts texts.')\n"
+    )
+    (app / "agents" / "critic.py").write_text(
+        "from runtime import define_agent\nagent = define_agent('critic', 'You criticize.')\n"
+    )
+
+
+async def test_agents_lists_ids_descriptions_and_the_default(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "none") as api:  # the server test app has no agents
+        assert (await api.client.get("/api/agents")).json() == {"agents": []}
+    async with serve_api(tmp_path / "demo", app_dir=DEMO_APP) as api:
+        assert (await api.client.get("/api/agents")).json() == {
+            "agents": [
+                {
+                    "id": "assistant",
+                    "default": True,  # the only agent serves threads created without one
+                    "description": "Sets reminders that arrive later in the thread.",
+                }
+            ]
+        }
+    turns_app = Path(__file__).parent / "apps" / "turns"
+    async with serve_api(tmp_path / "turns", app_dir=turns_app) as api:
+        agents = (await api.client.get("/api/agents")).json()["agents"]
+        assert [(a["id"], a["default"]) for a in agents] == [
+            ("greeter", False), ("helper", True), ("plain", False),
+        ]
+
+    app = tmp_path / "app"
+    await anyio.to_thread.run_sync(write_two_agents_without_a_default, app)
+    async with serve_api(tmp_path / "several", app_dir=app) as api:
+        assert (await api.client.get("/api/agents")).json() == {
+            "agents": [
+                {"id": "critic", "default": False},
+                {"id": "writer", "default": False, "description": "Drafts texts."},
+            ]
+        }
+        # Which is why a client must choose: without agent_id there is no thread.
+        error_of(await api.client.post("/api/threads", json={}), 404, "agent_not_found")
+        res = await api.client.post("/api/threads", json={"agent_id": "writer"})
+        assert res.status_code == 201 and res.json()["agentId"] == "writer"
+
+
+async def test_messages_page_back_from_the_newest_over_http(api: Api) -> None:
+    tid = await api.new_thread()
+    state = await api.rt.get_thread(tid)  # an app without agents still stores injected text
+    for i in range(5):
+        await state.inject_message(f"m{i}")
+    url = f"/api/threads/{tid}/messages"
+
+    newest = (await api.client.get(url, params={"latest": "true", "limit": 2})).json()
+    assert [m["content"] for m in newest["messages"]] == ["m3", "m4"]
+    assert newest["nextCursor"] is None
+    assert newest["prevCursor"] == newest["messages"][0]["id"]
+    older = (
+        await api.client.get(url, params={"before": newest["prevCursor"], "limit": 2})
+    ).json()
+    assert [m["content"] for m in older["messages"]] == ["m1", "m2"]
+    oldest = (
+        await api.client.get(url, params={"before": older["prevCursor"], "limit": 2})
+    ).json()
+    assert [m["content"] for m in oldest["messages"]] == ["m0"]
+    assert oldest["prevCursor"] is None
+    start = (await api.client.get(url, params={"limit": 2})).json()
+    assert start["prevCursor"] is None and start["nextCursor"] == start["messages"][1]["id"]
+
+    error_of(await api.client.get(url, params={"latest": "maybe"}), 400, "invalid_parameter")
+    error_of(await api.client.get(url, params={"before": "nope"}), 400, "invalid_parameter")
+    both = {"latest": "true", "after": start["nextCursor"]}
+    assert "at most one" in error_of(await api.client.get(url, params=both), 400,
+                                     "invalid_parameter")
 
 
 async def test_schedule_run_and_read_a_run(api: Api) -> None:

@@ -1,8 +1,9 @@
-"""The ``effect_changed`` WebSocket stream, through a real uvicorn server and real clients.
+"""The thread's WebSocket stream, through a real uvicorn server and real clients.
 
-Every change of a run sends one frame; ``seq`` grows by one per frame of a thread; no
-frame carries args; an unknown thread is refused with 4404; a client that stops reading
-is closed with 1013 while the others receive every frame.
+Every change of a run sends one ``effect_changed`` frame and every stored message one
+``message_created`` frame; ``seq`` grows by one per frame of a thread, across both kinds;
+no run frame carries args; an unknown thread is refused with 4404; a client that stops
+reading is closed with 1013 while the others receive every frame.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import anyio.to_thread
 import httpx
 import pytest
-from conftest import Api, live_server, make_app
+from conftest import DEMO_APP, Api, live_server, make_app
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
@@ -74,7 +75,9 @@ async def frames_until(ws: ClientConnection, done: Callable[[Frame], bool]) -> l
             raw = await ws.recv()
             assert isinstance(raw, str)
             frame = json.loads(raw)
-            assert "args" not in frame and "args" not in frame["data"], frame
+            assert "args" not in frame, frame
+            if frame["eventType"] == "effect_changed":
+                assert "args" not in frame["data"], frame
             frames.append(frame)
             if done(frame):
                 return frames
@@ -148,6 +151,65 @@ async def test_canceled_and_run_now(live: Live) -> None:
         assert [f["data"]["change"] for f in frames] == [
             "scheduled", "rescheduled", "started", "completed",
         ]
+
+
+def kind(frame: Frame) -> tuple[str, str]:
+    """``("effect", change)`` or ``("message", role)``: what a frame says, in short."""
+    if frame["eventType"] == "message_created":
+        return "message", frame["data"]["role"]
+    return "effect", frame["data"]["change"]
+
+
+async def test_messages_are_frames_on_the_threads_one_sequence(tmp_path: Path) -> None:
+    async with running(tmp_path, app_dir=DEMO_APP) as live:
+        client = live.api.client
+        # The demo agent's welcome hook stores a message as the thread is created: that is
+        # event 1 of the thread, before anyone could listen.
+        tid = await live.api.new_thread()
+        async with stream(live.url(tid)) as ws:
+            res = await client.post(
+                f"/api/threads/{tid}/messages",
+                json={"content": "remind me in 1 seconds to stretch"},
+            )
+            assert res.status_code == 200, res.text
+            reply = res.json()["reply"]
+            turn = await frames_until(ws, lambda f: f["data"]["id"] == reply["id"])
+            # The tool schedules the reminder during the turn; the turn's own messages are
+            # stored when it ends.
+            assert [kind(f) for f in turn] == [
+                ("message", "user"),
+                ("effect", "scheduled"),
+                ("message", "assistant"),
+                ("message", "tool"),
+                ("message", "assistant"),
+            ]
+            assert turn[-1]["data"]["content"] == "OK, I'll remind you to stretch in 1 second."
+            run_id = turn[1]["data"]["id"]
+
+            assert live.api.clock is not None
+            live.api.clock.advance(1)
+            later = await frames_until(ws, change_is(run_id, "completed"))
+        assert [kind(f) for f in later] == [
+            ("effect", "started"),
+            ("message", "assistant"),
+            ("effect", "completed"),
+        ]
+        frames = turn + later
+        assert [f["seq"] for f in frames] == list(range(2, 2 + len(frames)))
+        assert all(f["type"] == "event" and f["threadId"] == tid for f in frames)
+
+        injected = later[1]
+        assert injected["eventType"] == "message_created"
+        assert injected["data"]["content"] == "Reminder: stretch"
+        assert injected["data"]["injected"] is True
+        # The frame carries the message exactly as the HTTP API returns it.
+        for frame in [*turn, injected]:
+            if frame["eventType"] == "message_created":
+                one = await client.get(f"/api/threads/{tid}/messages/{frame['data']['id']}")
+                assert frame["data"] == one.json()
+        listed = (await client.get(f"/api/threads/{tid}/messages")).json()["messages"]
+        streamed = [f["data"]["id"] for f in frames if f["eventType"] == "message_created"]
+        assert [m["id"] for m in listed[1:]] == streamed  # [0] is the welcome message
 
 
 async def test_an_interrupted_run_is_requeued_on_shutdown(tmp_path: Path) -> None:

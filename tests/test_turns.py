@@ -288,6 +288,36 @@ async def test_messages_page_oldest_first_and_single_lookup(rt: Runtime) -> None
         await thread.inject_message("x", role="tool")
     with pytest.raises(ValueError, match="empty"):
         await thread.send_message("")
+    assert second.prev_cursor == second.messages[0].id and first.prev_cursor is None
+
+
+async def test_messages_page_back_from_the_newest(rt: Runtime) -> None:
+    thread = await rt.create_thread(agent_id="plain")
+    for i in range(5):
+        await thread.inject_message(f"m{i}")
+    newest = await thread.get_messages(limit=2, latest=True)
+    assert [m.content for m in newest.messages] == ["m3", "m4"]  # still oldest first
+    assert newest.next_cursor is None and newest.prev_cursor == newest.messages[0].id
+    older = await thread.get_messages(limit=2, before=newest.prev_cursor)
+    assert [m.content for m in older.messages] == ["m1", "m2"]
+    assert older.next_cursor == older.messages[-1].id
+    oldest = await thread.get_messages(limit=2, before=older.prev_cursor)
+    assert [m.content for m in oldest.messages] == ["m0"]
+    assert oldest.prev_cursor is None  # the start of the conversation
+    # Paging forward again from a page that was reached backwards.
+    again = await thread.get_messages(limit=2, after=oldest.next_cursor)
+    assert [m.content for m in again.messages] == ["m1", "m2"]
+    assert (await thread.get_messages(before=oldest.messages[0].id)).messages == []
+    assert [m.content for m in (await thread.get_messages(latest=True)).messages] == [
+        f"m{i}" for i in range(5)
+    ]
+
+    with pytest.raises(ValueError, match="Invalid cursor"):
+        await thread.get_messages(before="no-such-id")
+    with pytest.raises(ValueError, match="at most one"):
+        await thread.get_messages(after=older.next_cursor, latest=True)
+    with pytest.raises(ValueError, match="at most one"):
+        await thread.get_messages(after=older.next_cursor, before=newest.prev_cursor)
 
 
 async def test_a_thread_file_from_before_messages_is_migrated(

@@ -123,7 +123,8 @@ const seg = encodeURIComponent;
 /** One function per endpoint of docs/http-api.md. */
 export const api = {
   listThreads: ({ limit, cursor } = {}) => request("GET", `/api/threads${query({ limit, cursor })}`),
-  createThread: () => request("POST", "/api/threads", {}),
+  // agentId: needed when the app has several agents and none is the default.
+  createThread: (agentId) => request("POST", "/api/threads", agentId ? { agent_id: agentId } : {}),
   deleteThread: (tid) => request("DELETE", `/api/threads/${seg(tid)}`),
 
   listRuns: (tid, { status, name, limit, cursor } = {}) =>
@@ -136,6 +137,16 @@ export const api = {
   cancel: (tid, id) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`),
 
   listEffects: () => request("GET", "/api/effects"),
+  listAgents: () => request("GET", "/api/agents"),
+
+  // Oldest first. At most one of: after (newer than), before (older than), latest (newest page).
+  listMessages: (tid, { limit, after, before, latest } = {}) =>
+    request(
+      "GET",
+      `/api/threads/${seg(tid)}/messages${query({ limit, after, before, latest: latest ? "true" : undefined })}`,
+    ),
+  // Runs one turn of the thread's agent; resolves when it has answered.
+  sendMessage: (tid, content) => request("POST", `/api/threads/${seg(tid)}/messages`, { content }),
 };
 
 // Close codes that say "retrying will not help as is".
@@ -143,7 +154,8 @@ const CLOSE_UNKNOWN_THREAD = 4404;
 const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
 
 /**
- * The live stream of one thread's effect_changed frames, reconnecting with backoff.
+ * The live stream of one thread's frames (effect_changed, message_created), reconnecting
+ * with backoff.
  *
  * Callbacks: onState("connecting" | "live" | "offline", detail), onOpen() after every
  * (re)connect — the caller reloads over HTTP then, since frames sent while the socket was

@@ -1,5 +1,6 @@
-// app.js — the Effects pane: threads on the left, the selected thread's runs in the middle,
-// one run's detail on the right, kept live by the thread's WebSocket stream.
+// app.js — the Effects pane: threads on the left, the selected thread's runs (or, on the
+// Conversation tab, its messages) in the middle, one run's detail on the right, kept live by
+// the thread's WebSocket stream (effect_changed and message_created frames, one seq).
 //
 // Rendering model: `state.runs` (Map id -> run) is the only copy of the data. Rows are built
 // once per run and cached in `state.rows`; a frame marks its run dirty and the next animation
@@ -27,6 +28,23 @@ const el = {
   threadsEmpty: $("threads-empty"),
   threadsMore: $("threads-more"),
   newThread: $("new-thread"),
+  agentMenu: $("agent-menu"),
+  agentOptions: $("agent-options"),
+  tabs: $("tabs"),
+  tabRuns: $("tab-runs"),
+  tabConversation: $("tab-conversation"),
+  conversationUnread: $("conversation-unread"),
+  runsPanel: $("runs-panel"),
+  conversationPanel: $("conversation-panel"),
+  messageScroll: $("message-scroll"),
+  messageList: $("message-list"),
+  messagesEmpty: $("messages-empty"),
+  messagesOlder: $("messages-older"),
+  composer: $("composer"),
+  composerInput: $("composer-input"),
+  composerSend: $("composer-send"),
+  composerStatus: $("composer-status"),
+  composerError: $("composer-error"),
   noThread: $("no-thread"),
   threadView: $("thread-view"),
   threadId: $("thread-id"),
@@ -103,6 +121,11 @@ const state = {
   effects: [],
   argsEdited: false,
   tokenDismissed: false,
+
+  view: "runs", // "runs" | "conversation": the tab shown for the selected thread
+  conv: null, // the selected thread's conversation, see newConversation()
+  agents: null, // GET /api/agents answer (null until known, or when it failed)
+  agentsLoad: null, // the in-flight loadAgents() promise
 };
 
 // ---------------------------------------------------------------------------------------
@@ -312,6 +335,7 @@ async function onTokenButton() {
   // Everything loaded so far may have failed for want of a token: start over.
   loadThreads(false);
   loadEffects();
+  loadAgents();
   if (state.stream) state.stream.reconnectNow();
   else if (state.tid) reload();
 }
@@ -392,20 +416,97 @@ async function loadThreads(more) {
   }
 }
 
-async function createThread() {
+async function createThread(agentId) {
+  closeAgentMenu();
   el.newThread.disabled = true;
   try {
-    const res = await api.createThread();
-    const thread = { id: String(res.id), createdAt: new Date().toISOString(), tags: [] };
+    const res = await api.createThread(agentId);
+    const thread = { createdAt: new Date().toISOString(), tags: [], agentId, ...res, id: String(res.id) };
     state.threads.set(thread.id, thread);
     el.threadList.prepend(threadItem(thread));
     renderThreadsFooter();
     selectThread(thread.id);
   } catch (err) {
+    // The app's agents may have changed since the page loaded: offer the choice now.
+    if (!agentId && err instanceof ApiError && err.code === "agent_not_found") {
+      await loadAgents();
+      if (needsAgentChoice()) {
+        el.newThread.disabled = false;
+        openAgentMenu();
+        return;
+      }
+    }
     toastApiError("Could not create a thread", err);
   } finally {
     el.newThread.disabled = false;
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Agents: "New thread" asks which one when the app has several and none is the default.
+
+function loadAgents() {
+  if (!state.agentsLoad) {
+    state.agentsLoad = api
+      .listAgents()
+      .then((res) => {
+        state.agents = Array.isArray(res && res.agents) ? res.agents : [];
+      })
+      .catch(() => {
+        state.agents = null; // unknown: create as before and let the server say what is wrong
+      })
+      .finally(() => {
+        state.agentsLoad = null;
+      });
+  }
+  return state.agentsLoad;
+}
+
+function needsAgentChoice() {
+  const agents = state.agents;
+  return Array.isArray(agents) && agents.length > 1 && !agents.some((a) => a.default);
+}
+
+async function onNewThread() {
+  if (!el.agentMenu.hidden) {
+    closeAgentMenu();
+    return;
+  }
+  if (state.agents === null || state.agentsLoad) await loadAgents();
+  if (needsAgentChoice()) openAgentMenu();
+  else createThread();
+}
+
+function openAgentMenu() {
+  const frag = document.createDocumentFragment();
+  for (const agent of state.agents || []) {
+    const id = String(agent.id);
+    const item = make(
+      "button",
+      {
+        type: "button",
+        class: "menu-item",
+        role: "menuitem",
+        "data-testid": "agent-option",
+        "data-agent-id": id,
+      },
+      make("span", { class: "menu-item-name mono", text: id }),
+    );
+    if (agent.description) {
+      item.append(make("span", { class: "menu-item-desc", text: String(agent.description) }));
+    }
+    frag.append(item);
+  }
+  el.agentOptions.replaceChildren(frag);
+  el.agentMenu.hidden = false;
+  el.newThread.setAttribute("aria-expanded", "true");
+  el.agentOptions.querySelector("button")?.focus();
+}
+
+function closeAgentMenu() {
+  if (el.agentMenu.hidden) return;
+  el.agentMenu.hidden = true;
+  el.newThread.setAttribute("aria-expanded", "false");
 }
 
 async function deleteThread(id, button) {
@@ -453,6 +554,16 @@ function threadFromHash() {
   return params.get("thread") || null;
 }
 
+function viewFromHash() {
+  const params = new URLSearchParams(location.hash.replace(/^#/, ""));
+  return params.get("view") === "conversation" ? "conversation" : "runs";
+}
+
+function hashFor(tid) {
+  if (!tid) return "";
+  return `#thread=${encodeURIComponent(tid)}${state.view === "conversation" ? "&view=conversation" : ""}`;
+}
+
 function selectThread(tid) {
   tid = tid ? String(tid) : null;
   if (tid === state.tid) return;
@@ -481,8 +592,9 @@ function selectThread(tid) {
   el.threadError.hidden = true;
   el.scheduleError.hidden = true;
   el.scheduleResult.hidden = true;
+  resetConversation();
 
-  const want = tid ? `#thread=${encodeURIComponent(tid)}` : "";
+  const want = hashFor(tid);
   if (location.hash !== want) {
     if (want) location.hash = want;
     else history.replaceState(null, "", location.pathname + location.search);
@@ -499,6 +611,7 @@ function selectThread(tid) {
   el.threadId.textContent = tid;
   renderCounts();
   renderFooter();
+  if (state.view === "conversation") loadMessages();
 
   const gen = state.gen;
   state.stream = new RunStream(tid, {
@@ -511,6 +624,7 @@ function selectThread(tid) {
       // and seq numbering restarts from whatever the first frame says.
       state.lastSeq = null;
       reload();
+      if (state.conv.loadedOnce) loadMessages(); // catch up on what was said meanwhile
     },
     onFrame: (frame) => {
       if (gen === state.gen) handleFrame(frame);
@@ -817,7 +931,14 @@ function handleFrame(frame) {
   if (Number.isInteger(frame.seq)) {
     const gap = state.lastSeq !== null && frame.seq !== state.lastSeq + 1;
     state.lastSeq = frame.seq;
-    if (gap) reload();
+    if (gap) {
+      reload();
+      if (state.conv.loadedOnce) loadMessages();
+    }
+  }
+  if (frame.type === "event" && frame.eventType === "message_created") {
+    handleMessageFrame(frame.data);
+    return;
   }
   if (frame.type !== "event" || frame.eventType !== "effect_changed") return;
   const data = frame.data;
@@ -1202,6 +1323,391 @@ function renderDetail() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Conversation: the selected thread's messages, oldest at the top, kept live by the
+// message_created frames of the same stream. Like the runs, state.conv is the only copy of
+// the data; items are built once per message. Text goes in through textContent only.
+
+const MESSAGE_PAGE = 50;
+const ROLE_LABEL = { user: "You", assistant: "Assistant", tool: "Tool", system: "System" };
+const TOOL_TEXT_MAX = 600; // tool args and results are shown cut to this many characters
+
+function newConversation() {
+  return {
+    messages: new Map(), // id -> message
+    order: [], // message ids, oldest first
+    items: new Map(), // id -> <li>
+    prevCursor: null, // set when older messages exist before order[0]
+    loadedOnce: false,
+    loading: false,
+    reloadQueued: false,
+    loadingOlder: false,
+    sending: false,
+    unread: 0, // messages that arrived while the Runs tab was shown
+    stick: true, // the list is scrolled to its end: keep it there as messages arrive
+  };
+}
+
+function resetConversation() {
+  state.conv = newConversation();
+  el.messageList.replaceChildren();
+  el.composerInput.value = "";
+  showComposerError("");
+  showComposerStatus("");
+  renderComposer();
+  renderUnread();
+  renderConversation();
+}
+
+function setView(view, { writeHash = true } = {}) {
+  view = view === "conversation" ? "conversation" : "runs";
+  const conv = view === "conversation";
+  state.view = view;
+  el.tabRuns.setAttribute("aria-selected", String(!conv));
+  el.tabConversation.setAttribute("aria-selected", String(conv));
+  el.tabRuns.tabIndex = conv ? -1 : 0;
+  el.tabConversation.tabIndex = conv ? 0 : -1;
+  el.runsPanel.hidden = conv;
+  el.conversationPanel.hidden = !conv;
+  if (writeHash && state.tid) {
+    const want = hashFor(state.tid);
+    // A tab is not a place in the history: replace, so Back still leaves the thread.
+    if (location.hash !== want) history.replaceState(null, "", location.pathname + location.search + want);
+  }
+  if (!conv || !state.tid) return;
+  state.conv.unread = 0;
+  renderUnread();
+  if (!state.conv.loadedOnce && !state.conv.loading) loadMessages();
+  else if (state.conv.stick) scrollToEnd();
+}
+
+function renderUnread() {
+  const n = state.conv ? state.conv.unread : 0;
+  el.conversationUnread.hidden = n === 0;
+  el.conversationUnread.textContent = n > 99 ? "99+" : String(n);
+  el.conversationUnread.title = n ? `${n} new message${n === 1 ? "" : "s"}` : "";
+}
+
+function atEnd() {
+  const s = el.messageScroll;
+  return s.scrollHeight - s.scrollTop - s.clientHeight < 48;
+}
+
+function scrollToEnd() {
+  el.messageScroll.scrollTop = el.messageScroll.scrollHeight;
+}
+
+function clip(text, max = TOOL_TEXT_MAX) {
+  const s = String(text ?? "");
+  return s.length > max ? `${s.slice(0, max)}…` : s;
+}
+
+function jsonText(value) {
+  try {
+    return JSON.stringify(value);
+  } catch {
+    return String(value);
+  }
+}
+
+function messageItem(m) {
+  const role = String(m.role || "");
+  const known = role in ROLE_LABEL;
+  const li = make("li", {
+    class: `msg msg-${known ? role : "other"}${m.injected ? " msg-injected" : ""}`,
+    "data-testid": "message-item",
+    "data-role": role,
+    "data-message-id": m.id,
+    "data-injected": m.injected ? "true" : undefined,
+  });
+  const head = make(
+    "div",
+    { class: "msg-head" },
+    make("span", { class: "msg-role", text: known ? ROLE_LABEL[role] : role || "?" }),
+  );
+  if (m.injected) {
+    head.append(
+      make("span", {
+        class: "msg-tag",
+        text: "injected",
+        title: "Added by code (an effect, a hook, an endpoint), not by a turn",
+      }),
+    );
+  }
+  head.append(
+    make("time", {
+      class: "msg-time",
+      dateTime: m.createdAt || "",
+      title: m.createdAt || "",
+      text: m.createdAt ? fmtLocal(m.createdAt) : "",
+    }),
+  );
+  li.append(head);
+  const results = Array.isArray(m.toolResults) ? m.toolResults : [];
+  // A tool message's content is its results joined: they are listed below instead.
+  if (m.content && !results.length) li.append(make("div", { class: "msg-text", text: String(m.content) }));
+  const tools = make("ul", { class: "msg-tools" });
+  for (const call of Array.isArray(m.toolCalls) ? m.toolCalls : []) {
+    tools.append(
+      make("li", {
+        class: "msg-tool-call",
+        title: "Tool call",
+        text: `→ ${call.name}(${clip(jsonText(call.args))})`,
+      }),
+    );
+  }
+  for (const result of results) {
+    tools.append(
+      make("li", {
+        class: result.isError ? "msg-tool-result is-error" : "msg-tool-result",
+        title: result.isError ? "Tool error" : "Tool result",
+        text: `← ${result.toolName}: ${clip(result.content)}`,
+      }),
+    );
+  }
+  if (tools.childElementCount) li.append(tools);
+  if (!m.content && !tools.childElementCount) li.append(make("div", { class: "msg-text muted", text: "(empty)" }));
+  return li;
+}
+
+function itemFor(id) {
+  const conv = state.conv;
+  let li = conv.items.get(id);
+  if (!li) {
+    li = messageItem(conv.messages.get(id));
+    conv.items.set(id, li);
+  }
+  return li;
+}
+
+/** Redraw the list from state.conv (cached items), keeping the reader's place. */
+function renderMessages({ keepBottomOffset = false } = {}) {
+  const conv = state.conv;
+  const s = el.messageScroll;
+  const fromBottom = s.scrollHeight - s.scrollTop;
+  const frag = document.createDocumentFragment();
+  for (const id of conv.order) frag.append(itemFor(id));
+  el.messageList.replaceChildren(frag);
+  renderConversation();
+  if (keepBottomOffset) s.scrollTop = s.scrollHeight - fromBottom; // older messages went on top
+  else if (conv.stick) scrollToEnd();
+}
+
+function renderConversation() {
+  const conv = state.conv;
+  if (!conv) return;
+  el.messagesOlder.hidden = !conv.prevCursor;
+  el.messagesOlder.disabled = conv.loadingOlder;
+  el.messagesOlder.textContent = conv.loadingOlder ? "Loading…" : "Load older messages";
+  if (conv.order.length) {
+    el.messagesEmpty.hidden = true;
+  } else {
+    el.messagesEmpty.hidden = false;
+    el.messagesEmpty.textContent = conv.loadedOnce
+      ? "No messages yet. Write one below."
+      : "Loading messages…";
+  }
+  el.messageList.setAttribute("aria-busy", String(conv.loading));
+}
+
+function addMessage(m) {
+  const id = String(m.id);
+  const conv = state.conv;
+  if (conv.messages.has(id)) return false;
+  conv.messages.set(id, { ...m, id });
+  return true;
+}
+
+/**
+ * Fold messages fetched in server order into the list: they go right after `anchor` (the
+ * id they were fetched after; null: they are the newest page). Messages that frames brought
+ * in meanwhile and that the fetch did not return are newer, so they stay at the end.
+ */
+function foldFetched(fetched, anchor) {
+  const conv = state.conv;
+  const ids = [];
+  for (const m of fetched) {
+    if (!m || m.id == null) continue;
+    const id = String(m.id);
+    addMessage(m);
+    ids.push(id);
+  }
+  const got = new Set(ids);
+  const i = anchor === null ? -1 : conv.order.indexOf(anchor);
+  const head = i < 0 ? [] : conv.order.slice(0, i + 1);
+  const tail = (i < 0 ? conv.order : conv.order.slice(i + 1)).filter((id) => !got.has(id));
+  const seen = new Set(head);
+  conv.order = [...head, ...ids.filter((id) => !seen.has(id)), ...tail];
+}
+
+/**
+ * Load the newest page (first time), or catch up on everything after the newest message we
+ * have (after a reconnect or a seq gap): nothing said meanwhile is lost.
+ */
+async function loadMessages() {
+  const tid = state.tid;
+  const conv = state.conv;
+  if (!tid) return;
+  if (conv.loading) {
+    conv.reloadQueued = true;
+    return;
+  }
+  const gen = state.gen;
+  conv.loading = true;
+  conv.reloadQueued = false;
+  renderConversation();
+  try {
+    const last = conv.loadedOnce ? conv.order[conv.order.length - 1] : undefined;
+    if (last === undefined) {
+      const res = await api.listMessages(tid, { latest: true, limit: MESSAGE_PAGE });
+      if (gen !== state.gen) return;
+      foldFetched(Array.isArray(res.messages) ? res.messages : [], null);
+      conv.prevCursor = res.prevCursor || null;
+    } else {
+      let after = last;
+      for (;;) {
+        const res = await api.listMessages(tid, { after, limit: 100 });
+        if (gen !== state.gen) return;
+        const page = Array.isArray(res.messages) ? res.messages : [];
+        foldFetched(page, after);
+        if (!res.nextCursor || !page.length) break;
+        after = String(page[page.length - 1].id);
+      }
+    }
+    conv.loadedOnce = true;
+    renderMessages();
+  } catch (err) {
+    if (gen !== state.gen) return;
+    if (err instanceof ApiError && err.status === 404) {
+      showThreadError(`Thread not found: ${tid}. It may have been deleted.`);
+    } else {
+      toastApiError("Could not load the messages", err);
+    }
+  } finally {
+    if (gen === state.gen) {
+      conv.loading = false;
+      renderConversation();
+      if (conv.reloadQueued) {
+        conv.reloadQueued = false;
+        loadMessages();
+      }
+    }
+  }
+}
+
+async function loadOlderMessages() {
+  const tid = state.tid;
+  const conv = state.conv;
+  if (!tid || !conv.prevCursor || conv.loadingOlder) return;
+  const gen = state.gen;
+  conv.loadingOlder = true;
+  renderConversation();
+  try {
+    const res = await api.listMessages(tid, { before: conv.prevCursor, limit: MESSAGE_PAGE });
+    if (gen !== state.gen) return;
+    const older = [];
+    for (const m of Array.isArray(res.messages) ? res.messages : []) {
+      if (m && m.id != null && addMessage(m)) older.push(String(m.id));
+    }
+    conv.order = [...older, ...conv.order];
+    conv.prevCursor = res.prevCursor || null;
+    conv.loadingOlder = false;
+    renderMessages({ keepBottomOffset: true });
+  } catch (err) {
+    if (gen === state.gen) toastApiError("Could not load older messages", err);
+  } finally {
+    if (gen === state.gen) {
+      conv.loadingOlder = false;
+      renderConversation();
+    }
+  }
+}
+
+function handleMessageFrame(data) {
+  const conv = state.conv;
+  if (!data || data.id == null) return;
+  if (state.view !== "conversation") {
+    conv.unread += 1;
+    renderUnread();
+  }
+  // Before the first load the newest page will bring it (frames during that load are kept).
+  if (!conv.loadedOnce && !conv.loading) return;
+  const stick = conv.stick || atEnd();
+  if (!addMessage(data)) return;
+  conv.order.push(String(data.id));
+  const s = el.messageScroll;
+  el.messageList.append(itemFor(String(data.id)));
+  renderConversation();
+  if (stick && !el.conversationPanel.hidden) s.scrollTop = s.scrollHeight;
+}
+
+function showComposerError(message) {
+  el.composerError.textContent = message;
+  el.composerError.hidden = !message;
+}
+
+function showComposerStatus(message) {
+  el.composerStatus.textContent = message;
+  el.composerStatus.hidden = !message;
+}
+
+function renderComposer() {
+  const sending = Boolean(state.conv && state.conv.sending);
+  el.composerSend.disabled = sending;
+  el.composerSend.textContent = sending ? "Sending…" : "Send";
+  el.composer.setAttribute("aria-busy", String(sending));
+}
+
+async function onSend(ev) {
+  ev.preventDefault();
+  const tid = state.tid;
+  const conv = state.conv;
+  if (!tid || conv.sending) return;
+  const text = el.composerInput.value;
+  if (!text.trim()) {
+    showComposerError("Write a message first.");
+    el.composerInput.focus();
+    return;
+  }
+  showComposerError("");
+  const gen = state.gen;
+  conv.sending = true;
+  conv.stick = true;
+  renderComposer();
+  showComposerStatus("The agent is answering…");
+  el.composerInput.value = "";
+  try {
+    const res = await api.sendMessage(tid, text);
+    if (gen !== state.gen) return;
+    // The frames normally brought these in already; this covers a socket that is down.
+    const last = conv.order[conv.order.length - 1] ?? null;
+    const fresh = (Array.isArray(res.messages) ? res.messages : []).filter((m) => !conv.messages.has(String(m.id)));
+    if (fresh.length) {
+      foldFetched(fresh, last);
+      conv.loadedOnce = true;
+      renderMessages();
+    }
+    showComposerStatus(res.reply ? "" : "The agent answered without text.");
+  } catch (err) {
+    if (gen !== state.gen) return;
+    showComposerStatus("");
+    // Nothing was stored, except for a turn whose model failed (502): its message stays.
+    const stored = err instanceof ApiError && err.code === "turn_failed";
+    if (!stored && !el.composerInput.value) el.composerInput.value = text;
+    const code = err instanceof ApiError && err.status ? ` (${err.status} ${err.code})` : "";
+    const message =
+      err instanceof ApiError && err.code === "turn_in_progress"
+        ? "Another turn of this thread is running; send again once it has answered."
+        : errorText(err);
+    showComposerError(`${message}${code}`);
+  } finally {
+    if (gen === state.gen) {
+      conv.sending = false;
+      renderComposer();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Schedule form
 
 function argsTemplate(schema) {
@@ -1336,8 +1842,58 @@ function tick() {
   }
 }
 
+function wireConversation() {
+  el.tabs.addEventListener("click", (ev) => {
+    const tab = ev.target.closest("button[data-view]");
+    if (tab) setView(tab.dataset.view);
+  });
+  el.tabs.addEventListener("keydown", (ev) => {
+    // Tabs pattern (WAI-ARIA): arrows move between the tabs and show the one reached.
+    if (ev.key !== "ArrowLeft" && ev.key !== "ArrowRight" && ev.key !== "Home" && ev.key !== "End") return;
+    ev.preventDefault();
+    const next = state.view === "runs" ? el.tabConversation : el.tabRuns;
+    const target = ev.key === "Home" ? el.tabRuns : ev.key === "End" ? el.tabConversation : next;
+    setView(target.dataset.view);
+    target.focus();
+  });
+  el.messagesOlder.addEventListener("click", loadOlderMessages);
+  el.messageScroll.addEventListener("scroll", () => {
+    if (state.conv) state.conv.stick = atEnd();
+  });
+  el.composer.addEventListener("submit", onSend);
+  el.composerInput.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+      ev.preventDefault();
+      el.composer.requestSubmit();
+    }
+  });
+
+  el.agentOptions.addEventListener("click", (ev) => {
+    const option = ev.target.closest("button[data-agent-id]");
+    if (option) createThread(option.dataset.agentId);
+  });
+  el.agentMenu.addEventListener("keydown", (ev) => {
+    const items = [...el.agentOptions.querySelectorAll("button")];
+    const i = items.indexOf(document.activeElement);
+    if (ev.key === "Escape") {
+      ev.preventDefault();
+      ev.stopPropagation();
+      closeAgentMenu();
+      el.newThread.focus();
+    } else if ((ev.key === "ArrowDown" || ev.key === "ArrowUp") && items.length) {
+      ev.preventDefault();
+      const step = ev.key === "ArrowDown" ? 1 : -1;
+      items[(i + step + items.length) % items.length].focus();
+    }
+  });
+  document.addEventListener("click", (ev) => {
+    if (!el.agentMenu.hidden && !el.agentMenu.contains(ev.target) && ev.target !== el.newThread) closeAgentMenu();
+  });
+}
+
 function wire() {
-  el.newThread.addEventListener("click", createThread);
+  wireConversation();
+  el.newThread.addEventListener("click", onNewThread);
   el.threadsMore.addEventListener("click", () => loadThreads(true));
   el.threadList.addEventListener("click", (ev) => {
     const li = ev.target.closest("li[data-thread-id]");
@@ -1386,7 +1942,8 @@ function wire() {
     state.rows.get(id)?.focus();
   });
   document.addEventListener("keydown", (ev) => {
-    if (ev.key === "Escape" && !el.tokenDialog.open && state.detailId) closeDetail();
+    if (ev.key === "Escape" && !el.agentMenu.hidden) closeAgentMenu();
+    else if (ev.key === "Escape" && !el.tokenDialog.open && state.detailId) closeDetail();
   });
 
   el.scheduleForm.addEventListener("submit", onSchedule);
@@ -1397,6 +1954,8 @@ function wire() {
 
   window.addEventListener("hashchange", () => {
     const tid = threadFromHash();
+    const view = viewFromHash();
+    if (view !== state.view) setView(view, { writeHash: false });
     if (tid !== state.tid) selectThread(tid);
   });
   setInterval(tick, 1000);
@@ -1404,9 +1963,12 @@ function wire() {
 
 function init() {
   wire();
+  state.conv = newConversation();
+  setView(viewFromHash(), { writeHash: false });
   setConn("offline", "no thread selected");
   loadThreads(false);
   loadEffects();
+  loadAgents();
   const tid = threadFromHash();
   if (tid) selectThread(tid);
 }

@@ -17,4 +17,5 @@ agent = define_agent(
     ),
     tools=["set_reminder"],
     hooks=["welcome"],
+    description="Sets reminders that arrive later in the thread.",
 )

@@ -449,28 +449,73 @@ class SQLiteThreadStore(ThreadStore):
         )
 
     def list_messages(
-        self, *, limit: int = 50, after_id: str | None = None
-    ) -> tuple[list[Message], str | None] | None:
-        """Messages oldest first, after the message ``after_id`` (from the start if None).
+        self,
+        *,
+        limit: int = 50,
+        after_id: str | None = None,
+        before_id: str | None = None,
+        latest: bool = False,
+    ) -> tuple[list[Message], str | None, str | None] | None:
+        """A page of messages, oldest first.
+
+        The page holds the ``limit`` messages right after ``after_id`` (from the start when
+        it is None), or right before ``before_id``, or with ``latest`` the newest ``limit``
+        messages. The caller gives at most one of the three.
 
         Returns:
-            ``(messages, next_cursor)``, the cursor being the id of the page's last message
-            when more follow (else None); None when ``after_id`` names no message.
+            ``(messages, next_cursor, prev_cursor)``: ``next_cursor`` is the id of the page's
+            last message when newer messages follow it, ``prev_cursor`` the id of its first
+            message when older ones precede it (else None). None when ``after_id`` or
+            ``before_id`` names no message.
         """
 
-        def read(c: sqlite3.Connection) -> tuple[list[Message], str | None] | None:
+        def seq_of(c: sqlite3.Connection, message_id: str) -> int | None:
+            row = c.execute("SELECT seq FROM messages WHERE id = ?", (message_id,)).fetchone()
+            return None if row is None else int(row[0])
+
+        def read(c: sqlite3.Connection) -> tuple[list[Message], str | None, str | None] | None:
+            if before_id is not None or latest:
+                before: int | None = None
+                if before_id is not None:
+                    before = seq_of(c, before_id)
+                    if before is None:
+                        return None
+                if before is None:
+                    cursor = c.execute(
+                        f"SELECT {_MESSAGE_COLUMNS} FROM messages ORDER BY seq DESC LIMIT ?",
+                        (limit + 1,),
+                    )
+                else:
+                    cursor = c.execute(
+                        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE seq < ? "
+                        "ORDER BY seq DESC LIMIT ?",
+                        (before, limit + 1),
+                    )
+                rows = cursor.fetchall()
+                page = [self._message(r) for r in reversed(rows[:limit])]
+                older = len(rows) > limit
+                newer = before is not None  # the message it was asked to page back from
+                return (
+                    page,
+                    page[-1].id if page and newer else None,
+                    page[0].id if page and older else None,
+                )
             after = 0
             if after_id is not None:
-                row = c.execute("SELECT seq FROM messages WHERE id = ?", (after_id,)).fetchone()
-                if row is None:
+                found = seq_of(c, after_id)
+                if found is None:
                     return None
-                after = int(row[0])
+                after = found
             rows = c.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE seq > ? ORDER BY seq LIMIT ?",
                 (after, limit + 1),
             ).fetchall()
             page = [self._message(r) for r in rows[:limit]]
-            return page, (page[-1].id if len(rows) > limit else None)
+            return (
+                page,
+                page[-1].id if len(rows) > limit else None,
+                page[0].id if page and after_id is not None else None,
+            )
 
         return self._tx(read, write=False)
 

@@ -8,12 +8,14 @@ bound against hangs), never assertions about how long something took.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,15 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Error,
+    Page,
+    Request,
+    expect,
+    sync_playwright,
+)
 
 from runtime.http import DEFAULT_WEB_DIR, create_app
 
@@ -137,9 +147,16 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def pane(tmp_path: Path, browser: Browser) -> Iterator[Pane]:
+    with serve_pane(tmp_path, browser, ROOT / "agents") as result:
+        yield result
+
+
+@contextmanager
+def serve_pane(tmp_path: Path, browser: Browser, app_dir: Path) -> Iterator[Pane]:
+    """The app in ``app_dir`` served by uvicorn, and a fresh browser page (console errors kept)."""
     app = create_app(
         data_dir=tmp_path / "data",
-        app_dir=ROOT / "agents",
+        app_dir=app_dir,
         web_dir=DEFAULT_WEB_DIR,
         load_packages=False,
         synchronous="NORMAL",
@@ -278,3 +295,135 @@ def test_the_pane_asks_for_the_token_once(tmp_path: Path, browser: Browser) -> N
             raise
         finally:
             context.close()
+
+
+def messages_requests(page: Page) -> list[str]:
+    """``METHOD url`` of every request the page makes to a thread's messages from now on."""
+    seen: list[str] = []
+
+    def on_request(request: Request) -> None:
+        if "/messages" in request.url:
+            seen.append(f"{request.method} {request.url}")
+
+    page.on("request", on_request)
+    return seen
+
+
+def test_the_conversation_shows_the_reply_and_the_reminder_live(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    page.evaluate("window.__noReload = true")  # a reload would erase it
+
+    page.get_by_test_id("tab-conversation").click()
+    expect(page).to_have_url(f"{pane.url}/#thread={tid}&view=conversation", timeout=WAIT_MS)
+    expect(page.get_by_test_id("runs-table")).to_be_hidden()
+    items = page.get_by_test_id("message-item")
+    # The demo agent's welcome hook greeted the thread when it was created.
+    expect(items).to_have_count(1, timeout=WAIT_MS)
+    expect(items.first).to_have_attribute("data-role", "assistant")
+    expect(items.first).to_contain_text("I can set reminders")
+
+    requests = messages_requests(page)
+    page.get_by_test_id("composer-input").fill("remind me in 1 seconds to stretch")
+    page.get_by_test_id("composer-send").click()
+    expect(page.get_by_test_id("composer-input")).to_have_value("")
+    user = page.locator('[data-testid="message-item"][data-role="user"]')
+    expect(user).to_contain_text("remind me in 1 seconds to stretch", timeout=WAIT_MS)
+    reply = page.locator(
+        '[data-testid="message-item"][data-role="assistant"]',
+        has_text="OK, I'll remind you to stretch in 1 second.",
+    )
+    expect(reply).to_be_visible(timeout=WAIT_MS)
+    expect(page.get_by_test_id("composer-send")).to_be_enabled()
+
+    # A second later the send_reminder effect injects the reminder: it shows up live, last.
+    reminder = page.locator('[data-testid="message-item"]', has_text="Reminder: stretch")
+    expect(reminder).to_have_count(1, timeout=WAIT_MS)
+    expect(reminder).to_have_attribute("data-role", "assistant")
+    expect(reminder).to_have_attribute("data-injected", "true")
+    reminder_id = reminder.get_attribute("data-message-id")
+    assert reminder_id
+    expect(items.last).to_have_attribute("data-message-id", reminder_id)
+    expect(reminder).to_be_in_viewport()
+    # Everything after "Send" came over the stream: the only messages request was the POST.
+    assert requests == [f"POST {pane.url}/api/threads/{tid}/messages"]
+    assert page.evaluate("window.__noReload") is True
+
+    # The same message is what the API holds, in the same order.
+    stored = pane.http.get(f"/api/threads/{tid}/messages").json()["messages"]
+    shown = items.evaluate_all("els => els.map(e => e.dataset.messageId)")
+    assert shown == [m["id"] for m in stored]
+    assert stored[-1]["content"] == "Reminder: stretch"
+
+    # The run that posted it is on the Runs tab, completed.
+    page.get_by_test_id("tab-runs").click()
+    run = page.locator('[data-testid="run-row"]', has_text="send_reminder")
+    expect(run).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    assert pane.errors == []
+
+
+def test_the_composer_shows_errors_inline_and_text_stays_text(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    page.goto(f"{pane.url}/#thread={tid}&view=conversation")
+    expect(page.get_by_test_id("conversation")).to_be_visible(timeout=WAIT_MS)
+    expect(page.get_by_test_id("message-item")).to_have_count(1, timeout=WAIT_MS)
+
+    # Markup in a message is shown as the text it is.
+    box = page.get_by_test_id("composer-input")
+    markup = '<img src=x onerror="window.__pwned=1"><b>bold</b>'
+    box.fill(markup)
+    box.press("Enter")
+    user = page.locator('[data-testid="message-item"][data-role="user"]')
+    expect(user).to_contain_text(markup, timeout=WAIT_MS)
+    expect(page.get_by_test_id("message-item")).to_have_count(3, timeout=WAIT_MS)  # + help text
+    assert user.locator("img, b").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+    # The server refuses a message over 100,000 characters: the error shows by the composer
+    # and the text is kept for another try.
+    too_long = "x" * 100_001
+    box.fill(too_long)
+    page.get_by_test_id("composer-send").click()
+    error = page.get_by_test_id("composer-error")
+    expect(error).to_be_visible(timeout=WAIT_MS)
+    expect(error).to_contain_text("413 content_too_large")
+    expect(box).to_have_value(too_long)
+    expect(page.get_by_test_id("message-item")).to_have_count(3)
+    # The browser logs the refused request itself; nothing else went wrong.
+    assert all("413" in e for e in pane.errors), pane.errors
+
+
+def test_new_thread_asks_which_agent_when_none_is_the_default(
+    tmp_path: Path, browser: Browser
+) -> None:
+    app_dir = tmp_path / "app"
+    shutil.copytree(ROOT / "agents", app_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    (app_dir / "agents" / "planner.py").write_text(
+        "from runtime import define_agent\n\n"
+        "agent = define_agent('planner', 'You plan.', description='Plans the week.')\n"
+    )
+    with serve_pane(tmp_path, browser, app_dir) as pane:
+        page = pane.page
+        page.goto(f"{pane.url}/")
+        page.get_by_test_id("new-thread").click()
+        picker = page.get_by_test_id("agent-picker")
+        expect(picker).to_be_visible(timeout=WAIT_MS)
+        options = picker.get_by_test_id("agent-option")
+        expect(options).to_have_count(2)
+        assert options.evaluate_all("els => els.map(e => e.dataset.agentId)") == [
+            "assistant", "planner",
+        ]
+        expect(options.nth(1)).to_contain_text("Plans the week.")
+        options.nth(1).click()
+
+        expect(picker).to_be_hidden()
+        expect(page).to_have_url(re.compile(r"#thread=[0-9a-f]{32}$"), timeout=WAIT_MS)
+        tid = page.url.rsplit("=", 1)[1]
+        threads = pane.http.get("/api/threads").json()["threads"]
+        assert [(t["id"], t["agentId"]) for t in threads] == [(tid, "planner")]
+        item = page.locator(f'[data-testid="thread-item"][data-thread-id="{tid}"]')
+        expect(item).to_contain_text("agent: planner")
+        expect(page.get_by_test_id("toast")).to_have_count(0)
+        assert pane.errors == []
