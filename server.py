@@ -3,9 +3,9 @@
     python server.py [--app-dir agents] [--data-dir data] [--host 127.0.0.1] [--port 8000]
 
 Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
-_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _MODEL). The server listens on loopback; another
-address needs an API token. SIGINT/SIGTERM stop it gracefully: runs still going after the grace
-period are interrupted and re-queued.
+_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _MODEL, _LOAD_PACKAGES=0 for --no-packages). The
+server listens on loopback; another address needs an API token. SIGINT/SIGTERM stop it
+gracefully: runs still going after the grace period are interrupted and re-queued.
 """
 
 from __future__ import annotations
@@ -66,8 +66,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=env.get(f"{ENV}MODEL") or None,
                    help="pydantic-ai model for agents that name none, e.g. openai:gpt-4o-mini "
                         "(default: the offline demo model)")
+    p.add_argument("--no-packages", dest="load_packages", action="store_false",
+                   default=_env_flag(f"{ENV}LOAD_PACKAGES", default=True),
+                   help="do not load effects of installed packages (entry point group "
+                        "thread_effects.packages); THREAD_EFFECTS_LOAD_PACKAGES=0 does the same")
     p.add_argument("--log-level", default=env.get(f"{ENV}LOG_LEVEL", "info"))
     return p.parse_args(argv)
+
+
+def _env_flag(name: str, *, default: bool) -> bool:
+    """A yes/no environment variable: 1/true/yes/on or 0/false/no/off (any case)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"server.py: {name}={raw!r} is not a yes/no value (use 1 or 0)")
 
 
 def demo_webhook_route(data_dir: Path, max_body_bytes: int) -> Route:
@@ -123,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         max_body_bytes=max_body_bytes,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         model=args.model,
+        load_packages=args.load_packages,
         extra_routes=[demo_webhook_route(args.data_dir, max_body_bytes)],
     )
     config = uvicorn.Config(

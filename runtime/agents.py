@@ -20,7 +20,6 @@ the app's only agent, or by the one marked ``default=True``.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import re
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from runtime.discovery import app_package
 from runtime.effects import EFFECT_NAME_RE
 from runtime.errors import AgentDefinitionError, AgentNotFound
 from runtime.hooks import HookDefinition, HookPoint
@@ -276,9 +276,12 @@ def load_definition(path: Path, module_name: str, kind: type[D], what: str) -> D
 
 
 def module_prefix(app_dir: Path) -> str:
-    """The ``sys.modules`` prefix for an app folder's files (unique per folder)."""
-    digest = hashlib.sha1(str(app_dir.resolve()).encode()).hexdigest()[:10]
-    return f"_thread_effects_app_{digest}"
+    """The ``sys.modules`` package of an app folder's files (unique per folder).
+
+    It is registered as a package (see `runtime.discovery.app_package`), so files can
+    import their ``_helper.py`` files relatively.
+    """
+    return app_package(app_dir)
 
 
 def _py_files(folder: Path) -> list[Path]:
@@ -304,6 +307,9 @@ def load_agent_app(app_dir: Path | None) -> AgentApp:
         return app
     root = Path(app_dir).resolve()
     prefix = module_prefix(root)
+    for kind in ("tools", "hooks", "agents"):
+        if (root / kind).is_dir():
+            app_package(root, kind)  # so relative imports of helper files work
     for path in _py_files(root / "tools"):
         if not EFFECT_NAME_RE.match(path.stem):
             raise AgentDefinitionError(

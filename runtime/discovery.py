@@ -3,7 +3,8 @@
 Rules (DESIGN.md, "Defining" and "Package effects"):
 - Each ``*.py`` file directly inside ``<app_dir>/effects/`` defines exactly one effect, whose
   name is the file name without ``.py``; names are snake_case (``^[a-z][a-z0-9_]*$``).
-- Files starting with ``_`` (``__init__.py``, private helpers) are not effects.
+- Files starting with ``_`` (``__init__.py``, private helpers) are not effects. Effect files
+  import their helpers relatively (``from ._common import x``): see `app_package`.
 - A bad name, an import error, no definition or several definitions stop startup with an
   `EffectDefinitionError` naming the file.
 - An installed distribution publishes effects with an entry point in the group
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
 import importlib.resources
 import importlib.util
@@ -38,6 +40,59 @@ PACKAGES_GROUP = "thread_effects.packages"
 
 PACKAGE_ID_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 """A ``packageId`` (an entry point name): lowercase letters, digits, ``_`` and ``-``."""
+
+
+APP_MODULE_PREFIX = "_thread_effects_app_"
+"""App files are imported as ``_thread_effects_app_<hash of the folder>.<folder>.<file>``."""
+
+
+def module_segment(name: str) -> str:
+    """A file or folder name as one segment of a module name (``[id]`` → ``_id_``)."""
+    return re.sub(r"\W", "_", name)
+
+
+def _ensure_package(name: str, folder: Path) -> ModuleType:
+    existing = sys.modules.get(name)
+    if existing is not None and list(getattr(existing, "__path__", ())) == [str(folder)]:
+        return existing
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = [str(folder)]
+    module = importlib.util.module_from_spec(spec)
+    module.__doc__ = f"The application folder {folder} (made by thread-effects, no __init__)."
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, module)
+    return module
+
+
+def app_package(app_dir: Path, *folders: str) -> str:
+    """Register an app folder (and subfolders) as packages in ``sys.modules``; return the name.
+
+    An application folder is not an importable package (it needs no ``__init__.py`` and
+    is not on ``sys.path``), so its files are loaded under a synthetic name, unique per
+    folder (two runtimes of one process never share modules). Every level of that name
+    is a real package whose ``__path__`` is its folder, so a file's relative imports of
+    its helper files work: ``from ._common import x`` in ``effects/remind.py`` imports
+    ``effects/_common.py``, ``from .._shared import y`` reaches the app folder's own.
+
+    Args:
+        app_dir: The application folder.
+        *folders: Subfolders beneath it, outermost first (``"api", "notes"``).
+
+    Returns:
+        The dotted package name of the innermost folder.
+    """
+    root = Path(app_dir).resolve()
+    digest = hashlib.sha1(str(root).encode()).hexdigest()[:10]
+    name = f"{APP_MODULE_PREFIX}{digest}"
+    _ensure_package(name, root)
+    folder = root
+    for part in folders:
+        folder = folder / part
+        name = f"{name}.{module_segment(part)}"
+        _ensure_package(name, folder)
+    return name
 
 
 def _import_failed(path: str, exc: BaseException) -> EffectDefinitionError:
@@ -142,10 +197,21 @@ class EffectRegistry:
     Attributes:
         app: The app's effects by name.
         packages: ``package_id`` → that package's effects by short name.
+        packages_loaded: False when the runtime was started with ``load_packages=False``
+            (then an unknown package says so, rather than "not installed").
     """
 
     app: dict[str, EffectDefinition] = field(default_factory=dict)
     packages: dict[str, dict[str, EffectDefinition]] = field(default_factory=dict)
+    packages_loaded: bool = True
+
+    def _no_package(self, package_id: str) -> str:
+        if not self.packages_loaded:
+            return (
+                f"package {package_id!r} cannot be used: packages are not loaded "
+                f"(load_packages=False)"
+            )
+        return f"no package {package_id!r} is installed"
 
     def resolve(self, name: str, *, package_id: str | None = None) -> EffectDefinition:
         """Find an effect by the name a caller used.
@@ -169,15 +235,19 @@ class EffectRegistry:
             pkg, _, short = name.partition("/")
             effects = self.packages.get(pkg)
             if effects is None:
-                raise EffectNotFound(name, f"no package {pkg!r} is installed")
+                raise EffectNotFound(name, self._no_package(pkg))
             if short not in effects:
                 raise EffectNotFound(name, f"package {pkg!r} has no effect {short!r}")
             return effects[short]
         if package_id is not None:
             own = self.packages.get(package_id)
             if own is None:
+                why = (
+                    "which is not installed" if self.packages_loaded
+                    else "but packages are not loaded (load_packages=False)"
+                )
                 raise EffectNotFound(
-                    name, f"the caller belongs to package {package_id!r}, which is not installed"
+                    name, f"the caller belongs to package {package_id!r}, {why}"
                 )
             if name not in own:
                 raise EffectNotFound(
@@ -206,12 +276,12 @@ def discover(app_dir: Path | None) -> EffectRegistry:
     registry = EffectRegistry()
     if app_dir is not None:
         root = Path(app_dir).resolve()
-        # A prefix per app folder keeps two runtimes of one process (tests) from
-        # overwriting each other's modules in sys.modules.
-        digest = hashlib.sha1(str(root).encode()).hexdigest()[:10]
-        registry.app = load_effects_dir(
-            root / "effects", module_prefix=f"_thread_effects_app_{digest}.effects"
-        )
+        if (root / "effects").is_dir():
+            # A package per app folder keeps two runtimes of one process (tests) from
+            # overwriting each other's modules, and lets effect files import helpers.
+            registry.app = load_effects_dir(
+                root / "effects", module_prefix=app_package(root, "effects")
+            )
     return registry
 
 

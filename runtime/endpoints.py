@@ -12,7 +12,8 @@ Thread endpoints follow the Standard Agents file conventions: each file in ``age
 A file without a method suffix answers GET; suffixes are ``.get``, ``.post``, ``.put``,
 ``.patch`` and ``.delete``. ``[name]`` captures one path segment as ``params["name"]``,
 ``[*]`` (last only) the rest of the path as ``params["*"]``. Files and folders starting with
-``_`` are skipped. Each file defines one endpoint::
+``_`` are skipped: they are helpers, imported relatively (``from ._common import x``,
+``from .._shared import y``). Each file defines one endpoint::
 
     async def handler(request: Request, state: ThreadState, params: dict[str, str]):
         return {"pending": len(await state.get_scheduled_effects())}
@@ -21,9 +22,9 @@ A file without a method suffix answers GET; suffixes are ``.get``, ``.post``, ``
 
 The handler gets the Starlette request, the thread's `ThreadState` (``execution`` is None)
 and the captured params, and returns a Starlette ``Response``, None (204), or any
-JSON-serializable value (200). An unknown thread is a 404; a handler that raises a
-Starlette ``HTTPException`` answers with its status; any other exception is logged and
-answered with a JSON 500 that carries no stack trace.
+JSON-serializable value (200). An unknown thread is a 404 (a malformed id a 400); a
+handler that raises a Starlette ``HTTPException`` answers with its status; any other
+exception is logged and answered with a JSON 500 that carries no stack trace.
 
 A file whose route collides with a built-in thread route (``effects``, ``stream``,
 ``messages``, or the thread itself) or with another file's route stops startup with an
@@ -49,11 +50,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from runtime.agents import load_definition, module_prefix
+from runtime._text import find_invalid_text
+from runtime.agents import load_definition
+from runtime.discovery import app_package, module_segment
 from runtime.errors import (
     AgentDefinitionError,
     AgentNotFound,
     EffectsError,
+    InvalidArgument,
     InvalidThreadId,
     MessageNotFound,
     ThreadNotFound,
@@ -142,8 +146,13 @@ class ThreadEndpoint:
 
     @property
     def shape(self) -> str:
-        """The route with parameter names erased: two endpoints of one shape collide."""
-        return re.sub(r"\{[^}]+\}", "{}", self.path)
+        """The route with parameter names erased: two endpoints of one shape collide.
+
+        ``[name]`` (one segment) and ``[*]`` (the rest) have different shapes, so
+        ``q/[a].py`` and ``q/[*].py`` live side by side: ``/q/x`` goes to the first,
+        ``/q/x/y`` to the second.
+        """
+        return re.sub(r"\{[^}]+\}", "{}", self.path.replace(f"{{{_REST_PARAM}:path}}", "*"))
 
     def _sort_key(self) -> list[tuple[int, str]]:
         # Static segments before parameters before the catch-all, so Starlette (which
@@ -226,16 +235,15 @@ def discover_thread_endpoints(app_dir: Path | None) -> list[ThreadEndpoint]:
     api_dir = root / "api"
     if not api_dir.is_dir():
         return []
-    prefix = module_prefix(root)
     found: dict[tuple[str, str], ThreadEndpoint] = {}
     for path in sorted(api_dir.rglob("*.py")):
         rel = path.relative_to(api_dir)
         if any(part.startswith("_") for part in rel.parts):
             continue
         method, route = _route_of(api_dir, path)
-        module_name = f"{prefix}.api." + ".".join(
-            re.sub(r"\W", "_", part) for part in rel.with_suffix("").parts
-        )
+        # Every folder on the way is a package, so the file's relative imports work.
+        package = app_package(root, "api", *rel.parts[:-1])
+        module_name = f"{package}.{module_segment(rel.name[: -len('.py')])}"
         definition = load_definition(
             path, module_name, ThreadEndpointDefinition, "thread endpoint"
         )
@@ -265,7 +273,9 @@ def _default_runtime(request: Request) -> Runtime:
 async def _thread_or_error(rt: Runtime, tid: str) -> ThreadState | JSONResponse:
     try:
         return await rt.get_thread(tid)
-    except (ThreadNotFound, InvalidThreadId):
+    except InvalidThreadId as exc:  # 400, as on every other thread route
+        return _error(400, "invalid_thread_id", str(exc))
+    except ThreadNotFound:
         return _error(404, "thread_not_found", f"Thread not found: {tid}")
 
 
@@ -341,7 +351,11 @@ def thread_endpoint_routes(
 
 
 def _turn_error(exc: EffectsError) -> JSONResponse:
-    if isinstance(exc, ThreadNotFound | InvalidThreadId):
+    if isinstance(exc, InvalidThreadId):
+        return _error(400, "invalid_thread_id", str(exc))
+    if isinstance(exc, InvalidArgument):
+        return _error(400, "invalid_argument", str(exc))
+    if isinstance(exc, ThreadNotFound):
         return _error(404, "thread_not_found", str(exc))
     if isinstance(exc, MessageNotFound):
         return _error(404, "message_not_found", str(exc))
@@ -372,6 +386,12 @@ async def _message_body(request: Request) -> str | JSONResponse:
         data = json.loads(body)
     except ValueError:
         return _error(400, "invalid_json", "Request body is not valid JSON")
+    problem = find_invalid_text(data)
+    if problem is not None:
+        return _error(
+            400, "invalid_json",
+            f"Request body is not valid JSON text: {problem}, which is not valid Unicode",
+        )
     if not isinstance(data, dict) or set(data) != {"content"}:
         return _error(400, "invalid_body", 'Request body must be {"content": "<text>"}')
     content = data["content"]

@@ -8,10 +8,12 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── InvalidEffectArgs       args are not JSON, too large, or fail the effect's schema
     ├── InvalidDelay            a delay that is negative, NaN or infinite
     ├── InvalidThreadId         a thread id that is not ^[A-Za-z0-9_-]{1,64}$
+    ├── InvalidArgument         a text argument that is not valid Unicode or over its limit
     ├── ThreadNotFound          no thread with that id
     ├── ThreadExists            create_thread with an id that is taken
     ├── DataDirLocked           another process is using the data directory
     ├── ThreadStorageError      a thread's database cannot be used (corrupt, newer schema)
+    ├── RuntimeStorageError     runtime.sqlite cannot be used (the runtime cannot start)
     ├── RunNotFound             no run with that id in the thread
     ├── RunStateError           the run is in the wrong status for the operation
     ├── RuntimeClosed           the runtime is not running (not started or shut down)
@@ -20,11 +22,13 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── AgentNotFound           no agent of that id (or no agent serves the thread)
     ├── MessageNotFound         no message with that id in the thread
     ├── TurnInProgress          a message was sent while the thread's turn runs
-    └── TurnFailed              the model (or the agent loop) failed during a turn
+    ├── TurnFailed              the model (or the agent loop) failed during a turn
+    └── ModelNotAvailable       a configured model cannot be resolved (raised at startup)
 
-`InvalidThreadId`, `InvalidDelay` and `InvalidEffectArgs` are also `ValueError`s; `EffectNotFound`,
-`ThreadNotFound`, `RunNotFound`, `AgentNotFound` and `MessageNotFound` are also
-`LookupError`s, so callers that only know the builtin hierarchy still catch them.
+`InvalidThreadId`, `InvalidArgument`, `InvalidDelay` and `InvalidEffectArgs` are also
+`ValueError`s; `EffectNotFound`, `ThreadNotFound`, `RunNotFound`, `AgentNotFound` and
+`MessageNotFound` are also `LookupError`s, so callers that only know the builtin hierarchy
+still catch them.
 """
 
 from __future__ import annotations
@@ -59,6 +63,15 @@ class InvalidEffectArgs(EffectsError, ValueError):
 
 class InvalidThreadId(EffectsError, ValueError):
     """A thread id does not match ``^[A-Za-z0-9_-]{1,64}$``."""
+
+
+class InvalidArgument(EffectsError, ValueError):
+    """A text argument is refused before anything is stored.
+
+    It is not a string, holds a lone surrogate (not valid Unicode, so it cannot be stored
+    or sent as UTF-8), or is over its limit (e.g. a ``user_id`` over 256 characters, more
+    than 32 tags). The message names the argument and the rule.
+    """
 
 
 class ThreadNotFound(EffectsError, LookupError):
@@ -159,3 +172,16 @@ class TurnFailed(EffectsError):
         self.thread_id = thread_id
         self.run_id = run_id
         super().__init__(message)
+
+
+class ModelNotAvailable(EffectsError):
+    """A configured pydantic-ai model cannot be used (raised at startup, not at each turn).
+
+    The name is malformed or unknown, its provider's package is not installed, or the
+    provider refuses to start (e.g. no API key). The message names the model and who
+    configured it (the ``model`` setting or an agent's file).
+    """
+
+
+class RuntimeStorageError(EffectsError):
+    """The runtime database (``runtime.sqlite``) is unusable, so the runtime cannot start."""

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from runtime.messages import Message, ToolCall, with_content
+from runtime.tools import UnsendableToolResult, check_tool_result
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage
@@ -204,15 +205,24 @@ async def filter_messages(
 async def after_tool_call_success(
     hooks: Sequence[HookDefinition], state: ThreadState, call: ToolCall, result: Any
 ) -> Any:
-    """Run ``after_tool_call_success`` hooks; a hook returning non-None replaces the result."""
+    """Run ``after_tool_call_success`` hooks; a hook returning non-None replaces the result.
+
+    A replacement that cannot be sent to the model (not JSON) is logged and ignored.
+    """
     for defn in hooks:
         try:
             replaced = await defn.call(state, call, result)
         except Exception:
             _failed(defn, state)
             continue
-        if replaced is not None:
-            result = replaced
+        if replaced is None:
+            continue
+        try:
+            check_tool_result(call.name, replaced)
+        except UnsendableToolResult as exc:
+            _failed(defn, state, f"returned a replacement result that is not JSON ({exc})")
+            continue
+        result = replaced
     return result
 
 

@@ -43,8 +43,10 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as ASGIMessage
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from runtime._text import find_invalid_text
 from runtime.alarms import Clock
 from runtime.config import Settings
 from runtime.effects import iso
@@ -53,6 +55,7 @@ from runtime.errors import (
     AgentNotFound,
     EffectNotFound,
     EffectsError,
+    InvalidArgument,
     InvalidDelay,
     InvalidEffectArgs,
     InvalidThreadId,
@@ -120,13 +123,16 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
     """The HTTP status and error code for a runtime error.
 
     Returns:
-        ``(status, code)``: 400 for a malformed id, 404 for an unknown thread, run,
-        effect, agent or message, 409 for a wrong state (or a turn already running), 413
-        for args over the size limit, 422 for args that fail the schema or a bad delay,
-        502 when the model failed a turn, 503 while the runtime is not running, else 500.
+        ``(status, code)``: 400 for a malformed id or a refused text argument, 404 for an
+        unknown thread, run, effect, agent or message, 409 for a wrong state (or a turn
+        already running), 413 for args over the size limit, 422 for args that fail the
+        schema or a bad delay, 502 when the model failed a turn, 503 while the runtime is
+        not running, else 500.
     """
     if isinstance(exc, InvalidThreadId):
         return 400, "invalid_thread_id"
+    if isinstance(exc, InvalidArgument):
+        return 400, "invalid_argument"
     if isinstance(exc, ThreadNotFound):
         return 404, "thread_not_found"
     if isinstance(exc, RunNotFound):
@@ -256,6 +262,53 @@ class GuardMiddleware:
             )
 
 
+class InterruptedRequestMiddleware:
+    """Answer JSON 503 ``shutting_down`` for a request cancelled before it answered.
+
+    On SIGINT/SIGTERM uvicorn gives open requests ``timeout_graceful_shutdown`` seconds
+    (``server.py``: 5), then cancels them; uncaught, the cancellation would reach uvicorn,
+    which logs a traceback and sends a plain-text 500. A request (a long turn, say) that
+    had not started its answer gets ``{"error": {"code": "shutting_down", ...}}`` with
+    ``Retry-After`` instead; what it stored before stays stored.
+
+    Args:
+        app: The wrapped ASGI app.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the request; turn its cancellation into a 503 if nothing was sent yet."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: ASGIMessage) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            where = f"{scope.get('method', '')} {scope.get('path', '')}"
+            log.warning("%s interrupted: the server is shutting down", where)
+            response = error_response(
+                503, "shutting_down",
+                f"The server is shutting down: {where} was interrupted before it answered; "
+                f"retry once it is back",
+                {"Retry-After": "5", "Connection": "close"},
+            )
+            # Not re-raised: uvicorn would log a crash and answer a plain-text 500. The
+            # task is being torn down anyway; it ends once the answer is sent.
+            await response(scope, receive, send)
+
+
 def _bearer(header: str | None) -> str | None:
     if header is None:
         return None
@@ -278,7 +331,7 @@ def _reject_constant(name: str) -> Any:
 
 
 async def read_json(request: Request, limit: int, *, required: bool = True) -> Any:
-    """Read and parse a JSON request body of at most ``limit`` bytes.
+    r"""Read and parse a JSON request body of at most ``limit`` bytes.
 
     The size is checked from ``Content-Length`` before anything is read, and again while
     reading (for chunked bodies), so an oversized body is never buffered whole.
@@ -287,7 +340,9 @@ async def read_json(request: Request, limit: int, *, required: bool = True) -> A
         The parsed value, or None for an empty body when ``required`` is False.
 
     Raises:
-        ApiError: 413 over the limit; 400 when empty (and required) or not valid JSON.
+        ApiError: 413 over the limit; 400 when empty (and required), not valid JSON, or
+            holding a string that is not valid Unicode (a lone surrogate such as
+            ``"\ud800"``).
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -315,9 +370,18 @@ async def read_json(request: Request, limit: int, *, required: bool = True) -> A
             raise ApiError(400, "invalid_body", "Request body must be a JSON object")
         return None
     try:
-        return json.loads(body, parse_constant=_reject_constant)
+        value = json.loads(body, parse_constant=_reject_constant)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ApiError(400, "invalid_json", f"Request body is not valid JSON: {exc}") from None
+    # JSON may spell lone surrogates ("\ud800"), which are not text: nothing could store
+    # or answer them, so the body is refused before any route sees it.
+    problem = find_invalid_text(value)
+    if problem is not None:
+        raise ApiError(
+            400, "invalid_json",
+            f"Request body is not valid JSON text: {problem}, which is not valid Unicode",
+        )
+    return value
 
 
 def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
@@ -822,7 +886,8 @@ def create_app(
     app = Starlette(
         routes=routes,
         middleware=[
-            Middleware(GuardMiddleware, api_token=api_token, trusted_hosts=trusted_hosts)
+            Middleware(InterruptedRequestMiddleware),
+            Middleware(GuardMiddleware, api_token=api_token, trusted_hosts=trusted_hosts),
         ],
         exception_handlers={
             ApiError: _api_error,

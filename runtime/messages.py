@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -34,7 +35,9 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
+from runtime._text import check_text
 from runtime.effects import iso
+from runtime.errors import InvalidArgument
 
 MAX_CONTENT_CHARS = 100_000
 """The longest message content accepted from a caller (user messages, injected messages)."""
@@ -104,7 +107,8 @@ class Message:
         thread_id: The thread it belongs to.
         role: See `MessageRole`.
         content: The text of the message (tool results joined for a ``tool`` message).
-        created_at_ts: When it was stored, seconds since the epoch (UTC).
+        created_at_ts: When it was stored, seconds since the epoch (UTC); `created_at`
+            gives it as an aware UTC datetime.
         run_id: The turn that produced it, or None (an injected message, or a user message
             stored before its turn started has the turn's id too).
         tool_calls: The tool calls of an ``assistant`` message.
@@ -123,6 +127,11 @@ class Message:
     tool_results: tuple[ToolResult, ...] = ()
     injected: bool = False
     data: str = field(default="", repr=False)
+
+    @property
+    def created_at(self) -> datetime:
+        """When it was stored, an aware UTC datetime (``created_at_ts`` as a datetime)."""
+        return datetime.fromtimestamp(self.created_at_ts, UTC)
 
     def model_message(self) -> ModelMessage:
         """The pydantic-ai message this row stores."""
@@ -345,16 +354,12 @@ def check_content(content: object) -> str:
     """Validate caller-supplied message text.
 
     Raises:
-        ValueError: not a string, empty, or longer than `MAX_CONTENT_CHARS`.
+        InvalidArgument: (a ``ValueError``) not a string, empty, not valid Unicode (a lone
+            surrogate), or longer than `MAX_CONTENT_CHARS`.
     """
-    if not isinstance(content, str):
-        raise ValueError(f"message content must be a string, got {type(content).__name__}")
+    content = check_text(content, "message content", max_chars=MAX_CONTENT_CHARS)
     if not content.strip():
-        raise ValueError("message content must not be empty")
-    if len(content) > MAX_CONTENT_CHARS:
-        raise ValueError(
-            f"message content is {len(content)} characters; the limit is {MAX_CONTENT_CHARS}"
-        )
+        raise InvalidArgument("message content must not be empty")
     return content
 
 

@@ -42,6 +42,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 
 from runtime import hooks as _hooks
+from runtime._text import check_text, find_invalid_text
 from runtime.agents import AgentApp, load_agent_app
 from runtime.alarms import AlarmTimer, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
@@ -50,6 +51,7 @@ from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunChange
 from runtime.errors import (
     DataDirLocked,
     EffectNotFound,
+    InvalidArgument,
     InvalidDelay,
     InvalidEffectArgs,
     InvalidThreadId,
@@ -64,7 +66,7 @@ from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
 from runtime.storage.sqlite import SQLiteRuntimeStore, SQLiteThreadStore
 from runtime.thread import RunPage, ThreadActor, ThreadState
-from runtime.turns import TurnTracker
+from runtime.turns import TurnTracker, resolve_models
 
 log = logging.getLogger("runtime")
 
@@ -80,6 +82,26 @@ _MAX_PAGE = 500
 
 MAX_ERROR_CHARS = 8192
 """A failed run's stored error is cut to this many characters (it travels in every frame)."""
+
+
+MAX_ID_CHARS = 256
+"""Longest ``agent_id`` and ``user_id`` of a thread, in characters."""
+
+MAX_TAGS = 32
+"""Most tags a thread may have."""
+
+MAX_TAG_CHARS = 64
+"""Longest tag, in characters."""
+
+
+def _check_tags(tags: object) -> tuple[str, ...]:
+    if isinstance(tags, str) or not isinstance(tags, list | tuple):
+        raise InvalidArgument(f"tags must be a list of strings, got {type(tags).__name__}")
+    if len(tags) > MAX_TAGS:
+        raise InvalidArgument(f"a thread has at most {MAX_TAGS} tags, got {len(tags)}")
+    return tuple(
+        check_text(tag, f"tags[{i}]", max_chars=MAX_TAG_CHARS) for i, tag in enumerate(tags)
+    )
 
 
 def validate_thread_id(thread_id: object) -> str:
@@ -185,6 +207,7 @@ class Runtime:
         self._actors: OrderedDict[str, ThreadActor] = OrderedDict()
         self._opening: dict[str, asyncio.Future[ThreadActor]] = {}
         self._deleting: set[str] = set()
+        self._creating: set[str] = set()
         self._alarm_due: dict[str, float] = {}
         self._queue: deque[str] = deque()
         self._queued: set[str] = set()
@@ -221,6 +244,8 @@ class Runtime:
         Raises:
             EffectDefinitionError: an effect file is invalid (names the file).
             AgentDefinitionError: an agent, tool or hook file is invalid (names the file).
+            ModelNotAvailable: a model an agent would use (its own, or the ``model``
+                setting) cannot be resolved: unknown name, provider not installed, no key.
             DataDirLocked: another process uses the data directory.
         """
         if self._started:
@@ -229,6 +254,10 @@ class Runtime:
         try:
             self.registry = await self._run_sync(self._discover)
             self.agents = await self._run_sync(load_agent_app, self.settings.app_dir)
+            # A model that cannot be used stops startup, rather than failing every turn.
+            self.turns.models = await self._run_sync(
+                resolve_models, self.agents, self.settings.model
+            )
             for hook in self._startup_hooks:
                 result = hook(self)
                 if asyncio.iscoroutine(result):
@@ -260,6 +289,8 @@ class Runtime:
             from runtime.discovery import discover_packages
 
             registry.packages = discover_packages()
+        else:
+            registry.packages_loaded = False
         return registry
 
     def _open_data_dir(self) -> None:
@@ -371,31 +402,55 @@ class Runtime:
         Args:
             thread_id: The id to use (``^[A-Za-z0-9_-]{1,64}$``); None = a new random id.
             agent_id: The agent that serves the thread; None = the app's only agent, or
-                its default one. Free-form when the app defines no agents.
-            user_id: The user the thread belongs to.
-            tags: Free-form labels.
+                its default one. Free-form when the app defines no agents. At most
+                `MAX_ID_CHARS` (256) characters.
+            user_id: The user the thread belongs to, at most 256 characters.
+            tags: Free-form labels: at most `MAX_TAGS` (32) strings of at most
+                `MAX_TAG_CHARS` (64) characters each.
+
+        Every text argument must be valid Unicode (no lone surrogates). Nothing is written
+        before all of them are checked, and a failure while creating leaves no file and no
+        registry row behind.
 
         Returns:
             The new thread's state.
 
         Raises:
             InvalidThreadId: a malformed id.
+            InvalidArgument: ``agent_id``, ``user_id`` or a tag that is not a string, not
+                valid Unicode or over its limit, or more than 32 tags (names which).
             ThreadExists: the id is taken.
             AgentNotFound: the app defines agents and none is ``agent_id`` (or, without
                 one, none is the default).
         """
         self._check_open()
         tid = validate_thread_id(thread_id) if thread_id is not None else uuid.uuid4().hex
+        if agent_id is not None:
+            check_text(agent_id, "agent_id", max_chars=MAX_ID_CHARS)
+        if user_id is not None:
+            check_text(user_id, "user_id", max_chars=MAX_ID_CHARS)
+        checked_tags = _check_tags(tags)
         agent_id = self.agents.agent_for_new_thread(agent_id)
         assert self._rtdb is not None
-        if await self._run_sync(self._rtdb.get_thread, tid) is not None:
+        if tid in self._creating or await self._run_sync(self._rtdb.get_thread, tid) is not None:
             raise ThreadExists(tid)
         info = ThreadInfo(
             id=tid, created_at_ts=self.clock.now(), agent_id=agent_id, user_id=user_id,
-            tags=tuple(str(t) for t in tags),
+            tags=checked_tags,
         )
-        store = await self._run_sync(self._create_store, info)
-        if not await self._run_sync(self._rtdb.add_thread, info):
+        # Claimed while its file is made: a second create of the same id cannot remove it.
+        self._creating.add(tid)
+        try:
+            store = await self._run_sync(self._create_store, info)
+            try:
+                added = await self._run_sync(self._rtdb.add_thread, info)
+            except BaseException:
+                # No registry row: the file would belong to no thread.
+                await self._run_sync(store.remove_files)
+                raise
+        finally:
+            self._creating.discard(tid)
+        if not added:
             await self._run_sync(store.close)
             raise ThreadExists(tid)
         actor = ThreadActor(info, store)
@@ -414,9 +469,17 @@ class Runtime:
         for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(f"{path}{suffix}")
-        store = SQLiteThreadStore(info.id, path, self.settings.synchronous)
-        store.set_meta("thread_id", info.id)
-        store.set_meta("created_at", repr(info.created_at_ts))
+        try:
+            store = SQLiteThreadStore(info.id, path, self.settings.synchronous)
+        except BaseException:
+            _remove_thread_files(path)
+            raise
+        try:
+            store.set_meta("thread_id", info.id)
+            store.set_meta("created_at", repr(info.created_at_ts))
+        except BaseException:
+            store.remove_files()
+            raise
         return store
 
     async def get_thread(self, thread_id: str) -> ThreadState:
@@ -779,6 +842,12 @@ class Runtime:
                 too_large=True,
             )
         value = json.loads(text)
+        # json.dumps escapes every non-ASCII character, so only text with a \ud... escape
+        # (a surrogate pair, or a lone surrogate that could not be stored) needs the walk.
+        if "\\ud" in text and (problem := find_invalid_text(value)) is not None:
+            raise InvalidEffectArgs(
+                f"Args for effect {name} are not valid Unicode text: {problem}"
+            )
         if defn.schema is None:
             if value not in (None, {}):
                 raise InvalidEffectArgs(

@@ -123,8 +123,14 @@ _UNITS = {
     "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
     "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
     "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
+    "d": 86400.0, "day": 86400.0, "days": 86400.0,
 }
-_AMOUNT = r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)\b"
+_AMOUNT = (
+    r"(?P<n>\d+(?:\.\d+)?)\s*"
+    r"(?P<unit>seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h|days?|d)\b"
+)
+_CONNECTORS = frozenset({"to", "that", "about", ":"})
+"""Words between the time and the text; alone, they are no text ("remind me in 5 s to")."""
 _REMIND_PATTERNS = (
     # "remind me in 10 seconds to stretch"
     re.compile(rf"\bremind me in {_AMOUNT}\s*(?:to\s+|that\s+|about\s+|:\s*)?(?P<text>.+)", re.I),
@@ -136,19 +142,27 @@ _REMIND_PATTERNS = (
 def parse_reminder(text: str) -> tuple[str, float] | None:
     """Read "remind me in 10 seconds to stretch" (or "remind me to stretch in 2 minutes").
 
+    Units: seconds, minutes, hours and days (``s``, ``min``, ``h``, ``d`` too).
+
     Returns:
-        ``(what, delay_seconds)``, or None when the text asks for no reminder.
+        ``(what, delay_seconds)``, or None when the text asks for no reminder (or names
+        nothing to be reminded of: "remind me in 10 seconds to").
     """
     for pattern in _REMIND_PATTERNS:
         match = pattern.search(text.strip())
         if match:
             what = match.group("text").strip().rstrip(".!?").strip()
-            if what:
+            if what and what.lower() not in _CONNECTORS:
                 return what, float(match.group("n")) * _UNITS[match.group("unit").lower()]
     return None
 
 
-def _seconds_text(seconds: float) -> str:
+def _duration_text(seconds: float) -> str:
+    """``172800`` → ``"2 days"``, ``90`` → ``"90 seconds"``: the largest whole unit."""
+    for unit, size in (("day", 86400.0), ("hour", 3600.0), ("minute", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            count = f"{seconds / size:g}"
+            return f"{count} {unit}" if count == "1" else f"{count} {unit}s"
     value = f"{seconds:g}"
     return f"{value} second" if value == "1" else f"{value} seconds"
 
@@ -169,7 +183,7 @@ def _demo_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
                 if part.tool_name == "set_reminder" and "text" in args:
                     delay = float(args.get("delay_seconds", 0))
                     texts.append(
-                        f"OK, I'll remind you to {args['text']} in {_seconds_text(delay)}."
+                        f"OK, I'll remind you to {args['text']} in {_duration_text(delay)}."
                     )
                 else:
                     texts.append(f"{part.tool_name} returned {part.model_response_str()}.")
@@ -213,7 +227,7 @@ def _last_user_text(messages: list[ModelMessage]) -> str:
 def demo_model() -> FunctionModel:
     """The scripted model the demo uses when no real model is configured — a demo, not AI.
 
-    It understands one request, "remind me in <n> seconds|minutes|hours to <something>"
+    It understands one request, "remind me in <n> seconds|minutes|hours|days to <something>"
     (or "remind me to <something> in <n> ..."), which it answers by calling the agent's
     ``set_reminder`` tool with ``{"text", "delay_seconds"}``, then confirming in words.
     Anything else gets a short help text. It needs no network, so the demo (and tests)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from runtime.discovery import PACKAGE_ID_RE
 from runtime.effects import EffectRun, EffectStatus
+from runtime.errors import InvalidArgument
 from runtime.frames import Subscription
 from runtime.storage.base import ThreadInfo
 from runtime.storage.sqlite import SQLiteThreadStore
@@ -150,7 +152,19 @@ class ThreadState:
             A copy whose `schedule_effect`, `get_scheduled_effects` and `list_runs` take
             ``"ping"`` as ``"{package_id}/ping"``. Scheduling through a package that is not
             installed raises `EffectNotFound`.
+
+        Raises:
+            InvalidArgument: (a ``ValueError``) ``package_id`` is not a valid ``packageId``
+                (``^[a-z][a-z0-9_-]*$``), so no package could ever have it.
         """
+        if package_id is not None and (
+            not isinstance(package_id, str) or not PACKAGE_ID_RE.fullmatch(package_id)
+        ):
+            raise InvalidArgument(
+                f"Invalid packageId {package_id!r}: must match ^[a-z][a-z0-9_-]*$ (lowercase "
+                f"letters, digits, '_' and '-', starting with a letter), as entry point names "
+                f"in the group thread_effects.packages do"
+            )
         return ThreadState(self._rt, self._info, execution=self.execution, package_id=package_id)
 
     def _qualified(self, name: str | None) -> str | None:

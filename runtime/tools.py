@@ -15,9 +15,11 @@
 
 A tool runs as a pydantic-ai tool whose dependencies are the thread's `ThreadState`, with
 ``state.execution`` set to the turn's run id, the model step and the tool call id. What it
-returns (text, or anything JSON-serializable) is what the model sees. If it raises, or its
-args fail the schema, the model sees a tool error (a pydantic-ai ``ToolFailed``) and the
-turn goes on; ``after_tool_call_failure`` hooks see the error first.
+returns (text, or anything JSON-serializable) is what the model sees. If it raises, its
+args fail the schema, or it returns a value that cannot be serialized (`check_tool_result`),
+the model sees a tool error (a pydantic-ai ``ToolFailed``) and the turn goes on;
+``after_tool_call_failure`` hooks see the error first (``after_tool_call_success`` hooks
+do not run).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import TYPE_CHECKING, Any, overload
 
 import anyio.to_thread
 from pydantic import BaseModel, ValidationError
+from pydantic_ai.messages import tool_return_ta
+from pydantic_core import PydanticSerializationError
 
 if TYPE_CHECKING:
     from runtime.thread import ThreadState
@@ -92,6 +96,28 @@ class ToolDefinition:
         if inspect.isawaitable(result):
             return await result
         return result
+
+
+class UnsendableToolResult(ValueError):
+    """A tool returned a value that cannot be sent to the model (not JSON-serializable)."""
+
+
+def check_tool_result(tool_name: str, result: Any) -> None:
+    """Check that pydantic-ai can send a tool's result to the model (and store it).
+
+    pydantic-ai serializes the result only when it builds the next model request, where
+    a failure would crash the turn; checked here, it becomes a tool error the model sees.
+
+    Raises:
+        UnsendableToolResult: naming the tool and what could not be serialized.
+    """
+    try:
+        tool_return_ta.dump_json(result, by_alias=True)
+    except (PydanticSerializationError, TypeError, ValueError) as exc:
+        raise UnsendableToolResult(
+            f"Tool {tool_name} returned a value of type {type(result).__name__} that cannot "
+            f"be sent to the model: {exc}. A tool returns text or a JSON-serializable value"
+        ) from None
 
 
 @overload

@@ -9,7 +9,10 @@ Life of a turn (`run_turn`, or ``await state.send_message(text)``)::
     the ThreadState as dependencies (after_tool_call_success/failure hooks) ─► the turn's
     new messages are stored, then messages injected during the turn ─► the slot is freed
 
-Effects scheduled by tools or hooks run after the turn, on the thread's own schedule.
+Effects scheduled by tools or hooks run after the turn, on the thread's own schedule. They
+are durable the moment ``schedule_effect`` returns: a turn that fails afterwards (the model
+errs on a later step) does not undo them. A failed turn keeps the user message, the steps
+whose tool calls completed (calls and results), and messages its tools and hooks injected.
 `inject_message` outside a turn waits for a running turn to end, so the conversation is
 never interleaved; inside the turn (from a tool or hook) the message is stored after the
 turn's own messages.
@@ -27,13 +30,27 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic_ai import Agent, ModelRetry, RunContext, Tool, ToolFailed
+from pydantic_ai import Agent, ModelRetry, RunContext, Tool, ToolFailed, capture_run_messages
 from pydantic_ai.capabilities import ProcessHistory
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
-from runtime.errors import MessageNotFound, ThreadNotFound, TurnFailed, TurnInProgress
+from runtime.errors import (
+    MessageNotFound,
+    ModelNotAvailable,
+    ThreadNotFound,
+    TurnFailed,
+    TurnInProgress,
+)
 from runtime.hooks import HookPoint
 from runtime.messages import (
     Message,
@@ -46,7 +63,7 @@ from runtime.messages import (
     text_model_message,
 )
 from runtime.thread import Execution, ThreadState
-from runtime.tools import ToolDefinition
+from runtime.tools import ToolDefinition, check_tool_result
 
 if TYPE_CHECKING:
     from pydantic_ai.models import Model
@@ -107,6 +124,7 @@ class TurnTracker:
         self._slots: dict[str, _Slot] = {}
         self._agents: dict[int, Agent[ThreadState, str]] = {}
         self.model_override: Model | None = None  # see runtime.testing.override_model
+        self.models: dict[str, Model] = {}  # model names resolved at startup (resolve_models)
 
     def running(self, thread_id: str) -> ActiveTurn | None:
         """The turn the thread runs now, if any."""
@@ -169,6 +187,7 @@ def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[T
         try:
             args = defn.validate_args(raw)
             result = await defn.call(state, args)
+            check_tool_result(defn.name, result)
         except ModelRetry as exc:
             # The tool asks the model to correct its call: pydantic-ai's retry, as is.
             await _hooks.after_tool_call_failure(failed, state, call, exc.message)
@@ -229,13 +248,93 @@ def resolve_model(rt: Runtime, agent: AgentDefinition) -> Model | str:
     """The model of a turn: a test's override, the agent's, the setting, or the demo model."""
     if rt.turns.model_override is not None:
         return rt.turns.model_override
-    if agent.model is not None:
-        return agent.model
-    if rt.settings.model:
-        return rt.settings.model
+    name = agent.model if agent.model is not None else rt.settings.model or None
+    if isinstance(name, str):
+        return rt.turns.models.get(name, name)
+    if name is not None:
+        return name
     from runtime.testing import demo_model  # only needed when nothing is configured
 
     return demo_model()
+
+
+def resolve_models(app: AgentApp, setting: str | None) -> dict[str, Model]:
+    """Resolve every model name the app's agents will use, so a bad one stops startup.
+
+    Blocking (it may import a provider's package): call it in a worker thread.
+
+    Args:
+        app: The loaded agents (an agent's own ``model``, else the setting).
+        setting: The runtime's ``model`` setting.
+
+    Returns:
+        Model name → pydantic-ai model, for `resolve_model`.
+
+    Raises:
+        ModelNotAvailable: a name pydantic-ai does not know, a provider whose package is
+            not installed, or one that refuses to start (e.g. no API key), naming the
+            model and where it was configured.
+    """
+    from pydantic_ai.models import infer_model
+
+    wanted: dict[str, str] = {}
+    for agent in app.agents.values():
+        if isinstance(agent.model, str):
+            wanted.setdefault(
+                agent.model, f"agent {agent.name!r} ({app.files.get(f'agent:{agent.name}')})"
+            )
+        elif agent.model is None and setting:
+            wanted.setdefault(
+                setting, "the model setting (Runtime(model=...); the server's --model or "
+                "THREAD_EFFECTS_MODEL)",
+            )
+    resolved: dict[str, Model] = {}
+    for name, where in wanted.items():
+        try:
+            resolved[name] = infer_model(name)
+        except Exception as exc:
+            raise ModelNotAvailable(
+                f"Model {name!r} of {where} cannot be used: {type(exc).__name__}: {exc}"
+            ) from exc
+    return resolved
+
+
+def completed_steps(captured: list[ModelMessage], run_id: str) -> list[ModelMessage]:
+    """The part of a failed run worth keeping: its steps up to the last complete tool results.
+
+    Args:
+        captured: The run's messages (pydantic-ai's ``capture_run_messages``): the history,
+            then what the run added, each stamped with its run id.
+        run_id: The failed turn's run id.
+
+    Returns:
+        The model responses with tool calls and the requests carrying all their results,
+        in order, up to the last such pair; never the resumed user request, an
+        interrupted message, or a step whose tool calls did not all return.
+    """
+    mine = [m for m in captured if m.run_id == run_id]
+    if mine and isinstance(mine[0], ModelRequest) and (
+        any(isinstance(p, UserPromptPart) for p in mine[0].parts)
+        or not any(isinstance(p, ToolReturnPart | RetryPromptPart) for p in mine[0].parts)
+    ):
+        mine = mine[1:]  # the user's message, which the turn stored before the run
+    end = 0
+    for i, message in enumerate(mine):
+        if message.state == "interrupted":
+            break
+        if i == 0 or not isinstance(message, ModelRequest):
+            continue
+        previous = mine[i - 1]
+        if not isinstance(previous, ModelResponse):
+            continue
+        calls = {p.tool_call_id for p in previous.parts if isinstance(p, ToolCallPart)}
+        answered = {
+            p.tool_call_id for p in message.parts
+            if isinstance(p, ToolReturnPart | RetryPromptPart)
+        }
+        if calls and calls <= answered:
+            end = i + 1
+    return mine[:end]
 
 
 # ------------------------------------------------------------------- messages
@@ -380,24 +479,26 @@ async def _run_turn(
 
         stored = await _all_messages(plain)
         pydantic_agent = rt.turns.pydantic_agent(app, agent)
-        try:
-            result = await pydantic_agent.run(
-                None,
-                message_history=history(stored),
-                deps=turn_state,
-                run_id=run_id,
-                model=resolve_model(rt, agent),
-            )
-        except Exception as exc:
-            log.warning("turn %s of thread %s failed: %r", run_id, tid, exc)
-            # What its tools and hooks injected is kept; the model's partial answer is not.
-            await _store(rt, tid, turn.injected)
-            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            raise TurnFailed(
-                tid, run_id, f"Turn {run_id} of thread {tid} failed: {reason}"
-            ) from exc
-
-        new = result.new_messages()
+        failure: Exception | None = None
+        with capture_run_messages() as captured:
+            try:
+                result = await pydantic_agent.run(
+                    None,
+                    message_history=history(stored),
+                    deps=turn_state,
+                    run_id=run_id,
+                    model=resolve_model(rt, agent),
+                )
+            except Exception as exc:
+                failure = exc
+        if failure is None:
+            new = result.new_messages()
+        else:
+            log.warning("turn %s of thread %s failed: %r", run_id, tid, failure)
+            # Tool calls that completed are kept with their results, so the conversation
+            # shows what they did (an effect they scheduled is not undone); the step the
+            # model failed in is not. What tools and hooks injected is kept too.
+            new = completed_steps(captured, run_id)
         steps = sum(1 for m in new if isinstance(m, ModelResponse))
         end_state = plain.with_context(execution=Execution(run_id=run_id, step=steps))
         created: list[Message] = []
@@ -411,6 +512,10 @@ async def _run_turn(
     # Outside the slot: a hook here may inject (it then waits for the slot like any caller).
     for message in created:
         await _hooks.after_create_message(after, end_state, message)
+    if failure is not None:
+        reason = f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
+        why = f"Turn {run_id} of thread {tid} failed: {reason}"
+        raise TurnFailed(tid, run_id, why) from failure
     replies = [
         m for m in created if m.role is MessageRole.ASSISTANT and m.content and not m.injected
     ]

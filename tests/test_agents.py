@@ -153,6 +153,84 @@ async def test_files_starting_with_underscore_are_not_definitions(tmp_path: Path
         await rt.close()
 
 
+async def test_files_import_their_helper_files_relatively(tmp_path: Path) -> None:
+    import httpx
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+    from starlette.applications import Starlette
+
+    from runtime.endpoints import thread_endpoint_routes
+    from runtime.testing import override_model
+
+    app_dir = make_app(tmp_path / "app", {
+        "_shared.py": "APP_WIDE = 'app-wide'\n",
+        "effects/_h.py": "PREFIX = 'from effects/_h'\n",
+        "effects/e.py": (
+            "from runtime import define_effect\n"
+            "from ._h import PREFIX\n"
+            "from .._shared import APP_WIDE\n"
+            "async def run(state):\n"
+            "    await state.inject_message(f'{PREFIX} {APP_WIDE}')\n"
+            "effect = define_effect('Posts.', run)\n"
+        ),
+        "tools/_common.py": "ANSWER = 'tool helper'\n",
+        "tools/t.py": (
+            "from runtime import define_tool\n"
+            "from ._common import ANSWER\n"
+            "async def run(state):\n"
+            "    await state.schedule_effect('e')\n"
+            "    return ANSWER\n"
+            "tool = define_tool('Does a thing.', run)\n"
+        ),
+        "hooks/_texts.py": "GREETING = 'hook helper'\n",
+        "hooks/hello.py": (
+            "from runtime import define_hook\n"
+            "from ._texts import GREETING\n"
+            "async def run(state):\n"
+            "    await state.inject_message(GREETING)\n"
+            "hook = define_hook('after_thread_created', 'hello', run)\n"
+        ),
+        "agents/_prompts.py": "PROMPT = 'Be brief.'\n",
+        "agents/solo.py": (
+            "from runtime import define_agent\n"
+            "from ._prompts import PROMPT\n"
+            "agent = define_agent('solo', PROMPT, tools=['t'], hooks=['hello'])\n"
+        ),
+        "api/_util.py": "def label():\n    return 'api helper'\n",
+        "api/notes/_more.py": "NESTED = 'nested helper'\n",
+        "api/notes/[note_id].py": (
+            "from runtime import define_thread_endpoint\n"
+            "from .._util import label\n"
+            "from ._more import NESTED\n"
+            "async def run(request, state, params):\n"
+            "    return {'label': label(), 'nested': NESTED, 'id': params['note_id']}\n"
+            "endpoint = define_thread_endpoint(run)\n"
+        ),
+    })
+    calls = [
+        ModelResponse(parts=[ToolCallPart("t", {})]),
+        ModelResponse(parts=[TextPart("done")]),
+    ]
+    async with Runtime(app_dir=app_dir, data_dir=tmp_path / "data",
+                       load_packages=False) as rt:
+        thread = await rt.create_thread()
+        with override_model(rt, FunctionModel(lambda messages, info: calls.pop(0))):
+            result = await thread.send_message("go")
+        await rt.wait_idle()
+        contents = [m.content for m in (await thread.get_messages()).messages]
+        assert contents[0] == "hook helper"
+        assert result.messages[2].tool_results[0].content == "tool helper"
+        assert contents[-1] == "from effects/_h app-wide"
+
+        web = Starlette(routes=thread_endpoint_routes(app_dir))
+        web.state.runtime = rt
+        transport = httpx.ASGITransport(app=web)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            res = await client.get(f"/api/threads/{thread.thread_id}/notes/n1")
+        assert res.status_code == 200, res.text
+        assert res.json() == {"label": "api helper", "nested": "nested helper", "id": "n1"}
+
+
 def test_define_agent_and_define_tool_check_their_arguments() -> None:
     with pytest.raises(ValueError, match="name must match"):
         define_agent("Bad Name", "x")

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -82,7 +83,8 @@ async def test_unknown_thread_is_404_and_a_raising_handler_a_json_500(
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "thread_not_found"
     bad_id = await client.get("/api/threads/bad.id/status")
-    assert bad_id.status_code == 404
+    assert bad_id.status_code == 400
+    assert bad_id.json()["error"]["code"] == "invalid_thread_id"
 
     tid = (await rt.create_thread()).thread_id
     boom = await client.get(f"/api/threads/{tid}/boom")
@@ -180,6 +182,49 @@ async def test_messages_errors_over_http(served: tuple[httpx.AsyncClient, Runtim
         409, "no_agent")
 
 
+async def test_a_malformed_thread_id_is_400_on_every_thread_route(tmp_path: Path) -> None:
+    async with serve_api(tmp_path, app_dir=APP) as api:
+        bad = "/api/threads/bad%20id"
+        answers = [
+            await api.client.get(f"{bad}/messages"),
+            await api.client.post(f"{bad}/messages", json={"content": "hi"}),
+            await api.client.get(f"{bad}/messages/m1"),
+            await api.client.get(f"{bad}/status"),
+            await api.client.get(f"{bad}/notes/n1"),
+            await api.client.get(f"{bad}/effects"),
+            await api.client.post(f"{bad}/effects", json={"name": "note"}),
+            await api.client.get(f"{bad}/effects/r1"),
+            await api.client.delete(bad),
+        ]
+    for res in answers:
+        assert res.status_code == 400, (res.request.url, res.text)
+        error = res.json()["error"]
+        assert error["code"] == "invalid_thread_id"
+        assert "'bad id'" in error["message"] and "^[A-Za-z0-9_-]{1,64}$" in error["message"]
+
+
+async def test_message_text_that_is_not_unicode_is_400_and_stores_nothing(
+    served: tuple[httpx.AsyncClient, Runtime],
+) -> None:
+    client, rt = served
+    thread = await rt.create_thread()
+    url = f"/api/threads/{thread.thread_id}/messages"
+    res = await client.post(url, content=rb'{"content": "hi \ud800"}')
+    assert res.status_code == 400
+    error = res.json()["error"]
+    assert error["code"] == "invalid_json" and "lone surrogate \\ud800" in error["message"]
+    assert "content" in error["message"]
+    assert (await client.get(url)).json()["messages"] == []
+    # The runtime API refuses it too, before anything is stored.
+    from runtime import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="lone surrogate"):
+        await thread.send_message("hi \ud800")
+    with pytest.raises(InvalidArgument, match="lone surrogate"):
+        await thread.inject_message("\udfff")
+    assert (await thread.get_messages()).messages == []
+
+
 async def test_a_message_during_a_turn_gets_409(
     served: tuple[httpx.AsyncClient, Runtime],
 ) -> None:
@@ -215,6 +260,7 @@ async def test_a_message_during_a_turn_gets_409(
         ({"stream/index.py": 1}, "stream/index.py", "collides with the built-in route"),
         ({"index.py": 1}, "index.py", "routes to /api/threads/{tid} itself"),
         ({"[a].py": 1, "[b].py": 1}, "[b].py", "collides with"),
+        ({"q/[*].py": 1, "q/[*].get.py": 1}, "q/[*].py", "collides with"),
         ({"x.py": 1, "x.get.py": 1}, "x.py", "collides with"),
         ({"report.fetch.py": 1}, "report.fetch.py", "unknown method suffix 'fetch'"),
         ({"[*]/x.py": 1}, "[*]/x.py", "must be last"),
@@ -238,6 +284,35 @@ def test_bad_endpoint_files_stop_startup_naming_the_file(
         thread_endpoint_routes(tmp_path)
     assert str(tmp_path / "api" / bad) in str(caught.value)
     assert message in str(caught.value)
+
+
+async def test_static_beats_a_param_which_beats_the_rest_at_one_level(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    def write() -> None:
+        labels = {"q/static.py": "static", "q/[a].py": "param", "q/[*].py": "rest"}
+        for rel, label in labels.items():
+            path = tmp_path / "app" / "api" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(
+                "from runtime import define_thread_endpoint\n"
+                f"async def run(request, state, params):\n"
+                f"    return {{'route': {label!r}, 'params': params}}\n"
+                "endpoint = define_thread_endpoint(run)\n"
+            )
+
+    await anyio.to_thread.run_sync(write)
+    async with serve(tmp_path, clock, app_dir=tmp_path / "app") as (client, rt):
+        tid = (await rt.create_thread()).thread_id
+        got = {
+            path: (await client.get(f"/api/threads/{tid}/q/{path}")).json()
+            for path in ("static", "x", "x/y/z")
+        }
+    assert got == {
+        "static": {"route": "static", "params": {}},
+        "x": {"route": "param", "params": {"a": "x"}},
+        "x/y/z": {"route": "rest", "params": {"*": "x/y/z"}},
+    }
 
 
 def test_routes_are_ordered_most_specific_first() -> None:

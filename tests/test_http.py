@@ -5,15 +5,22 @@ Every error path answers ``{"error": {"code", "message"}}`` with the documented 
 
 from __future__ import annotations
 
+import asyncio
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 import httpx
 import pytest
-from conftest import DEMO_APP, SERVER_APP, Api, release, serve_api
+import uvicorn
+from conftest import DEMO_APP, SERVER_APP, Api, make_app, release, serve_api
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
+from runtime import Runtime
 from runtime.http import DEFAULT_WEB_DIR
 from runtime.testing import FakeClock
 
@@ -109,6 +116,63 @@ async def test_thread_creation_errors(api: Api) -> None:
     # Nothing was created by the refused requests.
     threads = (await api.client.get("/api/threads")).json()["threads"]
     assert [t["id"] for t in threads] == ["taken"]
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (rb'{"tags": ["\udfff"]}', "tags[0]"),
+        (rb'{"user_id": "\ud800"}', "user_id"),
+        (rb'{"agent_id": "ok", "tags": ["a", "b\udc00c"]}', "tags[1]"),
+        (rb'{"\ud800": 1}', "a key"),
+    ],
+)
+async def test_lone_surrogates_are_refused_and_nothing_is_created(
+    api: Api, body: bytes, where: str
+) -> None:
+    message = error_of(await api.client.post("/api/threads", content=body), 400, "invalid_json")
+    assert where in message and "lone surrogate" in message
+    res = await api.client.get("/api/threads")
+    assert res.status_code == 200 and res.json()["threads"] == []
+    files = await anyio.to_thread.run_sync(lambda: list((api.rt.threads_dir).iterdir()))
+    assert files == []
+
+
+async def test_thread_fields_over_their_limits_are_400(api: Api) -> None:
+    message = error_of(
+        await api.client.post("/api/threads", json={"user_id": "u" * 257}),
+        400, "invalid_argument",
+    )
+    assert "user_id" in message and "256" in message
+    message = error_of(
+        await api.client.post("/api/threads", json={"tags": [f"t{i}" for i in range(33)]}),
+        400, "invalid_argument",
+    )
+    assert "32 tags" in message
+    message = error_of(
+        await api.client.post("/api/threads", json={"tags": ["ok", "x" * 65]}),
+        400, "invalid_argument",
+    )
+    assert "tags[1]" in message and "64" in message
+    assert (await api.client.get("/api/threads")).json()["threads"] == []
+    # At the limits it works.
+    await api.new_thread(user_id="u" * 256, tags=["x" * 64] * 32)
+
+
+async def test_threads_stored_with_a_lone_surrogate_tag_still_list(api: Api) -> None:
+    # Before tags were checked, such a row could be stored; the list must still answer.
+    tid = await api.new_thread(tags=["fine"])
+
+    def corrupt() -> None:
+        import sqlite3
+
+        with sqlite3.connect(api.rt.settings.data_dir / "runtime.sqlite") as db:
+            db.execute("UPDATE threads SET tags = ? WHERE id = ?", ('["a\\udfff"]', tid))
+
+    await anyio.to_thread.run_sync(corrupt)
+    res = await api.client.get("/api/threads")
+    assert res.status_code == 200, res.text
+    assert res.json()["threads"][0]["tags"] == ["a\ufffd"]
 
 
 @pytest.mark.parametrize(
@@ -548,3 +612,65 @@ async def test_the_pane_is_served(tmp_path: Path) -> None:
             assert res.status_code == 200, name
         assert "javascript" in (await api.client.get("/web/app.js")).headers["content-type"]
         error_of(await api.client.get("/web/missing.js"), 404, "not_found")
+
+
+async def test_a_host_route_mounted_with_extra_routes_schedules_effects(tmp_path: Path) -> None:
+    async def payment_webhook(request: Request) -> JSONResponse:
+        rt: Runtime = request.app.state.runtime
+        event = await request.json()
+        thread = await rt.get_thread(event["thread_id"])
+        run_id = await thread.schedule_effect("note", {"text": "paid"}, delay=60)
+        return JSONResponse({"scheduled": run_id})
+
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(),
+        extra_routes=[Route("/webhooks/payment", payment_webhook, methods=["POST"])],
+    ) as api:
+        tid = await api.new_thread()
+        res = await api.client.post("/webhooks/payment", json={"thread_id": tid})
+        assert res.status_code == 200, res.text
+        run = await api.run(tid, res.json()["scheduled"])
+        assert run["name"] == "note" and run["status"] == "pending"
+        # Runtime errors raised in a host route answer as the API's own do.
+        error_of(await api.client.post("/webhooks/payment", json={"thread_id": "nope"}),
+                 404, "thread_not_found")
+
+
+async def test_a_request_cut_off_by_shutdown_gets_a_json_503(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entered = asyncio.Event()
+
+    async def forever(request: Request) -> Response:
+        entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    app = await anyio.to_thread.run_sync(
+        lambda: make_app(tmp_path / "data", extra_routes=[Route("/slow", forever)])
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(
+        app, lifespan="on", log_config=None, log_level="warning",
+        timeout_graceful_shutdown=0.2,
+    ))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            assert not task.done(), task.exception()
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            request = asyncio.create_task(client.get("/slow"))
+            await entered.wait()
+            server.should_exit = True  # what SIGTERM does
+            res = await request
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    message = error_of(res, 503, "shutting_down")
+    assert "GET /slow was interrupted" in message
+    assert res.headers["retry-after"] == "5"
+    assert not any("Exception in ASGI application" in r.getMessage() for r in caplog.records)

@@ -371,8 +371,14 @@ async def test_inside_a_package_a_short_name_never_reaches_the_apps_effect(
 async def test_with_load_packages_off_no_package_effect_exists(tmp_path: Path) -> None:
     async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
         thread = await rt.create_thread()
-        with pytest.raises(EffectNotFound, match="no package 'te_demo' is installed"):
+        with pytest.raises(EffectNotFound) as info:
             await thread.schedule_effect("te_demo/ping", {"text": "x"})
+        assert str(info.value) == (
+            "Effect not found: te_demo/ping (package 'te_demo' cannot be used: packages are "
+            "not loaded (load_packages=False))"
+        )
+        with pytest.raises(EffectNotFound, match=r"'te_demo', but packages are not loaded"):
+            await thread.for_package("te_demo").schedule_effect("ping", {"text": "x"})
 
 
 # --------------------------------------------------------------- startup errors

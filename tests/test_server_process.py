@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_packages import demo_dist  # noqa: F401  (fixture: te-demo-pkg, pip-installed)
 
 pytestmark = pytest.mark.slow
 
@@ -203,3 +204,34 @@ def test_an_exposed_address_without_a_token_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "without an API token" in done.stderr and "THREAD_EFFECTS_API_TOKEN" in done.stderr
     assert not (tmp_path / "runtime.sqlite").exists()
+
+
+def test_no_packages_and_its_variable_switch_package_effects_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        import server
+    finally:
+        sys.path.remove(str(ROOT))
+    monkeypatch.delenv("THREAD_EFFECTS_LOAD_PACKAGES", raising=False)
+    assert server.parse_args([]).load_packages is True
+    assert server.parse_args(["--no-packages"]).load_packages is False
+    monkeypatch.setenv("THREAD_EFFECTS_LOAD_PACKAGES", "0")
+    assert server.parse_args([]).load_packages is False
+    monkeypatch.setenv("THREAD_EFFECTS_LOAD_PACKAGES", "maybe")
+    with pytest.raises(SystemExit, match="THREAD_EFFECTS_LOAD_PACKAGES='maybe' is not a yes/no"):
+        server.parse_args([])
+
+
+@pytest.mark.usefixtures("demo_dist")
+def test_a_server_with_no_packages_lists_no_package_effects(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    def names(server: ServerProcess) -> set[str]:
+        return {e["name"] for e in httpx.get(f"{server.url}/api/effects").json()["effects"]}
+
+    with_packages = servers()
+    assert any(n.startswith("te_demo/") for n in names(with_packages))
+    with_packages.signal(signal.SIGTERM)
+    assert not any("/" in n for n in names(servers("--no-packages")))

@@ -15,6 +15,7 @@ import pytest
 from runtime import (
     EffectNotFound,
     EffectStatus,
+    InvalidArgument,
     InvalidDelay,
     InvalidEffectArgs,
     InvalidThreadId,
@@ -257,8 +258,68 @@ async def test_bad_input_is_refused_and_stores_nothing(rt: Runtime) -> None:
     with pytest.raises(ValueError):  # InvalidDelay is a ValueError too
         await thread.schedule_effect("record", {"key": "k"}, delay=timedelta(seconds=-1))
 
+    with pytest.raises(InvalidEffectArgs, match=r"not valid Unicode text: the string at key"):
+        await thread.schedule_effect("record", {"key": "a\udfff"})
+
     assert (await thread.list_runs()).runs == []
     assert not (rt.settings.data_dir / "record.jsonl").exists()
+    # A surrogate pair is fine (json.dumps escapes emoji as one).
+    await thread.schedule_effect("record", {"key": "\U0001f600"}, delay=3600)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"user_id": "\ud800"}, r"user_id is not valid Unicode text: .*lone surrogate \\ud800"),
+        ({"agent_id": "a\udfff"}, r"agent_id is not valid Unicode"),
+        ({"tags": ["ok", "\udfff"]}, r"tags\[1\] is not valid Unicode"),
+        ({"user_id": "u" * 257}, r"user_id is 257 characters; the limit is 256"),
+        ({"agent_id": "a" * 257}, r"agent_id is 257 characters; the limit is 256"),
+        ({"tags": ["t"] * 33}, r"at most 32 tags, got 33"),
+        ({"tags": ["x" * 65]}, r"tags\[0\] is 65 characters; the limit is 64"),
+        ({"tags": "abc"}, r"tags must be a list of strings"),
+        ({"tags": [1]}, r"tags\[0\] must be a string, got int"),
+        ({"user_id": 7}, r"user_id must be a string, got int"),
+    ],
+)
+async def test_create_thread_refuses_bad_text_before_writing_anything(
+    rt: Runtime, kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        await rt.create_thread("t1", **kwargs)  # type: ignore[arg-type]
+    assert (await rt.list_threads()).threads == []
+    assert list(rt.threads_dir.iterdir()) == []
+    with pytest.raises(ThreadNotFound):
+        await rt.get_thread("t1")
+    # The id is still free.
+    await rt.create_thread("t1", user_id="u" * 256, tags=["x" * 64] * 32)
+
+
+async def test_for_package_refuses_an_invalid_package_id_at_once(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    for bad in ("Bad Id!", "", "9lives", "a/b", "ok\n"):
+        with pytest.raises(InvalidArgument, match=r"Invalid packageId .*\^\[a-z\]\[a-z0-9_-\]\*\$"):
+            thread.for_package(bad)
+    assert thread.for_package("acme_billing-2").package_id == "acme_billing-2"
+    assert thread.for_package(None).package_id is None
+
+
+async def test_create_thread_leaves_no_file_when_the_registry_write_fails(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert rt._rtdb is not None
+
+    def fail(info: object) -> bool:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(rt._rtdb, "add_thread", fail)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        await rt.create_thread("t1")
+    assert list(rt.threads_dir.iterdir()) == []
+    monkeypatch.undo()
+    assert (await rt.list_threads()).threads == []
+    await rt.create_thread("t1")
+    assert [p.name for p in rt.threads_dir.iterdir() if p.suffix == ".sqlite"] == ["t1.sqlite"]
 
 
 async def test_bad_thread_ids_and_unknown_threads(rt: Runtime, tmp_path: Path) -> None:

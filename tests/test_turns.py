@@ -28,6 +28,7 @@ from runtime import (
     Execution,
     MessageNotFound,
     MessageRole,
+    ModelNotAvailable,
     Runtime,
     ThreadState,
     TurnFailed,
@@ -218,6 +219,72 @@ async def test_a_raising_tool_is_a_tool_error_the_model_sees(rt: Runtime) -> Non
     assert await thread.get_scheduled_effects() == []
 
 
+async def test_a_tool_result_that_is_not_json_is_a_tool_error_the_model_sees(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    files = {
+        "tools/odd.py": (
+            "from runtime import define_tool\n"
+            "async def run(state):\n    return object()\n"
+            "tool = define_tool('Returns something odd.', run)\n"
+        ),
+        "tools/fine.py": (
+            "from runtime import define_tool\n"
+            "async def run(state):\n    return {'ok': True}\n"
+            "tool = define_tool('Returns JSON.', run)\n"
+        ),
+        "hooks/on_success.py": (
+            "from runtime import define_hook\n"
+            "SEEN = []\n"
+            "async def run(state, call, result):\n"
+            "    SEEN.append(call.name)\n"
+            "    return object() if call.name == 'fine' else None\n"
+            "hook = define_hook('after_tool_call_success', 'on_success', run)\n"
+        ),
+        "hooks/on_failure.py": (
+            "from runtime import define_hook\n"
+            "SEEN = []\n"
+            "async def run(state, call, error):\n    SEEN.append((call.name, error))\n"
+            "hook = define_hook('after_tool_call_failure', 'on_failure', run)\n"
+        ),
+        "agents/a.py": (
+            "from runtime import define_agent\n"
+            "agent = define_agent('a', 'x', tools=['odd', 'fine'],\n"
+            "                     hooks=['on_success', 'on_failure'])\n"
+        ),
+    }
+
+    def write() -> None:
+        for rel, content in files.items():
+            (tmp_path / "app" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "app" / rel).write_text(content)
+
+    await anyio.to_thread.run_sync(write)
+    async with Runtime(app_dir=tmp_path / "app", data_dir=tmp_path / "data", clock=clock,
+                       load_packages=False) as rt:
+        thread = await rt.create_thread()
+        script = Script(call("odd", {}), call("fine", {}, "call-2"), text("recovered"))
+        with override_model(rt, script.model):
+            result = await thread.send_message("call the odd tool")
+
+        assert result.reply is not None and result.reply.content == "recovered"
+        odd, fine = [r for m in result.messages for r in m.tool_results]
+        assert odd.is_error and odd.tool_name == "odd"
+        assert odd.content.startswith(
+            "Tool odd returned a value of type object that cannot be sent to the model"
+        )
+        (seen_return,) = [p for p in script.seen[1][-1].parts if isinstance(p, ToolReturnPart)]
+        assert seen_return.outcome == "failed" and "Tool odd returned" in str(seen_return.content)
+        # Success hooks never saw the odd result; failure hooks did.
+        assert module_list(rt, "hook", "on_success") == ["fine"]
+        assert [(n, e[:16]) for n, e in module_list(rt, "hook", "on_failure")] == [
+            ("odd", "Tool odd returne")
+        ]
+        # A success hook's replacement that is not JSON is ignored: the result stays.
+        assert not fine.is_error and json.loads(fine.content) == {"ok": True}
+        assert len((await thread.get_messages()).messages) == 6
+
+
 async def test_execution_is_set_in_tools_and_hooks_and_none_in_effects(
     rt: Runtime, clock: FakeClock
 ) -> None:
@@ -258,6 +325,60 @@ async def test_a_failing_model_keeps_the_user_message_and_frees_the_thread(rt: R
         result = await thread.send_message("hello again")
     assert result.reply is not None and result.reply.content == "back"
     assert user_texts(script.seen[0]) == ["hello?", "hello again"]
+
+
+async def test_a_turn_failing_after_a_tool_keeps_the_tool_step_and_its_effect(
+    rt: Runtime, clock: FakeClock
+) -> None:
+    thread = await rt.create_thread()
+
+    def model_down(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise ConnectionError("model unreachable")
+
+    script = Script(
+        call("schedule_note", {"text": "stretch", "delay_seconds": 10}, "c-1"), model_down
+    )
+    with override_model(rt, script.model), pytest.raises(TurnFailed, match="unreachable"):
+        await thread.send_message("note stretch in 10 s")
+
+    # The conversation explains the scheduled effect: the call and its result are stored.
+    stored = (await thread.get_messages()).messages
+    assert [m.role for m in stored] == [MessageRole.USER, MessageRole.ASSISTANT, MessageRole.TOOL]
+    assert stored[1].tool_calls[0].name == "schedule_note"
+    (pending,) = await thread.get_scheduled_effects()
+    assert json.loads(stored[2].tool_results[0].content) == {"run_id": pending.id}
+    assert len({m.run_id for m in stored}) == 1
+
+    # The effect is not rolled back: it runs when due.
+    clock.advance(10)
+    await rt.wait_idle()
+    assert (await thread.get_messages()).messages[-1].content == "note: stretch"
+
+    # The stored history is valid for the next turn, which sees the earlier tool step.
+    again = Script(text("sorry about that"))
+    with override_model(rt, again.model):
+        result = await thread.send_message("still there?")
+    assert result.reply is not None and result.reply.content == "sorry about that"
+    seen_returns = [p for m in again.seen[0] if isinstance(m, ModelRequest) for p in m.parts
+                    if isinstance(p, ToolReturnPart)]
+    assert [r.tool_call_id for r in seen_returns] == ["c-1"]
+
+
+def test_a_step_whose_tool_calls_did_not_all_return_is_not_kept() -> None:
+    from runtime.turns import completed_steps
+
+    user = ModelRequest(parts=[UserPromptPart("hi")], run_id="r")
+    first = ModelResponse(parts=[ToolCallPart("a", {}, tool_call_id="1")], run_id="r")
+    first_done = ModelRequest(parts=[ToolReturnPart("a", "ok", tool_call_id="1")], run_id="r")
+    second = ModelResponse(
+        parts=[ToolCallPart("a", {}, tool_call_id="2"), ToolCallPart("b", {}, tool_call_id="3")],
+        run_id="r",
+    )
+    half = ModelRequest(parts=[ToolReturnPart("a", "ok", tool_call_id="2")], run_id="r")
+    older = ModelRequest(parts=[UserPromptPart("before")], run_id="old")
+    captured: list[ModelMessage] = [older, user, first, first_done, second, half]
+    assert completed_steps(captured, "r") == [first, first_done]
+    assert completed_steps([older, user], "r") == []
 
 
 async def test_messages_page_oldest_first_and_single_lookup(rt: Runtime) -> None:
@@ -377,12 +498,45 @@ async def test_the_model_setting_is_used_when_set(tmp_path: Path, clock: FakeClo
     assert result.reply is not None and "echo" in result.reply.content
 
 
+async def test_a_model_that_cannot_be_used_stops_startup(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotAvailable) as caught:
+        async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False,
+                           model="nonsense-model"):
+            pass
+    message = str(caught.value)
+    assert "Model 'nonsense-model' of the model setting" in message
+    assert "THREAD_EFFECTS_MODEL" in message and "Unknown model: nonsense-model" in message
+
+    agent_file = tmp_path / "app" / "agents" / "remote.py"
+
+    def write() -> None:
+        agent_file.parent.mkdir(parents=True)
+        agent_file.write_text(
+            "from runtime import define_agent\n"
+            "agent = define_agent('remote', 'x', model='nosuchprovider:big')\n"
+        )
+
+    await anyio.to_thread.run_sync(write)
+    with pytest.raises(ModelNotAvailable, match=r"Model 'nosuchprovider:big' of agent 'remote'"):
+        async with Runtime(app_dir=tmp_path / "app", data_dir=tmp_path, load_packages=False):
+            pass
+    # The data directory was released; a resolvable model starts and is used by turns.
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False, model="test") as rt:
+        assert set(rt.turns.models) == {"test"}
+
+
 def test_the_demo_model_reads_reminders() -> None:
     assert parse_reminder("remind me in 10 seconds to stretch") == ("stretch", 10.0)
     assert parse_reminder("Please remind me in 2 minutes to drink water!") == ("drink water", 120.0)
     assert parse_reminder("remind me to call mom in 1 hour") == ("call mom", 3600.0)
     assert parse_reminder("remind me in 1.5 s: breathe") == ("breathe", 1.5)
     assert parse_reminder("what's the weather?") is None
+    assert parse_reminder("remind me in 2 days to water the plants") == (
+        "water the plants", 172_800.0)
+    assert parse_reminder("remind me to stretch in 3 hours") == ("stretch", 10_800.0)
+    # Nothing to be reminded of: no reminder (the demo then answers with its help text).
+    for empty in ("remind me in 10 seconds to ", "remind me in 10 seconds to", "remind me in 5 s:"):
+        assert parse_reminder(empty) is None, empty
     assert demo_model().model_name.endswith("thread-effects-demo")
 
 
@@ -412,3 +566,12 @@ async def test_the_demo_reminds_offline_end_to_end(tmp_path: Path, clock: FakeCl
 
         help_reply = await thread.send_message("hello")
         assert help_reply.reply is not None and "remind me in" in help_reply.reply.content
+
+        no_text = await thread.send_message("remind me in 10 seconds to ")
+        assert no_text.reply is not None and "remind me in" in no_text.reply.content
+        days = await thread.send_message("remind me in 2 days to water the plants")
+        assert days.reply is not None
+        assert days.reply.content == "OK, I'll remind you to water the plants in 2 days."
+        assert [r.run_at_ts - clock.now() for r in await thread.get_scheduled_effects()] == [
+            172_800.0
+        ]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
 from runtime.errors import ThreadStorageError
@@ -578,7 +579,9 @@ class SQLiteRuntimeStore(RuntimeStore):
     def _info(row: Sequence[Any]) -> ThreadInfo:
         return ThreadInfo(
             id=row[0], created_at_ts=row[1], agent_id=row[2], user_id=row[3],
-            tags=tuple(json.loads(row[4])),
+            # Tags were once stored unchecked; a lone surrogate would make every thread
+            # list unanswerable, so an old row's is shown as U+FFFD.
+            tags=tuple(replace_lone_surrogates(t) for t in json.loads(row[4])),
         )
 
     def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
