@@ -10,7 +10,7 @@ SQLite file per thread and the same ``synchronous`` setting for the runtime and 
 baselines. Each raw baseline runs right before the runtime figure it is compared with, so
 that load from other processes hits both alike. The runtime phases of the workload run
 each in a fresh interpreter (``--child``), so that their RSS and stalls are their own.
-bench/README.md says what each figure means; the targets come from DESIGN.md
+bench/README.md says what each figure means; the targets come from docs/design.md
 ("Performance targets").
 """
 

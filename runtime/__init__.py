@@ -3,7 +3,7 @@
 Every conversation thread owns its SQLite database and schedules effects — named
 functions that run later, outside the model's turn.
 
-The public API is re-exported here; see DESIGN.md and the README.
+The public API is re-exported here; see docs/design.md and the README.
 """
 
 from runtime.agents import AgentDefinition, define_agent
@@ -33,6 +33,7 @@ from runtime.errors import (
     RunNotFound,
     RunStateError,
     RuntimeClosed,
+    RuntimeStorageError,
     SubscriptionOverflow,
     ThreadExists,
     ThreadNotFound,
@@ -89,6 +90,7 @@ __all__ = [
     "RunStateError",
     "Runtime",
     "RuntimeClosed",
+    "RuntimeStorageError",
     "Settings",
     "Subscription",
     "SubscriptionOverflow",

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from runtime.thread import ThreadState
 
-AGENT_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+AGENT_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}\Z")
 """Agent names (and so agent file names): lower case, digits, ``_`` and ``-``."""
 
 Instructions = str | Callable[["ThreadState"], str | Awaitable[str]]

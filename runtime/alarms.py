@@ -3,7 +3,7 @@
 The durable alarm is a row in the runtime database (see `runtime.storage.models.AlarmRow`);
 this module holds only the in-process timer, a cache rebuilt from those rows at startup.
 The timer is APScheduler 3's ``AsyncIOScheduler`` with its memory job store, one job per
-thread id (DESIGN.md, "Decisions": its SQLAlchemy store can lose alarms, the memory store
+thread id (docs/design.md, "Decisions": its SQLAlchemy store can lose alarms, the memory store
 is fast: ≈30k adds/s). A due or overdue alarm fires on the next loop iteration without
 going through the scheduler at all.
 """
@@ -19,6 +19,8 @@ from typing import Protocol
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
+
+_LATEST_ALARM = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
 
 AlarmCallback = Callable[[str], None]
 """Called on the event loop with the thread id whose alarm went off."""
@@ -79,6 +81,9 @@ class SchedulerTimer:
             assert self._loop is not None, "timer not started"
             self._loop.call_soon(self._callback, thread_id)
             return
+        # Far-future alarms (rows written before delays were capped) fire at the latest
+        # instant a datetime can hold rather than failing to arm.
+        due_at = min(due_at, _LATEST_ALARM)
         self._scheduler.add_job(
             self._fire,
             DateTrigger(run_date=datetime.fromtimestamp(due_at, UTC), timezone=UTC),

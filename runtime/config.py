@@ -1,4 +1,4 @@
-"""Runtime settings, with their units and defaults (DESIGN.md, "Decisions" and "Retention")."""
+"""Runtime settings, with their units and defaults (docs/design.md, "Decisions" and "Retention")."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_ATTEMPTS = 3
-"""A run interrupted by a restart is re-queued; the third interruption fails it (DESIGN.md)."""
+"""A run interrupted by a restart is re-queued; the third interruption fails it (docs/design.md)."""
 
 DAY_SECONDS = 86_400.0
 
 
 class RetentionPolicy(BaseModel):
-    """How long finished runs are kept (DESIGN.md, "Retention").
+    """How long finished runs are kept (docs/design.md, "Retention").
 
     Attributes:
         completed_seconds: Completed and canceled runs are kept this long after they

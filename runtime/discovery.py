@@ -1,6 +1,6 @@
 """Finding effects: ``agents/effects/*.py`` by file name, package effects by entry point.
 
-Rules (DESIGN.md, "Defining" and "Package effects"):
+Rules (docs/design.md, "Defining" and "Package effects"):
 - Each ``*.py`` file directly inside ``<app_dir>/effects/`` defines exactly one effect, whose
   name is the file name without ``.py``; names are snake_case (``^[a-z][a-z0-9_]*$``).
 - Files starting with ``_`` (``__init__.py``, private helpers) are not effects. Effect files
@@ -38,7 +38,7 @@ from runtime.errors import EffectDefinitionError, EffectNotFound
 PACKAGES_GROUP = "thread_effects.packages"
 """The entry point group through which installed distributions publish effects."""
 
-PACKAGE_ID_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
+PACKAGE_ID_RE = re.compile(r"^[a-z][a-z0-9_-]*\Z")
 """A ``packageId`` (an entry point name): lowercase letters, digits, ``_`` and ``-``."""
 
 

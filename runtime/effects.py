@@ -22,7 +22,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from runtime.thread import ThreadState
 
-EFFECT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+EFFECT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
 """Effect names (and so effect file names) are snake_case."""
 
 EffectFn = Callable[..., Awaitable[None] | None]
@@ -71,7 +71,10 @@ class EffectDefinition:
     @property
     def is_async(self) -> bool:
         """Whether ``fn`` is a coroutine function (else it runs in a worker thread)."""
-        return inspect.iscoroutinefunction(self.fn)
+        fn = self.fn
+        return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - an object with `async def __call__`
+        )
 
     @property
     def qualified_name(self) -> str:
@@ -146,6 +149,7 @@ def define_effect(
             )
     if not callable(fn):
         raise TypeError(f"define_effect: fn must be callable, got {fn!r}")
+    _check_arity(fn, 2 if schema is not None else 1)
     if timeout_seconds is not None and (
         not isinstance(timeout_seconds, int | float)
         or not math.isfinite(timeout_seconds)
@@ -161,6 +165,23 @@ def define_effect(
         fn=fn,
         timeout_seconds=float(timeout_seconds) if timeout_seconds is not None else None,
     )
+
+
+def _check_arity(fn: Callable[..., Any], count: int) -> None:
+    """Fail at definition, not at the first run, when ``fn`` cannot take its arguments."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return
+    try:
+        signature.bind(*([None] * count))
+    except TypeError:
+        wanted = "(state, args)" if count == 2 else "(state)"
+        raise TypeError(
+            f"define_effect: {getattr(fn, '__name__', fn)!s}{signature} cannot be called as "
+            f"fn{wanted}; an effect {'with' if count == 2 else 'without'} a schema takes "
+            f"{count} positional argument{'s' if count == 2 else ''}"
+        ) from None
 
 
 def _iso(ts: float | None) -> str | None:

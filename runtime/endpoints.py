@@ -80,8 +80,8 @@ METHODS = ("get", "post", "put", "patch", "delete")
 MAX_MESSAGE_BODY_BYTES = 1 << 20
 """Largest ``POST .../messages`` body (1 MiB)."""
 
-_STATIC_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-_PARAM_RE = re.compile(r"^\[([A-Za-z_][A-Za-z0-9_]*)\]$")
+_STATIC_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")
+_PARAM_RE = re.compile(r"^\[([A-Za-z_][A-Za-z0-9_]*)\]\Z")
 _REST = "[*]"
 _REST_PARAM = "_rest"
 _RESERVED_PARAMS = frozenset({"tid", _REST_PARAM})

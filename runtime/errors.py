@@ -34,6 +34,12 @@ still catch them.
 from __future__ import annotations
 
 
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about user input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
 class EffectsError(Exception):
     """Base class of every error the runtime raises on purpose."""
 
@@ -79,7 +85,7 @@ class ThreadNotFound(EffectsError, LookupError):
 
     def __init__(self, thread_id: str) -> None:
         self.thread_id = thread_id
-        super().__init__(f"Thread not found: {thread_id}")
+        super().__init__(f"Thread not found: {thread_id[:80]}")
 
 
 class ThreadStorageError(EffectsError):
@@ -99,7 +105,8 @@ class RunNotFound(EffectsError, LookupError):
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
-        super().__init__(f"Run not found: {run_id} in thread {thread_id}")
+        shown = run_id if len(run_id) <= 80 else f"{run_id[:79]}…"
+        super().__init__(f"Run not found: {shown} in thread {thread_id}")
 
 
 class RunStateError(EffectsError):

@@ -1,4 +1,4 @@
-"""Change events per thread and their subscribers (DESIGN.md, "Frames").
+"""Change events per thread and their subscribers (docs/design.md, "Frames").
 
 A thread has two kinds of event, numbered on one sequence (``seq``) so a subscriber that
 sees a gap knows it missed something of either kind:
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import TypeAlias, TypeVar
 
 from runtime.effects import EffectChanged, EffectRun, RunChange
@@ -115,10 +116,14 @@ class ChangeHub:
                 del self._subs[sub.thread_id]
 
     def publish(self, change: RunChange, run: EffectRun) -> EffectChanged:
-        """Number a run's change and hand it to every subscriber of its thread, without waiting."""
+        """Number a run's change and hand it to every subscriber of its thread, without waiting.
+
+        The event's run carries no args (``args`` is None): changes never expose them.
+        """
+        bare = replace(run, args=None)
         return self._deliver(
             run.thread_id,
-            lambda seq: EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=run),
+            lambda seq: EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=bare),
         )
 
     def publish_message(self, message: Message) -> MessageCreated:

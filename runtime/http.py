@@ -11,12 +11,15 @@ Guards, in this order, on every request:
    a server on 127.0.0.1 as if it were its own origin.
 2. *Origin*: a browser request that changes something (POST, DELETE, …) or opens the
    WebSocket must come from the server's own origin. Other clients send no ``Origin``.
-3. *Token* (when ``api_token`` is set): every ``/api/...`` call and the WebSocket need it;
-   the pane's static files (``/``, ``/web/...``) do not (they hold no data).
+3. *Token* (when ``api_token`` is set): every ``/api/...`` path (the WebSocket too) and
+   every other route (``extra_routes``, such as a webhook) need it; the pane's static files
+   (``/``, ``/web/...``) do not (they hold no data), and a path outside ``/api/`` that no
+   route serves is answered a JSON 404 without it.
 
 Errors are JSON ``{"error": {"code": "<snake_case>", "message": "..."}}``; the WebSocket is
 refused by closing it with a 44xx code after accepting (browsers cannot see an HTTP status
-of a refused handshake): 4401 token, 4403 origin or host, 4404 unknown thread.
+of a refused handshake): 4400 malformed thread id, 4401 token, 4403 origin or host, 4404
+unknown thread.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
@@ -86,11 +89,15 @@ DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 """Host names a loopback-only server answers to (see the *Host* guard above)."""
 
+CLOSE_INVALID_THREAD_ID = 4400
 CLOSE_POLICY = 4403
 CLOSE_TOKEN = 4401
 CLOSE_UNKNOWN_THREAD = 4404
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_SERVICE_RESTART = 1012
+
+WS_CLOSE_REASON_BYTES = 123
+"""Longest close reason a WebSocket close frame can carry, in bytes of UTF-8."""
 
 WS_CLOSE_TIMEOUT_SECONDS = 10.0
 """How long the stream waits to get its close frame (or last frames) out to a client."""
@@ -178,6 +185,29 @@ def _is_public_path(path: str) -> bool:
     return path == "/" or path.startswith("/web/")
 
 
+def _is_unrouted(scope: Scope) -> bool:
+    """Whether ``scope`` is for a path outside ``/api/`` that no route of the app serves.
+
+    Such a path is answered 404 without the token (it holds nothing to protect); every
+    ``/api/...`` path, served or not, and every route mounted elsewhere still need it.
+    """
+    path: str = scope["path"]
+    if path == "/api" or path.startswith("/api/"):
+        return False
+    routes = getattr(getattr(scope.get("app"), "router", None), "routes", None)
+    if routes is None:
+        return False  # cannot tell: keep the token check
+    return all(route.matches(scope)[0] is Match.NONE for route in routes)
+
+
+def _close_reason(text: str) -> str:
+    """``text`` cut to fit a WebSocket close frame (at most 123 bytes of UTF-8)."""
+    data = text.encode()
+    if len(data) <= WS_CLOSE_REASON_BYTES:
+        return text
+    return data[: WS_CLOSE_REASON_BYTES - 3].decode(errors="ignore") + "…"
+
+
 class _Refusal(Exception):
     def __init__(self, status: int, code: str, message: str, ws_code: int) -> None:
         self.status = status
@@ -222,7 +252,7 @@ class GuardMiddleware:
             else:
                 websocket = WebSocket(scope, receive, send)
                 await websocket.accept()
-                await websocket.close(refusal.ws_code, refusal.message[:120])
+                await websocket.close(refusal.ws_code, _close_reason(refusal.message))
             return
         await self.app(scope, receive, send)
 
@@ -244,7 +274,7 @@ class GuardMiddleware:
                     f"Cross-origin request from {origin} refused",
                     CLOSE_POLICY,
                 )
-        if self._token is None or _is_public_path(scope["path"]):
+        if self._token is None or _is_public_path(scope["path"]) or _is_unrouted(scope):
             return
         if is_ws:
             given = QueryParams(scope.get("query_string", b"")).get("token")
@@ -708,7 +738,7 @@ class FrameStream:
         # the timeout (the server then closes the connection without it).
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
             async with asyncio.timeout(self.close_timeout_seconds):
-                await self.websocket.close(code, reason[:120])
+                await self.websocket.close(code, _close_reason(reason))
 
 
 def _frame_text(event: ThreadEvent) -> str:
@@ -720,9 +750,13 @@ async def _stream(websocket: WebSocket) -> None:
     tid = websocket.path_params["tid"]
     try:
         state = await rt.get_thread(tid)
-    except (ThreadNotFound, InvalidThreadId):
+    except InvalidThreadId as exc:
         await websocket.accept()
-        await websocket.close(CLOSE_UNKNOWN_THREAD, f"Thread not found: {tid}"[:120])
+        await websocket.close(CLOSE_INVALID_THREAD_ID, _close_reason(str(exc)))
+        return
+    except ThreadNotFound:
+        await websocket.accept()
+        await websocket.close(CLOSE_UNKNOWN_THREAD, _close_reason(f"Thread not found: {tid}"))
         return
     except RuntimeClosed:
         await websocket.accept()

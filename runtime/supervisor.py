@@ -1,6 +1,6 @@
 """The supervisor: `Runtime`, which creates, finds and evicts thread actors and runs due work.
 
-Life of a run (DESIGN.md, "Core semantics" and "Alarms")::
+Life of a run (docs/design.md, "Core semantics" and "Alarms")::
 
     schedule_effect ─► alarm row lowered (runtime.sqlite) ─► run row committed (thread file)
                        └► in-process timer armed
@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import fcntl
+import inspect
 import json
 import logging
 import math
 import os
 import re
+import sqlite3
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -50,6 +53,7 @@ from runtime.discovery import EffectRegistry, discover
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunChange
 from runtime.errors import (
     DataDirLocked,
+    EffectDefinitionError,
     EffectNotFound,
     InvalidArgument,
     InvalidDelay,
@@ -58,9 +62,11 @@ from runtime.errors import (
     RunNotFound,
     RunStateError,
     RuntimeClosed,
+    RuntimeStorageError,
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
+    short_repr,
 )
 from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
@@ -72,13 +78,16 @@ log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
-THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 """Thread ids become file names, so they are checked before they touch a path."""
 
 _DRAIN_BATCH = 100
 """Runs a worker executes for one thread before letting other due threads go first."""
 
 _MAX_PAGE = 500
+
+MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
+"""Longest delay accepted: 10 years (an alarm must stay a representable datetime)."""
 
 MAX_ERROR_CHARS = 8192
 """A failed run's stored error is cut to this many characters (it travels in every frame)."""
@@ -112,7 +121,7 @@ def validate_thread_id(thread_id: object) -> str:
     """
     if not isinstance(thread_id, str) or not THREAD_ID_RE.match(thread_id):
         raise InvalidThreadId(
-            f"Invalid thread id {thread_id!r}: must match ^[A-Za-z0-9_-]{{1,64}}$ "
+            f"Invalid thread id {short_repr(thread_id)}: must match ^[A-Za-z0-9_-]{{1,64}}$ "
             f"(letters, digits, '_' and '-', 1 to 64 characters)"
         )
     return thread_id
@@ -125,19 +134,26 @@ def delay_seconds(delay: object) -> float:
         delay: Seconds (int or float) or a `datetime.timedelta`.
 
     Returns:
-        A finite number of seconds ≥ 0.
+        A finite number of seconds from 0 to `MAX_DELAY_SECONDS` (10 years).
 
     Raises:
-        InvalidDelay: for a negative, NaN or infinite delay, or one of another type.
+        InvalidDelay: for a negative, NaN, infinite or over-10-year delay, or one of
+            another type.
     """
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
         seconds = float(delay)
     else:
-        raise InvalidDelay(f"delay must be seconds (int or float) or a timedelta, got {delay!r}")
+        raise InvalidDelay(
+            f"delay must be seconds (int or float) or a timedelta, got {short_repr(delay)}"
+        )
     if not math.isfinite(seconds) or seconds < 0:
         raise InvalidDelay(f"delay must be a finite number of seconds >= 0, got {delay!r}")
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidDelay(
+            f"delay must be at most {MAX_DELAY_SECONDS:.0f} s (10 years), got {seconds:g} s"
+        )
     return seconds
 
 
@@ -209,10 +225,10 @@ class Runtime:
         self._deleting: set[str] = set()
         self._creating: set[str] = set()
         self._alarm_due: dict[str, float] = {}
-        self._queue: deque[str] = deque()
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._queued: set[str] = set()
         self._draining: set[str] = set()
-        self._work = asyncio.Event()
+        self._rewake: set[str] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._workers: list[asyncio.Task[None]] = []
@@ -262,10 +278,7 @@ class Runtime:
                 result = hook(self)
                 if asyncio.iscoroutine(result):
                     await result
-            self._rtdb = await self._run_sync(
-                SQLiteRuntimeStore, self.settings.data_dir / "runtime.sqlite",
-                self.settings.synchronous,
-            )
+            self._rtdb = await self._run_sync(self._open_runtime_db)
         except BaseException:
             await self._run_sync(self._release_data_dir)
             raise
@@ -284,7 +297,11 @@ class Runtime:
                  sum(1 for _ in self.registry.all()), len(alarms))
 
     def _discover(self) -> EffectRegistry:
-        registry = discover(self.settings.app_dir)
+        app_dir = self.settings.app_dir
+        if app_dir is not None and not app_dir.is_dir():
+            # A typo here would start with no effects and fail every due run for good.
+            raise EffectDefinitionError(f"App folder {app_dir} does not exist (app_dir)")
+        registry = discover(app_dir)
         if self.settings.load_packages:
             from runtime.discovery import discover_packages
 
@@ -292,6 +309,24 @@ class Runtime:
         else:
             registry.packages_loaded = False
         return registry
+
+    def _open_runtime_db(self) -> SQLiteRuntimeStore:
+        path = self.settings.data_dir / "runtime.sqlite"
+        if not path.exists() or path.stat().st_size == 0:
+            orphans = sum(1 for _ in self.threads_dir.glob("*.sqlite"))
+            if orphans:
+                # Starting would silently forget every thread and its pending runs.
+                raise RuntimeStorageError(
+                    f"Runtime database {path} is missing or empty, but {self.threads_dir} "
+                    f"holds {orphans} thread files; restore {path.name} from a backup, "
+                    f"or move the thread files away to start empty"
+                )
+        try:
+            return SQLiteRuntimeStore(path, self.settings.synchronous)
+        except sqlite3.DatabaseError as exc:
+            raise RuntimeStorageError(
+                f"Runtime database {path} cannot be used: {exc}"
+            ) from exc
 
     def _open_data_dir(self) -> None:
         self.threads_dir.mkdir(parents=True, exist_ok=True)
@@ -328,10 +363,14 @@ class Runtime:
         """
         if not self._started or self._closing:
             return
+        if _IN_EFFECT.get():
+            raise RuntimeError("Runtime.close() cannot be called from an effect: shutdown "
+                               "waits for running effects, this one included")
         self._closing = True
         assert self._timer is not None and self._rtdb is not None
         self._timer.shutdown()
-        self._work.set()
+        for _ in self._workers:
+            self._queue.put_nowait(None)  # idle workers stop; busy ones after their run
         grace = self.settings.shutdown_grace_seconds
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
@@ -373,14 +412,36 @@ class Runtime:
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).
 
+        Runs due later (a delay that has not elapsed) do not count: with the real clock,
+        wait for their due time first; with `runtime.testing.FakeClock`, advance it.
+
+        Args:
+            timeout_seconds: How long to wait at most, > 0.
+
         Raises:
             TimeoutError: still busy after ``timeout_seconds``.
+            ValueError: a timeout that is not a positive number.
+            RuntimeError: called from effect code (it would wait for itself).
         """
+        if not (isinstance(timeout_seconds, int | float) and timeout_seconds > 0):
+            raise ValueError(f"timeout_seconds must be > 0, got {timeout_seconds!r}")
+        if _IN_EFFECT.get():
+            raise RuntimeError("wait_idle() cannot be called from an effect: it would wait "
+                               "for its own run to end")
+        try:
+            await self._wait_idle(timeout_seconds)
+        except TimeoutError:
+            raise TimeoutError(
+                f"the runtime was still running effects after {timeout_seconds:g} s "
+                f"({len(self._draining)} threads running, {self._queue.qsize()} queued)"
+            ) from None
+
+    async def _wait_idle(self, timeout_seconds: float) -> None:
         async with asyncio.timeout(timeout_seconds):
             while True:
                 for _ in range(3):
                     await asyncio.sleep(0)
-                if self._idle.is_set() and not self._opening:
+                if self._idle.is_set() and not self._opening and self._queue.empty():
                     return
                 await self._idle.wait()
 
@@ -470,7 +531,7 @@ class Runtime:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(f"{path}{suffix}")
         try:
-            store = SQLiteThreadStore(info.id, path, self.settings.synchronous)
+            store = SQLiteThreadStore(info.id, path, self.settings.synchronous, create=True)
         except BaseException:
             _remove_thread_files(path)
             raise
@@ -556,19 +617,31 @@ class Runtime:
             actor = self._actors.pop(thread_id, None)
             if actor is not None:
                 actor.deleted = True
-                if actor.effect_task is not None:
-                    actor.effect_task.cancel()
+                task = actor.effect_task
+                # An effect may delete its own thread: it finishes, nothing is recorded.
+                if task is not None and task is not asyncio.current_task():
+                    task.cancel()
             self._timer.disarm(thread_id)
             self._alarm_due.pop(thread_id, None)
-            existed = await self._run_sync(self._rtdb.delete_thread, thread_id)
-            self._hub.close_thread(thread_id)
-            if actor is not None:
-                await self._run_sync(actor.store.remove_files)
-            else:
-                await self._run_sync(_remove_thread_files, self.thread_path(thread_id))
-            return existed
+            # Shielded: a caller that gives up midway must not leave half a thread behind.
+            return await asyncio.shield(self._remove_thread(thread_id, actor))
         finally:
             self._deleting.discard(thread_id)
+
+    async def _remove_thread(self, thread_id: str, actor: ThreadActor | None) -> bool:
+        assert self._rtdb is not None
+        if actor is not None:
+            # Writes that took the lock before `deleted` was set finish first (an alarm row
+            # among them); later ones see `deleted` and write nothing.
+            async with actor.lock:
+                pass
+        existed = await self._run_sync(self._rtdb.delete_thread, thread_id)
+        self._hub.close_thread(thread_id)
+        if actor is not None:
+            await self._run_sync(actor.store.remove_files)
+        else:
+            await self._run_sync(_remove_thread_files, self.thread_path(thread_id))
+        return existed
 
     async def _actor(self, thread_id: str) -> ThreadActor:
         """The open actor of a thread, opening (and recovering) its file if needed."""
@@ -683,29 +756,34 @@ class Runtime:
         self._timer.arm(thread_id, due_at)
 
     def _on_alarm(self, thread_id: str) -> None:
-        if self._closing or thread_id in self._queued or thread_id in self._draining:
+        if self._closing:
+            return
+        if thread_id in self._draining:
+            # Its drain is finishing and may not see this: look again once it is done,
+            # so a wake-up is never lost.
+            self._rewake.add(thread_id)
+            return
+        if thread_id in self._queued:
             return
         self._queued.add(thread_id)
-        self._queue.append(thread_id)
         self._idle.clear()
-        self._work.set()
-
-    # ----------------------------------------------------------------- running
+        self._queue.put_nowait(thread_id)  # wakes one idle worker, not all of them
 
     async def _worker(self) -> None:
-        while not self._closing:
-            if not self._queue:
-                self._work.clear()
-                await self._work.wait()
-                continue
-            thread_id = self._queue.popleft()
+        while True:
+            thread_id = await self._queue.get()
+            if thread_id is None or self._closing:
+                return
             self._queued.discard(thread_id)
             self._draining.add(thread_id)
             try:
                 await self._drain(thread_id)
             except (ThreadNotFound, InvalidThreadId):
-                # Deleted meanwhile: its alarm went with it.
+                # Deleted meanwhile, or an alarm row left by a crash mid-delete.
                 self._alarm_due.pop(thread_id, None)
+                assert self._rtdb is not None
+                with contextlib.suppress(Exception):
+                    await self._run_sync(self._rtdb.set_alarm, thread_id, None)
             except ThreadStorageError as exc:
                 # One bad file never stops the others: log, and leave the alarm row so the
                 # thread's runs are tried again after the file is repaired and the
@@ -715,7 +793,10 @@ class Runtime:
                 log.exception("unexpected error while running thread %s", thread_id)
             finally:
                 self._draining.discard(thread_id)
-                if not self._queue and not self._draining:
+                if thread_id in self._rewake:
+                    self._rewake.discard(thread_id)
+                    self._on_alarm(thread_id)
+                if self._queue.empty() and not self._draining:
                     self._idle.set()
 
     async def _drain(self, thread_id: str) -> None:
@@ -750,25 +831,35 @@ class Runtime:
                 if stop:
                     if not self._closing:
                         # Let other due threads go first; come back to this one.
-                        self._queue.append(thread_id)
-                        self._queued.add(thread_id)
-                        self._work.set()
+                        self._rewake.add(thread_id)
                     return
                 if claimed is None:
                     await self._set_alarm(thread_id, next_due)
                     return
             self._hub.publish(RunChange.STARTED, claimed)
-            finish = await self._execute(actor, claimed)
+            try:
+                finish = await self._execute(actor, claimed)
+            except Exception as exc:  # a bug of ours: still never leave the run running
+                log.exception("run %s of thread %s: internal error", claimed.id, thread_id)
+                finish = Finish(claimed.id, EffectStatus.FAILED,
+                                f"Internal error running the effect: {_error_text(exc)}",
+                                self.clock.now())
             if finish is None:  # interrupted: deletion or shutdown
                 return
             actor.current_run = None
             done += 1
 
     async def _execute(self, actor: ThreadActor, run: EffectRun) -> Finish | None:
+        """Run one claimed run; its outcome, or None if it was interrupted (delete/shutdown).
+
+        Never raises for anything the effect does: whatever goes wrong becomes a failed run,
+        so no run is left ``running`` behind a live worker.
+        """
         try:
             defn = self.registry.resolve(run.name)
         except EffectNotFound as exc:
-            return Finish(run.id, EffectStatus.FAILED, str(exc), self.clock.now())
+            return Finish(run.id, EffectStatus.FAILED, _error_text(exc, bare=True),
+                          self.clock.now())
         try:
             args = defn.schema.model_validate(run.args) if defn.schema is not None else None
         except ValidationError as exc:
@@ -778,6 +869,10 @@ class Runtime:
                 f"Invalid args for effect {run.name}: {_validation_summary(exc)}",
                 self.clock.now(),
             )
+        except Exception as exc:  # a validator of the schema raised something else
+            return Finish(run.id, EffectStatus.FAILED,
+                          f"Invalid args for effect {run.name}: {_error_text(exc)}",
+                          self.clock.now())
         state = ThreadState(self, actor.info, package_id=defn.package_id)
         task = asyncio.create_task(self._call(defn, state, args), name=f"effect-{run.id}")
         actor.effect_task = task
@@ -789,22 +884,25 @@ class Runtime:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        if task.cancelled() or actor.deleted:
+        if actor.deleted:
             return None
-        error = task.exception()
         now = self.clock.now()
+        if task.cancelled():
+            # Not by us (deletion returned above, shutdown cancels the worker instead):
+            # the effect raised CancelledError itself.
+            return Finish(run.id, EffectStatus.FAILED,
+                          "CancelledError: the effect cancelled itself", now)
+        error = task.exception()
         if error is None:
             return Finish(run.id, EffectStatus.COMPLETED, None, now)
-        if isinstance(error, _EffectTimeout):
-            return Finish(run.id, EffectStatus.FAILED, str(error), now)
-        message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        message = _truncate(message, MAX_ERROR_CHARS)
+        message = _error_text(error, bare=isinstance(error, _EffectTimeout))
         log.info("effect %s (run %s, thread %s) failed: %s", run.name, run.id,
                  actor.thread_id, _truncate(message, 500))
         return Finish(run.id, EffectStatus.FAILED, message, now)
 
     async def _call(self, defn: EffectDefinition, state: ThreadState, args: Any) -> None:
         call_args = (state, args) if defn.schema is not None else (state,)
+        _IN_EFFECT.set(True)
         try:
             async with asyncio.timeout(defn.timeout_seconds):
                 if defn.is_async:
@@ -812,29 +910,51 @@ class Runtime:
                 else:
                     # A sync effect runs in a worker thread; if it overruns or the thread
                     # is deleted, that worker thread is abandoned (Python cannot kill it).
-                    await anyio.to_thread.run_sync(
+                    result = await anyio.to_thread.run_sync(
                         partial(defn.fn, *call_args), abandon_on_cancel=True
                     )
+                    if inspect.isawaitable(result):
+                        # A callable that is not a coroutine function but returns one.
+                        await result
         except TimeoutError as exc:
             if defn.timeout_seconds is None:
                 raise
             raise _EffectTimeout(
                 f"Effect {defn.qualified_name} timed out after {defn.timeout_seconds:g} s"
             ) from exc
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # Raised out of a task these would stop the whole event loop, every thread
+            # with it; for an effect they are just its failure.
+            raise _EffectAborted(f"{type(exc).__name__}: {exc}" if str(exc)
+                                 else type(exc).__name__) from None
 
     # ----------------------------------------------------------- run operations
 
     def _encode_args(self, defn: EffectDefinition, args: Any) -> Any:
         name = defn.qualified_name
         if isinstance(args, BaseModel):
-            args = args.model_dump(mode="json")
+            try:
+                args = args.model_dump(mode="json")
+            except Exception as exc:
+                raise InvalidEffectArgs(
+                    f"Args for effect {name} cannot be turned into JSON: {_error_text(exc)}"
+                ) from None
         if args is None and defn.schema is not None:
             args = {}  # a schema whose fields all have defaults needs no args
         try:
-            text = json.dumps(args, allow_nan=False, separators=(",", ":"))
+            text = json.dumps(args, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        except RecursionError:
+            raise InvalidEffectArgs(f"Args for effect {name} are nested too deeply") from None
         except (TypeError, ValueError) as exc:
             raise InvalidEffectArgs(f"Args for effect {name} are not JSON: {exc}") from None
-        size = len(text.encode("utf-8"))
+        try:
+            encoded = text.encode("utf-8")
+        except UnicodeEncodeError:
+            problem = find_invalid_text(args) or "it holds a lone surrogate"
+            raise InvalidEffectArgs(
+                f"Args for effect {name} are not valid Unicode text: {problem}"
+            ) from None
+        size = len(encoded)  # the UTF-8 bytes stored, as max_args_bytes says
         limit = self.settings.max_args_bytes
         if size > limit:
             raise InvalidEffectArgs(
@@ -842,12 +962,6 @@ class Runtime:
                 too_large=True,
             )
         value = json.loads(text)
-        # json.dumps escapes every non-ASCII character, so only text with a \ud... escape
-        # (a surrogate pair, or a lone surrogate that could not be stored) needs the walk.
-        if "\\ud" in text and (problem := find_invalid_text(value)) is not None:
-            raise InvalidEffectArgs(
-                f"Args for effect {name} are not valid Unicode text: {problem}"
-            )
         if defn.schema is None:
             if value not in (None, {}):
                 raise InvalidEffectArgs(
@@ -965,11 +1079,14 @@ class Runtime:
         statuses: list[EffectStatus] | None = None
         if status is not None:
             raw = [status] if isinstance(status, str) else list(status)
-            try:
-                statuses = [EffectStatus(s) for s in raw]
-            except ValueError:
-                allowed = ", ".join(s.value for s in EffectStatus)
-                raise ValueError(f"Unknown status {status!r}; one of: {allowed}") from None
+            allowed = {s.value for s in EffectStatus}
+            for value in raw:
+                if value not in allowed:
+                    raise ValueError(
+                        f"Unknown status {short_repr(value)}; one of: "
+                        f"{', '.join(s.value for s in EffectStatus)}"
+                    )
+            statuses = [EffectStatus(s) for s in raw]
         before: int | None = None
         if cursor is not None:
             try:
@@ -992,6 +1109,33 @@ class Runtime:
 
 class _EffectTimeout(Exception):
     """An effect overran its ``timeout_seconds``."""
+
+
+class _EffectAborted(Exception):
+    """An effect raised SystemExit or KeyboardInterrupt (its message is the whole error)."""
+
+
+_IN_EFFECT: contextvars.ContextVar[bool] = contextvars.ContextVar("in_effect", default=False)
+"""True inside effect code, where waiting for the runtime to go idle would wait forever."""
+
+
+def _error_text(error: BaseException, *, bare: bool = False) -> str:
+    """``"<Type>: <message>"`` of an exception, storable as UTF-8 and at most 8 KiB.
+
+    ``bare``: the message alone (it already says what happened).
+    """
+    try:
+        text = str(error)
+    except Exception:
+        text = "<the exception's message could not be rendered>"
+    if isinstance(error, _EffectAborted):
+        bare = True
+    name = type(error).__name__
+    message = text if bare else (f"{name}: {text}" if text else name)
+    # Lone surrogates (a file name decoded with os.fsdecode, say) cannot be stored as
+    # UTF-8: they become visible \udcXX escapes instead of losing the run.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _truncate(message, MAX_ERROR_CHARS)
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -191,7 +191,8 @@ class ThreadState:
         Raises:
             EffectNotFound: no effect of that name ("Effect not found: <name>").
             InvalidEffectArgs: args not JSON, over the size limit, or failing the schema.
-            ValueError: delay negative, NaN or infinite (InvalidEffectArgs is one too).
+            InvalidDelay: a delay that is negative, NaN, infinite or over 10 years (a
+                ValueError, as InvalidEffectArgs is).
             ThreadNotFound: the thread was deleted.
             ThreadStorageError: the thread's database cannot be used.
         """

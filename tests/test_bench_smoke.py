@@ -1,4 +1,4 @@
-"""The benchmark runs end to end in --quick mode. No timing is asserted (DESIGN.md:
+"""The benchmark runs end to end in --quick mode. No timing is asserted (docs/design.md:
 performance is measured by bench/, never by timed tests)."""
 
 import subprocess

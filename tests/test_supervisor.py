@@ -11,8 +11,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from runtime import (
+    EffectDefinitionError,
     EffectNotFound,
     EffectStatus,
     InvalidArgument,
@@ -22,13 +24,19 @@ from runtime import (
     RunNotFound,
     RunStateError,
     Runtime,
+    RuntimeStorageError,
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
+    define_effect,
 )
 from runtime.testing import FakeClock
 
 APP = Path(__file__).parent / "apps" / "core"
+
+
+class Args(BaseModel):
+    n: int
 
 
 def records(data_dir: Path) -> list[dict[str, object]]:
@@ -439,6 +447,7 @@ async def test_subscription_sees_every_change_without_args(rt: Runtime) -> None:
     assert [e.seq for e in events] == list(range(1, 9))
     assert events[5].data["error"] == "RuntimeError: boom"
     assert all("args" not in e.to_frame()["data"] for e in events)
+    assert all(e.run.args is None for e in events)  # not in the Python events either
     assert "secret-value" not in json.dumps([e.to_frame() for e in events])
 
 
@@ -490,3 +499,144 @@ async def test_a_huge_error_message_is_cut(rt: Runtime) -> None:
     assert len(run.error) <= 8192
     assert run.error.startswith("RuntimeError: xxx")
     assert run.error.endswith("more characters cut]")
+
+
+async def test_a_delay_over_ten_years_is_refused_and_far_alarms_still_start(
+    tmp_path: Path,
+) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        await thread.schedule_effect("record", {"key": "soon"}, delay=60)
+        for delay in (1e12, 3e11, 1e20, 1e308, timedelta(days=3660 * 2)):
+            with pytest.raises(InvalidDelay, match=r"at most 315360000 s \(10 years\)"):
+                await thread.schedule_effect("record", {"key": "far"}, delay=delay)
+        assert len((await thread.list_runs()).runs) == 1
+    # An alarm row far in the future (written before the cap existed) does not stop startup.
+    conn = sqlite3.connect(tmp_path / "runtime.sqlite")
+    conn.execute("UPDATE alarms SET due_at = 1e15")
+    conn.commit()
+    conn.close()
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        assert len((await (await rt.get_thread("t")).list_runs()).runs) == 1
+
+
+@pytest.mark.parametrize(
+    ("how", "error"),
+    [
+        ("surrogate", "ValueError: cannot import caf\\udce9.txt"),
+        ("exit", "SystemExit: 3"),
+        ("interrupt", "KeyboardInterrupt"),
+        ("cancel", "CancelledError: the effect cancelled itself"),
+        ("bad_str", "_BadStr: <the exception's message could not be rendered>"),
+        ("wait_idle", "RuntimeError: wait_idle() cannot be called from an effect"),
+    ],
+)
+async def test_odd_failures_fail_the_run_and_the_thread_goes_on(
+    rt: Runtime, how: str, error: str
+) -> None:
+    thread = await rt.create_thread()
+    bad = await thread.schedule_effect("misbehave", {"how": how})
+    after = await thread.schedule_effect("record", {"key": "after"})
+    await rt.wait_idle()
+    run = await thread.get_run(bad)
+    assert run.status is EffectStatus.FAILED
+    assert run.error is not None and run.error.startswith(error)
+    assert (await thread.get_run(after)).status is EffectStatus.COMPLETED
+
+
+async def test_an_effect_can_delete_its_own_thread(rt: Runtime, tmp_path: Path) -> None:
+    thread = await rt.create_thread("selfish")
+    await thread.schedule_effect("misbehave", {"how": "delete_self"})
+    await thread.schedule_effect("record", {"key": "never"}, delay=0.05)
+    await asyncio.sleep(0.2)
+    await rt.wait_idle()
+    assert (tmp_path / "deleted_self").read_text() == "selfish"
+    with pytest.raises(ThreadNotFound):
+        await rt.get_thread("selfish")
+    assert records(tmp_path) == []
+    assert not (tmp_path / "threads" / "selfish.sqlite").exists()
+
+
+async def test_an_async_callable_object_is_awaited(rt: Runtime, tmp_path: Path) -> None:
+    thread = await rt.create_thread()
+    run_id = await thread.schedule_effect("callable_object")
+    await rt.wait_idle()
+    assert (await thread.get_run(run_id)).status is EffectStatus.COMPLETED
+    assert (tmp_path / "callable_object.ran").read_text() == "yes"
+
+
+async def test_deleting_while_scheduling_leaves_no_alarm_behind(rt: Runtime) -> None:
+    for i in range(10):
+        thread = await rt.create_thread(f"race{i}")
+        results = await asyncio.gather(
+            rt.delete_thread(thread.thread_id),
+            *(thread.schedule_effect("record", {"key": "k"}, delay=60) for _ in range(5)),
+            return_exceptions=True,
+        )
+        assert results[0] is True
+        assert all(isinstance(r, str | ThreadNotFound) for r in results[1:]), results
+    conn = sqlite3.connect(rt.settings.data_dir / "runtime.sqlite")
+    try:
+        assert conn.execute("SELECT count(*) FROM alarms").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
+async def test_args_size_counts_utf8_bytes(tmp_path: Path) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, load_packages=False, max_args_bytes=1000
+    ) as rt:
+        thread = await rt.create_thread()
+        await thread.schedule_effect("record", {"key": "é" * 480})  # 960 bytes + 10
+        with pytest.raises(InvalidEffectArgs, match="1002 bytes of JSON; the limit is 1000"):
+            await thread.schedule_effect("record", {"key": "é" * 496})
+        deep: object = "x"
+        for _ in range(5000):
+            deep = [deep]
+        with pytest.raises(InvalidEffectArgs, match="nested too deeply"):
+            await thread.schedule_effect("record", {"key": "k", "extra": deep})
+
+
+async def test_a_missing_app_folder_stops_startup(tmp_path: Path) -> None:
+    rt = Runtime(app_dir=tmp_path / "typo", data_dir=tmp_path / "data", load_packages=False)
+    with pytest.raises(EffectDefinitionError, match=r"App folder .*typo does not exist"):
+        await rt.start()
+
+
+async def test_emptied_files_are_refused_not_taken_for_new_ones(tmp_path: Path) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        await thread.schedule_effect("record", {"key": "k"}, delay=3600)
+    (tmp_path / "threads" / "t.sqlite").write_bytes(b"")
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / "threads" / f"t.sqlite{suffix}").unlink(missing_ok=True)
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        with pytest.raises(ThreadStorageError, match="is missing or empty although the thread"):
+            await (await rt.get_thread("t")).list_runs()
+
+    (tmp_path / "runtime.sqlite").write_bytes(b"")
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"runtime.sqlite{suffix}").unlink(missing_ok=True)
+    rt = Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False)
+    with pytest.raises(RuntimeStorageError, match="holds 1 thread files"):
+        await rt.start()
+    (tmp_path / "runtime.sqlite").write_bytes(b"garbage" * 1000)
+    with pytest.raises(RuntimeStorageError, match="cannot be used: file is not a database"):
+        await rt.start()
+
+
+def test_define_effect_checks_the_function_signature() -> None:
+    async def no_state() -> None: ...
+
+    async def one(state: object) -> None: ...
+
+    with pytest.raises(TypeError, match=r"cannot be called as fn\(state, args\)"):
+        define_effect("x", Args, one)
+    with pytest.raises(TypeError, match=r"cannot be called as fn\(state\)"):
+        define_effect("x", no_state)
+
+
+async def test_wait_idle_rejects_a_bad_timeout(rt: Runtime) -> None:
+    for bad in (0, -1, math.nan):
+        with pytest.raises(ValueError, match="timeout_seconds"):
+            await rt.wait_idle(bad)

@@ -2,7 +2,7 @@
 
 SQLModel models describe every table; the SQLite backend generates its DDL from them and
 then talks plain ``sqlite3`` on the hot path (≈10 µs per query against ≈200 µs through an
-ORM session, DESIGN.md "Decisions"). Two databases use them:
+ORM session, docs/design.md "Decisions"). Two databases use them:
 
 - each thread's file (``threads/<id>.sqlite``): `ThreadMetaRow`, `EffectRunRow`,
   `MessageRow` (the conversation, from schema version 2);

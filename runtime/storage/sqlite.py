@@ -112,16 +112,25 @@ def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
 class SQLiteThreadStore(ThreadStore):
     """One thread's file, ``<data_dir>/threads/<thread_id>.sqlite``."""
 
-    def __init__(self, thread_id: str, path: Path, synchronous: str = "FULL") -> None:
-        """Open (creating if needed) and migrate the file.
+    def __init__(
+        self, thread_id: str, path: Path, synchronous: str = "FULL", *, create: bool = False
+    ) -> None:
+        """Open and migrate the file of a thread; with ``create``, make a new one.
 
         Raises:
-            ThreadStorageError: the file is not a database, is corrupt, or has a newer
+            ThreadStorageError: the file is missing or empty (for an existing thread: its
+                runs would silently be gone), not a database, corrupt, or has a newer
                 schema. The message names the thread and the file.
         """
         self.thread_id = thread_id
         self.path = path
         self._lock = threading.Lock()
+        if not create and (not path.exists() or path.stat().st_size == 0):
+            raise ThreadStorageError(
+                thread_id,
+                f"Thread {thread_id}: database {path} is missing or empty although the "
+                f"thread is registered; restore the file, or delete the thread",
+            )
         try:
             self._conn: sqlite3.Connection | None = _connect(path, synchronous)
             try:
