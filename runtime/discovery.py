@@ -110,7 +110,7 @@ def _load_module(path: Path, module_name: str) -> ModuleType:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import is a broken file too
         sys.modules.pop(module_name, None)
         raise _import_failed(str(path), exc) from exc
     return module
@@ -324,7 +324,7 @@ def load_package_effects(
         )
     try:
         module = importlib.import_module(entry_point.module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise EffectDefinitionError(
             f"{owner}: cannot import {entry_point.module!r}: {type(exc).__name__}: {exc}"
         ) from exc
@@ -345,7 +345,7 @@ def load_package_effects(
     def load(name: str, path: str) -> ModuleType:
         try:
             return importlib.import_module(name)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise _import_failed(path, exc) from exc
 
     try:

@@ -77,6 +77,7 @@ async def test_effects_are_named_by_their_file(tmp_path: Path) -> None:
         ("broken.py", "import nonexistent_module_xyz\n",
          r"broken\.py: import failed.*ModuleNotFoundError.*nonexistent_module_xyz"),
         ("syntax.py", "def (:\n", r"syntax\.py: import failed.*SyntaxError"),
+        ("exits.py", "import sys\nsys.exit(2)\n", r"exits\.py: import failed.*SystemExit"),
     ],
 )
 async def test_a_bad_effect_file_stops_startup_naming_the_file(
