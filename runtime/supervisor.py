@@ -22,9 +22,11 @@ the event loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import fcntl
+import gc
 import inspect
 import json
 import logging
@@ -32,6 +34,7 @@ import math
 import os
 import re
 import sqlite3
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -85,6 +88,12 @@ _DRAIN_BATCH = 100
 """Runs a worker executes for one thread before letting other due threads go first."""
 
 _MAX_PAGE = 500
+
+_STORAGE_THREADS = 32
+"""OS threads for SQLite work. More only add GIL contention; fsyncs batch well at this."""
+
+_ALARM_FLUSH_SECONDS = 0.05
+"""How long alarm-row updates (raise/remove) gather before one commit writes them."""
 
 MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
 """Longest delay accepted: 10 years (an alarm must stay a representable datetime)."""
@@ -224,7 +233,19 @@ class Runtime:
         self._opening: dict[str, asyncio.Future[ThreadActor]] = {}
         self._deleting: set[str] = set()
         self._creating: set[str] = set()
+        # Alarms, three views (see "Alarms" in the module docstring):
+        # _alarm_due: when the in-process timer wakes each thread (the intent);
+        # _alarm_row: what runtime.sqlite holds, as far as known (never believed lower
+        #   than it is, so a needed write is never skipped);
+        # _alarm_dirty: threads whose row should move to _alarm_due (raised or removed),
+        #   written in batches by _alarm_flusher. Lowering is never deferred.
         self._alarm_due: dict[str, float] = {}
+        self._alarm_row: dict[str, float] = {}
+        self._alarm_dirty: set[str] = set()
+        self._alarm_lock = asyncio.Lock()
+        self._alarm_flush_needed = asyncio.Event()
+        self._alarm_flusher_task: asyncio.Task[None] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._queued: set[str] = set()
         self._draining: set[str] = set()
@@ -292,7 +313,17 @@ class Runtime:
         alarms = await self._run_sync(self._rtdb.load_alarms)
         for thread_id, due_at in alarms:
             self._alarm_due[thread_id] = due_at
-            self._timer.arm(thread_id, due_at)
+            self._alarm_row[thread_id] = due_at
+            try:
+                self._timer.arm(thread_id, due_at)
+            except Exception:  # one bad row must not keep every other thread down
+                log.exception("cannot arm the alarm of thread %s (due %r)", thread_id, due_at)
+        self._alarm_flusher_task = asyncio.create_task(
+            self._alarm_flusher(), name="thread-effects-alarm-flusher"
+        )
+        # Everything imported so far lives as long as the process: keep it out of the
+        # collector's full passes, which otherwise stall the loop for tens of ms.
+        gc.freeze()
         log.info("runtime started: %d effects, %d alarms re-armed",
                  sum(1 for _ in self.registry.all()), len(alarms))
 
@@ -394,20 +425,39 @@ class Runtime:
             for r in changed:
                 self._publish_recovered(r)
         self._hub.close_all()
+        if self._alarm_flusher_task is not None:
+            self._alarm_flusher_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._alarm_flusher_task
+        try:
+            await self._flush_alarms()
+        except Exception:
+            log.exception("could not update alarm rows at shutdown (they stay early)")
         for actor in list(self._actors.values()):
             await self._run_sync(actor.store.close)
         self._actors.clear()
         await self._run_sync(self._rtdb.close)
         await self._run_sync(self._release_data_dir)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
         self._started = False
 
     def _check_open(self) -> None:
         if not self._started or self._closing:
             raise RuntimeClosed("The runtime is not running (not started, or shutting down)")
 
-    @staticmethod
-    async def _run_sync(fn: Callable[..., T], *args: Any) -> T:
-        return await anyio.to_thread.run_sync(partial(fn, *args))
+    async def _run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking storage work on the runtime's own thread pool, off the loop."""
+        if self._executor is None:
+            # Started eagerly, so the first busy moment does not pay for thread creation.
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=_STORAGE_THREADS, thread_name_prefix="thread-effects-storage"
+            )
+            for _ in range(_STORAGE_THREADS):
+                self._executor.submit(time.sleep, 0)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(fn, *args))
 
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).
@@ -623,6 +673,7 @@ class Runtime:
                     task.cancel()
             self._timer.disarm(thread_id)
             self._alarm_due.pop(thread_id, None)
+            self._alarm_dirty.discard(thread_id)
             # Shielded: a caller that gives up midway must not leave half a thread behind.
             return await asyncio.shield(self._remove_thread(thread_id, actor))
         finally:
@@ -635,7 +686,9 @@ class Runtime:
             # among them); later ones see `deleted` and write nothing.
             async with actor.lock:
                 pass
-        existed = await self._run_sync(self._rtdb.delete_thread, thread_id)
+        async with self._alarm_lock:
+            existed = await self._run_sync(self._rtdb.delete_thread, thread_id)
+            self._alarm_row.pop(thread_id, None)
         self._hub.close_thread(thread_id)
         if actor is not None:
             await self._run_sync(actor.store.remove_files)
@@ -731,29 +784,71 @@ class Runtime:
     # ------------------------------------------------------------------ alarms
 
     async def _lower_alarm(self, thread_id: str, due_at: float) -> None:
-        """Make sure the durable alarm is at or before ``due_at`` (call with the actor lock)."""
+        """Make the durable alarm at or before ``due_at`` now (call with the actor lock).
+
+        Lowering is written at once, before the caller's run row commits: a run is never
+        without an alarm at or before its due time, so a crash cannot lose it.
+        """
         assert self._rtdb is not None and self._timer is not None
-        current = self._alarm_due.get(thread_id)
-        if current is not None and current <= due_at:
-            return
-        await self._run_sync(self._rtdb.lower_alarm, thread_id, due_at)
-        self._alarm_due[thread_id] = due_at
-        if thread_id not in self._draining:
-            self._timer.arm(thread_id, due_at)
+        async with self._alarm_lock:
+            row = self._alarm_row.get(thread_id)
+            if row is None or due_at < row:
+                await self._run_sync(self._rtdb.lower_alarm, thread_id, due_at)
+                self._alarm_row[thread_id] = due_at
+            current = self._alarm_due.get(thread_id)
+            if current is None or due_at < current:
+                self._alarm_due[thread_id] = due_at
+                if thread_id not in self._draining:
+                    self._timer.arm(thread_id, due_at)
 
     async def _set_alarm(self, thread_id: str, due_at: float | None) -> None:
-        """Set the alarm to the next pending run after a drain (call with the actor lock)."""
-        assert self._rtdb is not None and self._timer is not None
-        if due_at is None:
-            if thread_id in self._alarm_due:
-                await self._run_sync(self._rtdb.set_alarm, thread_id, None)
-                del self._alarm_due[thread_id]
-            self._timer.disarm(thread_id)
-            return
-        if self._alarm_due.get(thread_id) != due_at:
-            await self._run_sync(self._rtdb.set_alarm, thread_id, due_at)
-            self._alarm_due[thread_id] = due_at
-        self._timer.arm(thread_id, due_at)
+        """After a drain: wake next at ``due_at`` (None: no pending run) (with the actor lock).
+
+        The timer moves now; the durable row (still at or before every pending run) is
+        raised or removed later by the flusher, in one transaction for many threads, so
+        a drain never waits for a commit to the shared runtime database.
+        """
+        assert self._timer is not None
+        async with self._alarm_lock:
+            if due_at is None:
+                self._alarm_due.pop(thread_id, None)
+                self._timer.disarm(thread_id)
+            else:
+                self._alarm_due[thread_id] = due_at
+                self._timer.arm(thread_id, due_at)
+            if self._alarm_row.get(thread_id) != due_at:
+                self._alarm_dirty.add(thread_id)
+                self._alarm_flush_needed.set()
+
+    async def _alarm_flusher(self) -> None:
+        while True:
+            await self._alarm_flush_needed.wait()
+            # Gather the drains of a moment into one commit.
+            await asyncio.sleep(_ALARM_FLUSH_SECONDS)
+            self._alarm_flush_needed.clear()
+            try:
+                await self._flush_alarms()
+            except Exception:
+                log.exception("could not update alarm rows (they stay early: harmless)")
+
+    async def _flush_alarms(self) -> None:
+        """Move dirty alarm rows to the timer's due times, in one transaction."""
+        assert self._rtdb is not None
+        async with self._alarm_lock:
+            dirty, self._alarm_dirty = self._alarm_dirty, set()
+            changes = [
+                (tid, self._alarm_row.get(tid), self._alarm_due.get(tid))
+                for tid in dirty
+                if self._alarm_row.get(tid) != self._alarm_due.get(tid)
+            ]
+            if not changes:
+                return
+            applied = await self._run_sync(self._rtdb.move_alarms, changes)
+            for tid, due_at in applied:
+                if due_at is None:
+                    self._alarm_row.pop(tid, None)
+                else:
+                    self._alarm_row[tid] = due_at
 
     def _on_alarm(self, thread_id: str) -> None:
         if self._closing:
@@ -781,6 +876,8 @@ class Runtime:
             except (ThreadNotFound, InvalidThreadId):
                 # Deleted meanwhile, or an alarm row left by a crash mid-delete.
                 self._alarm_due.pop(thread_id, None)
+                self._alarm_row.pop(thread_id, None)
+                self._alarm_dirty.discard(thread_id)
                 assert self._rtdb is not None
                 with contextlib.suppress(Exception):
                     await self._run_sync(self._rtdb.set_alarm, thread_id, None)

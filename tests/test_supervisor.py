@@ -640,3 +640,53 @@ async def test_wait_idle_rejects_a_bad_timeout(rt: Runtime) -> None:
     for bad in (0, -1, math.nan):
         with pytest.raises(ValueError, match="timeout_seconds"):
             await rt.wait_idle(bad)
+
+
+def _alarm_rows(data_dir: Path) -> dict[str, float]:
+    conn = sqlite3.connect(data_dir / "runtime.sqlite")
+    try:
+        return dict(conn.execute("SELECT thread_id, due_at FROM alarms").fetchall())
+    finally:
+        conn.close()
+
+
+async def test_alarm_rows_follow_the_next_pending_run(frt: Runtime, clock: FakeClock) -> None:
+    thread = await frt.create_thread("t")
+    now = clock.now()
+    await thread.schedule_effect("record", {"key": "later"}, delay=3600)
+    assert _alarm_rows(frt.settings.data_dir) == {"t": now + 3600}
+    await thread.schedule_effect("record", {"key": "now"})
+    # Lowered at once, before the run row was written.
+    assert _alarm_rows(frt.settings.data_dir) == {"t": now}
+    await frt.wait_idle()
+    # Raised back to the next pending run in the background (a stale, earlier row would
+    # only cause a harmless extra wake-up after a crash).
+    for _ in range(100):
+        if _alarm_rows(frt.settings.data_dir) == {"t": now + 3600}:
+            break
+        await asyncio.sleep(0.02)
+    assert _alarm_rows(frt.settings.data_dir) == {"t": now + 3600}
+
+    clock.advance(3600)
+    await frt.wait_idle()
+    for _ in range(100):
+        if not _alarm_rows(frt.settings.data_dir):
+            break
+        await asyncio.sleep(0.02)
+    assert _alarm_rows(frt.settings.data_dir) == {}
+    assert [r["key"] for r in records(frt.settings.data_dir)] == ["now", "later"]
+
+
+async def test_a_run_scheduled_while_its_thread_drains_keeps_an_early_enough_alarm(
+    rt: Runtime,
+) -> None:
+    for i in range(20):
+        thread = await rt.create_thread(f"d{i}")
+        await thread.schedule_effect("record", {"key": "a"})
+        # Races the drain and its alarm flush: the row must end at or before this run.
+        run_id = await thread.schedule_effect("record", {"key": "b"}, delay=30)
+        run = await thread.get_run(run_id)
+        await asyncio.sleep(0.06)
+        await rt.wait_idle()
+        rows = _alarm_rows(rt.settings.data_dir)
+        assert rows[thread.thread_id] <= run.run_at_ts

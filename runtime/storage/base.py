@@ -172,6 +172,17 @@ class RuntimeStore(ABC):
         """Set the alarm to ``min(current, due_at)``, creating it when missing."""
 
     @abstractmethod
+    def move_alarms(
+        self, changes: Sequence[tuple[str, float | None, float | None]]
+    ) -> list[tuple[str, float | None]]:
+        """Apply ``(thread_id, expected, target)`` alarm moves in one transaction.
+
+        Each move is a compare-and-set: the row goes to ``target`` (None removes it) only
+        if it still holds ``expected``; with ``expected`` None the row is only ever
+        created or lowered. Returns the moves applied, as ``(thread_id, target)``.
+        """
+
+    @abstractmethod
     def load_alarms(self) -> list[tuple[str, float]]:
         """Every alarm as ``(thread_id, due_at)``."""
 

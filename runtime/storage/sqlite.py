@@ -657,6 +657,39 @@ class SQLiteRuntimeStore(RuntimeStore):
             )
         )
 
+    def move_alarms(  # noqa: D102
+        self, changes: Sequence[tuple[str, float | None, float | None]]
+    ) -> list[tuple[str, float | None]]:
+        def tx(c: sqlite3.Connection) -> list[tuple[str, float | None]]:
+            applied: list[tuple[str, float | None]] = []
+            for thread_id, expected, target in changes:
+                if expected is None:
+                    if target is None:
+                        continue
+                    # No row known: only ever lower (or create) one.
+                    c.execute(
+                        "INSERT INTO alarms (thread_id, due_at) VALUES (?, ?) ON CONFLICT"
+                        "(thread_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)",
+                        (thread_id, target),
+                    )
+                    continue
+                # Compare-and-set: a row lowered meanwhile (a new run) is left alone.
+                if target is None:
+                    cur = c.execute(
+                        "DELETE FROM alarms WHERE thread_id = ? AND due_at = ?",
+                        (thread_id, expected),
+                    )
+                else:
+                    cur = c.execute(
+                        "UPDATE alarms SET due_at = ? WHERE thread_id = ? AND due_at = ?",
+                        (target, thread_id, expected),
+                    )
+                if cur.rowcount == 1:
+                    applied.append((thread_id, target))
+            return applied
+
+        return self._tx(tx)
+
     def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
         rows = self._tx(
             lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall(), write=False
