@@ -20,17 +20,13 @@ the app's only agent, or by the one marked ``default=True``.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from runtime.discovery import app_package
+from runtime.discovery import app_package, load_module_file, single_definition
 from runtime.effects import EFFECT_NAME_RE
 from runtime.errors import AgentDefinitionError, AgentNotFound
 from runtime.hooks import HookDefinition, HookPoint
@@ -232,24 +228,6 @@ class AgentApp:
         return [self.tools[name] for name in agent.tools]
 
 
-def _load_module(path: Path, module_name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:  # pragma: no cover - only for non-.py paths
-        raise AgentDefinitionError(f"{path}: cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        where = f" (line {last.lineno})" if last and last.filename == str(path) else ""
-        raise AgentDefinitionError(
-            f"{path}: import failed{where}: {type(exc).__name__}: {exc}"
-        ) from exc
-    return module
-
-
 def load_definition(path: Path, module_name: str, kind: type[D], what: str) -> D:
     """Import one file and return the single ``kind`` object it defines at module level.
 
@@ -257,22 +235,8 @@ def load_definition(path: Path, module_name: str, kind: type[D], what: str) -> D
         AgentDefinitionError: naming the file, on an import error or when it defines no
             or several such objects.
     """
-    module = _load_module(path, module_name)
-    found: list[Any] = []
-    for value in vars(module).values():
-        if isinstance(value, kind) and not any(value is f for f in found):
-            found.append(value)
-    if not found:
-        raise AgentDefinitionError(
-            f"{path}: defines no {what}; assign define_{what.replace(' ', '_')}(...) to a "
-            f"module-level name"
-        )
-    if len(found) > 1:
-        raise AgentDefinitionError(
-            f"{path}: defines {len(found)} {what}s; one file holds exactly one {what}"
-        )
-    result: D = found[0]
-    return result
+    module = load_module_file(path, module_name, AgentDefinitionError)
+    return single_definition(module, kind, path, what, AgentDefinitionError)
 
 
 def module_prefix(app_dir: Path) -> str:

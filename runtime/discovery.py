@@ -31,9 +31,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 from runtime.effects import EFFECT_NAME_RE, EffectDefinition
 from runtime.errors import EffectDefinitionError, EffectNotFound
+
+D = TypeVar("D")
+E = TypeVar("E", bound=Exception)
 
 PACKAGES_GROUP = "thread_effects.packages"
 """The entry point group through which installed distributions publish effects."""
@@ -95,44 +99,76 @@ def app_package(app_dir: Path, *folders: str) -> str:
     return name
 
 
-def _import_failed(path: str, exc: BaseException) -> EffectDefinitionError:
-    """The error for an effect file whose import raised ``exc``, with the file's line."""
+def _import_failed(path: str, exc: BaseException, error: type[E]) -> E:
+    """The error for a file whose import raised ``exc``, with the file's line."""
     lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
     where = f" (line {lines[-1]})" if lines else ""
-    return EffectDefinitionError(f"{path}: import failed{where}: {type(exc).__name__}: {exc}")
+    return error(f"{path}: import failed{where}: {type(exc).__name__}: {exc}")
 
 
-def _load_module(path: Path, module_name: str) -> ModuleType:
+def load_module_file(path: Path, module_name: str, error: type[Exception]) -> ModuleType:
+    """Import one application file under ``module_name``.
+
+    Raises:
+        error: naming the file and the line, if the import raises (``sys.exit()``
+            included); the half-made module is removed from ``sys.modules``.
+    """
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:  # pragma: no cover - only for non-.py paths
-        raise EffectDefinitionError(f"{path}: cannot be imported")
+        raise error(f"{path}: cannot be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as exc:  # sys.exit() at import is a broken file too
         sys.modules.pop(module_name, None)
-        raise _import_failed(str(path), exc) from exc
+        raise _import_failed(str(path), exc, error) from exc
     return module
+
+
+def single_definition(
+    module: ModuleType,
+    kind: type[D],
+    path: object,
+    what: str,
+    error: type[Exception],
+    hint: str = "",
+) -> D:
+    """The one ``kind`` object a loaded file holds at module level.
+
+    Args:
+        module: The loaded file.
+        kind: The definition class (`EffectDefinition`, `ToolDefinition`, ...).
+        path: The file, for messages.
+        what: The thing's name in messages ("effect", "tool", ...).
+        error: The exception class to raise.
+        hint: Appended to the "defines no ..." message.
+
+    Raises:
+        error: when the file defines none, or several (the same object under two names
+            counts once).
+    """
+    found: list[D] = []
+    for value in vars(module).values():
+        if isinstance(value, kind) and not any(value is f for f in found):
+            found.append(value)
+    if not found:
+        raise error(
+            f"{path}: defines no {what}; assign define_{what.replace(' ', '_')}(...) to a "
+            f"module-level name{hint}"
+        )
+    if len(found) > 1:
+        raise error(f"{path}: defines {len(found)} {what}s; one file holds exactly one {what}"
+                    + (" (its name is the file name)" if what == "effect" else ""))
+    return found[0]
 
 
 def _the_definition(module: ModuleType, path: str) -> EffectDefinition:
     """The one `EffectDefinition` a loaded effect file holds."""
-    found: list[EffectDefinition] = []
-    for value in vars(module).values():
-        if isinstance(value, EffectDefinition) and not any(value is f for f in found):
-            found.append(value)
-    if not found:
-        raise EffectDefinitionError(
-            f"{path}: defines no effect; assign define_effect(...) to a "
-            f"module-level name, e.g. `effect = define_effect(...)`"
-        )
-    if len(found) > 1:
-        raise EffectDefinitionError(
-            f"{path}: defines {len(found)} effects; one file holds exactly one "
-            f"effect (its name is the file name)"
-        )
-    return found[0]
+    return single_definition(
+        module, EffectDefinition, path, "effect", EffectDefinitionError,
+        ", e.g. `effect = define_effect(...)`",
+    )
 
 
 def _load_files(
@@ -181,7 +217,9 @@ def load_effects_dir(
     try:
         return _load_files(
             ((p.name, str(p)) for p in effects_dir.glob("*.py")),
-            lambda stem, path: _load_module(Path(path), f"{module_prefix}.{stem}"),
+            lambda stem, path: load_module_file(
+                Path(path), f"{module_prefix}.{stem}", EffectDefinitionError
+            ),
             package_id,
         )
     except EffectDefinitionError as exc:
@@ -346,7 +384,7 @@ def load_package_effects(
         try:
             return importlib.import_module(name)
         except (Exception, SystemExit) as exc:
-            raise _import_failed(path, exc) from exc
+            raise _import_failed(path, exc, EffectDefinitionError) from exc
 
     try:
         # The folder's own __init__.py first, so its failure is not blamed on an effect.

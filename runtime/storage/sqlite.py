@@ -92,6 +92,20 @@ def _migrate(
         raise
 
 
+def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], write: bool) -> T:
+    """``fn(conn)`` in one ``BEGIN IMMEDIATE`` transaction (or as a plain read)."""
+    if not write:
+        return fn(conn)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
 def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
     return EffectRun(
         id=row[1],
@@ -152,16 +166,7 @@ class SQLiteThreadStore(ThreadStore):
             if conn is None:
                 raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
             try:
-                if not write:
-                    return fn(conn)
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    result = fn(conn)
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-                return result
+                return _transaction(conn, fn, write)
             except sqlite3.DatabaseError as exc:
                 raise ThreadStorageError(
                     self.thread_id,
@@ -573,16 +578,7 @@ class SQLiteRuntimeStore(RuntimeStore):
             conn = self._conn
             if conn is None:
                 raise sqlite3.ProgrammingError(f"{self.path} is closed")
-            if not write:
-                return fn(conn)
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
+            return _transaction(conn, fn, write)
 
     @staticmethod
     def _info(row: Sequence[Any]) -> ThreadInfo:
