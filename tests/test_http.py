@@ -570,6 +570,32 @@ async def test_an_api_token_guards_every_api_call(tmp_path: Path) -> None:
         assert (await client.get("/web/app.js")).status_code == 200
 
 
+async def test_with_a_token_unknown_paths_outside_the_api_are_404(tmp_path: Path) -> None:
+    async def hook(request: Request) -> JSONResponse:
+        return JSONResponse({"hooked": True})
+
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(), api_token="s3cret", web_dir=DEFAULT_WEB_DIR,
+        extra_routes=[Route("/hooks/paid", hook, methods=["POST"])],
+    ) as api:
+        client = api.client
+        # Not a pane file, not a route: a plain JSON 404, whatever the token.
+        for path in ("/style.css", "/app.js", "/nope", "/apix", "/web/missing.js"):
+            res = await client.get(path)
+            assert "No such path" in error_of(res, 404, "not_found"), path
+            assert "www-authenticate" not in res.headers
+        res = await client.post("/nope", json={})
+        error_of(res, 404, "not_found")
+        # Everything under /api/ still needs it, served or not.
+        for path in ("/api/nope", "/api", "/api/threads/x/stream"):
+            error_of(await client.get(path), 401, "unauthorized")
+        # So does a route the host mounted elsewhere, even with the wrong method.
+        error_of(await client.post("/hooks/paid"), 401, "unauthorized")
+        error_of(await client.get("/hooks/paid"), 401, "unauthorized")
+        res = await client.post("/hooks/paid", headers={"Authorization": "Bearer s3cret"})
+        assert res.json() == {"hooked": True}
+
+
 def test_an_empty_api_token_is_refused(tmp_path: Path) -> None:
     from runtime.http import create_app
 

@@ -2,8 +2,9 @@
 
 Every change of a run sends one ``effect_changed`` frame and every stored message one
 ``message_created`` frame; ``seq`` grows by one per frame of a thread, across both kinds;
-no run frame carries args; an unknown thread is refused with 4404; a client that stops
-reading is closed with 1013 while the others receive every frame.
+no run frame carries args; an unknown thread is refused with 4404 and a malformed thread id
+with 4400; a client that stops reading is closed with 1013 while the others receive every
+frame.
 """
 
 from __future__ import annotations
@@ -225,11 +226,30 @@ async def test_an_interrupted_run_is_requeued_on_shutdown(tmp_path: Path) -> Non
             assert await close_code(ws) == 1012  # "service restart": come back later
 
 
+async def close_frame(ws: ClientConnection) -> tuple[int, str]:
+    """Read until the server closes; the close code and reason it sent."""
+    async with asyncio.timeout(GUARD_SECONDS):
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await ws.recv()
+    assert closed.value.rcvd is not None, "closed without a close frame"
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
 async def test_an_unknown_thread_is_refused_with_4404(live: Live) -> None:
     async with stream(live.url("no-such-thread")) as ws:
-        assert await close_code(ws) == 4404
-    async with stream(live.url("bad.id")) as ws:
-        assert await close_code(ws) == 4404
+        assert await close_frame(ws) == (4404, "Thread not found: no-such-thread")
+
+
+@pytest.mark.parametrize("tid", ["bad..id", "bad.id", "x" * 65, "%C3%A9" * 80])
+async def test_a_malformed_thread_id_is_refused_with_4400(live: Live, tid: str) -> None:
+    async with stream(live.url(tid)) as ws:
+        code, reason = await close_frame(ws)
+    assert code == 4400
+    assert reason.startswith("Invalid thread id ")
+    assert len(reason.encode()) <= 123  # what a close frame can carry, even for "é" * 80
+    if len(tid) < 20:
+        assert f"Invalid thread id '{tid}': must match" in reason
 
 
 async def test_deleting_the_thread_closes_its_stream(live: Live) -> None:
