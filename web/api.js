@@ -43,6 +43,15 @@ export function onTokenNeeded(prompt) {
   tokenPrompt = prompt;
 }
 
+// The page registers how to hear whether the server answers: reach("ok") after any answer,
+// reach("unauthorized") after a 401 nobody could fix, reach("offline") when it cannot be
+// reached at all. The header's connection badge shows it while no thread is streaming.
+let reachListener = () => {};
+
+export function onReach(listener) {
+  reachListener = listener;
+}
+
 /** Ask for a token (shared between concurrent callers). `rejected`: a token was sent and refused. */
 export function askForToken(rejected) {
   if (!tokenPrompt) return Promise.resolve(null);
@@ -86,6 +95,7 @@ export async function request(method, path, body) {
         cache: "no-store",
       });
     } catch (err) {
+      reachListener("offline");
       throw new ApiError(0, "network_error", `Cannot reach the server (${method} ${path}): ${err.message}`);
     }
 
@@ -95,6 +105,7 @@ export async function request(method, path, body) {
       const fresh = await askForToken(Boolean(token));
       if (fresh) continue;
     }
+    reachListener(res.status === 401 ? "unauthorized" : "ok");
 
     const data = await readBody(res);
     if (!res.ok) {
@@ -150,7 +161,8 @@ export const api = {
 };
 
 // Close codes that say "retrying will not help as is".
-const CLOSE_UNKNOWN_THREAD = 4404;
+const CLOSE_INVALID_THREAD_ID = 4400; // the id is malformed: it never names a thread
+const CLOSE_UNKNOWN_THREAD = 4404; // no such thread (never created, or deleted)
 const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
 
 /**
@@ -159,7 +171,9 @@ const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
  *
  * Callbacks: onState("connecting" | "live" | "offline", detail), onOpen() after every
  * (re)connect — the caller reloads over HTTP then, since frames sent while the socket was
- * down are gone — onFrame(frame), onNotFound(), onAuth() (resolve to retry).
+ * down are gone — onFrame(frame), onNotFound(code, reason) when the server says the thread
+ * does not exist (4404) or its id is malformed (4400): the stream stops for good then —
+ * and onAuth() (resolve to retry).
  */
 export class RunStream {
   constructor(threadId, handlers) {
@@ -239,9 +253,9 @@ export class RunStream {
       if (this.ws !== ws) return; // replaced or stopped on purpose
       this.ws = null;
       if (this.stopped) return;
-      if (ev.code === CLOSE_UNKNOWN_THREAD) {
-        this.h.onState("offline", "thread not found");
-        this.h.onNotFound();
+      if (ev.code === CLOSE_UNKNOWN_THREAD || ev.code === CLOSE_INVALID_THREAD_ID) {
+        this.stop(); // no retry can make it exist
+        this.h.onNotFound(ev.code, ev.reason);
         return;
       }
       if (AUTH_CLOSE_CODES.has(ev.code)) {

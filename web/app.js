@@ -8,12 +8,21 @@
 // the table body, and even then they reuse the cached rows through one DocumentFragment.
 // All server text goes in through textContent / attributes, never innerHTML.
 
-import { api, ApiError, RunStream, askForToken, getToken, onTokenNeeded, setToken } from "./api.js";
+import { api, ApiError, RunStream, askForToken, getToken, onReach, onTokenNeeded, setToken } from "./api.js";
 
 const STATUSES = ["pending", "running", "completed", "failed", "canceled"];
 const TERMINAL = new Set(["completed", "failed", "canceled"]);
 const THREAD_PAGE = 50;
-const CONN_TEXT = { live: "live", connecting: "connecting…", offline: "offline" };
+// The header badge: the selected thread's stream (live, connecting…, offline) while there is
+// one; otherwise whether the server answers (idle; offline; token needed; connecting… at first).
+const CONN_TEXT = {
+  live: "live",
+  connecting: "connecting…",
+  offline: "offline",
+  idle: "idle",
+  unauthorized: "token needed",
+};
+const CLOSE_INVALID_THREAD_ID = 4400; // the stream's close code for a malformed thread id
 
 // Runs per page. 100 keeps "load more" clicks few on big threads; if the server refuses a
 // limit that large (400/422) we fall back to its documented default once and for all.
@@ -54,6 +63,7 @@ const el = {
   scheduleName: $("schedule-name"),
   scheduleDesc: $("schedule-desc"),
   scheduleArgs: $("schedule-args"),
+  argsRestore: $("schedule-args-restore"),
   scheduleDelay: $("schedule-delay"),
   scheduleSubmit: $("schedule-submit"),
   scheduleError: $("schedule-error"),
@@ -106,6 +116,11 @@ const state = {
   maxT: 0, // newest createdAt seen (ms), to place runs only known from frames
 
   stream: null,
+  streamConn: null, // {conn, detail}: the stream's last state, shown in the header badge
+  gone: false, // the selected thread does not exist (deleted elsewhere, or a malformed id)
+  reach: "unknown", // "unknown" | "ok" | "offline" | "unauthorized": the last API answer
+  probeTimer: null, // while offline with no stream: when to try the server again
+  probeFailures: 0,
   lastSeq: null,
   loading: false, // a full (re)load is in flight
   loadingMore: false,
@@ -119,7 +134,8 @@ const state = {
 
   detailId: null,
   effects: [],
-  argsEdited: false,
+  argsFor: null, // the effect the args box holds args for
+  argsDrafts: new Map(), // effect name -> args the user edited, set aside on switching effect
   tokenDismissed: false,
 
   view: "runs", // "runs" | "conversation": the tab shown for the selected thread
@@ -252,12 +268,81 @@ function toastApiError(what, err) {
   toast(`${what}: ${errorText(err)}`, { detail: code });
 }
 
+/** The selected thread's stream changed state ("connecting" | "live" | "offline"). */
 function setConn(conn, detail) {
-  el.conn.dataset.state = conn;
-  el.conn.textContent = CONN_TEXT[conn] || conn;
-  el.conn.title = detail ? `Live updates: ${detail}` : "Live updates for the selected thread";
+  state.streamConn = { conn, detail };
+  if (conn === "live") setReach("ok");
+  else renderConn();
   // If the socket cannot be opened at all, still show the list over plain HTTP.
   if (conn === "offline" && state.tid && !state.loadedOnce && !state.loading) reload();
+}
+
+function renderConn() {
+  let conn;
+  let title;
+  if (state.stream && state.streamConn) {
+    const { detail } = state.streamConn;
+    conn = state.streamConn.conn;
+    title = detail ? `Live updates: ${detail}` : "Live updates for the selected thread";
+  } else if (state.reach === "ok") {
+    conn = "idle";
+    title = state.tid
+      ? "The server answers; this thread has no live updates"
+      : "The server answers; select a thread for live updates";
+  } else if (state.reach === "offline") {
+    conn = "offline";
+    title = "Cannot reach the server; trying again";
+  } else if (state.reach === "unauthorized") {
+    conn = "unauthorized";
+    title = "The server needs an API token: set it with the API token button";
+  } else {
+    conn = "connecting";
+    title = "Contacting the server";
+  }
+  // It runs on every API answer: touch the live region only when something changed.
+  const text = CONN_TEXT[conn] || conn;
+  if (el.conn.dataset.state !== conn) el.conn.dataset.state = conn;
+  if (el.conn.textContent !== text) el.conn.textContent = text;
+  if (el.conn.title !== title) el.conn.title = title;
+}
+
+/** Every API answer (or failure to get one) lands here, through api.js's onReach. */
+function setReach(reach) {
+  const was = state.reach;
+  state.reach = reach;
+  if (reach === "offline") {
+    scheduleProbe();
+  } else {
+    clearTimeout(state.probeTimer);
+    state.probeTimer = null;
+    state.probeFailures = 0;
+    // Back after an outage: fetch again what could not be fetched meanwhile.
+    if (was === "offline") recoverLists();
+  }
+  renderConn();
+}
+
+// While the server cannot be reached and no stream is retrying on its own, knock again now
+// and then (2 s doubling to 30 s), so the badge and the lists come back by themselves.
+function scheduleProbe({ now = false } = {}) {
+  if (state.reach !== "offline" || state.stream) return;
+  if (state.probeTimer) {
+    if (!now) return;
+    clearTimeout(state.probeTimer);
+  }
+  const delay = now ? 0 : Math.min(30000, 2000 * 2 ** state.probeFailures);
+  state.probeTimer = setTimeout(() => {
+    state.probeTimer = null;
+    if (state.reach !== "offline" || state.stream) return;
+    state.probeFailures += 1;
+    api.listThreads({ limit: 1 }).catch(() => {}); // its outcome goes through setReach
+  }, delay);
+}
+
+function recoverLists() {
+  loadThreads(false);
+  if (!state.effects.length) loadEffects();
+  if (state.agents === null) loadAgents();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -572,8 +657,10 @@ function selectThread(tid) {
   state.gen += 1;
   if (state.stream) state.stream.stop();
   state.stream = null;
+  state.streamConn = null;
   clearTimeout(state.fallbackTimer);
   state.tid = tid;
+  state.gone = false;
   state.runs = new Map();
   state.order = [];
   state.rows = new Map();
@@ -593,6 +680,7 @@ function selectThread(tid) {
   el.scheduleError.hidden = true;
   el.scheduleResult.hidden = true;
   resetConversation();
+  setThreadDisabled(false);
 
   const want = hashFor(tid);
   if (location.hash !== want) {
@@ -605,7 +693,8 @@ function selectThread(tid) {
   document.title = tid ? `${tid} · Effects pane` : "Effects pane · thread-effects";
 
   if (!tid) {
-    setConn("offline", "no thread selected");
+    renderConn();
+    scheduleProbe(); // when offline: nothing else retries now
     return;
   }
   el.threadId.textContent = tid;
@@ -629,8 +718,9 @@ function selectThread(tid) {
     onFrame: (frame) => {
       if (gen === state.gen) handleFrame(frame);
     },
-    onNotFound: () => {
-      if (gen === state.gen) showThreadError(`Thread not found: ${tid}. It may have been deleted.`);
+    onNotFound: (code) => {
+      if (gen !== state.gen) return;
+      threadGone(tid, code === CLOSE_INVALID_THREAD_ID ? invalidIdText(tid) : notFoundText(tid));
     },
     onAuth: () => askForToken(true),
   });
@@ -644,6 +734,85 @@ function selectThread(tid) {
 function showThreadError(message) {
   el.threadError.textContent = message;
   el.threadError.hidden = false;
+}
+
+function notFoundText(tid) {
+  return `Thread not found: ${tid}. It may have been deleted.`;
+}
+
+function invalidIdText(tid) {
+  return `Invalid thread id: ${tid}. Thread ids are 1 to 64 letters, digits, "_" or "-".`;
+}
+
+/**
+ * When an answer says the selected thread does not exist (404 thread_not_found, or 400
+ * invalid_thread_id), treat it as gone and return true; otherwise return false.
+ */
+function handledAsGone(tid, err) {
+  if (!(err instanceof ApiError)) return false;
+  if (err.status === 404 && err.code === "thread_not_found") threadGone(tid, notFoundText(tid));
+  else if (err.status === 400 && err.code === "invalid_thread_id") threadGone(tid, invalidIdText(tid));
+  else return false;
+  return true;
+}
+
+/**
+ * The selected thread does not exist (deleted in another browser, or never could): drop it
+ * from the list, clear its runs and messages, stop its stream, disable everything that would
+ * act on it, and say why. The thread stays selected so the message stays in view.
+ */
+function threadGone(tid, message) {
+  if (tid !== state.tid) return;
+  if (!state.gone) {
+    state.gone = true;
+    state.gen += 1; // answers still in flight for it are dropped
+    if (state.stream) state.stream.stop();
+    state.stream = null;
+    state.streamConn = null;
+    clearTimeout(state.fallbackTimer);
+    state.runs = new Map();
+    state.order = [];
+    state.rows = new Map();
+    state.feeds = newFeeds();
+    state.serverCounts = null;
+    state.loading = false;
+    state.loadingMore = false;
+    state.reloadQueued = false;
+    state.loadedOnce = false;
+    state.framesDuringLoad = null;
+    state.dirty.clear();
+    closeDetail();
+    el.tbody.replaceChildren();
+    el.table.removeAttribute("aria-busy");
+    el.scheduleResult.hidden = true;
+    resetConversation();
+    state.threads.delete(tid);
+    threadEl(tid)?.remove();
+    renderThreadsFooter();
+    setThreadDisabled(true);
+    renderCounts();
+    renderFooter();
+    renderConn();
+    scheduleProbe();
+  }
+  showThreadError(message);
+}
+
+/** Enable or disable every control that acts on the selected thread. */
+function setThreadDisabled(disabled) {
+  el.threadView.toggleAttribute("data-gone", disabled);
+  const controls = [
+    el.scheduleName,
+    el.scheduleArgs,
+    el.scheduleDelay,
+    el.scheduleSubmit,
+    el.argsRestore,
+    el.reloadRuns,
+    el.composerInput,
+    ...el.filters.querySelectorAll("button"),
+  ];
+  for (const control of controls) control.disabled = disabled;
+  renderComposer();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -748,7 +917,9 @@ async function fetchPage(tid, key, feed) {
   try {
     res = await api.listRuns(tid, opts);
   } catch (err) {
-    if (err instanceof ApiError && (err.status === 400 || err.status === 422) && runPageSize > 50) {
+    // Only a refused limit (not, say, a malformed thread id) lowers the page size.
+    const refusedLimit = err instanceof ApiError && (err.code === "invalid_parameter" || err.status === 422);
+    if (refusedLimit && runPageSize > 50) {
       runPageSize = 50;
       return fetchPage(tid, key, feed);
     }
@@ -771,7 +942,7 @@ async function fetchPage(tid, key, feed) {
  */
 async function reload() {
   const tid = state.tid;
-  if (!tid) return;
+  if (!tid || state.gone) return;
   if (state.loading) {
     state.reloadQueued = true; // one more pass after this one, however many asked
     return;
@@ -804,11 +975,7 @@ async function reload() {
     applySnapshot(fetched, feeds);
   } catch (err) {
     if (gen !== state.gen) return;
-    if (err instanceof ApiError && err.status === 404) {
-      showThreadError(`Thread not found: ${tid}. It may have been deleted.`);
-    } else {
-      toastApiError("Could not load runs", err);
-    }
+    if (!handledAsGone(tid, err)) toastApiError("Could not load runs", err);
   } finally {
     if (gen === state.gen) {
       state.loading = false;
@@ -887,7 +1054,7 @@ function countChange(change) {
 
 async function loadMore() {
   const tid = state.tid;
-  if (!tid || state.loading || state.loadingMore) return;
+  if (!tid || state.gone || state.loading || state.loadingMore) return;
   const key = feedKey();
   const feed = state.feeds[key];
   if (feed.exhausted) return;
@@ -900,7 +1067,7 @@ async function loadMore() {
     for (const r of runs) mergeRun(r);
     renderAll();
   } catch (err) {
-    if (gen === state.gen) toastApiError("Could not load more runs", err);
+    if (gen === state.gen && !handledAsGone(tid, err)) toastApiError("Could not load more runs", err);
   } finally {
     if (gen === state.gen) {
       state.loadingMore = false;
@@ -1012,9 +1179,11 @@ function createRow(run) {
     err: make("td", { class: "cell-error" }),
     act: make("td", { class: "cell-actions" }),
   };
+  // Shown instead of the actions when the list is narrow: the row opens the detail.
+  const open = make("td", { class: "cell-open", "data-testid": "row-open", "aria-hidden": "true", text: "›" });
   const statusTd = make("td", {}, c.badge);
   c.due.append(c.dueAbs, " ", c.dueRel);
-  tr.append(c.id, c.name, statusTd, c.due, c.att, c.err, c.act);
+  tr.append(c.id, c.name, statusTd, c.due, c.att, c.err, c.act, open);
   tr._cells = c;
   tr._v = -1;
   tr._status = null;
@@ -1133,7 +1302,8 @@ function renderFooter() {
     el.runsEmpty.hidden = true;
   } else {
     el.runsEmpty.hidden = false;
-    if (!state.loadedOnce) el.runsEmpty.textContent = "Loading runs…";
+    if (state.gone) el.runsEmpty.textContent = "This thread does not exist.";
+    else if (!state.loadedOnce) el.runsEmpty.textContent = "Loading runs…";
     else if (state.filter === "all") el.runsEmpty.textContent = "No runs in this thread yet.";
     else el.runsEmpty.textContent = `No ${state.filter} runs loaded.`;
   }
@@ -1197,7 +1367,7 @@ async function runAction(action, id, button) {
       await refreshRun(newId).catch(() => {});
     }
   } catch (err) {
-    if (gen !== state.gen) return;
+    if (gen !== state.gen || handledAsGone(tid, err)) return;
     const label = { "run-now": "Run now", cancel: "Cancel", replay: "Replay" }[action] || action;
     toastApiError(`${label} failed for run ${id}`, err);
     // A 409 means our idea of the run's status is out of date.
@@ -1226,7 +1396,7 @@ async function openDetail(id, { focus = false } = {}) {
   try {
     await refreshRun(id);
   } catch (err) {
-    if (gen !== state.gen || state.detailId !== id) return;
+    if (gen !== state.gen || state.detailId !== id || handledAsGone(state.tid, err)) return;
     if (!state.runs.has(id)) {
       el.detailName.textContent = id;
       el.detailArgs.textContent = "";
@@ -1242,6 +1412,7 @@ function closeDetail() {
   if (state.detailId) state.rows.get(state.detailId)?.classList.remove("selected");
   state.detailId = null;
   el.detail.hidden = true;
+  el.detailActions.replaceChildren(); // no hidden Run now / Cancel of a run no longer shown
   delete el.detail.dataset.runId;
   el.layout.classList.remove("has-detail");
 }
@@ -1502,9 +1673,11 @@ function renderConversation() {
     el.messagesEmpty.hidden = true;
   } else {
     el.messagesEmpty.hidden = false;
-    el.messagesEmpty.textContent = conv.loadedOnce
-      ? "No messages yet. Write one below."
-      : "Loading messages…";
+    el.messagesEmpty.textContent = state.gone
+      ? "This thread does not exist."
+      : conv.loadedOnce
+        ? "No messages yet. Write one below."
+        : "Loading messages…";
   }
   el.messageList.setAttribute("aria-busy", String(conv.loading));
 }
@@ -1546,7 +1719,7 @@ function foldFetched(fetched, anchor) {
 async function loadMessages() {
   const tid = state.tid;
   const conv = state.conv;
-  if (!tid) return;
+  if (!tid || state.gone) return;
   if (conv.loading) {
     conv.reloadQueued = true;
     return;
@@ -1577,11 +1750,7 @@ async function loadMessages() {
     renderMessages();
   } catch (err) {
     if (gen !== state.gen) return;
-    if (err instanceof ApiError && err.status === 404) {
-      showThreadError(`Thread not found: ${tid}. It may have been deleted.`);
-    } else {
-      toastApiError("Could not load the messages", err);
-    }
+    if (!handledAsGone(tid, err)) toastApiError("Could not load the messages", err);
   } finally {
     if (gen === state.gen) {
       conv.loading = false;
@@ -1597,7 +1766,7 @@ async function loadMessages() {
 async function loadOlderMessages() {
   const tid = state.tid;
   const conv = state.conv;
-  if (!tid || !conv.prevCursor || conv.loadingOlder) return;
+  if (!tid || state.gone || !conv.prevCursor || conv.loadingOlder) return;
   const gen = state.gen;
   conv.loadingOlder = true;
   renderConversation();
@@ -1613,7 +1782,7 @@ async function loadOlderMessages() {
     conv.loadingOlder = false;
     renderMessages({ keepBottomOffset: true });
   } catch (err) {
-    if (gen === state.gen) toastApiError("Could not load older messages", err);
+    if (gen === state.gen && !handledAsGone(tid, err)) toastApiError("Could not load older messages", err);
   } finally {
     if (gen === state.gen) {
       conv.loadingOlder = false;
@@ -1652,7 +1821,7 @@ function showComposerStatus(message) {
 
 function renderComposer() {
   const sending = Boolean(state.conv && state.conv.sending);
-  el.composerSend.disabled = sending;
+  el.composerSend.disabled = sending || state.gone;
   el.composerSend.textContent = sending ? "Sending…" : "Send";
   el.composer.setAttribute("aria-busy", String(sending));
 }
@@ -1661,7 +1830,7 @@ async function onSend(ev) {
   ev.preventDefault();
   const tid = state.tid;
   const conv = state.conv;
-  if (!tid || conv.sending) return;
+  if (!tid || state.gone || conv.sending) return;
   const text = el.composerInput.value;
   if (!text.trim()) {
     showComposerError("Write a message first.");
@@ -1690,6 +1859,7 @@ async function onSend(ev) {
   } catch (err) {
     if (gen !== state.gen) return;
     showComposerStatus("");
+    if (handledAsGone(tid, err)) return;
     // Nothing was stored, except for a turn whose model failed (502): its message stays.
     const stored = err instanceof ApiError && err.code === "turn_failed";
     if (!stored && !el.composerInput.value) el.composerInput.value = text;
@@ -1742,15 +1912,73 @@ function selectedEffect() {
   return state.effects.find((e) => e.name === el.scheduleName.value) || null;
 }
 
+function templateFor(name) {
+  const effect = state.effects.find((e) => e.name === name);
+  return effect ? argsTemplate(effect.argsSchema) : "";
+}
+
+/** Whether `text` differs from the skeleton offered for effect `name` (ignoring layout). */
+function argsEdited(name, text) {
+  const typed = text.trim();
+  const template = templateFor(name).trim();
+  if (!typed || typed === template) return false;
+  try {
+    return JSON.stringify(JSON.parse(typed)) !== JSON.stringify(JSON.parse(template || "null"));
+  } catch {
+    return true;
+  }
+}
+
+/**
+ * The effect changed (or the list was reloaded). The args box always holds args for the
+ * chosen effect: its skeleton, or what the user typed for it earlier. Args typed for the
+ * previous effect are set aside, never sent to another one, and the "back to …" link
+ * returns to them in one step.
+ */
 function onEffectChosen() {
   const effect = selectedEffect();
+  const name = effect ? effect.name : null;
   el.scheduleDesc.textContent = effect && effect.description ? effect.description : "";
   const takesArgs = Boolean(effect && effect.argsSchema);
   el.scheduleArgs.title = takesArgs ? JSON.stringify(effect.argsSchema, null, 2) : "This effect takes no arguments";
   // An empty box is sent as null, which is what an effect without arguments expects.
   el.scheduleArgs.placeholder = takesArgs ? "{}" : "no arguments (sent as null)";
-  // Offer a skeleton of the args unless the user already typed their own.
-  if (!state.argsEdited) el.scheduleArgs.value = effect ? argsTemplate(effect.argsSchema) : "";
+
+  const previous = state.argsFor;
+  if (name === previous) {
+    // Same effect (the list was reloaded): keep what the user typed, refresh a skeleton.
+    if (!argsEdited(name, el.scheduleArgs.value)) el.scheduleArgs.value = templateFor(name);
+    return;
+  }
+  let setAside = null;
+  if (previous !== null && argsEdited(previous, el.scheduleArgs.value)) {
+    state.argsDrafts.set(previous, el.scheduleArgs.value);
+    setAside = previous;
+  } else if (previous !== null) {
+    state.argsDrafts.delete(previous);
+  }
+  el.scheduleArgs.value = (name !== null && state.argsDrafts.get(name)) || templateFor(name);
+  state.argsFor = name;
+  showArgsRestore(setAside);
+}
+
+/** Offer the way back to the args just set aside for `name` (null: hide the link). */
+function showArgsRestore(name) {
+  el.argsRestore.hidden = !name;
+  if (!name) {
+    delete el.argsRestore.dataset.effect;
+    return;
+  }
+  el.argsRestore.dataset.effect = name;
+  el.argsRestore.textContent = `↩ Back to ${name} and the args you typed`;
+}
+
+function onArgsRestore() {
+  const name = el.argsRestore.dataset.effect;
+  if (!name || !state.effects.some((e) => e.name === name)) return;
+  el.scheduleName.value = name;
+  onEffectChosen(); // brings back its draft, and offers the way back to this effect's
+  el.scheduleArgs.focus();
 }
 
 async function loadEffects() {
@@ -1782,7 +2010,7 @@ function showScheduleError(message) {
 async function onSchedule(ev) {
   ev.preventDefault();
   const tid = state.tid;
-  if (!tid) return;
+  if (!tid || state.gone) return;
   showScheduleError("");
   el.scheduleResult.hidden = true;
 
@@ -1820,11 +2048,11 @@ async function onSchedule(ev) {
     el.scheduleResult.hidden = false;
     await refreshRun(id).catch(() => {}); // the frame usually wins; this covers a dead socket
   } catch (err) {
-    if (gen !== state.gen) return;
+    if (gen !== state.gen || handledAsGone(tid, err)) return;
     const code = err instanceof ApiError && err.status ? ` (${err.status} ${err.code})` : "";
     showScheduleError(`${errorText(err)}${code}`);
   } finally {
-    el.scheduleSubmit.disabled = false;
+    el.scheduleSubmit.disabled = state.gone;
   }
 }
 
@@ -1948,9 +2176,7 @@ function wire() {
 
   el.scheduleForm.addEventListener("submit", onSchedule);
   el.scheduleName.addEventListener("change", onEffectChosen);
-  el.scheduleArgs.addEventListener("input", () => {
-    state.argsEdited = el.scheduleArgs.value.trim() !== "";
-  });
+  el.argsRestore.addEventListener("click", onArgsRestore);
 
   window.addEventListener("hashchange", () => {
     const tid = threadFromHash();
@@ -1965,7 +2191,9 @@ function init() {
   wire();
   state.conv = newConversation();
   setView(viewFromHash(), { writeHash: false });
-  setConn("offline", "no thread selected");
+  onReach(setReach);
+  window.addEventListener("online", () => scheduleProbe({ now: true }));
+  renderConn();
   loadThreads(false);
   loadEffects();
   loadAgents();

@@ -7,6 +7,7 @@ bound against hangs), never assertions about how long something took.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -427,3 +428,251 @@ def test_new_thread_asks_which_agent_when_none_is_the_default(
         expect(item).to_contain_text("agent: planner")
         expect(page.get_by_test_id("toast")).to_have_count(0)
         assert pane.errors == []
+
+
+# ------------------------------------------------------------------ user findings
+
+SHOTS = os.environ.get("PANE_SCREENSHOTS")  # a folder: save the screenshots taken below
+
+
+def snap(page: Page, name: str, *, full_page: bool = False) -> None:
+    """Save a screenshot to $PANE_SCREENSHOTS/<name>.png when that variable is set."""
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=full_page)
+
+
+def test_the_badge_says_idle_without_a_thread_and_offline_only_when_unreachable(
+    pane: Pane,
+) -> None:
+    page = pane.page
+    conn = page.get_by_test_id("conn-state")
+    tid = pane.new_thread()
+    page.goto(f"{pane.url}/")
+    expect(page.get_by_test_id("thread-item")).to_have_count(1, timeout=WAIT_MS)
+    # The server answers and no thread is selected: neutral "idle", not red "offline".
+    expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
+    expect(conn).to_have_text("idle")
+    assert conn.evaluate("e => getComputedStyle(e).color") == page.locator(
+        ".brand-sub"
+    ).evaluate("e => getComputedStyle(e).color")  # the muted text colour, not the red
+    snap(page, "badge-idle")
+
+    # A thread streams: live; back to no thread: idle again.
+    page.locator(f'[data-testid="thread-item"][data-thread-id="{tid}"]').click()
+    expect(conn).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+    page.go_back()
+    expect(page.get_by_test_id("no-thread")).to_be_visible(timeout=WAIT_MS)
+    expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
+
+    # The server cannot be reached: offline, and idle again by itself once it can.
+    page.route("**/api/**", lambda route: route.abort())
+    page.get_by_test_id("new-thread").click()
+    expect(conn).to_have_attribute("data-state", "offline", timeout=WAIT_MS)
+    expect(conn).to_have_text("offline")
+    snap(page, "badge-offline")
+    page.unroute("**/api/**")
+    expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
+    assert all("ERR_FAILED" in e for e in pane.errors), pane.errors
+
+
+def test_with_a_token_the_badge_says_idle_once_the_token_works(
+    tmp_path: Path, browser: Browser
+) -> None:
+    app = create_app(
+        data_dir=tmp_path / "data",
+        app_dir=ROOT / "agents",
+        web_dir=DEFAULT_WEB_DIR,
+        load_packages=False,
+        api_token="pane-secret",
+    )
+    with ThreadedServer(app) as server:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            conn = page.get_by_test_id("conn-state")
+            page.goto(f"{server.url}/")
+            expect(page.get_by_test_id("token-dialog")).to_be_visible(timeout=WAIT_MS)
+            page.get_by_test_id("token-input").fill("pane-secret")
+            page.get_by_test_id("token-submit").click()
+            expect(page.get_by_text("No threads yet.")).to_be_visible(timeout=WAIT_MS)
+            expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
+            snap(page, "badge-idle-after-token")
+
+            # Without a token the server still answers: "token needed", not "offline".
+            page.get_by_test_id("token-button").click()
+            page.get_by_test_id("token-forget").click()
+            expect(page.get_by_test_id("token-dialog")).to_be_visible(timeout=WAIT_MS)
+            page.get_by_test_id("token-cancel").click()
+            expect(conn).to_have_attribute("data-state", "unauthorized", timeout=WAIT_MS)
+            expect(conn).to_have_text("token needed")
+        finally:
+            context.close()
+
+
+def test_switching_effect_puts_that_effects_args_in_the_box(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    name = page.get_by_test_id("schedule-name")
+    args = page.get_by_test_id("schedule-args")
+    restore = page.get_by_test_id("schedule-args-restore")
+    expect(name.locator("option")).to_have_count(5, timeout=WAIT_MS)
+
+    # Untouched args follow the effect, and nothing is offered back.
+    name.select_option("fail_on_purpose")
+    name.select_option("send_reminder")
+    assert json.loads(args.input_value()) == {"text": ""}
+    expect(restore).to_be_hidden()
+
+    # Edited args for fail_on_purpose, then thread_digest (no args): the box is emptied
+    # (sent as null), scheduling works, and one click goes back to the edited args.
+    name.select_option("fail_on_purpose")
+    args.fill('{"reason": "my own reason"}')
+    name.select_option("thread_digest")
+    expect(args).to_have_value("")
+    expect(restore).to_be_visible()
+    expect(restore).to_contain_text("fail_on_purpose")
+    snap(page, "args-switched")
+    page.get_by_test_id("schedule-submit").click()
+    expect(page.get_by_test_id("schedule-result")).to_contain_text(
+        "Scheduled thread_digest", timeout=WAIT_MS
+    )
+    expect(page.get_by_test_id("schedule-error")).to_be_hidden()
+    digest = page.locator('[data-testid="run-row"]', has_text="thread_digest")
+    expect(digest).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+
+    restore.click()
+    expect(name).to_have_value("fail_on_purpose")
+    expect(args).to_have_value('{"reason": "my own reason"}')
+    expect(restore).to_be_hidden()  # the digest's args were not edited: nothing to go back to
+    page.get_by_test_id("schedule-submit").click()
+    failed = page.locator('[data-testid="run-row"]', has_text="fail_on_purpose")
+    expect(failed).to_have_attribute("data-status", "failed", timeout=WAIT_MS)
+    expect(failed).to_contain_text("my own reason")
+    assert pane.errors == []
+
+
+def test_on_a_narrow_screen_rows_show_that_they_open_the_run(pane: Pane) -> None:
+    page = pane.page
+    page.set_viewport_size({"width": 400, "height": 800})
+    tid = pane.new_thread()
+    run_id = pane.schedule(tid, "send_reminder", {"text": "stretch"}, delay=3600)
+    pane.schedule(tid, "fail_on_purpose", {"reason": "no network today"})
+    page.goto(f"{pane.url}/")
+    placeholder = page.get_by_test_id("no-thread")
+    expect(placeholder).to_have_text("Select a thread, or create a new one.")
+    snap(page, "narrow-no-thread", full_page=True)
+
+    pane.open_thread(tid)
+    row = pane.row(run_id)
+    expect(row).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
+    # The actions column does not fit: a chevron on every row and a hint say rows open.
+    expect(row.get_by_test_id("run-now")).to_be_hidden()
+    chevron = row.get_by_test_id("row-open")
+    expect(chevron).to_be_visible()
+    expect(chevron).to_have_text("\u203a")  # the chevron
+    expect(page.get_by_test_id("runs-hint")).to_be_visible()
+    assert row.evaluate("e => getComputedStyle(e).cursor") == "pointer"
+    # Nothing hides off to the side: the table fits the screen.
+    wrap = page.locator(".table-wrap")
+    assert wrap.evaluate("e => e.scrollWidth <= e.clientWidth"), "the table scrolls sideways"
+    row.scroll_into_view_if_needed()
+    expect(chevron).to_be_in_viewport()
+    snap(page, "narrow-rows", full_page=True)
+
+    row.click()
+    detail = page.get_by_test_id("run-detail")
+    expect(detail).to_be_visible(timeout=WAIT_MS)
+    expect(detail.get_by_test_id("run-now")).to_be_visible()
+    snap(page, "narrow-detail")
+    detail.get_by_test_id("run-now").click()
+    expect(row).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+
+    # Wide again: the actions are back in the rows, no chevron, no hint.
+    page.get_by_test_id("detail-close").click()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    expect(row.get_by_test_id("replay")).to_be_visible()
+    expect(chevron).to_be_hidden()
+    expect(page.get_by_test_id("runs-hint")).to_be_hidden()
+    assert pane.errors == []
+
+
+def expect_thread_gone(pane: Pane, tid: str, message: str) -> None:
+    page = pane.page
+    error = page.get_by_test_id("thread-error")
+    expect(error).to_be_visible(timeout=WAIT_MS)
+    expect(error).to_contain_text(message)
+    expect(page.locator(f'[data-testid="thread-item"][data-thread-id="{tid}"]')).to_have_count(0)
+    expect(page.get_by_test_id("run-row")).to_have_count(0)
+    expect(page.get_by_test_id("runs-empty")).to_have_text("This thread does not exist.")
+    expect(page.get_by_test_id("schedule-submit")).to_be_disabled()
+    expect(page.get_by_test_id("reload-runs")).to_be_disabled()
+    expect(page.get_by_test_id("filter-all")).to_be_disabled()
+    # The server answers; there is just no thread to stream.
+    expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "idle")
+
+
+def test_a_thread_deleted_in_another_browser_leaves_this_one(pane: Pane) -> None:
+    page = pane.page
+    keep = pane.new_thread()
+    tid = pane.new_thread()
+    run_id = pane.schedule(tid, "send_reminder", {"text": "later"}, delay=3600)
+    pane.open_thread(tid)
+    expect(pane.row(run_id).get_by_test_id("run-now")).to_be_visible(timeout=WAIT_MS)
+    pane.row(run_id).click()
+    expect(page.get_by_test_id("run-detail")).to_be_visible(timeout=WAIT_MS)
+
+    assert pane.http.delete(f"/api/threads/{tid}").status_code == 200  # "another browser"
+    expect_thread_gone(pane, tid, f"Thread not found: {tid}. It may have been deleted.")
+    expect(page.get_by_test_id("run-detail")).to_be_hidden()
+    expect(page.get_by_test_id("run-now")).to_have_count(0)
+    page.get_by_test_id("tab-conversation").click()
+    expect(page.get_by_test_id("message-item")).to_have_count(0)
+    expect(page.get_by_test_id("composer-send")).to_be_disabled()
+    page.get_by_test_id("tab-runs").click()
+    snap(page, "thread-deleted-elsewhere")
+
+    # The other thread still opens normally, with everything enabled again.
+    page.locator(f'[data-testid="thread-item"][data-thread-id="{keep}"]').click()
+    expect(page.get_by_test_id("conn-state")).to_have_attribute(
+        "data-state", "live", timeout=WAIT_MS
+    )
+    expect(page.get_by_test_id("thread-error")).to_be_hidden()
+    expect(page.get_by_test_id("schedule-submit")).to_be_enabled()
+    expect(page.get_by_test_id("runs-empty")).to_have_text("No runs in this thread yet.")
+    assert pane.errors == []
+
+
+def test_an_action_answered_404_for_a_deleted_thread_clears_it_too(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    run_id = pane.schedule(tid, "send_reminder", {"text": "later"}, delay=3600)
+    # A stream that never hears of the deletion (say, a proxy holding it open): only the
+    # HTTP answers can tell.
+    page.route_web_socket(re.compile(r"/stream"), lambda ws: None)
+    pane.open_thread(tid)
+    run_now = pane.row(run_id).get_by_test_id("run-now")
+    expect(run_now).to_be_visible(timeout=WAIT_MS)
+    assert pane.http.delete(f"/api/threads/{tid}").status_code == 200
+    run_now.click()
+    expect_thread_gone(pane, tid, f"Thread not found: {tid}. It may have been deleted.")
+    expect(page.get_by_test_id("toast")).to_have_count(0)
+    assert all("404" in e for e in pane.errors), pane.errors
+
+
+def test_a_malformed_thread_id_is_refused_once_and_not_retried(pane: Pane) -> None:
+    page = pane.page
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    page.goto(f"{pane.url}/#thread=bad..id")
+    expect_thread_gone(pane, "bad..id", "Invalid thread id: bad..id.")
+    snap(page, "malformed-thread-id")
+    # The pane's first retry would come within a second; give it three.
+    page.wait_for_timeout(3000)
+    assert sockets == [f"{pane.url.replace('http', 'ws')}/api/threads/bad..id/stream"]
+    expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "idle")
+    expect(page.get_by_test_id("toast")).to_have_count(0)
+    # The server accepts the socket before closing it, so the pane may ask for the runs
+    # once (400 invalid_thread_id), and only once.
+    assert len(pane.errors) <= 1 and all("400" in e for e in pane.errors), pane.errors
