@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 import anyio.to_thread  # noqa: E402
 
 from runtime import Runtime, ThreadState  # noqa: E402
-from runtime.storage.models import EffectRunRow, sqlite_ddl  # noqa: E402
+from runtime.storage.schema import EFFECT_RUNS_DDL  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 APP_DIR = SCRIPT.parent / "app"
@@ -56,8 +56,9 @@ FAR_FUTURE_SECONDS = 3600.0
 TICK_SECONDS = 0.010
 MIB = 1 << 20
 
-# The raw baselines use the runtime's own schema (generated from the same models) and the
-# runtime's SQL (runtime/storage/sqlite.py: insert_run, finish_and_claim).
+# The raw baselines use the runtime's own schema (the DDL it runs, generated from its models:
+# runtime/storage/schema.py) and the runtime's SQL (runtime/storage/sqlite.py: insert_run,
+# finish_and_claim).
 _COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
     "attempts, error, replay_of"
@@ -190,7 +191,7 @@ def _raw_open(folder: Path, files: int, synchronous: str) -> list[sqlite3.Connec
         )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
-        for statement in sqlite_ddl(EffectRunRow):
+        for statement in EFFECT_RUNS_DDL:
             conn.execute(statement)
         conns.append(conn)
     return conns

@@ -20,24 +20,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
-
-from pydantic_ai import ModelMessagesTypeAdapter
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    RetryPromptPart,
-    SystemPromptPart,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
+from typing import TYPE_CHECKING, Any
 
 from runtime._text import check_text
 from runtime.effects import iso
 from runtime.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage, UserPromptPart
+
+# pydantic-ai is imported by the functions that convert to or from its messages, not here:
+# an app with effects only never loads it (tests/test_imports.py).
 
 MAX_CONTENT_CHARS = 100_000
 """The longest message content accepted from a caller (user messages, injected messages)."""
@@ -135,6 +128,8 @@ class Message:
 
     def model_message(self) -> ModelMessage:
         """The pydantic-ai message this row stores."""
+        from pydantic_ai import ModelMessagesTypeAdapter
+
         return ModelMessagesTypeAdapter.validate_json(f"[{self.data}]")[0]
 
     def meta_json(self) -> str:
@@ -255,6 +250,8 @@ def _user_text(part: UserPromptPart) -> str:
 
 
 def _dump(message: ModelMessage) -> str:
+    from pydantic_ai import ModelMessagesTypeAdapter
+
     return ModelMessagesTypeAdapter.dump_json([message]).decode()[1:-1]
 
 
@@ -268,6 +265,16 @@ def message_from_model(
     injected: bool = False,
 ) -> Message:
     """Describe a pydantic-ai message as a `Message` (role, text, tool calls or results)."""
+    from pydantic_ai.messages import (
+        ModelResponse,
+        RetryPromptPart,
+        SystemPromptPart,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+
     if isinstance(model_message, ModelResponse):
         texts = [p.content for p in model_message.parts if isinstance(p, TextPart)]
         calls = tuple(
@@ -321,6 +328,14 @@ def text_model_message(role: MessageRole | str, content: str) -> ModelMessage:
         ValueError: for the ``tool`` role (tool results come only from tool calls) or an
             unknown role.
     """
+    from pydantic_ai.messages import (
+        ModelRequest,
+        ModelResponse,
+        SystemPromptPart,
+        TextPart,
+        UserPromptPart,
+    )
+
     role = MessageRole(role)
     if role is MessageRole.USER:
         return ModelRequest(parts=[UserPromptPart(content)])
@@ -368,4 +383,6 @@ def history(messages: Iterable[Message]) -> list[ModelMessage]:
     datas: Sequence[str] = [m.data for m in messages]
     if not datas:
         return []
+    from pydantic_ai import ModelMessagesTypeAdapter
+
     return list(ModelMessagesTypeAdapter.validate_json("[" + ",".join(datas) + "]"))

@@ -15,23 +15,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-
 from runtime.alarms import AlarmCallback, AlarmTimer
 
 if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
     from pydantic_ai.models import Model
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
 
     from runtime.supervisor import Runtime
+
+# pydantic-ai is imported by the demo model's functions, not here: `FakeClock` is for
+# effects-only apps too, which never load it.
 
 
 class ManualTimer:
@@ -168,6 +162,14 @@ def _duration_text(seconds: float) -> str:
 
 
 def _demo_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    from pydantic_ai.messages import (
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+
     last = messages[-1]
     if isinstance(last, ModelRequest):
         returns = [p for p in last.parts if isinstance(p, ToolReturnPart)]
@@ -205,6 +207,8 @@ def _demo_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 
 def _find_call(messages: list[ModelMessage], tool_call_id: str) -> ToolCallPart | None:
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+
     for message in reversed(messages):
         if isinstance(message, ModelResponse):
             for part in message.parts:
@@ -214,6 +218,8 @@ def _find_call(messages: list[ModelMessage], tool_call_id: str) -> ToolCallPart 
 
 
 def _last_user_text(messages: list[ModelMessage]) -> str:
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
     for message in reversed(messages):
         if isinstance(message, ModelRequest):
             for part in reversed(message.parts):
@@ -233,6 +239,8 @@ def demo_model() -> FunctionModel:
     Anything else gets a short help text. It needs no network, so the demo (and tests)
     run offline. For scripted models of your own, use pydantic-ai's ``FunctionModel``.
     """
+    from pydantic_ai.models.function import FunctionModel
+
     return FunctionModel(_demo_reply, model_name=DEMO_MODEL_NAME)
 
 

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, overload
 
 import anyio.to_thread
 from pydantic import BaseModel, ValidationError
-from pydantic_ai.messages import tool_return_ta
 from pydantic_core import PydanticSerializationError
 
 if TYPE_CHECKING:
@@ -111,6 +110,8 @@ def check_tool_result(tool_name: str, result: Any) -> None:
     Raises:
         UnsendableToolResult: naming the tool and what could not be serialized.
     """
+    from pydantic_ai.messages import tool_return_ta  # not at import: effects-only apps skip it
+
     try:
         tool_return_ta.dump_json(result, by_alias=True)
     except (PydanticSerializationError, TypeError, ValueError) as exc:

@@ -22,25 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-from pydantic_ai import Agent, ModelRetry, RunContext, Tool, ToolFailed, capture_run_messages
-from pydantic_ai.capabilities import ProcessHistory
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    RetryPromptPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
 
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
@@ -56,19 +43,23 @@ from runtime.messages import (
     Message,
     MessagePage,
     MessageRole,
-    ToolCall,
     check_content,
     history,
     message_from_model,
     text_model_message,
 )
 from runtime.thread import Execution, ThreadState
-from runtime.tools import ToolDefinition, check_tool_result
 
 if TYPE_CHECKING:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage
     from pydantic_ai.models import Model
 
     from runtime.supervisor import Runtime
+
+# pydantic-ai is imported where a turn needs it (runtime.agent_loop builds the agents), not
+# here: this module is part of `import runtime`, and an app with effects only never loads
+# pydantic-ai (tests/test_imports.py).
 
 log = logging.getLogger("runtime.turns")
 
@@ -165,83 +156,14 @@ class TurnTracker:
         """The pydantic-ai agent of a definition (built once, then reused)."""
         built = self._agents.get(id(agent))
         if built is None:
-            built = _build_agent(app, agent)
+            from runtime.agent_loop import build_agent
+
+            built = build_agent(app, agent)
             self._agents[id(agent)] = built
         return built
 
 
 # ----------------------------------------------------------------- the agent loop
-
-
-def _execution(ctx: RunContext[ThreadState]) -> Execution:
-    return Execution(run_id=ctx.run_id or "", step=ctx.run_step, tool_call_id=ctx.tool_call_id)
-
-
-def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[ThreadState]:
-    succeeded = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_SUCCESS)
-    failed = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_FAILURE)
-
-    async def run(ctx: RunContext[ThreadState], **raw: Any) -> Any:
-        state = ctx.deps.with_context(execution=_execution(ctx))
-        call = ToolCall(ctx.tool_call_id or "", defn.name, dict(raw))
-        try:
-            args = defn.validate_args(raw)
-            result = await defn.call(state, args)
-            check_tool_result(defn.name, result)
-        except ModelRetry as exc:
-            # The tool asks the model to correct its call: pydantic-ai's retry, as is.
-            await _hooks.after_tool_call_failure(failed, state, call, exc.message)
-            raise
-        except Exception as exc:
-            error = str(exc) if isinstance(exc, ToolFailed | ValueError) and str(exc) else (
-                f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            )
-            log.info("tool %s failed in thread %s: %s", defn.name, state.thread_id, error)
-            await _hooks.after_tool_call_failure(failed, state, call, error)
-            raise ToolFailed(error) from exc
-        return await _hooks.after_tool_call_success(succeeded, state, call, result)
-
-    return Tool.from_schema(
-        run,
-        name=defn.name,
-        description=defn.description,
-        json_schema=defn.json_schema(),
-        takes_ctx=True,
-    )
-
-
-def _build_agent(app: AgentApp, agent: AgentDefinition) -> Agent[ThreadState, str]:
-    filters = app.hooks_for(agent.name, HookPoint.FILTER_MESSAGES)
-
-    async def filter_history(
-        ctx: RunContext[ThreadState], messages: list[ModelMessage]
-    ) -> list[ModelMessage]:
-        state = ctx.deps.with_context(execution=_execution(ctx))
-        return await _hooks.filter_messages(filters, state, messages)
-
-    instructions = agent.instructions
-    if callable(instructions):
-        compute = instructions
-
-        async def dynamic(ctx: RunContext[ThreadState]) -> str:
-            text = compute(ctx.deps.with_context(execution=_execution(ctx)))
-            if inspect.isawaitable(text):
-                text = await text
-            return str(text)
-
-        agent_instructions: Any = dynamic
-    else:
-        agent_instructions = instructions
-
-    return Agent(
-        None,
-        name=agent.name,
-        instructions=agent_instructions,
-        deps_type=ThreadState,
-        output_type=str,
-        tools=[_tool(app, agent, app.tools[name]) for name in agent.tools],
-        capabilities=[ProcessHistory(filter_history)] if filters else None,
-    )
 
 
 def resolve_model(rt: Runtime, agent: AgentDefinition) -> Model | str:
@@ -275,7 +197,14 @@ def resolve_models(app: AgentApp, setting: str | None) -> dict[str, Model]:
             not installed, or one that refuses to start (e.g. no API key), naming the
             model and where it was configured.
     """
+    if not app.agents:
+        return {}  # effects only: pydantic-ai is never imported
+    # Import what turns need now, in this worker thread, rather than on the event loop
+    # when the first turn runs.
+    import pydantic_ai.models.function  # noqa: F401  (the demo model, runtime.testing)
     from pydantic_ai.models import infer_model
+
+    import runtime.agent_loop  # noqa: F401
 
     wanted: dict[str, str] = {}
     for agent in app.agents.values():
@@ -312,6 +241,15 @@ def completed_steps(captured: list[ModelMessage], run_id: str) -> list[ModelMess
         in order, up to the last such pair; never the resumed user request, an
         interrupted message, or a step whose tool calls did not all return.
     """
+    from pydantic_ai.messages import (
+        ModelRequest,
+        ModelResponse,
+        RetryPromptPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+
     mine = [m for m in captured if m.run_id == run_id]
     if mine and isinstance(mine[0], ModelRequest) and (
         any(isinstance(p, UserPromptPart) for p in mine[0].parts)
@@ -467,6 +405,9 @@ async def _run_turn(
     run_id = turn.run_id
     before = app.hooks_for(agent.name, HookPoint.BEFORE_CREATE_MESSAGE)
     after = app.hooks_for(agent.name, HookPoint.AFTER_CREATE_MESSAGE)
+    from pydantic_ai import capture_run_messages
+    from pydantic_ai.messages import ModelResponse
+
     async with rt.turns.exclusive(tid, turn=turn):
         turn_state = plain.with_context(execution=Execution(run_id=run_id, step=0))
         user = message_from_model(

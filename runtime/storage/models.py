@@ -1,8 +1,18 @@
 """Table models: the single definition of the schema.
 
-SQLModel models describe every table; the SQLite backend generates its DDL from them and
-then talks plain ``sqlite3`` on the hot path (≈10 µs per query against ≈200 µs through an
-ORM session, docs/design.md "Decisions"). Two databases use them:
+SQLModel models describe every table; the SQLite backend's DDL is generated from them into
+`runtime.storage.schema` (checked in, so that neither SQLModel nor SQLAlchemy is imported at
+run time), and it talks plain ``sqlite3`` on the hot path (≈10 µs per query against ≈200 µs
+through an ORM session, docs/design.md "Decisions"). After changing a model or a migration
+step below, regenerate that module::
+
+    .venv/bin/python -m runtime.storage.models          # rewrites runtime/storage/schema.py
+    .venv/bin/python -m runtime.storage.models --check  # exit status 1 if it is out of date
+
+(tests/test_schema.py fails while it differs from what the models generate). Should
+``import runtime`` itself fail for want of a valid schema module, run the file instead:
+``.venv/bin/python runtime/storage/models.py`` imports only SQLModel. Two databases use the
+models:
 
 - each thread's file (``threads/<id>.sqlite``): `ThreadMetaRow`, `EffectRunRow`,
   `MessageRow` (the conversation, from schema version 2);
@@ -11,6 +21,10 @@ ORM session, docs/design.md "Decisions"). Two databases use them:
 """
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 from sqlalchemy import Index, Table
 from sqlalchemy.dialects import sqlite
@@ -114,3 +128,89 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
 
 THREAD_MODELS: tuple[type[SQLModel], ...] = (ThreadMetaRow, EffectRunRow, MessageRow)
 RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow)
+
+THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
+    0: (ThreadMetaRow, EffectRunRow),
+    1: (MessageRow,),
+}
+"""The tables each migration of a thread file creates: step N takes schema version N to
+N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
+
+RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {0: RUNTIME_MODELS}
+"""The same for ``runtime.sqlite``."""
+
+SCHEMA_PATH = Path(__file__).with_name("schema.py")
+
+_SCHEMA_HEADER = '''"""The SQLite schema: DDL generated from the models in `runtime.storage.models`.
+
+Generated; do not edit. After changing a model or a migration step there, regenerate with
+``.venv/bin/python -m runtime.storage.models`` (tests/test_schema.py fails while this file
+differs from what the models generate). The SQLite backend (`runtime.storage.sqlite`) runs
+these statements with plain ``sqlite3``, so SQLModel and SQLAlchemy are not imported at run
+time.
+"""
+
+'''
+
+
+def _literal(statement: str) -> list[str]:
+    """One statement as adjacent string literals, a line of SQL each."""
+    lines = statement.split("\n")
+    return [json.dumps(line + "\n") for line in lines[:-1]] + [json.dumps(lines[-1])]
+
+
+def _constant(model: type[SQLModel]) -> str:
+    return f"{_table(model).name.upper()}_DDL"
+
+
+def _migrations(name: str, steps: dict[int, tuple[type[SQLModel], ...]]) -> str:
+    out = [f"{name}: dict[int, tuple[str, ...]] = {{"]
+    for step, models in sorted(steps.items()):
+        items = ", ".join(f"*{_constant(m)}" for m in models)
+        out.append(f"    {step}: ({items}{',' if len(models) == 1 else ''}),")
+    return "\n".join([*out, "}"]) + "\n"
+
+
+def schema_source() -> str:
+    """The text of `runtime.storage.schema`: each table's DDL and the migration steps."""
+    tables = (*THREAD_MODELS, *RUNTIME_MODELS)
+    for steps in (THREAD_MIGRATION_MODELS, RUNTIME_MIGRATION_MODELS):
+        assert all(m in tables for models in steps.values() for m in models)
+    out = [_SCHEMA_HEADER]
+    for model in tables:
+        out.append(f"{_constant(model)}: tuple[str, ...] = (\n")
+        for statement in sqlite_ddl(model):
+            literal = _literal(statement)
+            if len(literal) == 1:
+                out.append(f"    {literal[0]},\n")
+            else:
+                out.append("    (\n" + "".join(f"        {x}\n" for x in literal) + "    ),\n")
+        out.append(")\n")
+        out.append(f'"""Table ``{_table(model).name}`` and its indexes ({model.__name__})."""\n\n')
+    out.append(_migrations("THREAD_MIGRATIONS", THREAD_MIGRATION_MODELS))
+    out.append('"""Thread file: the statements that take schema version N to N + 1."""\n\n')
+    out.append(_migrations("RUNTIME_MIGRATIONS", RUNTIME_MIGRATION_MODELS))
+    out.append('"""``runtime.sqlite``: the statements that take schema version N to N + 1."""\n')
+    return "".join(out)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m runtime.storage.models [--check]``: rewrite (or check) the schema module."""
+    source = schema_source()
+    current = SCHEMA_PATH.read_text(encoding="utf-8") if SCHEMA_PATH.exists() else None
+    if argv == ["--check"]:
+        if current != source:
+            print(f"{SCHEMA_PATH} is out of date; run python -m runtime.storage.models")
+            return 1
+        return 0
+    if argv:
+        print("usage: python -m runtime.storage.models [--check]", file=sys.stderr)
+        return 2
+    if current != source:
+        SCHEMA_PATH.write_text(source, encoding="utf-8")
+        print(f"wrote {SCHEMA_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -21,13 +21,12 @@ from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
 from runtime.errors import ThreadStorageError
 from runtime.messages import Message, message_from_row
 from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
-from runtime.storage.models import (
-    RUNTIME_MODELS,
-    EffectRunRow,
-    MessageRow,
-    ThreadMetaRow,
-    sqlite_ddl,
-)
+
+# Migrations from version N to N+1, applied in one transaction when an older file is
+# opened. Version 0 is a new, empty file: its "migration" creates the schema. The DDL is
+# generated from the models (runtime.storage.models) into a checked-in module, so that
+# SQLModel and SQLAlchemy are not imported at run time.
+from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
 
 T = TypeVar("T")
 
@@ -35,14 +34,6 @@ THREAD_SCHEMA_VERSION = 2
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table)."""
 
 RUNTIME_SCHEMA_VERSION = 1
-
-# Migrations from version N to N+1, applied in one transaction when an older file is
-# opened. Version 0 is a new, empty file: its "migration" creates the schema.
-THREAD_MIGRATIONS: dict[int, list[str]] = {
-    0: sqlite_ddl(ThreadMetaRow, EffectRunRow),
-    1: sqlite_ddl(MessageRow),
-}
-RUNTIME_MIGRATIONS: dict[int, list[str]] = {0: sqlite_ddl(*RUNTIME_MODELS)}
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
@@ -67,7 +58,7 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
 
 
 def _migrate(
-    conn: sqlite3.Connection, current: int, migrations: dict[int, list[str]], what: str
+    conn: sqlite3.Connection, current: int, migrations: dict[int, tuple[str, ...]], what: str
 ) -> None:
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > current:

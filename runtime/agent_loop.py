@@ -1,0 +1,102 @@
+"""The pydantic-ai side of a turn: an `AgentDefinition` built as a pydantic-ai ``Agent``.
+
+Kept apart from `runtime.turns` so that pydantic-ai is imported only by apps that use it:
+`runtime.turns` imports this module when it builds an agent, and the runtime at startup
+when the app defines agents (`runtime.turns.resolve_models`, in a worker thread, so a
+turn never imports on the event loop). An app with effects only never loads pydantic-ai.
+
+pydantic-ai reads the annotations of the functions given to it (``RunContext`` first
+means "pass the run context"), resolving them in this module's globals: the names they use
+are imported here at module level, not under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+from pydantic_ai import Agent, ModelRetry, RunContext, Tool, ToolFailed
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import ModelMessage
+
+from runtime import hooks as _hooks
+from runtime.agents import AgentApp, AgentDefinition
+from runtime.hooks import HookPoint
+from runtime.messages import ToolCall
+from runtime.thread import Execution, ThreadState
+from runtime.tools import ToolDefinition, check_tool_result
+
+log = logging.getLogger("runtime.turns")
+
+
+def _execution(ctx: RunContext[ThreadState]) -> Execution:
+    return Execution(run_id=ctx.run_id or "", step=ctx.run_step, tool_call_id=ctx.tool_call_id)
+
+
+def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[ThreadState]:
+    succeeded = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_SUCCESS)
+    failed = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_FAILURE)
+
+    async def run(ctx: RunContext[ThreadState], **raw: Any) -> Any:
+        state = ctx.deps.with_context(execution=_execution(ctx))
+        call = ToolCall(ctx.tool_call_id or "", defn.name, dict(raw))
+        try:
+            args = defn.validate_args(raw)
+            result = await defn.call(state, args)
+            check_tool_result(defn.name, result)
+        except ModelRetry as exc:
+            # The tool asks the model to correct its call: pydantic-ai's retry, as is.
+            await _hooks.after_tool_call_failure(failed, state, call, exc.message)
+            raise
+        except Exception as exc:
+            error = str(exc) if isinstance(exc, ToolFailed | ValueError) and str(exc) else (
+                f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            )
+            log.info("tool %s failed in thread %s: %s", defn.name, state.thread_id, error)
+            await _hooks.after_tool_call_failure(failed, state, call, error)
+            raise ToolFailed(error) from exc
+        return await _hooks.after_tool_call_success(succeeded, state, call, result)
+
+    return Tool.from_schema(
+        run,
+        name=defn.name,
+        description=defn.description,
+        json_schema=defn.json_schema(),
+        takes_ctx=True,
+    )
+
+
+def build_agent(app: AgentApp, agent: AgentDefinition) -> Agent[ThreadState, str]:
+    """The pydantic-ai agent of a definition: its instructions, tools and history filters."""
+    filters = app.hooks_for(agent.name, HookPoint.FILTER_MESSAGES)
+
+    async def filter_history(
+        ctx: RunContext[ThreadState], messages: list[ModelMessage]
+    ) -> list[ModelMessage]:
+        state = ctx.deps.with_context(execution=_execution(ctx))
+        return await _hooks.filter_messages(filters, state, messages)
+
+    instructions = agent.instructions
+    if callable(instructions):
+        compute = instructions
+
+        async def dynamic(ctx: RunContext[ThreadState]) -> str:
+            text = compute(ctx.deps.with_context(execution=_execution(ctx)))
+            if inspect.isawaitable(text):
+                text = await text
+            return str(text)
+
+        agent_instructions: Any = dynamic
+    else:
+        agent_instructions = instructions
+
+    return Agent(
+        None,
+        name=agent.name,
+        instructions=agent_instructions,
+        deps_type=ThreadState,
+        output_type=str,
+        tools=[_tool(app, agent, app.tools[name]) for name in agent.tools],
+        capabilities=[ProcessHistory(filter_history)] if filters else None,
+    )
