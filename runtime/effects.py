@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
+import random
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +29,18 @@ EFFECT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
 """Effect names (and so effect file names) are snake_case."""
 
 EffectFn = Callable[..., Awaitable[None] | None]
+
+_ids = random.Random()  # seeded from os.urandom once: uuid4() costs a syscall per id
+os.register_at_fork(after_in_child=_ids.seed)  # a forked child must not repeat the parent
+
+
+def new_id() -> str:
+    """A new run/thread/turn id: 32 hex characters, time-ordered to the millisecond.
+
+    48 bits of milliseconds since the epoch, then 80 random bits (as in UUIDv7), so ids
+    sort by creation time and collide with negligible probability.
+    """
+    return f"{int(time.time() * 1000) & 0xFFFFFFFFFFFF:012x}{_ids.getrandbits(80):020x}"
 
 
 class EffectStatus(StrEnum):

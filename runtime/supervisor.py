@@ -35,7 +35,6 @@ import os
 import re
 import sqlite3
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from runtime.agents import AgentApp, load_agent_app
 from runtime.alarms import AlarmTimer, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
-from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunChange
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunChange, new_id
 from runtime.errors import (
     DataDirLocked,
     EffectDefinitionError,
@@ -535,7 +534,7 @@ class Runtime:
                 one, none is the default).
         """
         self._check_open()
-        tid = validate_thread_id(thread_id) if thread_id is not None else uuid.uuid4().hex
+        tid = validate_thread_id(thread_id) if thread_id is not None else new_id()
         if agent_id is not None:
             check_text(agent_id, "agent_id", max_chars=MAX_ID_CHARS)
         if user_id is not None:
@@ -1093,7 +1092,7 @@ class Runtime:
                 raise ThreadNotFound(state.thread_id)
             now = self.clock.now()
             run = EffectRun(
-                id=uuid.uuid4().hex,
+                id=new_id(),
                 thread_id=state.thread_id,
                 name=defn.qualified_name,
                 status=EffectStatus.PENDING,

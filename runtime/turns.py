@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
+from runtime.effects import new_id
 from runtime.errors import (
     MessageNotFound,
     ModelNotAvailable,
@@ -289,7 +289,7 @@ async def _store(rt: Runtime, thread_id: str, messages: list[Message]) -> None:
 
 
 def _new_id() -> str:
-    return uuid.uuid4().hex
+    return new_id()
 
 
 async def get_messages(

@@ -100,3 +100,16 @@ async def test_two_runtimes_of_different_apps_keep_their_own_modules(tmp_path: P
             Runtime(app_dir=b, data_dir=tmp_path / "db", load_packages=False) as rb:
         assert ra.registry.resolve("same").description == "From A."
         assert rb.registry.resolve("same").description == "From B."
+
+
+def test_ids_are_unique_time_ordered_and_valid_thread_ids() -> None:
+    import time
+
+    from runtime.effects import new_id
+    from runtime.supervisor import validate_thread_id
+
+    ids = [new_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and validate_thread_id(i) == i for i in ids)
+    later = (time.sleep(0.002), new_id())[1]
+    assert later[:12] > ids[0][:12]  # the millisecond prefix orders ids by creation
