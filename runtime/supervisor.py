@@ -98,7 +98,7 @@ MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
 """Longest delay accepted: 10 years (an alarm must stay a representable datetime)."""
 
 MAX_ERROR_CHARS = 8192
-"""A failed run's stored error is cut to this many characters (it travels in every frame)."""
+"""A failed run's stored error is cut to this many UTF-8 bytes (it travels in every frame)."""
 
 
 MAX_ID_CHARS = 256
@@ -542,15 +542,18 @@ class Runtime:
         checked_tags = _check_tags(tags)
         agent_id = self.agents.agent_for_new_thread(agent_id)
         assert self._rtdb is not None
-        if tid in self._creating or await self._run_sync(self._rtdb.get_thread, tid) is not None:
+        # Claimed before the first await, so a concurrent create of the same id is refused
+        # instead of removing this one's file as a leftover.
+        if tid in self._creating or tid in self._actors or tid in self._deleting:
             raise ThreadExists(tid)
-        info = ThreadInfo(
-            id=tid, created_at_ts=self.clock.now(), agent_id=agent_id, user_id=user_id,
-            tags=checked_tags,
-        )
-        # Claimed while its file is made: a second create of the same id cannot remove it.
         self._creating.add(tid)
         try:
+            if await self._run_sync(self._rtdb.get_thread, tid) is not None:
+                raise ThreadExists(tid)
+            info = ThreadInfo(
+                id=tid, created_at_ts=self.clock.now(), agent_id=agent_id, user_id=user_id,
+                tags=checked_tags,
+            )
             store = await self._run_sync(self._create_store, info)
             try:
                 added = await self._run_sync(self._rtdb.add_thread, info)
@@ -749,7 +752,15 @@ class Runtime:
     @contextlib.asynccontextmanager
     async def _use(self, thread_id: str) -> AsyncIterator[ThreadActor]:
         """Hold a thread's actor open (not evictable) for the duration of the block."""
-        actor = await self._actor(thread_id)
+        while True:
+            actor = await self._actor(thread_id)
+            # Between the actor being opened and this line, another task's eviction may
+            # have closed it (users was still 0): take it only if it is still the live
+            # one, with no await between the check and the claim.
+            if self._actors.get(thread_id) is actor:
+                break
+            if actor.deleted:
+                raise ThreadNotFound(thread_id)
         actor.users += 1
         try:
             await self._evict()
@@ -1088,7 +1099,9 @@ class Runtime:
         seconds = delay_seconds(delay)
         stored_args = self._encode_args(defn, args)
         async with self._use(state.thread_id) as actor, actor.lock:
-            if actor.deleted:
+            # A state kept from a deleted thread (an abandoned sync effect, say) must not
+            # write into a new thread that reuses the id.
+            if actor.deleted or actor.info.created_at_ts != state._info.created_at_ts:
                 raise ThreadNotFound(state.thread_id)
             now = self.clock.now()
             run = EffectRun(
@@ -1235,9 +1248,12 @@ def _error_text(error: BaseException, *, bare: bool = False) -> str:
 
 
 def _truncate(text: str, limit: int) -> str:
-    if len(text) <= limit:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, saying how much was cut."""
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= limit:
         return text
-    return f"{text[: limit - 40]}… [{len(text) - limit + 40} more characters cut]"
+    kept = data[: limit - 48].decode("utf-8", "ignore")
+    return f"{kept}… [{len(data) - len(kept.encode('utf-8'))} more bytes cut]"
 
 
 def _check_limit(limit: int) -> None:

@@ -278,9 +278,15 @@ def completed_steps(captured: list[ModelMessage], run_id: str) -> list[ModelMess
 # ------------------------------------------------------------------- messages
 
 
-async def _store(rt: Runtime, thread_id: str, messages: list[Message]) -> None:
+async def _store(
+    rt: Runtime, thread_id: str, messages: list[Message], created_at_ts: float | None = None
+) -> None:
     async with rt._use(thread_id) as actor, actor.lock:
-        if actor.deleted:
+        # ``created_at_ts``: the thread the caller's state belongs to; a state kept from a
+        # deleted thread must not write into a new thread that reuses the id.
+        if actor.deleted or (
+            created_at_ts is not None and actor.info.created_at_ts != created_at_ts
+        ):
             raise ThreadNotFound(thread_id)
         await rt._run_sync(actor.store.insert_messages, messages)
         # Under the lock, so frames follow commit order; every stored message is a frame.
@@ -370,7 +376,7 @@ async def inject_message(
         return message
     async with rt.turns.exclusive(tid):
         message = await _hooks.before_create_message(before, state, build())
-        await _store(rt, tid, [message])
+        await _store(rt, tid, [message], state._info.created_at_ts)
     await _hooks.after_create_message(after, state, message)
     return message
 

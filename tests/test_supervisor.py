@@ -27,6 +27,7 @@ from runtime import (
     RuntimeStorageError,
     ThreadExists,
     ThreadNotFound,
+    ThreadState,
     ThreadStorageError,
     define_effect,
 )
@@ -498,7 +499,7 @@ async def test_a_huge_error_message_is_cut(rt: Runtime) -> None:
     assert run.error is not None
     assert len(run.error) <= 8192
     assert run.error.startswith("RuntimeError: xxx")
-    assert run.error.endswith("more characters cut]")
+    assert run.error.endswith("more bytes cut]")
 
 
 async def test_a_delay_over_ten_years_is_refused_and_far_alarms_still_start(
@@ -690,3 +691,57 @@ async def test_a_run_scheduled_while_its_thread_drains_keeps_an_early_enough_ala
         await rt.wait_idle()
         rows = _alarm_rows(rt.settings.data_dir)
         assert rows[thread.thread_id] <= run.run_at_ts
+
+
+async def test_concurrent_creates_of_one_id_give_one_working_thread(rt: Runtime) -> None:
+    for i in range(20):
+        results = await asyncio.gather(
+            *(rt.create_thread(f"same{i}") for _ in range(4)), return_exceptions=True
+        )
+        made = [r for r in results if not isinstance(r, BaseException)]
+        assert len(made) == 1, results
+        assert all(isinstance(r, ThreadExists) for r in results if r not in made), results
+        thread = await rt.get_thread(f"same{i}")
+        run_id = await thread.schedule_effect("record", {"key": "k"}, delay=60)
+        assert (await thread.get_run(run_id)).status is EffectStatus.PENDING
+
+
+async def test_a_state_of_a_deleted_thread_cannot_write_into_a_new_one_with_its_id(
+    rt: Runtime,
+) -> None:
+    old = await rt.create_thread("reused")
+    assert await rt.delete_thread("reused")
+    new = await rt.create_thread("reused")
+    with pytest.raises(ThreadNotFound):
+        await old.schedule_effect("record", {"key": "from the old thread"})
+    with pytest.raises(ThreadNotFound):
+        await old.inject_message("from the old thread")
+    assert (await new.list_runs()).runs == []
+    await new.schedule_effect("record", {"key": "fine"})
+
+
+async def test_many_threads_over_the_open_limit_never_hit_a_closed_file(
+    tmp_path: Path,
+) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, load_packages=False, max_open_threads=3,
+        max_concurrent_runs=3,
+    ) as rt:
+        threads = [await rt.create_thread(f"t{i}") for i in range(30)]
+
+        async def churn(t: ThreadState) -> None:
+            for j in range(5):
+                await t.schedule_effect("record", {"key": f"{t.thread_id}-{j}"}, delay=j / 100)
+
+        await asyncio.gather(*(churn(t) for t in threads))
+        await asyncio.sleep(0.2)
+        await rt.wait_idle()
+        assert len(records(tmp_path)) == 150
+
+
+async def test_a_huge_non_ascii_error_is_cut_to_8_kib_of_utf8(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    run_id = await thread.schedule_effect("boom", {"message": "😀" * 100_000})
+    await rt.wait_idle()
+    error = (await thread.get_run(run_id)).error
+    assert error is not None and len(error.encode("utf-8")) <= 8192
