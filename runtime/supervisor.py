@@ -88,8 +88,10 @@ _DRAIN_BATCH = 100
 
 _MAX_PAGE = 500
 
-_STORAGE_THREADS = 32
-"""OS threads for SQLite work. More only add GIL contention; fsyncs batch well at this."""
+_STORAGE_THREADS = 16
+"""OS threads for SQLite work. Measured with bench/bench_effects.py (2 cores, FULL): 16
+gave lag p99 88 ms and loop stalls of 13 ms where 32 gave 199 ms and 25 ms; more threads
+mostly add GIL contention, fewer leave the disk's parallel fsyncs unused."""
 
 _ALARM_FLUSH_SECONDS = 0.05
 """How long alarm-row updates (raise/remove) gather before one commit writes them."""
