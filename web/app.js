@@ -649,24 +649,20 @@ function hashFor(tid) {
   return `#thread=${encodeURIComponent(tid)}${state.view === "conversation" ? "&view=conversation" : ""}`;
 }
 
-function selectThread(tid) {
-  tid = tid ? String(tid) : null;
-  if (tid === state.tid) return;
-
-  // Tear down everything that belonged to the previous thread.
+/**
+ * Forget the shown thread's runs, messages, stream and detail (for a new selection, or a
+ * thread that turned out not to exist). Bumping `gen` drops answers still in flight.
+ */
+function dropThreadView() {
   state.gen += 1;
   if (state.stream) state.stream.stop();
   state.stream = null;
   state.streamConn = null;
   clearTimeout(state.fallbackTimer);
-  state.tid = tid;
-  state.gone = false;
   state.runs = new Map();
   state.order = [];
   state.rows = new Map();
   state.feeds = newFeeds();
-  state.maxT = 0;
-  state.lastSeq = null;
   state.serverCounts = null;
   state.loading = false;
   state.loadingMore = false;
@@ -676,10 +672,22 @@ function selectThread(tid) {
   state.dirty.clear();
   closeDetail();
   el.tbody.replaceChildren();
-  el.threadError.hidden = true;
-  el.scheduleError.hidden = true;
   el.scheduleResult.hidden = true;
   resetConversation();
+}
+
+function selectThread(tid) {
+  tid = tid ? String(tid) : null;
+  if (tid === state.tid) return;
+
+  // Tear down everything that belonged to the previous thread.
+  dropThreadView();
+  state.tid = tid;
+  state.gone = false;
+  state.maxT = 0;
+  state.lastSeq = null;
+  el.threadError.hidden = true;
+  el.scheduleError.hidden = true;
   setThreadDisabled(false);
 
   const want = hashFor(tid);
@@ -765,27 +773,8 @@ function threadGone(tid, message) {
   if (tid !== state.tid) return;
   if (!state.gone) {
     state.gone = true;
-    state.gen += 1; // answers still in flight for it are dropped
-    if (state.stream) state.stream.stop();
-    state.stream = null;
-    state.streamConn = null;
-    clearTimeout(state.fallbackTimer);
-    state.runs = new Map();
-    state.order = [];
-    state.rows = new Map();
-    state.feeds = newFeeds();
-    state.serverCounts = null;
-    state.loading = false;
-    state.loadingMore = false;
-    state.reloadQueued = false;
-    state.loadedOnce = false;
-    state.framesDuringLoad = null;
-    state.dirty.clear();
-    closeDetail();
-    el.tbody.replaceChildren();
+    dropThreadView(); // answers still in flight for it are dropped
     el.table.removeAttribute("aria-busy");
-    el.scheduleResult.hidden = true;
-    resetConversation();
     state.threads.delete(tid);
     threadEl(tid)?.remove();
     renderThreadsFooter();
