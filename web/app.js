@@ -1198,7 +1198,11 @@ function updateRow(tr, run) {
   const err = run.error ? String(run.error) : "";
   c.err.textContent = err.split("\n", 1)[0].slice(0, 300);
   c.err.title = err.slice(0, 2000);
-  c.badge.title = err ? err.split("\n", 1)[0].slice(0, 300) : ""; // the error column may be hidden
+  c.badge.title = err
+    ? err.split("\n", 1)[0].slice(0, 300) // the error column may be hidden
+    : run.status === "pending"
+      ? "Runs when due, once no other run of this thread is running (one at a time)"
+      : "";
   if (tr._status !== run.status) {
     tr._status = run.status;
     c.act.replaceChildren(...actionButtons(run));
