@@ -50,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from runtime._http_errors import error_response, runtime_error_status
 from runtime._text import find_invalid_text
 from runtime.agents import load_definition
 from runtime.discovery import app_package, module_segment
@@ -57,12 +58,8 @@ from runtime.errors import (
     AgentDefinitionError,
     AgentNotFound,
     EffectsError,
-    InvalidArgument,
     InvalidThreadId,
-    MessageNotFound,
     ThreadNotFound,
-    TurnFailed,
-    TurnInProgress,
 )
 from runtime.messages import MAX_CONTENT_CHARS
 
@@ -262,7 +259,7 @@ def discover_thread_endpoints(app_dir: Path | None) -> list[ThreadEndpoint]:
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+    return error_response(status, code, message)
 
 
 def _default_runtime(request: Request) -> Runtime:
@@ -351,22 +348,14 @@ def thread_endpoint_routes(
 
 
 def _turn_error(exc: EffectsError) -> JSONResponse:
-    if isinstance(exc, InvalidThreadId):
-        return _error(400, "invalid_thread_id", str(exc))
-    if isinstance(exc, InvalidArgument):
-        return _error(400, "invalid_argument", str(exc))
-    if isinstance(exc, ThreadNotFound):
-        return _error(404, "thread_not_found", str(exc))
-    if isinstance(exc, MessageNotFound):
-        return _error(404, "message_not_found", str(exc))
-    if isinstance(exc, TurnInProgress):
-        return _error(409, "turn_in_progress", str(exc))
+    # A thread whose agent is gone cannot take messages: a conflict with the thread's
+    # state here (409 no_agent, docs/http-api.md), where elsewhere it is a 404.
     if isinstance(exc, AgentNotFound):
         return _error(409, "no_agent", str(exc))
-    if isinstance(exc, TurnFailed):
-        return _error(502, "turn_failed", str(exc))
-    log.error("messages route failed: %s", exc)
-    return _error(500, "runtime_error", str(exc))
+    status, code = runtime_error_status(exc)
+    if status >= 500:
+        log.error("messages route failed: %s", exc)
+    return _error(status, code, str(exc))
 
 
 async def _message_body(request: Request) -> str | JSONResponse:

@@ -49,29 +49,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from runtime._http_errors import error_response, runtime_error_status
 from runtime._text import find_invalid_text
 from runtime.alarms import Clock
 from runtime.config import Settings
 from runtime.effects import iso
 from runtime.endpoints import message_routes, thread_endpoint_routes
 from runtime.errors import (
-    AgentNotFound,
-    EffectNotFound,
     EffectsError,
-    InvalidArgument,
-    InvalidDelay,
-    InvalidEffectArgs,
     InvalidThreadId,
-    MessageNotFound,
-    RunNotFound,
-    RunStateError,
     RuntimeClosed,
     SubscriptionOverflow,
-    ThreadExists,
     ThreadNotFound,
-    ThreadStorageError,
-    TurnFailed,
-    TurnInProgress,
 )
 from runtime.frames import Subscription, ThreadEvent
 from runtime.storage.base import ThreadInfo
@@ -115,59 +104,6 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         super().__init__(message)
-
-
-def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    """The JSON error answer of the API: ``{"error": {"code", "message"}}``."""
-    return JSONResponse(
-        {"error": {"code": code, "message": message}}, status_code=status, headers=headers
-    )
-
-
-def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
-    """The HTTP status and error code for a runtime error.
-
-    Returns:
-        ``(status, code)``: 400 for a malformed id or a refused text argument, 404 for an
-        unknown thread, run, effect, agent or message, 409 for a wrong state (or a turn
-        already running), 413 for args over the size limit, 422 for args that fail the
-        schema or a bad delay, 502 when the model failed a turn, 503 while the runtime is
-        not running, else 500.
-    """
-    if isinstance(exc, InvalidThreadId):
-        return 400, "invalid_thread_id"
-    if isinstance(exc, InvalidArgument):
-        return 400, "invalid_argument"
-    if isinstance(exc, ThreadNotFound):
-        return 404, "thread_not_found"
-    if isinstance(exc, RunNotFound):
-        return 404, "run_not_found"
-    if isinstance(exc, EffectNotFound):
-        return 404, "effect_not_found"
-    if isinstance(exc, RunStateError):
-        return 409, "run_state_conflict"
-    if isinstance(exc, ThreadExists):
-        return 409, "thread_exists"
-    if isinstance(exc, InvalidEffectArgs):
-        return (413, "args_too_large") if exc.too_large else (422, "invalid_args")
-    if isinstance(exc, InvalidDelay):
-        return 422, "invalid_delay"
-    if isinstance(exc, ThreadStorageError):
-        return 500, "thread_storage_error"
-    if isinstance(exc, RuntimeClosed):
-        return 503, "runtime_closed"
-    # Conversations (runtime/turns.py, docs/agents.md).
-    if isinstance(exc, AgentNotFound):
-        return 404, "agent_not_found"
-    if isinstance(exc, MessageNotFound):
-        return 404, "message_not_found"
-    if isinstance(exc, TurnInProgress):
-        return 409, "turn_in_progress"
-    if isinstance(exc, TurnFailed):
-        return 502, "turn_failed"
-    return 500, "runtime_error"
 
 
 # --------------------------------------------------------------------------- guards
