@@ -1,0 +1,30 @@
+"""The pane's pure modules (web/runs-model.js, web/format.js, web/args.js) under node's
+built-in test runner: one pytest test per JS test file, skipped only when node is missing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+JS_TESTS = sorted((Path(__file__).parent / "js").glob("*.test.mjs"))
+
+
+@pytest.mark.parametrize("path", JS_TESTS, ids=[p.name for p in JS_TESTS])
+def test_pane_module(path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    done = subprocess.run(
+        [node, "--test", "--test-reporter=spec", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def test_every_js_test_file_is_found() -> None:
+    assert len(JS_TESTS) >= 2
