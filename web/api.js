@@ -77,9 +77,11 @@ async function readBody(res) {
 
 /**
  * Call the API and return the parsed JSON answer.
- * Throws ApiError carrying the server's error.code and error.message.
+ * Throws ApiError carrying the server's error.code and error.message; when `signal` aborts
+ * (the thread it was for is no longer shown) it throws the fetch's AbortError instead,
+ * which says nothing about the server.
  */
-export async function request(method, path, body) {
+export async function request(method, path, body, { signal } = {}) {
   for (let attempt = 0; ; attempt++) {
     const token = getToken();
     const headers = { Accept: "application/json" };
@@ -93,8 +95,10 @@ export async function request(method, path, body) {
         headers,
         body: body === undefined ? undefined : JSON.stringify(body),
         cache: "no-store",
+        signal,
       });
     } catch (err) {
+      if (signal && signal.aborted) throw err;
       reachListener("offline");
       throw new ApiError(0, "network_error", `Cannot reach the server (${method} ${path}): ${err.message}`);
     }
@@ -108,6 +112,7 @@ export async function request(method, path, body) {
     reachListener(res.status === 401 ? "unauthorized" : "ok");
 
     const data = await readBody(res);
+    if (signal && signal.aborted) throw signal.reason;
     if (!res.ok) {
       const err = (data && data.error) || {};
       throw new ApiError(
@@ -131,33 +136,40 @@ function query(params) {
 
 const seg = encodeURIComponent;
 
-/** One function per endpoint of docs/http-api.md. */
+/**
+ * One function per endpoint of docs/http-api.md. The last argument of the thread-scoped
+ * calls is `{signal}` (an AbortSignal): the views pass their thread's signal, so answers
+ * for a thread no longer shown are dropped by the abort instead of by hand-kept counters.
+ */
 export const api = {
   listThreads: ({ limit, cursor } = {}) => request("GET", `/api/threads${query({ limit, cursor })}`),
   // agentId: needed when the app has several agents and none is the default.
   createThread: (agentId) => request("POST", "/api/threads", agentId ? { agent_id: agentId } : {}),
   deleteThread: (tid) => request("DELETE", `/api/threads/${seg(tid)}`),
 
-  listRuns: (tid, { status, name, limit, cursor } = {}) =>
-    request("GET", `/api/threads/${seg(tid)}/effects${query({ status, name, limit, cursor })}`),
-  getRun: (tid, id) => request("GET", `/api/threads/${seg(tid)}/effects/${seg(id)}`),
-  schedule: (tid, name, args, delaySeconds) =>
-    request("POST", `/api/threads/${seg(tid)}/effects`, { name, args, delay_seconds: delaySeconds }),
-  runNow: (tid, id) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/run`),
-  replay: (tid, id) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/replay`),
-  cancel: (tid, id) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`),
+  listRuns: (tid, { status, name, limit, cursor } = {}, opts) =>
+    request("GET", `/api/threads/${seg(tid)}/effects${query({ status, name, limit, cursor })}`, undefined, opts),
+  getRun: (tid, id, opts) => request("GET", `/api/threads/${seg(tid)}/effects/${seg(id)}`, undefined, opts),
+  schedule: (tid, name, args, delaySeconds, opts) =>
+    request("POST", `/api/threads/${seg(tid)}/effects`, { name, args, delay_seconds: delaySeconds }, opts),
+  runNow: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/run`, undefined, opts),
+  replay: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/replay`, undefined, opts),
+  cancel: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`, undefined, opts),
 
   listEffects: () => request("GET", "/api/effects"),
   listAgents: () => request("GET", "/api/agents"),
 
   // Oldest first. At most one of: after (newer than), before (older than), latest (newest page).
-  listMessages: (tid, { limit, after, before, latest } = {}) =>
+  listMessages: (tid, { limit, after, before, latest } = {}, opts) =>
     request(
       "GET",
       `/api/threads/${seg(tid)}/messages${query({ limit, after, before, latest: latest ? "true" : undefined })}`,
+      undefined,
+      opts,
     ),
   // Runs one turn of the thread's agent; resolves when it has answered.
-  sendMessage: (tid, content) => request("POST", `/api/threads/${seg(tid)}/messages`, { content }),
+  sendMessage: (tid, content, opts) =>
+    request("POST", `/api/threads/${seg(tid)}/messages`, { content }, opts),
 };
 
 // Close codes that say "retrying will not help as is".

@@ -442,7 +442,7 @@ def snap(page: Page, name: str, *, full_page: bool = False) -> None:
         page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=full_page)
 
 
-def test_the_badge_says_idle_without_a_thread_and_offline_only_when_unreachable(
+def test_the_badge_says_connected_without_a_thread_and_offline_only_when_unreachable(
     pane: Pane,
 ) -> None:
     page = pane.page
@@ -450,33 +450,34 @@ def test_the_badge_says_idle_without_a_thread_and_offline_only_when_unreachable(
     tid = pane.new_thread()
     page.goto(f"{pane.url}/")
     expect(page.get_by_test_id("thread-item")).to_have_count(1, timeout=WAIT_MS)
-    # The server answers and no thread is selected: neutral "idle", not red "offline".
-    expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
-    expect(conn).to_have_text("idle")
+    # The server answers and no thread is selected: neutral "connected" (not "idle", which
+    # reads as if the runtime did nothing, nor red "offline").
+    expect(conn).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+    expect(conn).to_have_text("connected")
     assert conn.evaluate("e => getComputedStyle(e).color") == page.locator(
         ".brand-sub"
     ).evaluate("e => getComputedStyle(e).color")  # the muted text colour, not the red
-    snap(page, "badge-idle")
+    snap(page, "badge-connected")
 
-    # A thread streams: live; back to no thread: idle again.
+    # A thread streams: live; back to no thread: connected again.
     page.locator(f'[data-testid="thread-item"][data-thread-id="{tid}"]').click()
     expect(conn).to_have_attribute("data-state", "live", timeout=WAIT_MS)
     page.go_back()
     expect(page.get_by_test_id("no-thread")).to_be_visible(timeout=WAIT_MS)
-    expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
+    expect(conn).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
 
-    # The server cannot be reached: offline, and idle again by itself once it can.
+    # The server cannot be reached: offline, and connected again by itself once it can.
     page.route("**/api/**", lambda route: route.abort())
     page.get_by_test_id("new-thread").click()
     expect(conn).to_have_attribute("data-state", "offline", timeout=WAIT_MS)
     expect(conn).to_have_text("offline")
     snap(page, "badge-offline")
     page.unroute("**/api/**")
-    expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
+    expect(conn).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
     assert all("ERR_FAILED" in e for e in pane.errors), pane.errors
 
 
-def test_with_a_token_the_badge_says_idle_once_the_token_works(
+def test_with_a_token_the_badge_says_connected_once_the_token_works(
     tmp_path: Path, browser: Browser
 ) -> None:
     app = create_app(
@@ -496,8 +497,8 @@ def test_with_a_token_the_badge_says_idle_once_the_token_works(
             page.get_by_test_id("token-input").fill("pane-secret")
             page.get_by_test_id("token-submit").click()
             expect(page.get_by_text("No threads yet.")).to_be_visible(timeout=WAIT_MS)
-            expect(conn).to_have_attribute("data-state", "idle", timeout=WAIT_MS)
-            snap(page, "badge-idle-after-token")
+            expect(conn).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+            snap(page, "badge-connected-after-token")
 
             # Without a token the server still answers: "token needed", not "offline".
             page.get_by_test_id("token-button").click()
@@ -522,7 +523,11 @@ def test_switching_effect_puts_that_effects_args_in_the_box(pane: Pane) -> None:
     # Untouched args follow the effect, and nothing is offered back.
     name.select_option("fail_on_purpose")
     name.select_option("send_reminder")
-    assert json.loads(args.input_value()) == {"text": ""}
+    # Its schema refuses an empty text: nothing is pre-filled, the skeleton is the
+    # placeholder and the hint names the field.
+    expect(args).to_have_value("")
+    assert json.loads(args.get_attribute("placeholder") or "") == {"text": "…"}
+    expect(page.get_by_test_id("schedule-args-hint")).to_contain_text("text (What to remind of.")
     expect(restore).to_be_hidden()
 
     # Edited args for fail_on_purpose, then thread_digest (no args): the box is emptied
@@ -610,7 +615,7 @@ def expect_thread_gone(pane: Pane, tid: str, message: str) -> None:
     expect(page.get_by_test_id("reload-runs")).to_be_disabled()
     expect(page.get_by_test_id("filter-all")).to_be_disabled()
     # The server answers; there is just no thread to stream.
-    expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "idle")
+    expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
 
 
 def test_a_thread_deleted_in_another_browser_leaves_this_one(pane: Pane) -> None:
@@ -671,7 +676,7 @@ def test_a_malformed_thread_id_is_refused_once_and_not_retried(pane: Pane) -> No
     # The pane's first retry would come within a second; give it three.
     page.wait_for_timeout(3000)
     assert sockets == [f"{pane.url.replace('http', 'ws')}/api/threads/bad..id/stream"]
-    expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "idle")
+    expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
     expect(page.get_by_test_id("toast")).to_have_count(0)
     # The server accepts the socket before closing it, so the pane may ask for the runs
     # once (400 invalid_thread_id), and only once.

@@ -1,0 +1,137 @@
+// detail.js — one run's detail (right): its fields, error and args, and its actions. It
+// reads the run from the runs view's model and fetches it once (the list has no args).
+
+import { html, nothing, render } from "./vendor/lit-html/lit-html.js";
+import { fmtDuration, fmtLocal, fmtRelative, runDuration } from "./format.js";
+import { actionButtons, statusClass } from "./runs.js";
+import { toastApiError } from "./toasts.js";
+
+const $ = (id) => document.getElementById(id);
+
+function timeField(iso, now) {
+  if (!iso) return html`<span class="muted">—</span>`;
+  return html`<span title=${iso}><span>${fmtLocal(iso, { full: true, now })}</span>
+    <span class="rel muted">${fmtRelative(iso, now)}</span><br><span class="mono small muted">${iso}</span></span>`;
+}
+
+function argsText(run) {
+  if (!("args" in run)) return "Loading…";
+  try {
+    const text = JSON.stringify(run.args, null, 2);
+    return text === undefined ? "null" : text;
+  } catch {
+    return String(run.args);
+  }
+}
+
+export class DetailView {
+  /** `runs`: the RunsView; `ctx`: {handledAsGone(session, err), onToggle()}. */
+  constructor(runs, ctx) {
+    this.runs = runs;
+    this.ctx = ctx;
+    this.id = null;
+    this.loadError = null;
+    this.el = {
+      layout: $("layout"),
+      box: $("run-detail"),
+      body: $("detail-body"),
+      close: $("detail-close"),
+    };
+    this.el.close.addEventListener("click", () => {
+      const id = this.id;
+      this.close();
+      if (id) this.runs.focusRow(id);
+    });
+    this.el.body.addEventListener("click", (ev) => {
+      const btn = ev.target.closest("button[data-action]");
+      if (btn && this.id) this.runs.act(btn.dataset.action, this.id, btn);
+    });
+  }
+
+  async open(id, { focus = false } = {}) {
+    id = String(id);
+    const s = this.runs.session;
+    if (!s || s.gone) return;
+    this.id = id;
+    this.loadError = null;
+    this.el.box.hidden = false;
+    this.el.layout.classList.add("has-detail");
+    this.el.box.dataset.runId = id;
+    this.ctx.onToggle();
+    this.draw();
+    if (focus) this.el.close.focus();
+    try {
+      await this.runs.refreshRun(id);
+    } catch (err) {
+      if (s.closed || this.id !== id || this.ctx.handledAsGone(s, err)) return;
+      this.loadError = err;
+      toastApiError(`Could not load run ${id}`, err);
+    }
+    if (!s.closed && this.id === id) this.draw();
+  }
+
+  close() {
+    if (this.id === null) return;
+    this.id = null;
+    this.el.box.hidden = true;
+    render(nothing, this.el.body); // no hidden Run now / Cancel of a run no longer shown
+    delete this.el.box.dataset.runId;
+    delete this.el.box.dataset.status;
+    this.el.layout.classList.remove("has-detail");
+    this.ctx.onToggle();
+  }
+
+  draw(now = Date.now()) {
+    const id = this.id;
+    if (id === null) return;
+    const run = this.runs.get(id);
+    const head = $("detail-head-text");
+    if (!run) {
+      render(html`${id} <span class="badge badge-unknown">loading</span>`, head);
+      render(
+        html`<h3>Error</h3><pre class="pre pre-error" data-testid="run-error">${this.loadError ? this.loadError.message : ""}</pre>
+          <h3>Args</h3><pre class="pre" data-testid="run-args">${this.loadError ? "" : "Loading…"}</pre>`,
+        this.el.body,
+      );
+      return;
+    }
+    this.el.box.dataset.status = run.status || "";
+    render(html`<span>${run.name || "(unnamed)"}</span> <span class=${statusClass(run.status)}
+      data-testid="detail-status">${run.status || "?"}</span>`, head);
+    const notice = this.runs.notice && this.runs.notice.forId === id ? this.runs.notice : null;
+    const duration = fmtDuration(runDuration(run, now));
+    const fields = [
+      ["ID", html`<code class="mono">${run.id}</code>`],
+      ["Thread", html`<code class="mono">${run.threadId || this.runs.session.tid}</code>`],
+      ["Status", run.status || ""],
+      ["Due (runAt)", timeField(run.runAt, now)],
+      ["Created", timeField(run.createdAt, now)],
+      ["Started", timeField(run.startedAt, now)],
+      ["Finished", timeField(run.finishedAt, now)],
+      ["Duration", duration ? `${duration}${run.status === "running" ? " so far" : ""}` : "—"],
+      ["Attempts", run.attempts == null ? "—" : String(run.attempts)],
+    ];
+    if (run.lastChange) fields.push(["Last change", run.lastChange]);
+    if (run.replayOf) {
+      const of = String(run.replayOf);
+      fields.push([
+        "Replay of",
+        html`<button type="button" class="link mono" data-testid="replay-of" data-run-id=${of}
+          title="Open the original run" @click=${() => this.open(of)}>${of}</button>`,
+      ]);
+    }
+    render(
+      html`<div class="detail-actions">${actionButtons(run)}</div>
+        ${notice
+          ? html`<p class="form-ok" role="status" data-testid="detail-notice">${notice.text}
+              <button type="button" class="link" @click=${() => this.open(notice.openId)}>Open</button></p>`
+          : nothing}
+        <dl class="detail-fields">${fields.map(([label, value]) => html`<dt>${label}</dt><dd>${value}</dd>`)}</dl>
+        <h3>Error</h3>
+        <pre class="pre pre-error ${run.error ? "" : "pre-empty"}" data-testid="run-error">${run.error ? String(run.error) : "—"}</pre>
+        <h3>Args</h3>
+        <pre class="pre" data-testid="run-args">${argsText(run)}</pre>`,
+      this.el.body,
+    );
+  }
+}
