@@ -8,10 +8,13 @@ import { toastApiError } from "./toasts.js";
 
 const $ = (id) => document.getElementById(id);
 
-function timeField(iso, now) {
+// `relative`: add "in 5m" / "3m ago". The due time of a run that will not run (finished,
+// canceled) goes without it: "in 29m" would promise a run that never comes.
+function timeField(iso, now, { relative = true } = {}) {
   if (!iso) return html`<span class="muted">—</span>`;
   return html`<span title=${iso}><span>${fmtLocal(iso, { full: true, now })}</span>
-    <span class="rel muted">${fmtRelative(iso, now)}</span><br><span class="mono small muted">${iso}</span></span>`;
+    ${relative ? html`<span class="rel muted">${fmtRelative(iso, now)}</span>` : nothing}<br><span
+      class="mono small muted">${iso}</span></span>`;
 }
 
 function argsText(run) {
@@ -104,7 +107,7 @@ export class DetailView {
       ["ID", html`<code class="mono">${run.id}</code>`],
       ["Thread", html`<code class="mono">${run.threadId || this.runs.session.tid}</code>`],
       ["Status", run.status || ""],
-      ["Due (runAt)", timeField(run.runAt, now)],
+      ["Due (runAt)", timeField(run.runAt, now, { relative: run.status === "pending" })],
       ["Created", timeField(run.createdAt, now)],
       ["Started", timeField(run.startedAt, now)],
       ["Finished", timeField(run.finishedAt, now)],

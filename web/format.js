@@ -43,9 +43,10 @@ export function fmtRelative(iso, now = Date.now()) {
   return diff > 0 ? `in ${span(s)}` : `${span(s)} ago`;
 }
 
-/** A duration in milliseconds: "240ms", "4.2s", "3m 5s", "2h 10m"; "" when unknown or negative. */
+/** A duration in milliseconds: "<1ms", "240ms", "4.2s", "3m 5s", "2h 10m"; "" when unknown or negative. */
 export function fmtDuration(ms) {
   if (!Number.isFinite(ms) || ms < 0) return "";
+  if (ms < 1) return "<1ms";
   if (ms < 1000) return `${Math.round(ms)}ms`;
   if (ms < 10000) return `${(ms / 1000).toFixed(1)}s`;
   const s = Math.round(ms / 1000);

@@ -681,3 +681,245 @@ def test_a_malformed_thread_id_is_refused_once_and_not_retried(pane: Pane) -> No
     # The server accepts the socket before closing it, so the pane may ask for the runs
     # once (400 invalid_thread_id), and only once.
     assert len(pane.errors) <= 1 and all("400" in e for e in pane.errors), pane.errors
+
+
+# ------------------------------------------------------------------ screenshots at 1400 and 420
+
+WIDE = {"width": 1400, "height": 900}
+PHONE = {"width": 420, "height": 900}
+
+
+def cut_cells(page: Page) -> list[str]:
+    """Text of every visible run cell and header whose text is cut (wider than the cell);
+    names and errors may be cut (their title and the detail show them whole)."""
+    cells: list[str] = page.evaluate(
+        """() => [...document.querySelectorAll('#runs-table th, #runs-body td')]
+            .filter((td) => td.offsetParent !== null && !td.classList.contains('cell-name')
+                && !td.classList.contains('cell-error') && !td.querySelector('.visually-hidden'))
+            .filter((td) => {
+                const range = document.createRange();
+                range.selectNodeContents(td);
+                const style = getComputedStyle(td);
+                const room = td.clientWidth - parseFloat(style.paddingLeft)
+                    - parseFloat(style.paddingRight);
+                return range.getBoundingClientRect().width > room + 0.5;
+            })
+            .map((td) => td.className + ': ' + td.textContent.trim())"""
+    )
+    return cells
+
+
+def visible_columns(page: Page) -> list[str]:
+    names: list[str] = page.evaluate(
+        """() => [...document.querySelectorAll('#runs-table thead th')]
+            .filter((th) => th.offsetParent !== null).map((th) => th.className.split(' ')[0])"""
+    )
+    return names
+
+
+def four_runs(pane: Pane, tid: str) -> dict[str, str]:
+    """A completed, a failed, a canceled and a pending run (due in 29 minutes)."""
+    done = pane.schedule(tid, "send_reminder", {"text": "stretch"})
+    failed = pane.schedule(tid, "fail_on_purpose", {"reason": "no network today"})
+    canceled = pane.schedule(tid, "send_reminder", {"text": "never"}, delay=1740)
+    res = pane.http.post(f"/api/threads/{tid}/effects/{canceled}/cancel")
+    assert res.json() == {"canceled": True}
+    pending = pane.schedule(tid, "send_reminder", {"text": "later"}, delay=1740)
+    for run_id, status in ((done, "completed"), (failed, "failed")):
+        deadline = time.monotonic() + 15
+        while pane.http.get(f"/api/threads/{tid}/effects/{run_id}").json()["status"] != status:
+            assert time.monotonic() < deadline, f"{run_id} never became {status}"
+            time.sleep(0.05)
+    return {"completed": done, "failed": failed, "canceled": canceled, "pending": pending}
+
+
+def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_nothing(
+    pane: Pane,
+) -> None:
+    page = pane.page
+    page.set_viewport_size(WIDE)
+    tid = pane.new_thread()
+    runs = four_runs(pane, tid)
+    pane.open_thread(tid)
+    expect(page.get_by_test_id("run-row")).to_have_count(4, timeout=WAIT_MS)
+    assert visible_columns(page) == [
+        "col-id", "col-name", "col-status", "col-due", "col-started", "col-finished",
+        "col-dur", "col-att", "col-error", "col-act",
+    ]
+    done = pane.row(runs["completed"])
+    assert re.search(r"\d", done.locator(".cell-started").inner_text())
+    assert re.search(r"\d", done.locator(".cell-finished").inner_text())
+    assert re.fullmatch(r"<1ms|\d+ms|\d\.\ds", done.locator(".cell-dur").inner_text())
+    assert pane.row(runs["pending"]).locator(".cell-started").inner_text() == "—"
+    assert cut_cells(page) == []
+    snap(page, "wide-runs")
+
+    # Opening a run keeps ID, attempts and error in the list; times are whole, not cut.
+    pane.row(runs["failed"]).click()
+    detail = page.get_by_test_id("run-detail")
+    expect(detail).to_be_visible(timeout=WAIT_MS)
+    expect(detail.get_by_test_id("run-error")).to_contain_text("no network today")
+    assert visible_columns(page) == [
+        "col-id", "col-name", "col-status", "col-when", "col-att", "col-error", "col-act",
+    ]
+    expect(pane.row(runs["failed"]).locator(".cell-error")).to_contain_text("no network")
+    expect(pane.row(runs["pending"]).get_by_test_id("run-when")).to_have_text(
+        re.compile(r"in (28|29)m")
+    )
+    assert cut_cells(page) == []
+    assert page.locator(".table-wrap").evaluate("e => e.scrollWidth <= e.clientWidth")
+    expect(detail).to_contain_text("Duration")
+    snap(page, "wide-detail")
+    assert pane.errors == []
+
+
+def test_a_canceled_run_never_says_when_it_would_have_run(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    run_id = pane.schedule(tid, "send_reminder", {"text": "never"}, delay=1740)
+    row = pane.row(run_id)
+    expect(row).to_contain_text("in 29m", timeout=WAIT_MS)
+    row.get_by_test_id("cancel").click()
+    expect(row).to_have_attribute("data-status", "canceled", timeout=WAIT_MS)
+    for size in (WIDE, PHONE):
+        page.set_viewport_size(size)
+        expect(row).not_to_contain_text("in 2")
+        expect(row.get_by_test_id("run-when")).to_have_text(re.compile(r"^canceled"))
+    row.click()
+    expect(page.get_by_test_id("run-detail")).not_to_contain_text("in 2")
+    assert pane.errors == []
+
+
+def center_hits(page: Page, test_id: str) -> bool:
+    """Whether a click at the centre of the element lands on it (nothing covers it)."""
+    hit: bool = page.get_by_test_id(test_id).evaluate(
+        """(e) => { const r = e.getBoundingClientRect();
+            const top = document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2);
+            return top === e || e.contains(top); }"""
+    )
+    return hit
+
+
+def test_nothing_covers_the_send_button_after_a_replay(pane: Pane) -> None:
+    page = pane.page
+    for size, name in ((WIDE, "wide"), (PHONE, "phone")):
+        page.set_viewport_size(size)
+        tid = pane.new_thread()
+        run_id = pane.schedule(tid, "send_reminder", {"text": "stretch"})
+        pane.open_thread(tid)
+        row = pane.row(run_id)
+        expect(row).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+        row.click()
+        page.get_by_test_id("run-detail").get_by_test_id("replay").click()
+        # The outcome is said in place (in the detail and above the list), not in a toast.
+        expect(page.get_by_test_id("detail-notice")).to_contain_text(
+            "Replay of send_reminder scheduled as", timeout=WAIT_MS
+        )
+        expect(page.get_by_test_id("runs-notice")).to_contain_text("scheduled as")
+        expect(page.get_by_test_id("toast")).to_have_count(0)
+        page.get_by_test_id("detail-close").click()
+        expect(page.get_by_test_id("run-row")).to_have_count(2, timeout=WAIT_MS)
+        snap(page, f"{name}-replay-notice")
+        page.get_by_test_id("tab-conversation").click()
+        expect(page.get_by_test_id("composer-send")).to_be_visible(timeout=WAIT_MS)
+        assert center_hits(page, "composer-send")
+        # An error toast on this tab sits above the composer too.
+        page.evaluate("import('/web/toasts.js').then((m) => m.toast('Something failed'))")
+        expect(page.get_by_test_id("toast")).to_have_count(1, timeout=WAIT_MS)
+        assert center_hits(page, "composer-send")
+        assert center_hits(page, "composer-input")
+        snap(page, f"{name}-conversation-toast")
+        page.get_by_test_id("toast").get_by_role("button", name="Dismiss").click()
+        page.get_by_test_id("tab-runs").click()
+    assert pane.errors == []
+
+
+def test_a_new_thread_starts_with_a_fresh_schedule_form(pane: Pane) -> None:
+    page = pane.page
+    first = pane.new_thread()
+    second = pane.new_thread()
+    pane.open_thread(first)
+    name = page.get_by_test_id("schedule-name")
+    args = page.get_by_test_id("schedule-args")
+    delay = page.get_by_test_id("schedule-delay")
+    expect(name.locator("option")).to_have_count(5, timeout=WAIT_MS)
+    name.select_option("fail_on_purpose")
+    default = args.input_value()
+    assert json.loads(default) == {"reason": "this effect fails on purpose"}
+    args.fill('{"reason": "for the first thread only"}')
+    delay.fill("30")
+    name.select_option("thread_digest")  # sets the edited args aside
+    expect(page.get_by_test_id("schedule-args-restore")).to_be_visible()
+    name.select_option("fail_on_purpose")
+
+    # Another thread: nothing typed for the first one is offered, or scheduled, there.
+    page.locator(f'[data-testid="thread-item"][data-thread-id="{second}"]').click()
+    expect(page.get_by_test_id("thread-id")).to_have_text(second, timeout=WAIT_MS)
+    expect(args).to_have_value(default)
+    expect(delay).to_have_value("0")
+    expect(page.get_by_test_id("schedule-args-restore")).to_be_hidden()
+
+    # And a brand-new one from "New thread".
+    args.fill('{"reason": "typed for the second"}')
+    delay.fill("12")
+    page.get_by_test_id("new-thread").click()
+    expect(page.get_by_test_id("thread-id")).not_to_have_text(second, timeout=WAIT_MS)
+    expect(args).to_have_value(default)
+    expect(delay).to_have_value("0")
+    assert pane.errors == []
+
+
+def test_every_pre_filled_form_is_accepted_by_its_effect(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    name = page.get_by_test_id("schedule-name")
+    expect(name.locator("option")).to_have_count(5, timeout=WAIT_MS)
+    effects = pane.http.get("/api/effects").json()["effects"]
+    page.get_by_test_id("schedule-delay").fill("3600")  # nothing needs to run
+    tried = 0
+    for effect in effects:
+        name.select_option(effect["name"])
+        box = page.get_by_test_id("schedule-args").input_value()
+        if not box and effect["argsSchema"]:
+            # Nothing valid to offer: the box stays empty and the hint says what is needed.
+            expect(page.get_by_test_id("schedule-args-hint")).to_be_visible()
+            continue
+        page.get_by_test_id("schedule-submit").click()
+        expect(page.get_by_test_id("schedule-result")).to_contain_text(
+            f"Scheduled {effect['name']}", timeout=WAIT_MS
+        )
+        expect(page.get_by_test_id("schedule-error")).to_be_hidden()
+        tried += 1
+    assert tried >= 3
+    assert pane.errors == []
+
+
+def test_at_420px_the_runs_start_above_the_fold(pane: Pane) -> None:
+    page = pane.page
+    page.set_viewport_size(PHONE)
+    for _ in range(12):  # enough threads to fill the thread list
+        tid = pane.new_thread()
+    runs = four_runs(pane, tid)
+    pane.open_thread(tid)
+    expect(page.get_by_test_id("run-row")).to_have_count(4, timeout=WAIT_MS)
+    page.evaluate("window.scrollTo(0, 0)")
+    first = page.get_by_test_id("run-row").first
+    box = first.bounding_box()
+    assert box is not None and box["y"] + box["height"] <= PHONE["height"], box
+    assert visible_columns(page) == ["col-name", "col-status", "col-when", "col-open"]
+    assert cut_cells(page) == []
+    # The compact column says how long a finished run took and when it ended.
+    expect(pane.row(runs["completed"]).get_by_test_id("run-when")).to_have_text(
+        re.compile(r"^(<1ms|\d+ms|\d\.\ds) · (\d+s ago|now)$")
+    )
+    assert page.locator(".table-wrap").evaluate("e => e.scrollWidth <= e.clientWidth")
+    snap(page, "phone-runs")
+    pane.row(runs["failed"]).click()
+    expect(page.get_by_test_id("run-detail")).to_be_visible(timeout=WAIT_MS)
+    snap(page, "phone-detail")
+    page.get_by_test_id("detail-close").click()
+    page.get_by_test_id("tab-conversation").click()
+    snap(page, "phone-conversation")
+    assert pane.errors == []

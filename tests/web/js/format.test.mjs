@@ -17,6 +17,7 @@ test("relative times", () => {
 
 test("durations", () => {
   assert.equal(fmtDuration(240), "240ms");
+  assert.equal(fmtDuration(0.4), "<1ms");
   assert.equal(fmtDuration(4200), "4.2s");
   assert.equal(fmtDuration(185000), "3m 5s");
   assert.equal(fmtDuration(-1), "");
