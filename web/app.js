@@ -268,7 +268,7 @@ function wire() {
     target.focus();
   });
   document.addEventListener("keydown", (ev) => {
-    if (ev.key === "Escape" && !threads.menuOpen && !tokenDialogOpen() && detail.id !== null) detail.close();
+    if (ev.key === "Escape" && !ev.defaultPrevented && !tokenDialogOpen() && detail.id !== null) detail.close();
   });
   window.addEventListener("hashchange", () => {
     const params = hashParams();

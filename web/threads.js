@@ -58,7 +58,9 @@ export class ThreadsView {
       if (!el.menu.hidden && !el.menu.contains(ev.target) && ev.target !== el.newThread) this.closeMenu();
     });
     document.addEventListener("keydown", (ev) => {
-      if (ev.key === "Escape") this.closeMenu();
+      if (ev.key !== "Escape" || !this.menuOpen) return;
+      ev.preventDefault(); // this Escape closed the menu, nothing else (app.js checks)
+      this.closeMenu();
     });
   }
 
