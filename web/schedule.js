@@ -97,9 +97,10 @@ export class ScheduleForm {
     el.args.placeholder = skeleton.placeholder;
     render(
       skeleton.needs.length
-        ? html`Needs ${skeleton.needs.map(
-            (n, i) => html`${i ? ", " : ""}<code>${n.name}</code>${n.description ? ` (${n.description}${n.limits ? `; ${n.limits}` : ""})` : n.limits ? ` (${n.limits})` : ""}`,
-          )}.`
+        ? html`Needs ${skeleton.needs.map((n, i) => {
+            const about = [n.description.replace(/\.$/, ""), n.limits].filter(Boolean).join("; ");
+            return html`${i ? ", " : ""}<code>${n.name}</code>${about ? ` (${about})` : ""}`;
+          })}.`
         : nothing,
       el.hint,
     );

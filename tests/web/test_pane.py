@@ -527,7 +527,9 @@ def test_switching_effect_puts_that_effects_args_in_the_box(pane: Pane) -> None:
     # placeholder and the hint names the field.
     expect(args).to_have_value("")
     assert json.loads(args.get_attribute("placeholder") or "") == {"text": "…"}
-    expect(page.get_by_test_id("schedule-args-hint")).to_contain_text("text (What to remind of.")
+    expect(page.get_by_test_id("schedule-args-hint")).to_contain_text(
+        "text (What to remind of; 1 to 2000 characters)"
+    )
     expect(restore).to_be_hidden()
 
     # Edited args for fail_on_purpose, then thread_digest (no args): the box is emptied
@@ -885,6 +887,7 @@ def test_every_pre_filled_form_is_accepted_by_its_effect(pane: Pane) -> None:
         if not box and effect["argsSchema"]:
             # Nothing valid to offer: the box stays empty and the hint says what is needed.
             expect(page.get_by_test_id("schedule-args-hint")).to_be_visible()
+            snap(page, f"args-needed-{effect['name']}")
             continue
         page.get_by_test_id("schedule-submit").click()
         expect(page.get_by_test_id("schedule-result")).to_contain_text(
