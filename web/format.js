@@ -26,6 +26,25 @@ export function fmtLocal(iso, { full = false, now = Date.now() } = {}) {
   return !full && today ? timeFmt.format(d) : dateTimeFmt.format(d);
 }
 
+const dayFmt = new Intl.DateTimeFormat(undefined, { month: "short", day: "numeric" });
+const dayYearFmt = new Intl.DateTimeFormat(undefined, { year: "numeric", month: "short", day: "numeric" });
+
+/**
+ * An instant split for a narrow cell: `{date, time}`, local. `date` is "" today, "Nov 29"
+ * this year, "Nov 29, 2025" before; `time` has seconds. The cell may wrap between them.
+ */
+export function timeParts(iso, now = Date.now()) {
+  const t = parseTime(iso);
+  if (!Number.isFinite(t)) return { date: "", time: iso ? String(iso) : "—" };
+  const d = new Date(t);
+  const today = new Date(now);
+  let date = "";
+  if (today.toDateString() !== d.toDateString()) {
+    date = (today.getFullYear() === d.getFullYear() ? dayFmt : dayYearFmt).format(d);
+  }
+  return { date, time: timeFmt.format(d) };
+}
+
 function span(s) {
   if (s < 60) return `${s}s`;
   if (s < 3600) return `${Math.floor(s / 60)}m`;

@@ -6,7 +6,7 @@
 import { html, nothing, render } from "./vendor/lit-html/lit-html.js";
 import { repeat } from "./vendor/lit-html/directives/repeat.js";
 import { api, ApiError } from "./api.js";
-import { fmtDuration, fmtLocal, fmtRelative, runDuration, shortId, whenText } from "./format.js";
+import { fmtDuration, fmtRelative, runDuration, shortId, timeParts, whenText } from "./format.js";
 import {
   STATUSES,
   TERMINAL,
@@ -52,8 +52,16 @@ export function actionButtons(run) {
   return [];
 }
 
+// Date (not today) and time, each unbreakable: a cell too narrow for both wraps between
+// them instead of cutting either.
+function timeText(iso, now) {
+  if (!iso) return "—";
+  const { date, time } = timeParts(iso, now);
+  return html`${date ? html`<span class="nw">${date}</span> ` : nothing}<span class="nw">${time}</span>`;
+}
+
 function timeCell(cls, iso, now) {
-  return html`<td class=${cls} title=${iso || ""}>${iso ? fmtLocal(iso, { now }) : "—"}</td>`;
+  return html`<td class=${cls} title=${iso || ""}>${timeText(iso, now)}</td>`;
 }
 
 export class RunsView {
@@ -151,8 +159,8 @@ export class RunsView {
       <td class="mono cell-id" title=${run.id}>${shortId(run.id)}</td>
       <td class="cell-name" title=${run.name || ""}>${run.name || ""}</td>
       <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span></td>
-      <td class="cell-due" title=${run.runAt || ""}><span class="due-abs">${run.runAt ? fmtLocal(run.runAt, { now }) : "—"}</span>${
-        pending ? html` <span class="rel muted">${fmtRelative(run.runAt, now)}</span>` : nothing
+      <td class="cell-due" title=${run.runAt || ""}>${timeText(run.runAt, now)}${
+        pending ? html` <span class="rel muted nw">${fmtRelative(run.runAt, now)}</span>` : nothing
       }</td>
       ${timeCell("cell-started", run.startedAt, now)}
       ${timeCell("cell-finished", run.finishedAt, now)}

@@ -720,13 +720,15 @@ def visible_columns(page: Page) -> list[str]:
 
 
 def four_runs(pane: Pane, tid: str) -> dict[str, str]:
-    """A completed, a failed, a canceled and a pending run (due in 29 minutes)."""
+    """A completed, a failed, a canceled and a pending run (due in 29 minutes), and one
+    due in two days (whose due time carries a date)."""
     done = pane.schedule(tid, "send_reminder", {"text": "stretch"})
     failed = pane.schedule(tid, "fail_on_purpose", {"reason": "no network today"})
     canceled = pane.schedule(tid, "send_reminder", {"text": "never"}, delay=1740)
     res = pane.http.post(f"/api/threads/{tid}/effects/{canceled}/cancel")
     assert res.json() == {"canceled": True}
     pending = pane.schedule(tid, "send_reminder", {"text": "later"}, delay=1740)
+    pane.schedule(tid, "send_reminder", {"text": "in two days"}, delay=2 * 86400 + 60)
     for run_id, status in ((done, "completed"), (failed, "failed")):
         deadline = time.monotonic() + 15
         while pane.http.get(f"/api/threads/{tid}/effects/{run_id}").json()["status"] != status:
@@ -743,7 +745,7 @@ def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_
     tid = pane.new_thread()
     runs = four_runs(pane, tid)
     pane.open_thread(tid)
-    expect(page.get_by_test_id("run-row")).to_have_count(4, timeout=WAIT_MS)
+    expect(page.get_by_test_id("run-row")).to_have_count(5, timeout=WAIT_MS)
     assert visible_columns(page) == [
         "col-id", "col-name", "col-status", "col-due", "col-started", "col-finished",
         "col-dur", "col-att", "col-error", "col-act",
@@ -906,7 +908,7 @@ def test_at_420px_the_runs_start_above_the_fold(pane: Pane) -> None:
         tid = pane.new_thread()
     runs = four_runs(pane, tid)
     pane.open_thread(tid)
-    expect(page.get_by_test_id("run-row")).to_have_count(4, timeout=WAIT_MS)
+    expect(page.get_by_test_id("run-row")).to_have_count(5, timeout=WAIT_MS)
     page.evaluate("window.scrollTo(0, 0)")
     first = page.get_by_test_id("run-row").first
     box = first.bounding_box()

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { argsEdited, argsSkeleton } from "../../../web/args.js";
-import { fmtDuration, fmtRelative, shortId, whenText } from "../../../web/format.js";
+import { fmtDuration, fmtRelative, shortId, timeParts, whenText } from "../../../web/format.js";
 
 const NOW = Date.parse("2026-11-30T12:00:00Z");
 const at = (s) => new Date(NOW + s * 1000).toISOString();
@@ -77,4 +77,13 @@ test("args count as edited only when they differ from the skeleton", () => {
   assert.equal(argsEdited(reminder, ""), false);
   assert.equal(argsEdited(reminder, '{"text": "hi"}'), true);
   assert.equal(argsEdited(schema, "{not json"), true);
+});
+
+test("a time in a cell carries its date only when it is not today", () => {
+  assert.equal(timeParts(at(60), NOW).date, "");
+  assert.match(timeParts(at(60), NOW).time, /\d\d:\d\d:\d\d/);
+  assert.notEqual(timeParts(at(2 * 86400), NOW).date, "");
+  assert.doesNotMatch(timeParts(at(2 * 86400), NOW).date, /2026/);
+  assert.match(timeParts(at(-400 * 86400), NOW).date, /2025/);
+  assert.deepEqual(timeParts(null, NOW), { date: "", time: "—" });
 });
