@@ -11,10 +11,10 @@ from typing import Any
 import anyio.to_thread
 import httpx
 import pytest
-from starlette.applications import Starlette
 
 from runtime import AgentDefinitionError, Runtime
-from runtime.endpoints import discover_thread_endpoints, message_routes, thread_endpoint_routes
+from runtime.endpoints import discover_thread_endpoints
+from runtime.http import thread_endpoint_routes
 from runtime.testing import FakeClock, override_model
 from tests.conftest import DEMO_APP, serve_api
 from tests.test_turns import APP, Script, call, text
@@ -24,15 +24,9 @@ from tests.test_turns import APP, Script, call, text
 async def serve(tmp_path: Path, clock: FakeClock, app_dir: Path = APP) -> AsyncIterator[
     tuple[httpx.AsyncClient, Runtime]
 ]:
-    """The messages routes and the app's thread endpoints in a bare Starlette app."""
-    async with Runtime(
-        app_dir=app_dir, data_dir=tmp_path / "data", clock=clock, load_packages=False
-    ) as rt:
-        app = Starlette(routes=[*message_routes(), *thread_endpoint_routes(app_dir)])
-        app.state.runtime = rt
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
-            yield c, rt
+    """The real app (create_app, its error mapping and lifespan) on the turns test app."""
+    async with serve_api(tmp_path / "data", clock=clock, app_dir=app_dir) as api:
+        yield api.client, api.rt
 
 
 @pytest.fixture
