@@ -31,6 +31,8 @@ import hmac
 import json
 import logging
 import os
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,6 +51,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from runtime._http_errors import error_response, runtime_error_status
 from runtime._limits import cut, delay_seconds, parse_json
@@ -1010,7 +1013,10 @@ async def _stream(websocket: WebSocket) -> None:
 
     try:
         await websocket.accept()
-        stream = FrameStream(websocket, subscription, rt.settings.subscriber_queue_size)
+        stream = FrameStream(
+            websocket, subscription, rt.settings.subscriber_queue_size,
+            websocket.app.state.ws_close_timeout_seconds,
+        )
         await stream.run(why_closed)
     finally:
         subscription.close()
@@ -1100,18 +1106,89 @@ class _HeaderTimeoutH11(H11Protocol):
             self.transport.close()
 
 
-def server_options(*, header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS) -> dict[str, Any]:
+class _AbortingTransport:
+    """A transport whose ``close()`` becomes ``abort()`` if the buffer has not gone out in time.
+
+    ``close()`` of an asyncio transport waits until its write buffer drains; for a client
+    that never reads, that is forever, and the connection (with every unsent frame) stays
+    up. This one aborts it ``timeout_seconds`` after the close.
+    """
+
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, timeout: float
+    ) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._timeout = timeout
+        self._abort: asyncio.TimerHandle | None = None
+
+    def close(self) -> None:
+        self._transport.close()
+        if self._abort is None:
+            self._abort = self._loop.call_later(self._timeout, self._reset)
+
+    def _reset(self) -> None:
+        # Still connected (connection_lost cancels this): the close is stuck behind
+        # unsent bytes.
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            # Linger 0: the kernel drops the unsent bytes and sends a reset, rather than
+            # keeping an orphaned socket alive for minutes retrying a peer that won't read.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._transport.abort()
+
+    def cancel_abort(self) -> None:
+        if self._abort is not None:
+            self._abort.cancel()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _AbortingWebSockets(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol; a connection it closes is really gone after a timeout.
+
+    A slow client dropped by `FrameStream` (or any socket whose close frame cannot be
+    sent) is aborted `WS_CLOSE_TIMEOUT_SECONDS` after the close: its socket and its unsent
+    frames are released.
+    """
+
+    close_timeout_seconds = WS_CLOSE_TIMEOUT_SECONDS
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(
+            _AbortingTransport(
+                transport, self.loop, self.close_timeout_seconds  # type: ignore[arg-type]
+            )
+        )
+        self.close_timeout = self.close_timeout_seconds
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.transport.cancel_abort()  # type: ignore[attr-defined]
+
+
+def server_options(
+    *,
+    header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS,
+    ws_close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
     """The uvicorn settings this app is meant to run with: ``uvicorn.Config(app, **these)``.
 
     - a connection must send a complete request head within ``header_timeout_seconds``
       of opening (or of its previous answer), else it is closed;
     - an idle keep-alive connection is closed after `KEEP_ALIVE_SECONDS`;
-    - request heads over 16 KiB are refused (uvicorn's 400).
+    - request heads over 16 KiB are refused (uvicorn's 400);
+    - a WebSocket the server closes is aborted ``ws_close_timeout_seconds`` later if its
+      close could not be delivered (a client that does not read): socket and unsent
+      frames are released.
 
     Bodies are bounded by `BodyLimitMiddleware` (size, and `BODY_IDLE_TIMEOUT_SECONDS`).
 
     Args:
         header_timeout_seconds: See above (tests make it short).
+        ws_close_timeout_seconds: See above; give `create_app` the same value.
 
     Returns:
         Keyword arguments for ``uvicorn.Config``.
@@ -1120,8 +1197,13 @@ def server_options(*, header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS) ->
         "HeaderTimeoutH11", (_HeaderTimeoutH11,),
         {"header_timeout_seconds": header_timeout_seconds},
     )
+    ws_protocol = type(
+        "AbortingWebSockets", (_AbortingWebSockets,),
+        {"close_timeout_seconds": ws_close_timeout_seconds},
+    )
     return {
         "http": protocol,
+        "ws": ws_protocol,
         "timeout_keep_alive": KEEP_ALIVE_SECONDS,  # uvicorn wants an int
         "h11_max_incomplete_event_size": 16 * 1024,
     }
@@ -1159,6 +1241,7 @@ def create_app(
     web_dir: str | os.PathLike[str] | None = DEFAULT_WEB_DIR,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_idle_timeout_seconds: float = BODY_IDLE_TIMEOUT_SECONDS,
+    ws_close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
     clock: Clock | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     **settings: Any,
@@ -1179,6 +1262,8 @@ def create_app(
         max_body_bytes: Largest request body of any route, in bytes (over it: 413 at
             once, see `BodyLimitMiddleware`).
         body_idle_timeout_seconds: A request whose body stalls this long gets 408.
+        ws_close_timeout_seconds: How long the stream tries to deliver its last frames
+            and close frame to a client (see `server_options`).
         clock: The runtime's clock (`runtime.testing.FakeClock` in tests).
         extra_routes: More routes, after the built-in ones (which win on a collision).
             The messages routes and the app's thread endpoints (``agents/api/``,
@@ -1265,4 +1350,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.max_body_bytes = max_body_bytes
+    app.state.ws_close_timeout_seconds = ws_close_timeout_seconds
     return app
