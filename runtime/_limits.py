@@ -132,7 +132,12 @@ def delay_seconds(delay: object, *, name: str = "delay") -> float:
     if isinstance(delay, timedelta) and name == "delay":
         seconds = delay.total_seconds()
     elif isinstance(delay, int) and not isinstance(delay, bool):
-        if delay > MAX_DELAY_SECONDS:  # before float(): 10**400 would overflow
+        # Checked before float(), which overflows for 10**400.
+        if delay < 0:
+            raise InvalidDelay(
+                f"{name} must be a finite number of seconds >= 0, got {cut(str(delay), 40)}"
+            )
+        if delay > MAX_DELAY_SECONDS:
             raise InvalidDelay(f"{name} must be {limit}, got {cut(str(delay), 40)} s")
         seconds = float(delay)
     elif isinstance(delay, float):
