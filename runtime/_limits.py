@@ -243,16 +243,37 @@ def validate_args(schema: type[BaseModel], value: Any, name: str) -> None:
         raise InvalidEffectArgs(
             f"Args for effect {name} fail its schema: {_validation_summary(exc)}"
         ) from None
+    problem = unknown_fields(model, value)
+    if problem:
+        raise InvalidEffectArgs(f"Args for effect {name} fail its schema: {problem}")
+
+
+def unknown_fields(model: BaseModel, given: Any) -> str | None:
+    """Describe the fields of ``given`` that validating it into ``model`` dropped.
+
+    The one rule for effects, tools and request bodies: a field the schema does not
+    declare, at any depth, is refused, unless its model allows extra fields
+    (``model_config = ConfigDict(extra="allow")``, which keeps them).
+
+    Args:
+        model: The validated model.
+        given: The JSON value it was validated from.
+
+    Returns:
+        ``"unknown field(s) extra, inner.typo; the schema Note does not allow extra
+        fields"``, or None when every field is known.
+    """
     unknown = _unknown_fields(
-        value,
+        given,
         model.model_dump(mode="json", by_alias=True),
         model.model_dump(mode="json", by_alias=False),
         "",
     )
-    if unknown:
-        fields = ", ".join(cut(f, 40) for f in unknown[:5])
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise InvalidEffectArgs(
-            f"Args for effect {name} fail its schema: unknown field(s) {fields}{more}; "
-            f"the schema {schema.__name__} does not allow extra fields"
-        )
+    if not unknown:
+        return None
+    fields = ", ".join(cut(f, 40) for f in unknown[:5])
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    return (
+        f"unknown field(s) {fields}{more}; "
+        f"the schema {type(model).__name__} does not allow extra fields"
+    )

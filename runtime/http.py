@@ -744,15 +744,19 @@ async def _post_message(request: Request) -> Response:
 
 
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+_MAX_ID_CHARS = 64
 
 
 async def _list_messages(request: Request) -> Response:
     raw = request.query_params.get("limit", "50")
     try:
-        limit = int(raw) if len(raw) <= 19 else -1
+        if len(raw) > 19:
+            raise ValueError(raw)
+        limit = int(raw)
     except ValueError:
         raise ApiError(
-            400, "invalid_parameter", f"limit must be an integer, got {_quoted(raw)}"
+            400, "invalid_parameter",
+            f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
         ) from None
     state = await _thread(request)
     raw_latest = request.query_params.get("latest", "false").lower()
@@ -760,11 +764,19 @@ async def _list_messages(request: Request) -> Response:
         raise ApiError(
             400, "invalid_parameter", f"latest must be true or false, got {_quoted(raw_latest)}"
         )
+    cursors = {key: request.query_params.get(key) or None for key in ("after", "before")}
+    for key, cursor in cursors.items():
+        if cursor is not None and len(cursor) > _MAX_ID_CHARS:  # no message has such an id
+            raise ApiError(
+                400, "invalid_parameter",
+                f"Invalid cursor {key}={_quoted(cursor)}: no such message in thread "
+                f"{state.thread_id}",
+            )
     try:
         page = await state.get_messages(
             limit=limit,
-            after=request.query_params.get("after") or None,
-            before=request.query_params.get("before") or None,
+            after=cursors["after"],
+            before=cursors["before"],
             latest=_BOOLEANS[raw_latest],
         )
     except EffectsError:
