@@ -2,7 +2,17 @@
 
 `create_app` builds the application; the `runtime.Runtime` is created and started in the
 app's lifespan and closed (with its shutdown grace) when the server stops. ``server.py``
-only parses options and runs uvicorn.
+only parses options and runs uvicorn with `server_options` (header, keep-alive and
+WebSocket close timeouts).
+
+Every route lives here in one style: the built-in thread, run, effect and agent routes,
+a thread's messages (`message_routes`) and the app's file-routed thread endpoints
+(`thread_endpoint_routes`; `runtime.endpoints` discovers them). They share one runtime
+getter (``app.state.runtime``), one body reader (`read_body`/`read_json`/`read_object`:
+``Content-Length`` checked first, a chunked body read only up to the limit, JSON parsed
+with the limits of `runtime._limits`) and one error mapping (`ApiError`, and
+`runtime._http_errors.runtime_error_status` for runtime errors). `BodyLimitMiddleware`
+bounds the body of every route, the host's own included.
 
 Guards, in this order, on every request:
 
@@ -1096,6 +1106,7 @@ class _HeaderTimeoutH11(H11Protocol):
     """
 
     header_timeout_seconds = HEADER_TIMEOUT_SECONDS
+    _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -1105,9 +1116,18 @@ class _HeaderTimeoutH11(H11Protocol):
         super().on_response_complete()
         self._arm_header_timer()
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+
     def _arm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
         waiting_for = self.cycle  # a new request head makes a new cycle
-        self.loop.call_later(self.header_timeout_seconds, self._header_timeout, waiting_for)
+        self._header_timer = self.loop.call_later(
+            self.header_timeout_seconds, self._header_timeout, waiting_for
+        )
 
     def _header_timeout(self, waiting_for: object) -> None:
         if (
