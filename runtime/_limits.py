@@ -60,21 +60,32 @@ def cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
 def json_depth(value: Any) -> int:
     """How deeply ``value`` nests lists/tuples and dicts: 0 for a scalar, 1 for ``[]``.
 
-    Iterative, so it never raises ``RecursionError`` however deep the value.
+    Iterative, so it never raises ``RecursionError`` however deep the value; only
+    containers are visited (a 2 MiB list of numbers takes milliseconds).
     """
+    containers = (dict, list, tuple)
+    if not isinstance(value, containers):
+        return 0
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
         deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend([(c, depth + 1) for c in children if isinstance(c, containers)])
     return deepest
+
+
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def may_hold_surrogates(data: bytes) -> bool:
+    r"""Whether JSON text could hold a lone surrogate (a ``\ud800`` escape, or one encoded).
+
+    A fast scan, so the walk over the parsed value (`runtime._text.find_invalid_text`)
+    only runs for the bodies that need it.
+    """
+    return _MAYBE_SURROGATE.search(data) is not None
 
 
 def _finite_float(text: str) -> float:

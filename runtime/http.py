@@ -64,7 +64,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from runtime._http_errors import error_response, runtime_error_status
-from runtime._limits import cut, delay_seconds, parse_json
+from runtime._limits import cut, delay_seconds, may_hold_surrogates, parse_json
 from runtime._limits import quoted as _quoted
 from runtime._text import find_invalid_text
 from runtime.alarms import Clock
@@ -478,7 +478,7 @@ def _parse_body(body: bytes) -> Any:
         raise ApiError(400, "invalid_json", f"Request body is not valid JSON: {exc}") from None
     # JSON may spell lone surrogates ("\ud800"), which are not text: nothing could store
     # or answer them, so the body is refused before any route sees it.
-    problem = find_invalid_text(value)
+    problem = find_invalid_text(value) if may_hold_surrogates(body) else None
     if problem is not None:
         raise ApiError(
             400, "invalid_json",
