@@ -1306,7 +1306,8 @@ def create_app(
         The ASGI application.
 
     Raises:
-        ValueError: an empty ``api_token`` or a ``max_body_bytes`` below 1.
+        ValueError: an empty ``api_token``, a ``max_body_bytes`` below 1, or a timeout
+            that is not above 0.
         AgentDefinitionError: a thread endpoint file is invalid or collides with a route.
         pydantic.ValidationError: an unknown or invalid setting.
     """
@@ -1314,10 +1315,12 @@ def create_app(
         raise ValueError("api_token must not be empty (use None for no token)")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
-    if not body_idle_timeout_seconds > 0:
-        raise ValueError(
-            f"body_idle_timeout_seconds must be above 0, got {body_idle_timeout_seconds}"
-        )
+    for name, seconds in (
+        ("body_idle_timeout_seconds", body_idle_timeout_seconds),
+        ("ws_close_timeout_seconds", ws_close_timeout_seconds),
+    ):
+        if not seconds > 0:
+            raise ValueError(f"{name} must be above 0 seconds, got {seconds!r}")
     # Validated now, so a bad setting fails at startup of the program, not of the server.
     Settings(
         data_dir=Path(data_dir),
