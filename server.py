@@ -14,6 +14,7 @@ import argparse
 import ipaddress
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from runtime.http import LOOPBACK_HOSTS, ApiError, create_app, read_json
+from runtime.http import LOOPBACK_HOSTS, ApiError, create_app, read_json, server_options
 
 ROOT = Path(__file__).resolve().parent
 ENV = "THREAD_EFFECTS_"
@@ -118,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.app_dir.is_dir():
         print(f"server.py: app directory {args.app_dir} does not exist", file=sys.stderr)
         return 2
+    try:  # before anything is created: a busy port leaves no data dir behind
+        listener = bind_port(args.host, args.port)
+    except OSError as exc:
+        print(f"server.py: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     args.data_dir.mkdir(parents=True, exist_ok=True)
 
     # The demo webhook effect posts here by default (see agents/effects/post_webhook.py).
@@ -152,11 +159,33 @@ def main(argv: list[str] | None = None) -> int:
         # Open HTTP requests get this long on SIGINT/SIGTERM; then the runtime's own grace
         # period runs (the lifespan shutdown), after which running effects are re-queued.
         timeout_graceful_shutdown=5,
+        **server_options(),
     )
     server = uvicorn.Server(config)
-    server.run()
-    # uvicorn reports a failed startup (bad effect file, data dir in use) by not starting.
+    with listener:
+        server.run(sockets=[listener])
+    # uvicorn reports a failed startup (bad effect file, data dir in use) by not starting;
+    # the app logged why in one line (runtime.http.create_app).
     return 0 if server.started else 3
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """The listening socket for ``host:port``, bound now (uvicorn serves on it).
+
+    Raises:
+        OSError: the port is in use, or the address is not this machine's.
+    """
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

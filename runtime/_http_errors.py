@@ -1,7 +1,7 @@
 """How runtime errors become HTTP answers: one mapping for every route.
 
-Shared by `runtime.http` (the built-in API) and `runtime.endpoints` (messages and thread
-endpoints), so one error gets one status and code wherever it surfaces.
+Every route of `runtime.http` (the built-in API, messages, the app's thread endpoints)
+answers errors through it, so one error gets one status and code wherever it surfaces.
 """
 
 from __future__ import annotations
@@ -27,11 +27,18 @@ from runtime.errors import (
     TurnInProgress,
 )
 
+MAX_ERROR_MESSAGE_CHARS = 1000
+"""An error message is cut to this many characters (user values in it are cut to 80 first,
+see `runtime._limits.MAX_QUOTED_CHARS`; this bounds what is left, such as a list of
+schema errors)."""
+
 
 def error_response(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
     """The JSON error answer of the API: ``{"error": {"code", "message"}}``."""
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…"
     return JSONResponse(
         {"error": {"code": code, "message": message}}, status_code=status, headers=headers
     )

@@ -49,7 +49,8 @@ class EffectNotFound(EffectsError, LookupError):
 
     def __init__(self, name: str, detail: str | None = None) -> None:
         self.name = name
-        message = f"Effect not found: {name}"
+        # The name may come from a request: quoted cut, never echoed whole.
+        message = f"Effect not found: {name if len(name) <= 80 else name[:79] + '…'}"
         if detail:
             message = f"{message} ({detail})"
         super().__init__(message)

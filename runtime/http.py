@@ -2,7 +2,17 @@
 
 `create_app` builds the application; the `runtime.Runtime` is created and started in the
 app's lifespan and closed (with its shutdown grace) when the server stops. ``server.py``
-only parses options and runs uvicorn.
+only parses options and runs uvicorn with `server_options` (header, keep-alive and
+WebSocket close timeouts).
+
+Every route lives here in one style: the built-in thread, run, effect and agent routes,
+a thread's messages (`message_routes`) and the app's file-routed thread endpoints
+(`thread_endpoint_routes`; `runtime.endpoints` discovers them). They share one runtime
+getter (``app.state.runtime``), one body reader (`read_body`/`read_json`/`read_object`:
+``Content-Length`` checked first, a chunked body read only up to the limit, JSON parsed
+with the limits of `runtime._limits`) and one error mapping (`ApiError`, and
+`runtime._http_errors.runtime_error_status` for runtime errors). `BodyLimitMiddleware`
+bounds the body of every route, the host's own included.
 
 Guards, in this order, on every request:
 
@@ -31,6 +41,8 @@ import hmac
 import json
 import logging
 import os
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -48,14 +60,19 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from runtime._http_errors import error_response, runtime_error_status
+from runtime._limits import cut, delay_seconds, may_hold_surrogates, parse_json
+from runtime._limits import quoted as _quoted
 from runtime._text import find_invalid_text
 from runtime.alarms import Clock
 from runtime.config import Settings
 from runtime.effects import iso
-from runtime.endpoints import message_routes, thread_endpoint_routes
+from runtime.endpoints import REST_PARAM, ThreadEndpoint, discover_thread_endpoints
 from runtime.errors import (
+    AgentNotFound,
     EffectsError,
     InvalidThreadId,
     RuntimeClosed,
@@ -63,6 +80,7 @@ from runtime.errors import (
     ThreadNotFound,
 )
 from runtime.frames import Subscription, ThreadEvent
+from runtime.messages import MAX_CONTENT_CHARS
 from runtime.storage.base import ThreadInfo
 from runtime.supervisor import Runtime
 from runtime.thread import ThreadState
@@ -74,6 +92,16 @@ DEFAULT_WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 """Largest request body read (2 MiB); a larger one is refused with 413 before parsing."""
+
+BODY_IDLE_TIMEOUT_SECONDS = 30.0
+"""A request body that sends nothing for this long is answered 408 and dropped."""
+
+HEADER_TIMEOUT_SECONDS = 10.0
+"""A connection must send a complete request head this soon after it opens (or after its
+previous answer), else it is closed (`server_options`)."""
+
+KEEP_ALIVE_SECONDS = 5
+"""An idle keep-alive connection is closed after this long (uvicorn's own timer)."""
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 """Host names a loopback-only server answers to (see the *Host* guard above)."""
@@ -91,18 +119,34 @@ WS_CLOSE_REASON_BYTES = 123
 WS_CLOSE_TIMEOUT_SECONDS = 10.0
 """How long the stream waits to get its close frame (or last frames) out to a client."""
 
+_CLOSE = {"Connection": "close"}  # the rest of the body is not read: end the connection
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _THREAD_FIELDS = frozenset({"id", "agent_id", "user_id", "tags"})
 _SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds"})
+_MESSAGE_FIELDS = frozenset({"content"})
+
+MAX_MESSAGE_BODY_BYTES = 1 << 20
+"""Largest ``POST .../messages`` body (1 MiB)."""
 
 
 class ApiError(Exception):
-    """An HTTP error answer: ``status`` with the JSON body ``{"error": {code, message}}``."""
+    """An HTTP error answer: ``status`` with the JSON body ``{"error": {code, message}}``.
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    Args:
+        status: The HTTP status.
+        code: The snake_case error code.
+        message: Text for people, naming the thing and the limit.
+        headers: Extra response headers (``Connection: close`` when the rest of a body
+            will not be read).
+    """
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
         super().__init__(message)
 
 
@@ -198,7 +242,8 @@ class GuardMiddleware:
         if self._hosts is not None and _host_name(host) not in self._hosts:
             raise _Refusal(
                 400, "untrusted_host",
-                f"Host {host!r} is not served here; use one of: {', '.join(sorted(self._hosts))}",
+                f"Host {_quoted(host)} is not served here; "
+                f"use one of: {', '.join(sorted(self._hosts))}",
                 CLOSE_POLICY,
             )
         origin = headers.get("origin")
@@ -207,7 +252,7 @@ class GuardMiddleware:
             if urlsplit(origin).netloc.lower() != host.lower():
                 raise _Refusal(
                     403, "forbidden_origin",
-                    f"Cross-origin request from {origin} refused",
+                    f"Cross-origin request from {cut(origin)} refused",
                     CLOSE_POLICY,
                 )
         if self._token is None or _is_public_path(scope["path"]) or _is_unrouted(scope):
@@ -263,6 +308,7 @@ class InterruptedRequestMiddleware:
             if started:
                 raise
             where = f"{scope.get('method', '')} {scope.get('path', '')}"
+            where = cut(where)
             log.warning("%s interrupted: the server is shutting down", where)
             response = error_response(
                 503, "shutting_down",
@@ -273,6 +319,74 @@ class InterruptedRequestMiddleware:
             # Not re-raised: uvicorn would log a crash and answer a plain-text 500. The
             # task is being torn down anyway; it ends once the answer is sent.
             await response(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Bound every request body (built-in routes, thread endpoints, extra routes alike).
+
+    A ``Content-Length`` over ``max_body_bytes`` is answered 413 at once, before the route
+    runs or a byte of the body is read. A chunked body is counted as the route reads it:
+    the read that passes the limit raises 413 ``body_too_large``, so nothing buffers more
+    than the limit. A client that stops sending in the middle of its body for
+    ``body_idle_timeout_seconds`` gets 408 ``request_timeout`` (the connection is closed).
+
+    Args:
+        app: The wrapped ASGI app.
+        max_body_bytes: Largest request body, in bytes.
+        body_idle_timeout_seconds: Longest wait for the next piece of a body.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, body_idle_timeout_seconds: float
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.idle_timeout = body_idle_timeout_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse an over-long declared body, or pass on a counting ``receive``."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            response = error_response(
+                413, "body_too_large",
+                f"Request body is {cut(declared, 20)} bytes; the limit is {limit} bytes",
+                {"Connection": "close"},
+            )
+            await response(scope, receive, send)
+            return
+        total = 0
+        body_done = False
+
+        async def counting_receive() -> ASGIMessage:
+            nonlocal total, body_done
+            if body_done:  # after the body: waiting for a disconnect has no time limit
+                return await receive()
+            try:
+                async with asyncio.timeout(self.idle_timeout):
+                    message = await receive()
+            except TimeoutError:
+                raise ApiError(
+                    408, "request_timeout",
+                    f"The request body stalled: nothing arrived for {self.idle_timeout:g} s",
+                    _CLOSE,
+                ) from None
+            if message["type"] == "http.request":
+                total += len(message.get("body", b""))
+                if total > limit:
+                    raise ApiError(
+                        413, "body_too_large",
+                        f"Request body exceeds the limit of {limit} bytes", _CLOSE,
+                    )
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
+            return message
+
+        await self.app(scope, counting_receive, send)
 
 
 def _bearer(header: str | None) -> str | None:
@@ -292,34 +406,31 @@ def _runtime(conn: HTTPConnection) -> Runtime:
     return rt
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+async def read_body(request: Request, limit: int | None = None) -> bytes:
+    """Read a request body of at most ``limit`` bytes, stopping as soon as it is over.
 
+    ``Content-Length`` is checked before anything is read; a chunked body is counted while
+    it streams in, and reading stops at the first chunk over the limit, so memory stays
+    bounded by the limit whatever the client sends.
 
-async def read_json(request: Request, limit: int, *, required: bool = True) -> Any:
-    r"""Read and parse a JSON request body of at most ``limit`` bytes.
-
-    The size is checked from ``Content-Length`` before anything is read, and again while
-    reading (for chunked bodies), so an oversized body is never buffered whole.
-
-    Returns:
-        The parsed value, or None for an empty body when ``required`` is False.
+    Args:
+        request: The request.
+        limit: Largest body in bytes; default the app's ``max_body_bytes`` (2 MiB).
 
     Raises:
-        ApiError: 413 over the limit; 400 when empty (and required), not valid JSON, or
-            holding a string that is not valid Unicode (a lone surrogate such as
-            ``"\ud800"``).
+        ApiError: 413 ``body_too_large`` over the limit; 400 ``invalid_body`` for a
+            malformed ``Content-Length``.
     """
+    if limit is None:
+        limit = int(request.app.state.max_body_bytes)
     declared = request.headers.get("content-length")
     if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise ApiError(400, "invalid_body", f"Invalid Content-Length {declared!r}") from None
-        if size > limit:
+        if not declared.strip().isdigit() or len(declared) > 19:
+            raise ApiError(400, "invalid_body", f"Invalid Content-Length {_quoted(declared)}")
+        if int(declared) > limit:
             raise ApiError(
                 413, "body_too_large",
-                f"Request body is {size} bytes; the limit is {limit} bytes",
+                f"Request body is {int(declared)} bytes; the limit is {limit} bytes", _CLOSE,
             )
     chunks: list[bytes] = []
     total = 0
@@ -327,27 +438,74 @@ async def read_json(request: Request, limit: int, *, required: bool = True) -> A
         total += len(chunk)
         if total > limit:
             raise ApiError(
-                413, "body_too_large", f"Request body exceeds the limit of {limit} bytes"
+                413, "body_too_large", f"Request body exceeds the limit of {limit} bytes", _CLOSE
             )
         chunks.append(chunk)
-    body = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def read_json(
+    request: Request, limit: int | None = None, *, required: bool = True
+) -> Any:
+    r"""Read and parse a JSON request body of at most ``limit`` bytes (see `read_body`).
+
+    Args:
+        request: The request.
+        limit: Largest body in bytes; default the app's ``max_body_bytes`` (2 MiB).
+        required: Whether an empty body is an error (else it gives None).
+
+    Returns:
+        The parsed value, or None for an empty body when ``required`` is False.
+
+    Raises:
+        ApiError: 413 over the limit; 400 ``invalid_body`` when empty (and required);
+            400 ``invalid_json`` when not valid JSON, nested deeper than
+            `MAX_JSON_DEPTH` levels, holding a number beyond the float range, or holding
+            a string that is not valid Unicode (a lone surrogate such as ``"\ud800"``).
+    """
+    body = await read_body(request, limit)
     if not body.strip():
         if required:
             raise ApiError(400, "invalid_body", "Request body must be a JSON object")
         return None
+    return _parse_body(body)
+
+
+def _parse_body(body: bytes) -> Any:
     try:
-        value = json.loads(body, parse_constant=_reject_constant)
+        value = parse_json(body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ApiError(400, "invalid_json", f"Request body is not valid JSON: {exc}") from None
     # JSON may spell lone surrogates ("\ud800"), which are not text: nothing could store
     # or answer them, so the body is refused before any route sees it.
-    problem = find_invalid_text(value)
+    problem = find_invalid_text(value) if may_hold_surrogates(body) else None
     if problem is not None:
         raise ApiError(
             400, "invalid_json",
             f"Request body is not valid JSON text: {problem}, which is not valid Unicode",
         )
     return value
+
+
+async def read_object(
+    request: Request, allowed: frozenset[str], what: str, *, limit: int | None = None,
+    required: bool = True,
+) -> dict[str, Any]:
+    """Read a JSON object body holding only the ``allowed`` fields.
+
+    An empty body is ``{}`` when ``required`` is False; any other body must be an object
+    (``[]``, ``0``, ``null`` or ``""`` are refused, not taken for "no body").
+
+    Raises:
+        ApiError: as `read_json`; 400 ``invalid_body`` for a body that is not an object
+            or has an unknown field (naming it and the allowed ones).
+    """
+    body = await read_body(request, limit)
+    if not body.strip():
+        if required:
+            raise ApiError(400, "invalid_body", f"{what}: the body must be a JSON object")
+        return {}
+    return _object(_parse_body(body), allowed, what)
 
 
 def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
@@ -357,7 +515,8 @@ def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
     if unknown:
         raise ApiError(
             400, "invalid_body",
-            f"{what}: unknown field(s) {', '.join(unknown)}; "
+            f"{what}: unknown field(s) {', '.join(cut(u, 40) for u in unknown[:5])}"
+            f"{' and more' if len(unknown) > 5 else ''}; "
             f"allowed: {', '.join(sorted(allowed))}",
         )
     return value
@@ -378,7 +537,8 @@ def _page_params(request: Request) -> tuple[int, str | None]:
             limit = int(raw)
         except ValueError:
             raise ApiError(
-                400, "invalid_parameter", f"limit must be an integer from 1 to 500, got {raw!r}"
+                400, "invalid_parameter",
+                f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
             ) from None
     cursor = request.query_params.get("cursor") or None
     return limit, cursor
@@ -404,10 +564,7 @@ async def _thread(request: Request) -> ThreadState:
 
 async def _create_thread(request: Request) -> Response:
     what = "POST /api/threads"
-    body = _object(
-        await read_json(request, request.app.state.max_body_bytes, required=False) or {},
-        _THREAD_FIELDS, what,
-    )
+    body = await read_object(request, _THREAD_FIELDS, what, required=False)
     tags = body.get("tags") or []
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise ApiError(400, "invalid_body", f"{what}: tags must be a list of strings")
@@ -476,14 +633,13 @@ async def _list_runs(request: Request) -> Response:
 async def _schedule(request: Request) -> Response:
     what = f"POST /api/threads/{request.path_params['tid']}/effects"
     state = await _thread(request)
-    body = _object(
-        await read_json(request, request.app.state.max_body_bytes), _SCHEDULE_FIELDS, what
-    )
+    body = await read_object(request, _SCHEDULE_FIELDS, what)
     name = body.get("name")
     if not isinstance(name, str) or not name:
         raise ApiError(400, "invalid_body", f"{what}: name must be a non-empty string")
     delay = body.get("delay_seconds")
-    run_id = await state.schedule_effect(name, body.get("args"), 0 if delay is None else delay)
+    seconds = 0.0 if delay is None else delay_seconds(delay, name="delay_seconds")
+    run_id = await state.schedule_effect(name, body.get("args"), seconds)
     return JSONResponse({"id": run_id}, status_code=201)
 
 
@@ -567,6 +723,173 @@ class _PaneFiles(StaticFiles):
         response = super().file_response(*args, **kwargs)
         response.headers.update(_PANE_HEADERS)
         return response
+
+
+# ------------------------------------------------------------------ messages
+
+
+async def _post_message(request: Request) -> Response:
+    what = f"POST /api/threads/{cut(request.path_params['tid'], 64)}/messages"
+    body = await read_object(
+        request, _MESSAGE_FIELDS, what, limit=MAX_MESSAGE_BODY_BYTES
+    )
+    content = body.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise ApiError(
+            400, "invalid_body", f'{what}: the body must be {{"content": "<non-empty text>"}}'
+        )
+    if len(content) > MAX_CONTENT_CHARS:
+        raise ApiError(
+            413, "content_too_large",
+            f"content is {len(content)} characters; the limit is {MAX_CONTENT_CHARS}",
+        )
+    state = await _thread(request)
+    try:
+        result = await state.send_message(content)
+    except AgentNotFound as exc:
+        # A thread whose agent is gone cannot take messages: a conflict with the thread's
+        # state here (409 no_agent), where elsewhere an unknown agent is a 404.
+        raise ApiError(409, "no_agent", str(exc)) from None
+    return JSONResponse(result.to_json())
+
+
+_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
+_MAX_ID_CHARS = 64
+
+
+async def _list_messages(request: Request) -> Response:
+    raw = request.query_params.get("limit", "50")
+    try:
+        if len(raw) > 19:
+            raise ValueError(raw)
+        limit = int(raw)
+    except ValueError:
+        raise ApiError(
+            400, "invalid_parameter",
+            f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
+        ) from None
+    state = await _thread(request)
+    raw_latest = request.query_params.get("latest", "false").lower()
+    if raw_latest not in _BOOLEANS:
+        raise ApiError(
+            400, "invalid_parameter", f"latest must be true or false, got {_quoted(raw_latest)}"
+        )
+    cursors = {key: request.query_params.get(key) or None for key in ("after", "before")}
+    for key, cursor in cursors.items():
+        if cursor is not None and len(cursor) > _MAX_ID_CHARS:  # no message has such an id
+            raise ApiError(
+                400, "invalid_parameter",
+                f"Invalid cursor {key}={_quoted(cursor)}: no such message in thread "
+                f"{state.thread_id}",
+            )
+    try:
+        page = await state.get_messages(
+            limit=limit,
+            after=cursors["after"],
+            before=cursors["before"],
+            latest=_BOOLEANS[raw_latest],
+        )
+    except EffectsError:
+        raise
+    except ValueError as exc:  # a bad limit or a cursor that names no message
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+    return JSONResponse(
+        {
+            "messages": [m.to_json() for m in page.messages],
+            "nextCursor": page.next_cursor,
+            "prevCursor": page.prev_cursor,
+        }
+    )
+
+
+async def _get_message(request: Request) -> Response:
+    state = await _thread(request)
+    message = await state.get_message(request.path_params["mid"])
+    return JSONResponse(message.to_json())
+
+
+def message_routes() -> list[BaseRoute]:
+    """Starlette routes for a thread's conversation (``docs/http-api.md``, Messages).
+
+    ``POST /api/threads/{tid}/messages`` ``{"content": "..."}`` runs one turn and answers
+    200 ``{"runId", "reply", "messages"}``; 409 ``turn_in_progress`` while a turn of the
+    thread runs (one at a time; the client retries after the answer), 409 ``no_agent``
+    when no agent serves the thread, 502 ``turn_failed`` when the model fails.
+    ``GET /api/threads/{tid}/messages?limit=50&after=<message id>`` lists messages oldest
+    first: ``{"messages": [...], "nextCursor", "prevCursor"}``; ``before=<message id>``
+    gives the page before a message, ``latest=true`` the newest page.
+    ``GET .../messages/{mid}`` gives one.
+
+    Errors are answered by the app's error handlers (`create_app`).
+    """
+    return [
+        _route("/api/threads/{tid}/messages", GET=_list_messages, POST=_post_message),
+        _route("/api/threads/{tid}/messages/{mid}", GET=_get_message),
+    ]
+
+
+# ---------------------------------------------------------- thread endpoints
+
+
+def _endpoint_view(endpoint: ThreadEndpoint) -> Endpoint:
+    where = f"{endpoint.method} /api/threads/{{tid}}{endpoint.path} ({endpoint.file.name})"
+
+    async def view(request: Request) -> Response:
+        state = await _thread(request)
+        params = {
+            ("*" if key == REST_PARAM else key): str(value)
+            for key, value in request.path_params.items()
+            if key != "tid"
+        }
+        try:
+            result = await endpoint.definition.call(request, state, params)
+        except (ApiError, EffectsError):
+            raise  # one mapping: a corrupt thread file is thread_storage_error everywhere
+        except HTTPException as exc:
+            raise ApiError(exc.status_code, f"http_{exc.status_code}", str(exc.detail)) from None
+        except Exception:
+            log.exception("thread endpoint %s failed (thread %s)", where, state.thread_id)
+            raise ApiError(
+                500, "endpoint_error", f"Thread endpoint {where} failed; see the server log"
+            ) from None
+        if isinstance(result, Response):
+            return result
+        if result is None:
+            return Response(status_code=204)
+        try:
+            return JSONResponse(result)
+        except (TypeError, ValueError):
+            log.exception("thread endpoint %s returned a value that is not JSON", where)
+            raise ApiError(
+                500, "endpoint_error",
+                f"Thread endpoint {where} returned a value that is not JSON",
+            ) from None
+
+    return view
+
+
+def thread_endpoint_routes(app_dir: str | os.PathLike[str] | None) -> list[BaseRoute]:
+    """Starlette routes for the thread endpoints of an app folder (`runtime.endpoints`).
+
+    Mount them after the built-in routes (which win on an overlap such as a top-level
+    ``[name].py``). Errors are answered by the app's error handlers (`create_app`).
+
+    Args:
+        app_dir: The application folder (its ``api/`` holds the endpoint files).
+
+    Raises:
+        AgentDefinitionError: see `runtime.endpoints.discover_thread_endpoints`.
+    """
+    endpoints = discover_thread_endpoints(Path(app_dir) if app_dir is not None else None)
+    return [
+        Route(
+            f"/api/threads/{{tid}}{e.path}",
+            _endpoint_view(e),
+            methods=[e.method],
+            name=f"thread_endpoint:{e.method}:{e.path}",
+        )
+        for e in endpoints
+    ]
 
 
 # ------------------------------------------------------------------------ the stream
@@ -712,7 +1035,10 @@ async def _stream(websocket: WebSocket) -> None:
 
     try:
         await websocket.accept()
-        stream = FrameStream(websocket, subscription, rt.settings.subscriber_queue_size)
+        stream = FrameStream(
+            websocket, subscription, rt.settings.subscriber_queue_size,
+            websocket.app.state.ws_close_timeout_seconds,
+        )
         await stream.run(why_closed)
     finally:
         subscription.close()
@@ -723,7 +1049,7 @@ async def _stream(websocket: WebSocket) -> None:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.code, exc.message)
+    return error_response(exc.status, exc.code, exc.message, exc.headers)
 
 
 async def _runtime_error(request: Request, exc: Exception) -> Response:
@@ -742,16 +1068,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
     message = exc.detail
     if exc.status_code == 404:
-        message = f"No such path: {request.method} {request.url.path}"
+        message = f"No such path: {cut(request.method, 20)} {cut(request.url.path)}"
     elif exc.status_code == 405:
-        message = f"Method {request.method} is not allowed on {request.url.path}"
+        message = f"Method {cut(request.method, 20)} is not allowed on {cut(request.url.path)}"
     return error_response(exc.status_code, code, message, dict(exc.headers or {}))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(
         500, "internal_error",
-        f"Internal error while handling {request.method} {request.url.path}: "
+        f"Internal error while handling {cut(request.method, 20)} {cut(request.url.path)}: "
         f"{type(exc).__name__}; see the server log",
     )
 
@@ -772,6 +1098,172 @@ def _route(path: str, **by_method: Endpoint) -> Route:
 
 
 
+class _HeaderTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection that does not send a request head in time.
+
+    uvicorn times out idle keep-alive connections only after a response; a client that
+    opens a connection and sends half a request head (or nothing) would hold it forever.
+    """
+
+    header_timeout_seconds = HEADER_TIMEOUT_SECONDS
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        waiting_for = self.cycle  # a new request head makes a new cycle
+        self._header_timer = self.loop.call_later(
+            self.header_timeout_seconds, self._header_timeout, waiting_for
+        )
+
+    def _header_timeout(self, waiting_for: object) -> None:
+        if (
+            self.cycle is waiting_for
+            and self.transport.get_protocol() is self  # not upgraded to a WebSocket
+            and not self.transport.is_closing()
+        ):
+            self.transport.close()
+
+
+class _AbortingTransport:
+    """A transport whose ``close()`` becomes ``abort()`` if the buffer has not gone out in time.
+
+    ``close()`` of an asyncio transport waits until its write buffer drains; for a client
+    that never reads, that is forever, and the connection (with every unsent frame) stays
+    up. This one aborts it ``timeout_seconds`` after the close.
+    """
+
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, timeout: float
+    ) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._timeout = timeout
+        self._abort: asyncio.TimerHandle | None = None
+
+    def close(self) -> None:
+        self._transport.close()
+        if self._abort is None:
+            self._abort = self._loop.call_later(self._timeout, self._reset)
+
+    def _reset(self) -> None:
+        # Still connected (connection_lost cancels this): the close is stuck behind
+        # unsent bytes.
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:
+            # Linger 0: the kernel drops the unsent bytes and sends a reset, rather than
+            # keeping an orphaned socket alive for minutes retrying a peer that won't read.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._transport.abort()
+
+    def cancel_abort(self) -> None:
+        if self._abort is not None:
+            self._abort.cancel()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _AbortingWebSockets(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol; a connection it closes is really gone after a timeout.
+
+    A slow client dropped by `FrameStream` (or any socket whose close frame cannot be
+    sent) is aborted `WS_CLOSE_TIMEOUT_SECONDS` after the close: its socket and its unsent
+    frames are released.
+    """
+
+    close_timeout_seconds = WS_CLOSE_TIMEOUT_SECONDS
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(
+            _AbortingTransport(
+                transport, self.loop, self.close_timeout_seconds  # type: ignore[arg-type]
+            )
+        )
+        self.close_timeout = self.close_timeout_seconds
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.transport.cancel_abort()  # type: ignore[attr-defined]
+
+
+def server_options(
+    *,
+    header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS,
+    ws_close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """The uvicorn settings this app is meant to run with: ``uvicorn.Config(app, **these)``.
+
+    - a connection must send a complete request head within ``header_timeout_seconds``
+      of opening (or of its previous answer), else it is closed;
+    - an idle keep-alive connection is closed after `KEEP_ALIVE_SECONDS`;
+    - request heads over 16 KiB are refused (uvicorn's 400);
+    - a WebSocket the server closes is aborted ``ws_close_timeout_seconds`` later if its
+      close could not be delivered (a client that does not read): socket and unsent
+      frames are released.
+
+    Bodies are bounded by `BodyLimitMiddleware` (size, and `BODY_IDLE_TIMEOUT_SECONDS`).
+
+    Args:
+        header_timeout_seconds: See above (tests make it short).
+        ws_close_timeout_seconds: See above; give `create_app` the same value.
+
+    Returns:
+        Keyword arguments for ``uvicorn.Config``.
+    """
+    protocol = type(
+        "HeaderTimeoutH11", (_HeaderTimeoutH11,),
+        {"header_timeout_seconds": header_timeout_seconds},
+    )
+    ws_protocol = type(
+        "AbortingWebSockets", (_AbortingWebSockets,),
+        {"close_timeout_seconds": ws_close_timeout_seconds},
+    )
+    return {
+        "http": protocol,
+        "ws": ws_protocol,
+        "timeout_keep_alive": KEEP_ALIVE_SECONDS,  # uvicorn wants an int
+        "h11_max_incomplete_event_size": 16 * 1024,
+    }
+
+
+class _App(Starlette):
+    """The app; a start-up refused for a known reason is reported in one line.
+
+    A data directory in use, a bad effect file, a model that cannot be used: the server
+    logs ``DataDirLocked: Data directory data is in use by pid 123; ...`` and exits, not
+    a traceback of the lifespan machinery around that line.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve ``scope``; for the lifespan, shorten a known start-up failure's message."""
+        if scope["type"] != "lifespan":
+            await super().__call__(scope, receive, send)
+            return
+
+        async def lifespan_send(message: ASGIMessage) -> None:
+            error = getattr(self.state, "startup_error", None)
+            if message["type"] == "lifespan.startup.failed" and error is not None:
+                message = {**message, "message": f"{type(error).__name__}: {error}"}
+            await send(message)
+
+        await super().__call__(scope, receive, lifespan_send)
+
+
 def create_app(
     *,
     data_dir: str | os.PathLike[str],
@@ -780,6 +1272,8 @@ def create_app(
     trusted_hosts: Sequence[str] | None = None,
     web_dir: str | os.PathLike[str] | None = DEFAULT_WEB_DIR,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_idle_timeout_seconds: float = BODY_IDLE_TIMEOUT_SECONDS,
+    ws_close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
     clock: Clock | None = None,
     extra_routes: Sequence[BaseRoute] = (),
     **settings: Any,
@@ -797,7 +1291,11 @@ def create_app(
         trusted_hosts: When set, requests whose ``Host`` names another host get 400.
         web_dir: The pane's static files (``index.html`` at ``/``, the rest at
             ``/web/<file>``); None serves no pane.
-        max_body_bytes: Largest request body, in bytes (over it: 413 before parsing).
+        max_body_bytes: Largest request body of any route, in bytes (over it: 413 at
+            once, see `BodyLimitMiddleware`).
+        body_idle_timeout_seconds: A request whose body stalls this long gets 408.
+        ws_close_timeout_seconds: How long the stream tries to deliver its last frames
+            and close frame to a client (see `server_options`).
         clock: The runtime's clock (`runtime.testing.FakeClock` in tests).
         extra_routes: More routes, after the built-in ones (which win on a collision).
             The messages routes and the app's thread endpoints (``agents/api/``,
@@ -808,7 +1306,8 @@ def create_app(
         The ASGI application.
 
     Raises:
-        ValueError: an empty ``api_token`` or a ``max_body_bytes`` below 1.
+        ValueError: an empty ``api_token``, a ``max_body_bytes`` below 1, or a timeout
+            that is not above 0.
         AgentDefinitionError: a thread endpoint file is invalid or collides with a route.
         pydantic.ValidationError: an unknown or invalid setting.
     """
@@ -816,6 +1315,12 @@ def create_app(
         raise ValueError("api_token must not be empty (use None for no token)")
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
+    for name, seconds in (
+        ("body_idle_timeout_seconds", body_idle_timeout_seconds),
+        ("ws_close_timeout_seconds", ws_close_timeout_seconds),
+    ):
+        if not seconds > 0:
+            raise ValueError(f"{name} must be above 0 seconds, got {seconds!r}")
     # Validated now, so a bad setting fails at startup of the program, not of the server.
     Settings(
         data_dir=Path(data_dir),
@@ -826,9 +1331,16 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         rt = Runtime(data_dir=data_dir, app_dir=app_dir, clock=clock, **settings)
-        async with rt:
+        try:
+            await rt.start()
+        except EffectsError as exc:
+            app.state.startup_error = exc  # reported in one line (`_App`)
+            raise
+        try:
             app.state.runtime = rt
             yield
+        finally:
+            await rt.close()
 
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
@@ -853,11 +1365,16 @@ def create_app(
         routes.append(Mount("/web", app=_PaneFiles(directory=pane_dir), name="web"))
     routes.extend(extra_routes)
 
-    app = Starlette(
+    app = _App(
         routes=routes,
         middleware=[
             Middleware(InterruptedRequestMiddleware),
             Middleware(GuardMiddleware, api_token=api_token, trusted_hosts=trusted_hosts),
+            Middleware(
+                BodyLimitMiddleware,
+                max_body_bytes=max_body_bytes,
+                body_idle_timeout_seconds=body_idle_timeout_seconds,
+            ),
         ],
         exception_handlers={
             ApiError: _api_error,
@@ -868,4 +1385,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.max_body_bytes = max_body_bytes
+    app.state.ws_close_timeout_seconds = ws_close_timeout_seconds
     return app

@@ -30,7 +30,6 @@ import gc
 import inspect
 import json
 import logging
-import math
 import os
 import re
 import sqlite3
@@ -38,7 +37,6 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, TypeVar, cast
@@ -47,6 +45,13 @@ import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 
 from runtime import hooks as _hooks
+from runtime._limits import (
+    check_args_depth,
+    delay_seconds,
+    parse_run_cursor,
+    parse_thread_cursor,
+    validate_args,
+)
 from runtime._text import check_text, find_invalid_text
 from runtime.agents import AgentApp, load_agent_app
 from runtime.alarms import AlarmTimer, Clock, SystemClock
@@ -58,7 +63,6 @@ from runtime.errors import (
     EffectDefinitionError,
     EffectNotFound,
     InvalidArgument,
-    InvalidDelay,
     InvalidEffectArgs,
     InvalidThreadId,
     RunNotFound,
@@ -96,9 +100,6 @@ mostly add GIL contention, fewer leave the disk's parallel fsyncs unused."""
 _ALARM_FLUSH_SECONDS = 0.05
 """How long alarm-row updates (raise/remove) gather before one commit writes them."""
 
-MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
-"""Longest delay accepted: 10 years (an alarm must stay a representable datetime)."""
-
 MAX_ERROR_CHARS = 8192
 """A failed run's stored error is cut to this many UTF-8 bytes (it travels in every frame)."""
 
@@ -135,36 +136,6 @@ def validate_thread_id(thread_id: object) -> str:
             f"(letters, digits, '_' and '-', 1 to 64 characters)"
         )
     return thread_id
-
-
-def delay_seconds(delay: object) -> float:
-    """Normalize a delay to seconds.
-
-    Args:
-        delay: Seconds (int or float) or a `datetime.timedelta`.
-
-    Returns:
-        A finite number of seconds from 0 to `MAX_DELAY_SECONDS` (10 years).
-
-    Raises:
-        InvalidDelay: for a negative, NaN, infinite or over-10-year delay, or one of
-            another type.
-    """
-    if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
-    elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        raise InvalidDelay(
-            f"delay must be seconds (int or float) or a timedelta, got {short_repr(delay)}"
-        )
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidDelay(f"delay must be a finite number of seconds >= 0, got {delay!r}")
-    if seconds > MAX_DELAY_SECONDS:
-        raise InvalidDelay(
-            f"delay must be at most {MAX_DELAY_SECONDS:.0f} s (10 years), got {seconds:g} s"
-        )
-    return seconds
 
 
 def _validation_summary(exc: ValidationError) -> str:
@@ -636,13 +607,7 @@ class Runtime:
         _check_limit(limit)
         after: tuple[float, str] | None = None
         if cursor is not None:
-            ts, sep, tid = cursor.partition("~")
-            try:
-                after = (float(ts), validate_thread_id(tid))
-            except ValueError:
-                raise ValueError(f"Invalid cursor {cursor!r}") from None
-            if not sep:
-                raise ValueError(f"Invalid cursor {cursor!r}")
+            after = parse_thread_cursor(cursor)
         infos, nxt = await self._run_sync(self._rtdb.list_threads, limit, after)
         return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
 
@@ -1050,6 +1015,7 @@ class Runtime:
                 ) from None
         if args is None and defn.schema is not None:
             args = {}  # a schema whose fields all have defaults needs no args
+        check_args_depth(name, args)
         try:
             text = json.dumps(args, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except RecursionError:
@@ -1077,12 +1043,7 @@ class Runtime:
                     f"Effect {name} takes no arguments, got {text[:200]}"
                 )
             return None
-        try:
-            defn.schema.model_validate(value)
-        except ValidationError as exc:
-            raise InvalidEffectArgs(
-                f"Args for effect {name} fail its schema: {_validation_summary(exc)}"
-            ) from None
+        validate_args(defn.schema, value, name)
         return value
 
     async def _schedule(
@@ -1096,7 +1057,7 @@ class Runtime:
     ) -> str:
         self._check_open()
         if not isinstance(name, str):
-            raise EffectNotFound(repr(name))
+            raise EffectNotFound(short_repr(name))
         defn = self.registry.resolve(name, package_id=state.package_id)
         seconds = delay_seconds(delay)
         stored_args = self._encode_args(defn, args)
@@ -1200,10 +1161,7 @@ class Runtime:
             statuses = [EffectStatus(s) for s in raw]
         before: int | None = None
         if cursor is not None:
-            try:
-                before = int(cursor)
-            except ValueError:
-                raise ValueError(f"Invalid cursor {cursor!r}") from None
+            before = parse_run_cursor(cursor)
         now = self.clock.now()
         retention = self.settings.retention
 

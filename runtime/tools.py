@@ -34,6 +34,8 @@ import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from runtime._limits import unknown_fields
+
 if TYPE_CHECKING:
     from runtime.thread import ThreadState
 
@@ -76,15 +78,20 @@ class ToolDefinition:
             ValueError: naming each failing field (the model sees this message).
         """
         if self.args_schema is None:
+            if raw:  # the one rule for unknown fields (runtime._limits.unknown_fields)
+                raise ValueError(f"Tool {self.name} takes no arguments, got {sorted(raw)[:5]}")
             return None
         try:
-            return self.args_schema.model_validate(raw)
+            model = self.args_schema.model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or '(args)'}: {err['msg']}"
                 for err in exc.errors()
             )
             raise ValueError(f"Invalid arguments for tool {self.name}: {problems}") from None
+        if problem := unknown_fields(model, raw):
+            raise ValueError(f"Invalid arguments for tool {self.name}: {problem}")
+        return model
 
     async def call(self, state: ThreadState, args: BaseModel | None) -> Any:
         """Run ``execute`` (sync functions in a worker thread) and return its result."""

@@ -30,7 +30,7 @@ from blockbuster import blockbuster_ctx
 from starlette.applications import Starlette
 
 from runtime import Runtime
-from runtime.http import create_app
+from runtime.http import create_app, server_options
 from runtime.testing import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
 
 @asynccontextmanager
 async def live_server(
-    app: Starlette, *, send_buffer_bytes: int | None = None
+    app: Starlette, *, send_buffer_bytes: int | None = None, **options: Any
 ) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port in this loop; yields the base URL.
 
@@ -112,6 +112,7 @@ async def live_server(
         app: The application (its lifespan runs inside the server).
         send_buffer_bytes: SO_SNDBUF of the server's sockets, to make a slow reader's
             backlog reach the server's queue after little data.
+        **options: Arguments of `runtime.http.server_options` (the server's settings).
     """
     # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets (else every
     # keep-alive request waits ~40 ms for a delayed ACK).
@@ -122,7 +123,9 @@ async def live_server(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning")
+    config = uvicorn.Config(
+        app, lifespan="on", log_config=None, log_level="warning", **server_options(**options)
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

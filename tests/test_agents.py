@@ -160,7 +160,7 @@ async def test_files_import_their_helper_files_relatively(tmp_path: Path) -> Non
     from pydantic_ai.models.function import FunctionModel
     from starlette.applications import Starlette
 
-    from runtime.endpoints import thread_endpoint_routes
+    from runtime.http import thread_endpoint_routes
     from runtime.testing import override_model
 
     app_dir = make_app(tmp_path / "app", {

@@ -11,10 +11,10 @@ from typing import Any
 import anyio.to_thread
 import httpx
 import pytest
-from starlette.applications import Starlette
 
 from runtime import AgentDefinitionError, Runtime
-from runtime.endpoints import discover_thread_endpoints, message_routes, thread_endpoint_routes
+from runtime.endpoints import discover_thread_endpoints
+from runtime.http import thread_endpoint_routes
 from runtime.testing import FakeClock, override_model
 from tests.conftest import DEMO_APP, serve_api
 from tests.test_turns import APP, Script, call, text
@@ -24,15 +24,9 @@ from tests.test_turns import APP, Script, call, text
 async def serve(tmp_path: Path, clock: FakeClock, app_dir: Path = APP) -> AsyncIterator[
     tuple[httpx.AsyncClient, Runtime]
 ]:
-    """The messages routes and the app's thread endpoints in a bare Starlette app."""
-    async with Runtime(
-        app_dir=app_dir, data_dir=tmp_path / "data", clock=clock, load_packages=False
-    ) as rt:
-        app = Starlette(routes=[*message_routes(), *thread_endpoint_routes(app_dir)])
-        app.state.runtime = rt
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
-            yield c, rt
+    """The real app (create_app, its error mapping and lifespan) on the turns test app."""
+    async with serve_api(tmp_path / "data", clock=clock, app_dir=app_dir) as api:
+        yield api.client, api.rt
 
 
 @pytest.fixture
@@ -351,6 +345,8 @@ async def test_the_demo_server_reminds_over_http(tmp_path: Path, clock: FakeCloc
         assert turn.json()["reply"]["content"] == "OK, I'll remind you to stretch in 2 seconds."
         status = (await client.get(f"/api/threads/{tid}/status")).json()
         assert [e["name"] for e in status["pendingEffects"]] == ["send_reminder"]
+        run_at = status["pendingEffects"][0]["runAt"]
+        assert run_at.endswith("Z") and "+00:00" not in run_at  # as every other time
 
         clock.advance(2)
         await api.rt.wait_idle()
@@ -364,3 +360,22 @@ async def test_the_demo_server_reminds_over_http(tmp_path: Path, clock: FakeCloc
 
         export = await client.post(f"/api/threads/{tid}/export")
         assert export.status_code == 202
+
+
+async def test_the_demo_digest_counts_the_other_runs_not_itself(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with serve_api(tmp_path / "data", clock=clock, app_dir=DEMO_APP) as api:
+        tid = await api.new_thread()
+        await api.schedule(tid, "send_reminder", {"text": "stretch"})
+        await api.schedule(tid, "fail_on_purpose", None)
+        await api.rt.wait_idle()
+        digest_id = await api.schedule(tid, "thread_digest")
+        await api.rt.wait_idle()
+        assert (await api.run(tid, digest_id))["status"] == "completed"
+
+        def read() -> str:
+            return (tmp_path / "data" / "digests" / f"{tid}.txt").read_text()
+
+        line = (await anyio.to_thread.run_sync(read)).strip()
+        assert line.endswith("  completed 1, failed 1"), line

@@ -235,3 +235,37 @@ def test_a_server_with_no_packages_lists_no_package_effects(
     assert any(n.startswith("te_demo/") for n in names(with_packages))
     with_packages.signal(signal.SIGTERM)
     assert not any("/" in n for n in names(servers("--no-packages")))
+
+
+def test_a_second_server_on_a_data_dir_in_use_says_so_in_one_line(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    first = servers()
+    env = {**first.env, "THREAD_EFFECTS_PORT": str(free_port())}
+    done = subprocess.run(
+        [sys.executable, "server.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=GUARD_SECONDS,
+    )
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output, output
+    locked = [line for line in output.splitlines() if "DataDirLocked" in line]
+    assert len(locked) == 1 and "is in use by pid" in locked[0], output
+    assert httpx.get(f"{first.url}/api/threads", timeout=5).status_code == 200
+
+
+def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        data_dir = tmp_path / "fresh"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("THREAD_EFFECTS_")}
+        done = subprocess.run(
+            [sys.executable, "server.py", "--port", str(port), "--data-dir", str(data_dir)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=GUARD_SECONDS,
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not data_dir.exists()

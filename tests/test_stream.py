@@ -43,13 +43,14 @@ class Live:
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, *, send_buffer_bytes: int | None = None, **kwargs: Any
+    tmp_path: Path, *, send_buffer_bytes: int | None = None,
+    server: dict[str, Any] | None = None, **kwargs: Any
 ) -> AsyncIterator[Live]:
     clock = FakeClock()
     app = await anyio.to_thread.run_sync(
         partial(make_app, tmp_path / "data", clock=clock, **kwargs)
     )
-    async with live_server(app, send_buffer_bytes=send_buffer_bytes) as host:
+    async with live_server(app, send_buffer_bytes=send_buffer_bytes, **(server or {})) as host:
         token = kwargs.get("api_token")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with httpx.AsyncClient(base_url=f"http://{host}", headers=headers) as client:
@@ -322,3 +323,52 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
             assert got == list(range(first, first + len(got)))
             assert len(got) < 3 * runs
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of ``sock`` (1 = ESTABLISHED; 7 = CLOSE after a reset)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+async def test_a_client_that_never_reads_is_really_disconnected(tmp_path: Path) -> None:
+    # A client that never reads cannot receive the 1013 close frame either: the server
+    # gives up after its close timeout and aborts the connection, releasing the socket
+    # and every frame it had queued for it (issue: sockets stayed ESTABLISHED for 100 s+).
+    close_timeout = 0.3
+    async with running(
+        tmp_path, send_buffer_bytes=8192, subscriber_queue_size=8, synchronous="NORMAL",
+        ws_close_timeout_seconds=close_timeout,
+        server={"ws_close_timeout_seconds": close_timeout},
+    ) as live:
+        tid = await live.api.new_thread()
+        host, port = live.host.split(":")
+        loop = asyncio.get_running_loop()
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.setblocking(False)
+        await loop.sock_connect(raw, (host, int(port)))
+        handshake = (
+            f"GET /api/threads/{tid}/stream HTTP/1.1\r\nHost: {live.host}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        await loop.sock_sendall(raw, handshake.encode())
+        head = b""
+        while b"\r\n\r\n" not in head:  # the 101 answer, then never another read
+            head += await loop.sock_recv(raw, 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        try:
+            state = await live.api.rt.get_thread(tid)
+            for _ in range(60):
+                await state.schedule_effect("boom", {"message": "x", "repeat": 7_000})
+            await live.api.rt.wait_idle()
+            assert tcp_state(raw) == 1  # still connected: the server is the one to end it
+            async with asyncio.timeout(GUARD_SECONDS):
+                while tcp_state(raw) == 1:
+                    await asyncio.sleep(0.05)
+            # Reset by the server (abort), not a polite close it could not send.
+            with pytest.raises(ConnectionResetError):
+                while await loop.sock_recv(raw, 65536):
+                    pass
+        finally:
+            raw.close()

@@ -594,7 +594,7 @@ async def test_args_size_counts_utf8_bytes(tmp_path: Path) -> None:
         deep: object = "x"
         for _ in range(5000):
             deep = [deep]
-        with pytest.raises(InvalidEffectArgs, match="nested too deeply"):
+        with pytest.raises(InvalidEffectArgs, match="deeper than the limit of 32 levels"):
             await thread.schedule_effect("record", {"key": "k", "extra": deep})
 
 

@@ -3,6 +3,7 @@
 from starlette.requests import Request
 
 from runtime import ThreadState, define_thread_endpoint
+from runtime.effects import iso
 
 
 async def status(request: Request, state: ThreadState, params: dict[str, str]) -> dict[str, object]:
@@ -13,7 +14,7 @@ async def status(request: Request, state: ThreadState, params: dict[str, str]) -
         "agentId": state.agent_id,
         "messages": len(page.messages) if page.next_cursor is None else f"{len(page.messages)}+",
         "pendingEffects": [
-            {"id": run.id, "name": run.name, "runAt": run.run_at.isoformat()} for run in pending
+            {"id": run.id, "name": run.name, "runAt": iso(run.run_at_ts)} for run in pending
         ],
     }
 

@@ -16,7 +16,12 @@ async def thread_digest(state: ThreadState) -> None:
     cursor = None
     while True:
         page = await state.list_runs(limit=500, cursor=cursor)
-        counts.update(str(run.status) for run in page.runs)
+        # A thread runs one run at a time: the running digest is this run, not counted.
+        counts.update(
+            str(run.status)
+            for run in page.runs
+            if not (run.status == "running" and run.name == "thread_digest")
+        )
         if page.next_cursor is None:
             break
         cursor = page.next_cursor

@@ -1,0 +1,290 @@
+"""Limits on what users send, shared by the Python API and the HTTP API.
+
+Every check here refuses bad input with an error that names the thing and the limit, and
+never lets a huge or hostile value reach storage or raise an unexpected exception
+(``OverflowError``, ``RecursionError``) deeper down:
+
+- numbers: a delay is a finite number of seconds from 0 to 10 years (`delay_seconds`),
+  whatever its size (``10**400`` is an `InvalidDelay`, not an ``OverflowError``); a JSON
+  number too large for a float is refused where the body is parsed (`parse_json`);
+  cursors are checked integers (`parse_run_cursor`, `parse_thread_cursor`).
+- nesting: a request body nests at most `MAX_JSON_DEPTH` levels, an effect's args at most
+  `MAX_ARGS_DEPTH` (`check_args_depth`).
+- echo: a user value quoted in an error message is cut to `MAX_QUOTED_CHARS` characters
+  (`quoted`).
+- unknown fields: args may only hold the fields of the effect's schema, unless the schema
+  allows extra fields (``model_config = ConfigDict(extra="allow")``) (`validate_args`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from runtime.errors import InvalidDelay, InvalidEffectArgs, short_repr
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects in a request body (the top level is depth 1)."""
+
+MAX_ARGS_DEPTH = 32
+"""Deepest nesting of arrays and objects in an effect's args (a top-level object is 1)."""
+
+MAX_QUOTED_CHARS = 80
+"""A user value quoted in an error message is cut to this many characters (ending in …)."""
+
+MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
+"""Longest delay accepted: 10 years (an alarm must stay a representable datetime)."""
+
+MAX_CURSOR = 2**63 - 1
+"""Largest run cursor (a SQLite integer)."""
+
+_THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+_DIGITS = re.compile(r"^[0-9]{1,19}\Z")
+
+
+def quoted(value: object) -> str:
+    """``value`` for an error message: its ``repr``, cut to `MAX_QUOTED_CHARS` characters."""
+    return short_repr(value, MAX_QUOTED_CHARS)
+
+
+def cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (the last one then ``…``), for error messages."""
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
+def json_depth(value: Any) -> int:
+    """How deeply ``value`` nests lists/tuples and dicts: 0 for a scalar, 1 for ``[]``.
+
+    Iterative, so it never raises ``RecursionError`` however deep the value; only
+    containers are visited (a 2 MiB list of numbers takes milliseconds).
+    """
+    containers = (dict, list, tuple)
+    if not isinstance(value, containers):
+        return 0
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend([(c, depth + 1) for c in children if isinstance(c, containers)])
+    return deepest
+
+
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def may_hold_surrogates(data: bytes) -> bool:
+    r"""Whether JSON text could hold a lone surrogate (a ``\ud800`` escape, or one encoded).
+
+    A fast scan, so the walk over the parsed value (`runtime._text.find_invalid_text`)
+    only runs for the bodies that need it.
+    """
+    return _MAYBE_SURROGATE.search(data) is not None
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {cut(text)} is out of range")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON text, refusing what cannot be handled safely.
+
+    Args:
+        data: The JSON text (UTF-8 bytes or a string).
+        max_depth: Deepest nesting of arrays and objects accepted.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        ValueError: not JSON (the message says where), ``NaN``/``Infinity``, a number
+            beyond the float range (``1e400``) or an integer of over 4,300 digits, or
+            nesting deeper than ``max_depth`` (naming the limit).
+    """
+    too_deep = f"it nests arrays/objects deeper than the limit of {max_depth} levels"
+    try:
+        value = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError(too_deep) from None
+    if json_depth(value) > max_depth:
+        raise ValueError(too_deep)
+    return value
+
+
+def delay_seconds(delay: object, *, name: str = "delay") -> float:
+    """Normalize a delay to seconds.
+
+    Args:
+        delay: Seconds (int or float, any size) or a `datetime.timedelta`.
+        name: How the message names the delay (``"delay_seconds"`` over HTTP, where a
+            ``timedelta`` cannot be sent and is not mentioned).
+
+    Returns:
+        A finite number of seconds from 0 to `MAX_DELAY_SECONDS` (10 years).
+
+    Raises:
+        InvalidDelay: for a negative, NaN, infinite or over-10-year delay, or one of
+            another type.
+    """
+    limit = f"at most {MAX_DELAY_SECONDS:.0f} s (10 years)"
+    if isinstance(delay, timedelta) and name == "delay":
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int) and not isinstance(delay, bool):
+        # Checked before float(), which overflows for 10**400.
+        if delay < 0:
+            raise InvalidDelay(
+                f"{name} must be a finite number of seconds >= 0, got {cut(str(delay), 40)}"
+            )
+        if delay > MAX_DELAY_SECONDS:
+            raise InvalidDelay(f"{name} must be {limit}, got {cut(str(delay), 40)} s")
+        seconds = float(delay)
+    elif isinstance(delay, float):
+        seconds = delay
+    else:
+        kinds = "seconds (int or float) or a timedelta" if name == "delay" else "a number"
+        raise InvalidDelay(f"{name} must be {kinds}, got {quoted(delay)}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidDelay(
+            f"{name} must be a finite number of seconds >= 0, got {quoted(delay)}"
+        )
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidDelay(f"{name} must be {limit}, got {seconds:g} s")
+    return seconds
+
+
+def parse_run_cursor(cursor: str) -> int:
+    """A run-list cursor (``next_cursor`` of a page): a decimal integer of a run's position.
+
+    Raises:
+        ValueError: anything else, naming the value (cut).
+    """
+    if not _DIGITS.match(cursor) or int(cursor) > MAX_CURSOR:
+        raise ValueError(f"Invalid cursor {quoted(cursor)}: pass nextCursor of the last page")
+    return int(cursor)
+
+
+def parse_thread_cursor(cursor: str) -> tuple[float, str]:
+    """A thread-list cursor: ``"<created-at seconds>~<thread id>"``.
+
+    Raises:
+        ValueError: anything else, naming the value (cut).
+    """
+    ts, sep, tid = cursor.partition("~")
+    try:
+        created = float(ts) if len(ts) <= 32 else math.inf
+    except ValueError:
+        created = math.inf
+    if not sep or not math.isfinite(created) or not _THREAD_ID_RE.match(tid):
+        raise ValueError(f"Invalid cursor {quoted(cursor)}: pass nextCursor of the last page")
+    return created, tid
+
+
+def check_args_depth(name: str, args: Any) -> None:
+    """Refuse args nested deeper than `MAX_ARGS_DEPTH` (before they are encoded).
+
+    Raises:
+        InvalidEffectArgs: naming the effect and the limit.
+    """
+    if json_depth(args) > MAX_ARGS_DEPTH:
+        raise InvalidEffectArgs(
+            f"Args for effect {name} nest arrays/objects deeper than the limit of "
+            f"{MAX_ARGS_DEPTH} levels"
+        )
+
+
+def _validation_summary(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(args)"
+        parts.append(f"{cut(loc)}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _unknown_fields(given: Any, kept: Any, named: Any, path: str) -> list[str]:
+    """Keys of ``given`` that validation dropped (absent from both dumps of the model)."""
+    if isinstance(given, dict) and isinstance(kept, dict) and isinstance(named, dict):
+        unknown: list[str] = []
+        for key, child in given.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in kept:
+                unknown += _unknown_fields(child, kept[key], named.get(key), where)
+            elif key in named:
+                unknown += _unknown_fields(child, named[key], kept.get(key), where)
+            else:
+                unknown.append(where)
+        return unknown
+    if (
+        isinstance(given, list) and isinstance(kept, list) and isinstance(named, list)
+        and len(given) == len(kept) == len(named)
+    ):
+        return [
+            field
+            for i, (g, k, n) in enumerate(zip(given, kept, named, strict=True))
+            for field in _unknown_fields(g, k, n, f"{path}[{i}]")
+        ]
+    return []
+
+
+def validate_args(schema: type[BaseModel], value: Any, name: str) -> None:
+    """Validate JSON args against an effect's schema, refusing unknown fields.
+
+    A field the schema does not declare is refused (at any depth), unless its model allows
+    extra fields (``model_config = ConfigDict(extra="allow")``), as unknown fields of a
+    request body are: a typo (``{"txt": ...}``) must not be stored and dropped silently.
+
+    Raises:
+        InvalidEffectArgs: naming the effect, each failing field and each unknown field.
+    """
+    try:
+        model = schema.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidEffectArgs(
+            f"Args for effect {name} fail its schema: {_validation_summary(exc)}"
+        ) from None
+    problem = unknown_fields(model, value)
+    if problem:
+        raise InvalidEffectArgs(f"Args for effect {name} fail its schema: {problem}")
+
+
+def unknown_fields(model: BaseModel, given: Any) -> str | None:
+    """Describe the fields of ``given`` that validating it into ``model`` dropped.
+
+    The one rule for effects, tools and request bodies: a field the schema does not
+    declare, at any depth, is refused, unless its model allows extra fields
+    (``model_config = ConfigDict(extra="allow")``, which keeps them).
+
+    Args:
+        model: The validated model.
+        given: The JSON value it was validated from.
+
+    Returns:
+        ``"unknown field(s) extra, inner.typo; the schema Note does not allow extra
+        fields"``, or None when every field is known.
+    """
+    unknown = _unknown_fields(
+        given,
+        model.model_dump(mode="json", by_alias=True),
+        model.model_dump(mode="json", by_alias=False),
+        "",
+    )
+    if not unknown:
+        return None
+    fields = ", ".join(cut(f, 40) for f in unknown[:5])
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    return (
+        f"unknown field(s) {fields}{more}; "
+        f"the schema {type(model).__name__} does not allow extra fields"
+    )

@@ -1,0 +1,357 @@
+"""Hostile and odd input over HTTP and in the Python API: a clear 4xx, bounded memory and
+nothing stored, for every kind (huge numbers, deep JSON, odd bodies, huge bodies, stalled
+requests, echoed values, unknown args fields, error codes of a corrupt thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import httpx
+import pytest
+from conftest import DEMO_APP, Api, live_server, make_app, serve_api
+
+from runtime import InvalidDelay, InvalidEffectArgs, Runtime
+from runtime._limits import MAX_ARGS_DEPTH, MAX_JSON_DEPTH
+from runtime.testing import FakeClock, override_model
+from tests.test_turns import APP, Script, call, text
+
+pytestmark = pytest.mark.usefixtures("no_blocking")
+
+GUARD_SECONDS = 20  # only guards against a hang
+
+
+def error_of(res: httpx.Response, status: int, code: str) -> str:
+    assert res.status_code == status, res.text
+    assert res.json()["error"]["code"] == code, res.text
+    message: str = res.json()["error"]["message"]
+    return message
+
+
+def nested(depth: int, leaf: str = "1") -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+async def runs_of(api: Api, tid: str) -> list[Any]:
+    res = await api.client.get(f"/api/threads/{tid}/effects")
+    assert res.status_code == 200, res.text
+    runs: list[Any] = res.json()["runs"]
+    return runs
+
+
+# ---------------------------------------------------------------- huge numbers
+
+
+async def test_huge_integers_are_4xx_in_query_and_body(api: Api) -> None:
+    tid = await api.new_thread()
+    for path in (f"/api/threads/{tid}/effects", "/api/threads"):
+        res = await api.client.get(path, params={"cursor": "9" * 23})
+        assert "cursor" in error_of(res, 400, "invalid_parameter")
+        res = await api.client.get(path, params={"limit": "9" * 40})
+        error_of(res, 400, "invalid_parameter")
+    res = await api.client.get(f"/api/threads/{tid}/messages", params={"limit": "9" * 40})
+    error_of(res, 400, "invalid_parameter")
+    res = await api.client.get("/api/threads", params={"cursor": "1e999~t1"})
+    error_of(res, 400, "invalid_parameter")
+
+    body = b'{"name": "ping", "delay_seconds": 1' + b"0" * 309 + b"}"
+    res = await api.client.post(f"/api/threads/{tid}/effects", content=body)
+    message = error_of(res, 422, "invalid_delay")
+    assert "delay_seconds" in message and "10 years" in message
+    assert "timedelta" not in message  # HTTP speaks JSON
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects", json={"name": "ping", "delay_seconds": "soon"}
+    )
+    message = error_of(res, 422, "invalid_delay")
+    assert "timedelta" not in message and "a number" in message
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects", content=b'{"name": "ping", "delay_seconds": 1e400}'
+    )
+    assert "out of range" in error_of(res, 400, "invalid_json")
+    assert await runs_of(api, tid) == []
+
+
+async def test_a_huge_delay_is_invalid_delay_in_python(api: Api) -> None:
+    state = await api.rt.create_thread()
+    for delay in (10**400, -(10**400), float("inf")):
+        with pytest.raises(InvalidDelay, match="delay must be"):
+            await state.schedule_effect("ping", None, delay=delay)
+    assert (await state.list_runs()).runs == []
+
+
+# ------------------------------------------------------------------ deep JSON
+
+
+async def test_deep_json_is_400_on_every_json_route(api: Api) -> None:
+    tid = await api.new_thread()
+    deep = nested(100_000).encode()
+    for path in (
+        "/api/threads",
+        f"/api/threads/{tid}/effects",
+        f"/api/threads/{tid}/messages",
+    ):
+        res = await api.client.post(path, content=deep)
+        assert f"{MAX_JSON_DEPTH} levels" in error_of(res, 400, "invalid_json"), path
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects",
+        content=b'{"name": "note", "args": {"text": ' + nested(960).encode() + b"}}",
+    )
+    error_of(res, 400, "invalid_json")
+    assert await runs_of(api, tid) == []
+
+
+async def test_deep_args_are_422_over_http_and_in_python(api: Api) -> None:
+    tid = await api.new_thread()
+    args = json.loads(nested(MAX_ARGS_DEPTH + 5))
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects", json={"name": "ping", "args": args}
+    )
+    assert f"{MAX_ARGS_DEPTH} levels" in error_of(res, 422, "invalid_args")
+    state = await api.rt.get_thread(tid)
+    with pytest.raises(InvalidEffectArgs, match=f"limit of {MAX_ARGS_DEPTH} levels"):
+        deep: Any = 1
+        for _ in range(5000):
+            deep = [deep]
+        await state.schedule_effect("ping", deep)
+    assert await runs_of(api, tid) == []
+
+
+# ---------------------------------------------------------------- odd bodies
+
+
+@pytest.mark.parametrize("body", [b"[]", b"0", b"false", b'""', b"null", b"[1]", b"true"])
+async def test_a_body_that_is_not_an_object_creates_nothing(api: Api, body: bytes) -> None:
+    res = await api.client.post("/api/threads", content=body)
+    assert "JSON object" in error_of(res, 400, "invalid_body")
+    tid = await api.new_thread()
+    for path in (f"/api/threads/{tid}/effects", f"/api/threads/{tid}/messages"):
+        error_of(await api.client.post(path, content=body), 400, "invalid_body")
+    threads = (await api.client.get("/api/threads")).json()["threads"]
+    assert [t["id"] for t in threads] == [tid]
+
+
+# -------------------------------------------------------------- huge bodies
+
+
+async def endless(chunks_read: list[int], chunk: bytes) -> AsyncIterator[bytes]:
+    """A chunked body of up to 256 MiB; counts how much the server pulled."""
+    for _ in range((256 << 20) // len(chunk)):
+        chunks_read[0] += 1
+        yield chunk
+
+
+@pytest.mark.parametrize("route", ["messages", "effects", "status", "threads"])
+async def test_a_chunked_body_over_the_limit_stops_being_read(
+    tmp_path: Path, route: str
+) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock(), app_dir=DEMO_APP) as api:
+        tid = await api.new_thread()
+        path = "/api/threads" if route == "threads" else f"/api/threads/{tid}/{route}"
+        chunk = b" " * 65536
+        read = [0]
+        method = "GET" if route == "status" else "POST"  # a user endpoint that reads nothing
+        res = await api.client.request(method, path, content=endless(read, chunk))
+        if route == "status":
+            assert res.status_code == 200  # it never read the body: nothing was buffered
+            assert read[0] <= 1
+            return
+        assert "limit" in error_of(res, 413, "body_too_large")
+        assert res.headers["connection"] == "close"
+        limit = (1 << 20) if route == "messages" else (2 << 20)
+        assert read[0] * len(chunk) <= limit + len(chunk)  # stopped at the limit
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_reading(api: Api) -> None:
+    tid = await api.new_thread()
+    read = [0]
+
+    async def body() -> AsyncIterator[bytes]:
+        read[0] += 1
+        yield b"{}"
+
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects", content=body(), headers={"Content-Length": "999999999"}
+    )
+    error_of(res, 413, "body_too_large")
+    assert read[0] == 0
+
+
+async def test_a_stalled_body_gets_408(tmp_path: Path) -> None:
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(), body_idle_timeout_seconds=0.2
+    ) as api:
+        never = asyncio.Event()
+
+        async def stalls() -> AsyncIterator[bytes]:
+            yield b'{"agent_id": '
+            await never.wait()
+
+        async with asyncio.timeout(GUARD_SECONDS):
+            res = await api.client.post("/api/threads", content=stalls())
+        assert "stalled" in error_of(res, 408, "request_timeout")
+        assert (await api.client.get("/api/threads")).json()["threads"] == []
+
+
+async def test_a_half_sent_request_head_is_dropped(tmp_path: Path) -> None:
+    app = await anyio.to_thread.run_sync(lambda: make_app(tmp_path / "data"))
+    async with live_server(app, header_timeout_seconds=0.2) as host:
+        address, port = host.split(":")
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, (address, int(port)))
+            await loop.sock_sendall(sock, b"GET /api/threads HTTP/1.1\r\nHost: 127.0")
+            async with asyncio.timeout(GUARD_SECONDS):
+                assert await loop.sock_recv(sock, 1024) == b""  # closed by the server
+        finally:
+            sock.close()
+        async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+            assert (await client.get("/api/threads")).status_code == 200  # others are served
+
+
+# ----------------------------------------------------------------------- echo
+
+
+async def test_user_values_in_error_messages_are_cut(api: Api) -> None:
+    tid = await api.new_thread()
+    huge = "a" * 200_000
+    long = "a" * 10_000  # what fits in a URL
+    checks = [
+        (await api.client.post(f"/api/threads/{tid}/effects", json={"name": huge}),
+         404, "effect_not_found"),
+        (await api.client.post(f"/api/threads/{tid}/effects", json={huge: 1, "name": "x"}),
+         400, "invalid_body"),
+        (await api.client.get(f"/api/threads/{tid}/effects", params={"cursor": long}),
+         400, "invalid_parameter"),
+        (await api.client.get(f"/api/threads/{tid}/effects", params={"status": long}),
+         400, "invalid_parameter"),
+        (await api.client.get("/api/threads", params={"limit": long}),
+         400, "invalid_parameter"),
+        (await api.client.get(f"/api/threads/{tid}/messages", params={"after": long}),
+         400, "invalid_parameter"),
+        (await api.client.get(f"/api/threads/{tid}/messages", params={"limit": long}),
+         400, "invalid_parameter"),
+        (await api.client.post("/api/threads", json={"agent_id": huge}),
+         400, "invalid_argument"),
+        (await api.client.post("/api/threads", json={"id": huge}),
+         400, "invalid_thread_id"),
+        (await api.client.get(f"/api/threads/{tid}/effects/{'b' * 10_000}"),
+         404, "run_not_found"),
+        (await api.client.get(f"/api/{'c' * 10_000}"), 404, "not_found"),
+        (await api.client.post(
+            f"/api/threads/{tid}/effects", json={"name": "ping", "delay_seconds": huge}),
+         422, "invalid_delay"),
+    ]
+    for res, status, code in checks:
+        message = error_of(res, status, code)
+        assert len(message) <= 300, (code, len(message))
+        for letter in "abc":
+            assert letter * 100 not in message, message
+
+
+# --------------------------------------------------------- unknown args fields
+
+
+async def test_unknown_fields_in_args_are_refused(api: Api) -> None:
+    tid = await api.new_thread()
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects",
+        json={"name": "note", "args": {"text": "x", "extra": 1}},
+    )
+    message = error_of(res, 422, "invalid_args")
+    assert "unknown field(s) extra" in message and "Note" in message
+    state = await api.rt.get_thread(tid)
+    with pytest.raises(InvalidEffectArgs, match="unknown field"):
+        await state.schedule_effect("note", {"text": "x", "txt": "typo"})
+    assert await runs_of(api, tid) == []
+    run_id = await api.schedule(tid, "note", {"text": "x"})
+    assert (await api.run(tid, run_id))["args"] == {"text": "x"}
+
+
+async def test_a_schema_that_allows_extra_fields_keeps_them(tmp_path: Path) -> None:
+    from pydantic import BaseModel, ConfigDict
+
+    from runtime import Runtime, define_effect
+
+    class Open(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        text: str
+
+    class Outer(BaseModel):
+        inner: Open
+        n: int = 0
+
+    async def run(state: object, args: Outer) -> None:
+        return None
+
+    async with Runtime(data_dir=tmp_path / "data", load_packages=False) as rt:
+        rt.registry.app["outer"] = define_effect("Nested.", Outer, run)
+        state = await rt.create_thread()
+        run_id = await state.schedule_effect("outer", {"inner": {"text": "x", "more": [1]}})
+        assert (await state.get_run(run_id)).args == {"inner": {"text": "x", "more": [1]}}
+        with pytest.raises(InvalidEffectArgs, match=r"unknown field\(s\) nope"):
+            await state.schedule_effect("outer", {"inner": {"text": "x"}, "nope": 1})
+
+
+# ------------------------------------------------------------------ error codes
+
+
+async def test_a_corrupt_thread_is_thread_storage_error_on_every_route(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    async with serve_api(data, clock=FakeClock(), app_dir=DEMO_APP) as api:
+        await api.new_thread(id="broken")
+        path = api.rt.thread_path("broken")
+
+    def corrupt() -> None:
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        path.write_bytes(b"this is not a database" * 100)
+
+    await anyio.to_thread.run_sync(corrupt)
+    async with serve_api(data, clock=FakeClock(), app_dir=DEMO_APP) as api:
+        for method, route in (
+            ("GET", "effects"), ("GET", "status"), ("POST", "export"), ("GET", "messages"),
+        ):
+            res = await api.client.request(method, f"/api/threads/broken/{route}")
+            error_of(res, 500, "thread_storage_error")
+
+
+# ------------------------------------------------------------------ layering
+
+
+def test_import_runtime_does_not_load_starlette() -> None:
+    code = (
+        "import sys, runtime\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('starlette', 'uvicorn', 'runtime.http'))\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+async def test_unknown_fields_in_tool_args_are_a_tool_error(tmp_path: Path) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path / "data", clock=FakeClock(), load_packages=False
+    ) as rt:
+        thread = await rt.create_thread()
+        script = Script(
+            call("schedule_note", {"text": "x", "delay_seconds": 0, "priority": "high"}),
+            text("Sorry."),
+        )
+        with override_model(rt, script.model):
+            result = await thread.send_message("note x")
+        (tool_result,) = result.messages[2].tool_results
+        assert tool_result.is_error
+        assert "unknown field(s) priority" in tool_result.content
+        assert await thread.get_scheduled_effects() == []
