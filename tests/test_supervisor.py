@@ -297,7 +297,7 @@ async def test_create_thread_refuses_bad_text_before_writing_anything(
     with pytest.raises(InvalidArgument, match=message):
         await rt.create_thread("t1", **kwargs)  # type: ignore[arg-type]
     assert (await rt.list_threads()).threads == []
-    assert list(rt.threads_dir.iterdir()) == []
+    assert list((rt.settings.data_dir / "threads").iterdir()) == []
     with pytest.raises(ThreadNotFound):
         await rt.get_thread("t1")
     # The id is still free.
@@ -324,11 +324,11 @@ async def test_create_thread_leaves_no_file_when_the_registry_write_fails(
     monkeypatch.setattr(rt._rtdb, "add_thread", fail)
     with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
         await rt.create_thread("t1")
-    assert list(rt.threads_dir.iterdir()) == []
+    assert list((rt.settings.data_dir / "threads").iterdir()) == []
     monkeypatch.undo()
     assert (await rt.list_threads()).threads == []
     await rt.create_thread("t1")
-    assert [p.name for p in rt.threads_dir.iterdir() if p.suffix == ".sqlite"] == ["t1.sqlite"]
+    assert [p.name for p in (rt.settings.data_dir / "threads").iterdir() if p.suffix == ".sqlite"] == ["t1.sqlite"]
 
 
 async def test_bad_thread_ids_and_unknown_threads(rt: Runtime, tmp_path: Path) -> None:
