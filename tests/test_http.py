@@ -134,7 +134,8 @@ async def test_lone_surrogates_are_refused_and_nothing_is_created(
     assert where in message and "lone surrogate" in message
     res = await api.client.get("/api/threads")
     assert res.status_code == 200 and res.json()["threads"] == []
-    files = await anyio.to_thread.run_sync(lambda: list((api.rt.settings.data_dir / "threads").iterdir()))
+    threads_dir = api.rt.settings.data_dir / "threads"
+    files = await anyio.to_thread.run_sync(lambda: list(threads_dir.iterdir()))
     assert files == []
 
 
