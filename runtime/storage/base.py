@@ -24,9 +24,10 @@ Ordering rules every backend keeps:
 - Messages keep the order of `ThreadStore.insert_messages` calls (and of each batch).
 - Threads list newest first by ``created_at``, ties broken by id (descending).
 
-Retention: a finished run past `RetentionPolicy` (by age) is never returned by a read,
-even before it is deleted. Reads never write: deletion happens on the write path (the
-transaction that finishes runs, see `ThreadStore.finish_and_claim`) and in `prune`.
+Retention: a finished run past `RetentionPolicy` (past its age, or older than the
+``max_finished`` most recent unexpired ones) is never returned by a read, even before it
+is deleted. Reads never write: deletion happens on the write path (the transactions that
+finish runs, see `ThreadStore.finish_and_claim`) and in `ThreadStore.prune`.
 """
 
 from __future__ import annotations
@@ -101,9 +102,11 @@ class ThreadStore(ABC):
         """Record one outcome and claim the next due run, in one transaction.
 
         With ``retention`` and a finish, the same transaction deletes finished runs past
-        retention (bounded work: the runs over ``max_finished``, and those past their age
-        at most once a minute per store). With neither a finish nor a due run, nothing is
-        written.
+        retention, in bounded work: a backend may delete runs past their age at most once
+        a minute, and the oldest runs over ``max_finished`` once they are more than a
+        tenth of the limit over it (SQLite does; the memory backend deletes at once).
+        Reads hide both meanwhile, so what a caller sees is the same. With neither a
+        finish nor a due run, nothing is written.
 
         Args:
             finish: The outcome of the run that just ended, or None. Applied only if that
@@ -181,7 +184,7 @@ class ThreadStore(ABC):
 
     @abstractmethod
     def get_run(self, run_id: str, now: float, retention: RetentionPolicy) -> EffectRun | None:
-        """One run with its args, or None (unknown, or past retention at ``now``).
+        """One run with its args, or None (unknown, or past retention at ``now``, by age or count).
 
         A read: it never writes (nor prunes).
 

@@ -59,8 +59,33 @@ _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
 
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
-store (reads hide them meanwhile); runs over ``max_finished`` go in every finishing
-transaction."""
+store, and runs over ``max_finished`` once they exceed it by more than a tenth of it
+(reads hide both meanwhile)."""
+
+# The ``n`` oldest finished runs (by finished_at, then seq). One index walk per status:
+# ix_effect_runs_finished is ordered (status, finished_at, seq), so none of them sorts.
+_DELETE_OLDEST_FINISHED = (
+    "DELETE FROM effect_runs WHERE seq IN (SELECT seq FROM ("
+    + " UNION ALL ".join(
+        f"SELECT * FROM (SELECT seq, finished_at FROM effect_runs WHERE status = '{status}' "
+        f"ORDER BY finished_at, seq LIMIT :n)"
+        for status in _FINISHED
+    )
+    + ") ORDER BY finished_at, seq LIMIT :n)"
+)
+
+# The (finished_at, seq) of the finished run at position :offset among the unexpired ones,
+# newest first; again one index walk per status.
+_NEWEST_FINISHED = (
+    "SELECT finished_at, seq FROM ("
+    + " UNION ALL ".join(
+        f"SELECT * FROM (SELECT finished_at, seq FROM effect_runs WHERE status = '{status}' "
+        f"AND finished_at >= :{'failed' if status == 'failed' else 'completed'} "
+        f"ORDER BY finished_at DESC, seq DESC LIMIT :offset + 1)"
+        for status in _FINISHED
+    )
+    + ") ORDER BY finished_at DESC, seq DESC LIMIT 1 OFFSET :offset"
+)
 
 _EXPIRED = (
     "(status IN ('completed', 'canceled') AND finished_at < ?) "
@@ -232,22 +257,26 @@ class SQLiteThreadStore(ThreadStore):
             ).rowcount
             self._swept_at = now
         if self._finished is None:
+            self._count_finished(c)
+        else:
+            self._finished += finished - deleted
+        assert self._finished is not None
+        excess = self._finished - retention.max_finished
+        # Deleted in batches (a tenth of the limit), so that a busy thread does not pay a
+        # delete with every finish; reads hide the excess meanwhile (see _visible).
+        if excess > retention.max_finished // 10:
+            removed = c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
+            self._finished -= removed
+            deleted += removed
+        return deleted
+
+    def _count_finished(self, c: sqlite3.Connection) -> int:
+        if self._finished is None:
             row = c.execute(
                 "SELECT count(*) FROM effect_runs WHERE status IN (?, ?, ?)", _FINISHED
             ).fetchone()
             self._finished = int(row[0])
-        else:
-            self._finished += finished - deleted
-        excess = self._finished - retention.max_finished
-        if excess > 0:
-            removed = c.execute(
-                "DELETE FROM effect_runs WHERE seq IN (SELECT seq FROM effect_runs "
-                "WHERE status IN (?, ?, ?) ORDER BY finished_at, seq LIMIT ?)",
-                (*_FINISHED, excess),
-            ).rowcount
-            self._finished -= removed
-            deleted += removed
-        return deleted
+        return self._finished
 
     def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
@@ -389,27 +418,43 @@ class SQLiteThreadStore(ThreadStore):
             )
         )
 
-    @staticmethod
-    def _visible(now: float, retention: RetentionPolicy) -> tuple[str, tuple[Any, ...]]:
-        # Read-side retention: a run past its retention is never returned, even before
-        # the pruning pass has deleted it.
+    def _visible(
+        self, c: sqlite3.Connection, now: float, retention: RetentionPolicy
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The read-side retention filter: what a read may return.
+
+        A run past its retention age is never returned, even before it is deleted; nor is
+        a finished run beyond the ``max_finished`` most recent (unexpired) ones, which the
+        write path deletes in batches.
+        """
+        cutoffs = (now - retention.completed_seconds, now - retention.failed_seconds)
+        sql, params = f"NOT ({_EXPIRED})", cutoffs
+        if self._count_finished(c) <= retention.max_finished:
+            return sql, params
+        # The oldest of the max_finished most recent unexpired finished runs.
+        row = c.execute(
+            _NEWEST_FINISHED,
+            {"completed": cutoffs[0], "failed": cutoffs[1], "offset": retention.max_finished - 1},
+        ).fetchone()
+        if row is None:
+            return sql, params
         return (
-            f"NOT ({_EXPIRED})",
-            (now - retention.completed_seconds, now - retention.failed_seconds),
+            f"{sql} AND (status NOT IN (?, ?, ?) OR (finished_at, seq) >= (?, ?))",
+            (*params, *_FINISHED, row[0], row[1]),
         )
 
     def get_run(  # noqa: D102
         self, run_id: str, now: float, retention: RetentionPolicy
     ) -> EffectRun | None:
-        visible, params = self._visible(now, retention)
-        return self._tx(
-            lambda c: self._one(
+        def read(c: sqlite3.Connection) -> EffectRun | None:
+            visible, params = self._visible(c, now, retention)
+            return self._one(
                 c,
                 f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ? AND {visible}",
                 (run_id, *params),
-            ),
-            write=False,
-        )
+            )
+
+        return self._tx(read, write=False)
 
     def list_runs(  # noqa: D102
         self,
@@ -421,9 +466,8 @@ class SQLiteThreadStore(ThreadStore):
         limit: int = 50,
         before_seq: int | None = None,
     ) -> tuple[list[EffectRun], int | None]:
-        visible, vparams = self._visible(now, retention)
-        where = [visible]
-        params: list[Any] = list(vparams)
+        where: list[str] = []
+        params: list[Any] = []
         if statuses:
             where.append(f"status IN ({','.join('?' * len(statuses))})")
             params.extend(str(s) for s in statuses)
@@ -433,12 +477,17 @@ class SQLiteThreadStore(ThreadStore):
         if before_seq is not None:
             where.append("seq < ?")
             params.append(before_seq)
-        sql = (
-            f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE {' AND '.join(where)} "
-            f"ORDER BY seq DESC LIMIT ?"
-        )
         params.append(limit + 1)
-        rows = self._tx(lambda c: c.execute(sql, params).fetchall(), write=False)
+
+        def read(c: sqlite3.Connection) -> list[Any]:
+            visible, vparams = self._visible(c, now, retention)
+            sql = (
+                f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE "
+                f"{' AND '.join([visible, *where])} ORDER BY seq DESC LIMIT ?"
+            )
+            return c.execute(sql, (*vparams, *params)).fetchall()
+
+        rows = self._tx(read, write=False)
         runs = [_row_to_run(self.thread_id, r) for r in rows[:limit]]
         cursor = rows[limit - 1][0] if len(rows) > limit else None
         return runs, cursor
@@ -446,13 +495,15 @@ class SQLiteThreadStore(ThreadStore):
     def count_runs(  # noqa: D102
         self, now: float, retention: RetentionPolicy, *, name: str | None = None
     ) -> dict[EffectStatus, int]:
-        visible, params = self._visible(now, retention)
-        sql = f"SELECT status, count(*) FROM effect_runs WHERE {visible}"
-        if name is not None:
-            sql += " AND name = ?"
-            params = (*params, name)
-        sql += " GROUP BY status"
-        rows = self._tx(lambda c: c.execute(sql, params).fetchall(), write=False)
+        def read(c: sqlite3.Connection) -> list[Any]:
+            visible, params = self._visible(c, now, retention)
+            sql = f"SELECT status, count(*) FROM effect_runs WHERE {visible}"
+            if name is not None:
+                sql += " AND name = ?"
+                params = (*params, name)
+            return c.execute(f"{sql} GROUP BY status", params).fetchall()
+
+        rows = self._tx(read, write=False)
         counts = dict.fromkeys(EffectStatus, 0)
         for status, n in rows:
             counts[EffectStatus(status)] = n
@@ -494,11 +545,7 @@ class SQLiteThreadStore(ThreadStore):
             ).rowcount
             excess = count_excess(c)
             if excess > 0:
-                deleted += c.execute(
-                    "DELETE FROM effect_runs WHERE seq IN (SELECT seq FROM effect_runs "
-                    "WHERE status IN (?, ?, ?) ORDER BY finished_at, seq LIMIT ?)",
-                    (*_FINISHED, excess),
-                ).rowcount
+                deleted += c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
             return deleted
 
         return self._tx(tx)

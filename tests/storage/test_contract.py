@@ -645,3 +645,26 @@ def test_an_empty_conversation(store: ThreadStore) -> None:
     assert store.list_messages() == ([], None, None)
     assert store.list_messages(latest=True) == ([], None, None)
     assert store.all_messages() == []
+
+
+def test_reads_show_only_the_latest_max_finished_while_deletion_is_batched(
+    store: ThreadStore,
+) -> None:
+    # A backend may delete the runs over max_finished in batches (at most a tenth of the
+    # limit late); reads never show more than the limit, and always the latest.
+    policy = RetentionPolicy(max_finished=20)
+    done: list[EffectRun] = []
+    pending = run(run_at=T0 + 1000)
+    store.insert_run(pending)
+    for i in range(45):
+        done.append(complete(store, run(run_at=T0 + i), T0 + i, retention=policy))
+        at = T0 + i
+        latest = [r.id for r in reversed(done[-20:])]
+        shown, _ = store.list_runs(at, policy, limit=100)
+        assert ids(shown) == [*latest, pending.id]
+        assert store.count_runs(at, policy)[EffectStatus.COMPLETED] == len(latest)
+        assert store.get_run(done[-1].id, at, policy) is not None
+        if len(done) > 20:
+            assert store.get_run(done[-21].id, at, policy) is None
+        stored = store.count_runs(at, KEEP)[EffectStatus.COMPLETED]
+        assert len(latest) <= stored <= 20 + 20 // 10
