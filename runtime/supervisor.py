@@ -201,7 +201,8 @@ class Runtime:
         clock: The time source and timer; `runtime.testing.FakeClock` in tests.
         storage: Where threads, runs and alarms are kept; default a
             `runtime.storage.sqlite.SQLiteBackend` on ``data_dir`` with the
-            ``synchronous`` setting (`runtime.storage.memory.MemoryBackend` in tests).
+            ``synchronous`` setting (which a backend given here does not read).
+            `runtime.storage.memory.MemoryBackend` keeps everything in memory (tests).
         **settings: Any other field of `runtime.config.Settings`.
 
     Raises:

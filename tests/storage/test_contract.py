@@ -283,6 +283,11 @@ def test_thread_pages_are_newest_first_with_ties_by_id(rtdb: RuntimeStore) -> No
     # A page that ends exactly at the last thread has no cursor.
     assert rtdb.list_threads(7, None)[1] is None
     assert rtdb.list_threads(6, None)[1] == (T0, "a")
+    # A cursor is a position, not a thread: it outlives the deletion of the thread it names.
+    page, cursor = rtdb.list_threads(3, None)
+    assert cursor == (T0, "d")
+    assert rtdb.delete_thread("d")
+    assert [i.id for i in rtdb.list_threads(3, cursor)[0]] == ["c", "b", "a"]
 
 
 # ------------------------------------------------------------------ alarms
@@ -668,3 +673,18 @@ def test_reads_show_only_the_latest_max_finished_while_deletion_is_batched(
             assert store.get_run(done[-21].id, at, policy) is None
         stored = store.count_runs(at, KEEP)[EffectStatus.COMPLETED]
         assert len(latest) <= stored <= 20 + 20 // 10
+
+
+def test_a_run_cursor_outlives_the_deletion_of_the_run_it_names(store: ThreadStore) -> None:
+    old = [complete(store, run(run_at=T0 + i), T0 + i) for i in range(3)]
+    newer = [run(run_at=T0 + 100) for _ in range(3)]
+    for r in newer:
+        store.insert_run(r)
+    page, cursor = store.list_runs(T0 + 3, KEEP, limit=4)
+    assert ids(page) == [*reversed(ids(newer)), old[2].id] and cursor is not None
+    # The run the cursor names is pruned before the next page is read.
+    assert store.prune(T0 + 3, RetentionPolicy(max_finished=1)) == 2
+    assert store.list_runs(T0 + 3, KEEP, limit=4, before_seq=cursor) == ([], None)
+    page, cursor = store.list_runs(T0 + 3, KEEP, limit=3)
+    assert ids(page) == ids(list(reversed(newer))) and cursor is not None
+    assert ids(store.list_runs(T0 + 3, KEEP, limit=3, before_seq=cursor)[0]) == [old[2].id]
