@@ -119,6 +119,23 @@ class MemoryThreadStore(ThreadStore):
             del data.seq_of[stored.run.id]
         return len(seqs)
 
+    @staticmethod
+    def _hidden(data: _ThreadData, now: float, retention: RetentionPolicy) -> set[int]:
+        """The runs a read must not return (their seqs).
+
+        Those past their age, and finished ones older than the ``max_finished`` most
+        recent unexpired finished runs.
+        """
+        hidden = {s for s, r in data.runs.items() if _expired(r.run, now, retention)}
+        finished = [
+            r for s, r in data.runs.items()
+            if r.run.status in FINISHED_STATUSES and s not in hidden
+        ]
+        if len(finished) > retention.max_finished:
+            finished.sort(key=lambda r: (r.run.finished_at_ts or 0.0, r.seq), reverse=True)
+            hidden.update(r.seq for r in finished[retention.max_finished:])
+        return hidden
+
     def _prune_in(self, data: _ThreadData, now: float, retention: RetentionPolicy) -> int:
         deleted = self._delete(
             data, [s for s, r in data.runs.items() if _expired(r.run, now, retention)]
@@ -253,7 +270,7 @@ class MemoryThreadStore(ThreadStore):
         with self._data.lock:
             data = self._open_data()
             seq = data.seq_of.get(run_id)
-            if seq is None or _expired(data.runs[seq].run, now, retention):
+            if seq is None or seq in self._hidden(data, now, retention):
                 return None
             return self._out(data.runs[seq])
 
@@ -270,6 +287,7 @@ class MemoryThreadStore(ThreadStore):
         with self._data.lock:
             data = self._open_data()
             wanted = set(statuses) if statuses else None
+            hidden = self._hidden(data, now, retention)
             page: list[_StoredRun] = []
             more = False
             for seq in reversed(data.runs):
@@ -277,7 +295,7 @@ class MemoryThreadStore(ThreadStore):
                 run = stored.run
                 if before_seq is not None and seq >= before_seq:
                     continue
-                if _expired(run, now, retention):
+                if seq in hidden:
                     continue
                 if wanted is not None and run.status not in wanted:
                     continue
@@ -296,9 +314,10 @@ class MemoryThreadStore(ThreadStore):
         with self._data.lock:
             data = self._open_data()
             counts = dict.fromkeys(EffectStatus, 0)
-            for stored in data.runs.values():
+            hidden = self._hidden(data, now, retention)
+            for seq, stored in data.runs.items():
                 run = stored.run
-                if (name is None or run.name == name) and not _expired(run, now, retention):
+                if (name is None or run.name == name) and seq not in hidden:
                     counts[run.status] += 1
             return counts
 

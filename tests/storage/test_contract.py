@@ -688,3 +688,41 @@ def test_a_run_cursor_outlives_the_deletion_of_the_run_it_names(store: ThreadSto
     page, cursor = store.list_runs(T0 + 3, KEEP, limit=3)
     assert ids(page) == ids(list(reversed(newer))) and cursor is not None
     assert ids(store.list_runs(T0 + 3, KEEP, limit=3, before_seq=cursor)[0]) == [old[2].id]
+
+
+def test_reads_hide_finished_runs_beyond_max_finished_without_deleting(
+    store: ThreadStore,
+) -> None:
+    done = [complete(store, run(run_at=T0 + i), T0 + i) for i in range(4)]
+    pending = run(run_at=T0 + 99)
+    store.insert_run(pending)
+    policy = RetentionPolicy(max_finished=2, completed_seconds=DAY, failed_seconds=DAY)
+    at = T0 + 10
+    assert ids(store.list_runs(at, policy)[0]) == [pending.id, done[3].id, done[2].id]
+    assert store.get_run(done[1].id, at, policy) is None
+    assert store.get_run(done[2].id, at, policy) is not None
+    assert store.count_runs(at, policy)[EffectStatus.COMPLETED] == 2
+    # Age first, then the count among what is left.
+    assert ids(store.list_runs(T0 + DAY + 1.5, policy)[0]) == [
+        pending.id, done[3].id, done[2].id
+    ]
+    assert ids(store.list_runs(T0 + DAY + 2.5, policy)[0]) == [pending.id, done[3].id]
+    assert ids(store.list_runs(T0 + DAY + 3.5, policy)[0]) == [pending.id]
+    # Nothing was deleted.
+    assert ids(store.list_runs(at, KEEP)[0]) == [pending.id, *reversed(ids(done))]
+
+
+def test_a_failed_run_past_its_age_does_not_count_toward_max_finished(
+    store: ThreadStore,
+) -> None:
+    done = [complete(store, run(run_at=T0 + i), T0 + i) for i in range(2)]
+    failed = run(run_at=T0 + 2)
+    store.insert_run(failed)
+    store.finish_and_claim(None, T0 + 2)
+    store.finish_and_claim(finish(failed.id, EffectStatus.FAILED, at=T0 + 2), T0 + 2, claim=False)
+    policy = RetentionPolicy(max_finished=2, completed_seconds=30 * DAY, failed_seconds=DAY)
+    assert ids(store.list_runs(T0 + 3, policy)[0]) == [failed.id, done[1].id]
+    # A day later the failed run is past its age: both completed runs show again.
+    assert ids(store.list_runs(T0 + DAY + 3, policy)[0]) == [done[1].id, done[0].id]
+    assert store.prune(T0 + DAY + 3, policy) == 1
+    assert ids(store.list_runs(T0 + DAY + 3, KEEP)[0]) == [done[1].id, done[0].id]
