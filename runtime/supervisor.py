@@ -25,21 +25,19 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
-import fcntl
 import gc
 import inspect
 import json
 import logging
 import os
 import re
-import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import anyio.to_thread
 from pydantic import BaseModel, ValidationError
@@ -59,7 +57,6 @@ from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunChange, new_id
 from runtime.errors import (
-    DataDirLocked,
     EffectDefinitionError,
     EffectNotFound,
     InvalidArgument,
@@ -68,15 +65,14 @@ from runtime.errors import (
     RunNotFound,
     RunStateError,
     RuntimeClosed,
-    RuntimeStorageError,
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
     short_repr,
 )
 from runtime.frames import ChangeHub
-from runtime.storage.base import Finish, ThreadInfo
-from runtime.storage.sqlite import SQLiteRuntimeStore, SQLiteThreadStore
+from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.sqlite import SQLiteBackend
 from runtime.thread import RunPage, ThreadActor, ThreadState
 from runtime.turns import TurnTracker, resolve_models
 
@@ -174,6 +170,10 @@ class Runtime:
         data_dir: Where the databases live (created if missing).
         app_dir: The application folder whose ``effects/`` holds the effects.
         clock: The time source and timer; `runtime.testing.FakeClock` in tests.
+        storage: Where threads, runs and alarms are kept; default a
+            `runtime.storage.sqlite.SQLiteBackend` on ``data_dir`` with the
+            ``synchronous`` setting (which a backend given here does not read).
+            `runtime.storage.memory.MemoryBackend` keeps everything in memory (tests).
         **settings: Any other field of `runtime.config.Settings`.
 
     Raises:
@@ -186,6 +186,7 @@ class Runtime:
         data_dir: str | os.PathLike[str],
         app_dir: str | os.PathLike[str] | None = None,
         clock: Clock | None = None,
+        storage: StorageBackend | None = None,
         **settings: Any,
     ) -> None:
         self.settings = Settings(
@@ -194,13 +195,17 @@ class Runtime:
             **settings,
         )
         self.clock: Clock = clock if clock is not None else SystemClock()
+        self.storage: StorageBackend = (
+            storage
+            if storage is not None
+            else SQLiteBackend(self.settings.data_dir, self.settings.synchronous)
+        )
         self.registry = EffectRegistry()
         self.agents = AgentApp()  # agents, tools and hooks of the app folder (at start)
         self.turns = TurnTracker()
         self._hub = ChangeHub(self.settings.subscriber_queue_size)
-        self._rtdb: SQLiteRuntimeStore | None = None
+        self._rtdb: RuntimeStore | None = None
         self._timer: AlarmTimer | None = None
-        self._lock_file: IO[str] | None = None
         self._actors: OrderedDict[str, ThreadActor] = OrderedDict()
         self._opening: dict[str, asyncio.Future[ThreadActor]] = {}
         self._deleting: set[str] = set()
@@ -231,15 +236,6 @@ class Runtime:
 
     # ----------------------------------------------------------------- lifecycle
 
-    @property
-    def threads_dir(self) -> Path:
-        """``<data_dir>/threads``, one ``<thread_id>.sqlite`` per thread."""
-        return self.settings.data_dir / "threads"
-
-    def thread_path(self, thread_id: str) -> Path:
-        """The database file of a thread (the id is validated first)."""
-        return self.threads_dir / f"{validate_thread_id(thread_id)}.sqlite"
-
     async def __aenter__(self) -> Runtime:
         await self.start()
         return self
@@ -259,7 +255,7 @@ class Runtime:
         """
         if self._started:
             raise RuntimeClosed("Runtime already started")
-        await self._run_sync(self._open_data_dir)
+        self._rtdb = await self._run_sync(self.storage.open)
         try:
             self.registry = await self._run_sync(self._discover)
             self.agents = await self._run_sync(load_agent_app, self.settings.app_dir)
@@ -271,9 +267,9 @@ class Runtime:
                 result = hook(self)
                 if asyncio.iscoroutine(result):
                     await result
-            self._rtdb = await self._run_sync(self._open_runtime_db)
         except BaseException:
-            await self._run_sync(self._release_data_dir)
+            await self._run_sync(self._rtdb.close)
+            await self._run_sync(self.storage.close)
             raise
         self._started = True
         self._timer = self.clock.create_timer(self._on_alarm)
@@ -313,50 +309,6 @@ class Runtime:
             registry.packages_loaded = False
         return registry
 
-    def _open_runtime_db(self) -> SQLiteRuntimeStore:
-        path = self.settings.data_dir / "runtime.sqlite"
-        if not path.exists() or path.stat().st_size == 0:
-            orphans = sum(1 for _ in self.threads_dir.glob("*.sqlite"))
-            if orphans:
-                # Starting would silently forget every thread and its pending runs.
-                raise RuntimeStorageError(
-                    f"Runtime database {path} is missing or empty, but {self.threads_dir} "
-                    f"holds {orphans} thread files; restore {path.name} from a backup, "
-                    f"or move the thread files away to start empty"
-                )
-        try:
-            return SQLiteRuntimeStore(path, self.settings.synchronous)
-        except sqlite3.DatabaseError as exc:
-            raise RuntimeStorageError(
-                f"Runtime database {path} cannot be used: {exc}"
-            ) from exc
-
-    def _open_data_dir(self) -> None:
-        self.threads_dir.mkdir(parents=True, exist_ok=True)
-        lock_path = self.settings.data_dir / "runtime.lock"
-        handle = open(lock_path, "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise DataDirLocked(
-                f"Data directory {self.settings.data_dir} is in use by {holder}; "
-                f"one process per data directory"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        self._lock_file = handle
-
-    def _release_data_dir(self) -> None:
-        if self._lock_file is not None:
-            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
-            self._lock_file.close()
-            self._lock_file = None
-
     async def close(self) -> None:
         """Stop the runtime; idempotent.
 
@@ -389,7 +341,9 @@ class Runtime:
                 continue
             try:
                 changed = await self._run_sync(
-                    actor.store.recover_interrupted, now, MAX_ATTEMPTS
+                    partial(actor.store.recover_interrupted, retention=self.settings.retention),
+                    now,
+                    MAX_ATTEMPTS,
                 )
             except ThreadStorageError:
                 log.exception("could not re-queue interrupted runs of %s", actor.thread_id)
@@ -409,7 +363,7 @@ class Runtime:
             await self._run_sync(actor.store.close)
         self._actors.clear()
         await self._run_sync(self._rtdb.close)
-        await self._run_sync(self._release_data_dir)
+        await self._run_sync(self.storage.close)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
@@ -527,12 +481,13 @@ class Runtime:
                 id=tid, created_at_ts=self.clock.now(), agent_id=agent_id, user_id=user_id,
                 tags=checked_tags,
             )
-            store = await self._run_sync(self._create_store, info)
+            store = await self._run_sync(self.storage.create_thread_store, info)
             try:
                 added = await self._run_sync(self._rtdb.add_thread, info)
             except BaseException:
-                # No registry row: the file would belong to no thread.
-                await self._run_sync(store.remove_files)
+                # No registry row: the store would belong to no thread.
+                await self._run_sync(store.close)
+                await self._run_sync(self.storage.remove_thread_store, tid)
                 raise
         finally:
             self._creating.discard(tid)
@@ -547,26 +502,6 @@ class Runtime:
             self.agents.hooks_for(agent_id, _hooks.HookPoint.AFTER_THREAD_CREATED), state
         )
         return state
-
-    def _create_store(self, info: ThreadInfo) -> SQLiteThreadStore:
-        path = self.thread_path(info.id)
-        # A file without a registry row is left over from a crash during create or
-        # delete: it belongs to no thread, so it is discarded.
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(f"{path}{suffix}")
-        try:
-            store = SQLiteThreadStore(info.id, path, self.settings.synchronous, create=True)
-        except BaseException:
-            _remove_thread_files(path)
-            raise
-        try:
-            store.set_meta("thread_id", info.id)
-            store.set_meta("created_at", repr(info.created_at_ts))
-        except BaseException:
-            store.remove_files()
-            raise
-        return store
 
     async def get_thread(self, thread_id: str) -> ThreadState:
         """The state of an existing thread.
@@ -660,9 +595,8 @@ class Runtime:
             self._alarm_row.pop(thread_id, None)
         self._hub.close_thread(thread_id)
         if actor is not None:
-            await self._run_sync(actor.store.remove_files)
-        else:
-            await self._run_sync(_remove_thread_files, self.thread_path(thread_id))
+            await self._run_sync(actor.store.close)
+        await self._run_sync(self.storage.remove_thread_store, thread_id)
         return existed
 
     async def _actor(self, thread_id: str) -> ThreadActor:
@@ -693,14 +627,14 @@ class Runtime:
 
     async def _open(self, thread_id: str) -> ThreadActor:
         info = await self._thread_info(thread_id)
-        store = await self._run_sync(
-            SQLiteThreadStore, thread_id, self.thread_path(thread_id), self.settings.synchronous
-        )
+        store = await self._run_sync(self.storage.open_thread_store, thread_id)
         try:
             # The actor did not exist, so nothing in this process runs this thread's
             # effects: a run still marked running was interrupted by a crash.
             recovered = await self._run_sync(
-                store.recover_interrupted, self.clock.now(), MAX_ATTEMPTS
+                partial(store.recover_interrupted, retention=self.settings.retention),
+                self.clock.now(),
+                MAX_ATTEMPTS,
             )
         except BaseException:
             await self._run_sync(store.close)
@@ -887,7 +821,11 @@ class Runtime:
                     return
                 stop = self._closing or done >= _DRAIN_BATCH
                 finished, claimed, next_due = await self._run_sync(
-                    partial(actor.store.finish_and_claim, claim=not stop),
+                    partial(
+                        actor.store.finish_and_claim,
+                        claim=not stop,
+                        retention=self.settings.retention,
+                    ),
                     finish,
                     self.clock.now(),
                 )
@@ -1092,7 +1030,11 @@ class Runtime:
         async with self._use(thread_id) as actor, actor.lock:
             if actor.deleted:
                 raise ThreadNotFound(thread_id)
-            run = await self._run_sync(actor.store.cancel, str(run_id), self.clock.now())
+            run = await self._run_sync(
+                partial(actor.store.cancel, retention=self.settings.retention),
+                str(run_id),
+                self.clock.now(),
+            )
         if run is None:
             return False
         self._hub.publish(RunChange.CANCELED, run)
@@ -1165,7 +1107,7 @@ class Runtime:
         now = self.clock.now()
         retention = self.settings.retention
 
-        def read(store: SQLiteThreadStore) -> tuple[list[EffectRun], int | None, Any]:
+        def read(store: ThreadStore) -> tuple[list[EffectRun], int | None, Any]:
             runs, nxt = store.list_runs(
                 now, retention, statuses=statuses, name=name, limit=limit, before_seq=before
             )
@@ -1219,9 +1161,3 @@ def _truncate(text: str, limit: int) -> str:
 def _check_limit(limit: int) -> None:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _MAX_PAGE:
         raise ValueError(f"limit must be an integer from 1 to {_MAX_PAGE}, got {limit!r}")
-
-
-def _remove_thread_files(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(f"{path}{suffix}")

@@ -16,8 +16,7 @@ from runtime.discovery import PACKAGE_ID_RE
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import InvalidArgument
 from runtime.frames import Subscription
-from runtime.storage.base import ThreadInfo
-from runtime.storage.sqlite import SQLiteThreadStore
+from runtime.storage.base import ThreadInfo, ThreadStore
 
 if TYPE_CHECKING:
     from runtime.messages import Message, MessagePage, MessageRole
@@ -59,7 +58,7 @@ class RunPage:
 class ThreadActor:
     """The runtime's per-thread state: the open store, the write lock and the runner task."""
 
-    def __init__(self, info: ThreadInfo, store: SQLiteThreadStore) -> None:
+    def __init__(self, info: ThreadInfo, store: ThreadStore) -> None:
         self.info = info
         self.thread_id = info.id
         self.store = store

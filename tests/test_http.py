@@ -134,7 +134,8 @@ async def test_lone_surrogates_are_refused_and_nothing_is_created(
     assert where in message and "lone surrogate" in message
     res = await api.client.get("/api/threads")
     assert res.status_code == 200 and res.json()["threads"] == []
-    files = await anyio.to_thread.run_sync(lambda: list((api.rt.threads_dir).iterdir()))
+    threads_dir = api.rt.settings.data_dir / "threads"
+    files = await anyio.to_thread.run_sync(lambda: list(threads_dir.iterdir()))
     assert files == []
 
 
@@ -510,7 +511,7 @@ async def test_a_corrupt_thread_file_is_a_500_and_other_threads_keep_working(
         await api.new_thread(id="healthy")
         await api.schedule("healthy", "ping")
         await api.rt.wait_idle()
-        path = api.rt.thread_path("broken")
+        path = api.rt.settings.data_dir / "threads" / "broken.sqlite"
 
     def corrupt() -> None:
         for suffix in ("-wal", "-shm"):

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from runtime import EffectStatus, RetentionPolicy, RunNotFound, Runtime
+from runtime.storage.base import StorageBackend
 from runtime.testing import FakeClock
+from tests.storage.backends import BACKENDS, make_backend, stored_runs
 
 APP = Path(__file__).parent / "apps" / "core"
 DAY = 86_400.0
@@ -19,9 +21,18 @@ def clock() -> FakeClock:
     return FakeClock(start=1_800_000_000.0)
 
 
+@pytest.fixture(params=BACKENDS)
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> StorageBackend:
+    return make_backend(request.param, tmp_path)
+
+
 @pytest.fixture
-async def rt(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runtime]:
-    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as r:
+async def rt(
+    tmp_path: Path, clock: FakeClock, storage: StorageBackend
+) -> AsyncIterator[Runtime]:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as r:
         yield r
 
 
@@ -58,13 +69,16 @@ async def test_completed_and_canceled_runs_are_kept_30_days(
         await thread.get_run(done)
 
 
-async def test_at_most_max_finished_runs_per_thread(tmp_path: Path, clock: FakeClock) -> None:
+async def test_at_most_max_finished_runs_per_thread(
+    tmp_path: Path, clock: FakeClock, storage: StorageBackend
+) -> None:
     async with Runtime(
         app_dir=APP,
         data_dir=tmp_path,
         clock=clock,
         load_packages=False,
         retention=RetentionPolicy(max_finished=5),
+        storage=storage,
     ) as rt:
         thread = await rt.create_thread()
         ids = []
@@ -78,16 +92,31 @@ async def test_at_most_max_finished_runs_per_thread(tmp_path: Path, clock: FakeC
         assert [r.id for r in runs] == [pending, *reversed(ids[3:])]
         with pytest.raises(RunNotFound):
             await thread.get_run(ids[2])
-        # The pruned rows are gone from the file, not merely hidden.
-        other = await rt.create_thread()
-        assert other.thread_id != thread.thread_id
-    import sqlite3
+    # The pruned runs are gone from the store, not merely hidden.
+    assert [r.id for r in stored_runs(storage, thread.thread_id)] == [
+        pending, *reversed(ids[3:])
+    ]
 
-    conn = sqlite3.connect(tmp_path / "threads" / f"{thread.thread_id}.sqlite")
-    try:
-        assert conn.execute("SELECT count(*) FROM effect_runs").fetchone()[0] == 6
-    finally:
-        conn.close()
+
+async def test_reads_never_delete_and_finishing_prunes(
+    tmp_path: Path, clock: FakeClock, storage: StorageBackend
+) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as rt:
+        thread = await rt.create_thread()
+        failed = await thread.schedule_effect("boom")
+        await rt.wait_idle()
+        clock.advance(DAY + 1)
+        with pytest.raises(RunNotFound):
+            await thread.get_run(failed)
+        assert (await thread.list_runs()).runs == []
+        # Hidden by the reads, still stored: reads never write.
+        assert [r.id for r in stored_runs(storage, thread.thread_id)] == [failed]
+        # The next finished run deletes it in the same transaction.
+        done = await thread.schedule_effect("record", {"key": "k"})
+        await rt.wait_idle()
+        assert [r.id for r in stored_runs(storage, thread.thread_id)] == [done]
 
 
 def test_retention_settings_are_validated() -> None:

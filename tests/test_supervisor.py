@@ -31,7 +31,9 @@ from runtime import (
     ThreadStorageError,
     define_effect,
 )
+from runtime.storage.base import StorageBackend
 from runtime.testing import FakeClock
+from tests.storage.backends import BACKENDS, has_thread_store, make_backend, stored_alarms
 
 APP = Path(__file__).parent / "apps" / "core"
 
@@ -58,10 +60,18 @@ def clock() -> FakeClock:
     return FakeClock(start=1_800_000_000.0)
 
 
+@pytest.fixture(params=BACKENDS)
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> StorageBackend:
+    return make_backend(request.param, tmp_path)
+
+
 @pytest.fixture
-async def frt(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runtime]:
+async def frt(
+    tmp_path: Path, clock: FakeClock, storage: StorageBackend
+) -> AsyncIterator[Runtime]:
+    """A runtime on the fake clock, on every backend."""
     async with Runtime(
-        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
     ) as runtime:
         yield runtime
 
@@ -297,7 +307,7 @@ async def test_create_thread_refuses_bad_text_before_writing_anything(
     with pytest.raises(InvalidArgument, match=message):
         await rt.create_thread("t1", **kwargs)  # type: ignore[arg-type]
     assert (await rt.list_threads()).threads == []
-    assert list(rt.threads_dir.iterdir()) == []
+    assert list((rt.settings.data_dir / "threads").iterdir()) == []
     with pytest.raises(ThreadNotFound):
         await rt.get_thread("t1")
     # The id is still free.
@@ -324,11 +334,12 @@ async def test_create_thread_leaves_no_file_when_the_registry_write_fails(
     monkeypatch.setattr(rt._rtdb, "add_thread", fail)
     with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
         await rt.create_thread("t1")
-    assert list(rt.threads_dir.iterdir()) == []
+    assert list((rt.settings.data_dir / "threads").iterdir()) == []
     monkeypatch.undo()
     assert (await rt.list_threads()).threads == []
     await rt.create_thread("t1")
-    assert [p.name for p in rt.threads_dir.iterdir() if p.suffix == ".sqlite"] == ["t1.sqlite"]
+    assert [p.name for p in (rt.settings.data_dir / "threads").iterdir()
+            if p.suffix == ".sqlite"] == ["t1.sqlite"]
 
 
 async def test_bad_thread_ids_and_unknown_threads(rt: Runtime, tmp_path: Path) -> None:
@@ -513,10 +524,12 @@ async def test_a_delay_over_ten_years_is_refused_and_far_alarms_still_start(
                 await thread.schedule_effect("record", {"key": "far"}, delay=delay)
         assert len((await thread.list_runs()).runs) == 1
     # An alarm row far in the future (written before the cap existed) does not stop startup.
-    conn = sqlite3.connect(tmp_path / "runtime.sqlite")
-    conn.execute("UPDATE alarms SET due_at = 1e15")
-    conn.commit()
-    conn.close()
+    rtdb = rt.storage.open()
+    try:
+        rtdb.set_alarm("t", 1e15)
+    finally:
+        rtdb.close()
+        rt.storage.close()
     async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
         assert len((await (await rt.get_thread("t")).list_runs()).runs) == 1
 
@@ -576,11 +589,7 @@ async def test_deleting_while_scheduling_leaves_no_alarm_behind(rt: Runtime) -> 
         )
         assert results[0] is True
         assert all(isinstance(r, str | ThreadNotFound) for r in results[1:]), results
-    conn = sqlite3.connect(rt.settings.data_dir / "runtime.sqlite")
-    try:
-        assert conn.execute("SELECT count(*) FROM alarms").fetchone()[0] == 0
-    finally:
-        conn.close()
+    assert stored_alarms(rt) == {}
 
 
 async def test_args_size_counts_utf8_bytes(tmp_path: Path) -> None:
@@ -643,38 +652,64 @@ async def test_wait_idle_rejects_a_bad_timeout(rt: Runtime) -> None:
             await rt.wait_idle(bad)
 
 
-def _alarm_rows(data_dir: Path) -> dict[str, float]:
-    conn = sqlite3.connect(data_dir / "runtime.sqlite")
-    try:
-        return dict(conn.execute("SELECT thread_id, due_at FROM alarms").fetchall())
-    finally:
-        conn.close()
+async def test_deleting_a_thread_removes_its_store(
+    frt: Runtime, storage: StorageBackend
+) -> None:
+    thread = await frt.create_thread("gone")
+    await thread.schedule_effect("record", {"key": "k"}, delay=60)
+    assert has_thread_store(storage, "gone")
+    assert await frt.delete_thread("gone") is True
+    assert not has_thread_store(storage, "gone")
+    assert stored_alarms(frt) == {}
+    # The id is free again, and the new thread starts empty.
+    again = await frt.create_thread("gone")
+    assert (await again.list_runs()).runs == []
+
+
+async def test_a_restart_on_the_same_backend_finds_threads_runs_and_alarms(
+    tmp_path: Path, clock: FakeClock, storage: StorageBackend
+) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as rt:
+        thread = await rt.create_thread("kept", tags=["a"])
+        later = await thread.schedule_effect("record", {"key": "later"}, delay=60)
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as rt:
+        assert [t.id for t in (await rt.list_threads()).threads] == ["kept"]
+        assert stored_alarms(rt) == {"kept": clock.now() + 60}
+        clock.advance(60)
+        await rt.wait_idle()
+        thread = await rt.get_thread("kept")
+        assert (await thread.get_run(later)).status is EffectStatus.COMPLETED
+    assert [r["key"] for r in records(tmp_path)] == ["later"]
 
 
 async def test_alarm_rows_follow_the_next_pending_run(frt: Runtime, clock: FakeClock) -> None:
     thread = await frt.create_thread("t")
     now = clock.now()
     await thread.schedule_effect("record", {"key": "later"}, delay=3600)
-    assert _alarm_rows(frt.settings.data_dir) == {"t": now + 3600}
+    assert stored_alarms(frt) == {"t": now + 3600}
     await thread.schedule_effect("record", {"key": "now"})
     # Lowered at once, before the run row was written.
-    assert _alarm_rows(frt.settings.data_dir) == {"t": now}
+    assert stored_alarms(frt) == {"t": now}
     await frt.wait_idle()
     # Raised back to the next pending run in the background (a stale, earlier row would
     # only cause a harmless extra wake-up after a crash).
     for _ in range(100):
-        if _alarm_rows(frt.settings.data_dir) == {"t": now + 3600}:
+        if stored_alarms(frt) == {"t": now + 3600}:
             break
         await asyncio.sleep(0.02)
-    assert _alarm_rows(frt.settings.data_dir) == {"t": now + 3600}
+    assert stored_alarms(frt) == {"t": now + 3600}
 
     clock.advance(3600)
     await frt.wait_idle()
     for _ in range(100):
-        if not _alarm_rows(frt.settings.data_dir):
+        if not stored_alarms(frt):
             break
         await asyncio.sleep(0.02)
-    assert _alarm_rows(frt.settings.data_dir) == {}
+    assert stored_alarms(frt) == {}
     assert [r["key"] for r in records(frt.settings.data_dir)] == ["now", "later"]
 
 
@@ -689,7 +724,7 @@ async def test_a_run_scheduled_while_its_thread_drains_keeps_an_early_enough_ala
         run = await thread.get_run(run_id)
         await asyncio.sleep(0.06)
         await rt.wait_idle()
-        rows = _alarm_rows(rt.settings.data_dir)
+        rows = stored_alarms(rt)
         assert rows[thread.thread_id] <= run.run_at_ts
 
 

@@ -36,6 +36,7 @@ from runtime import (
 )
 from runtime.storage.models import EffectRunRow, ThreadMetaRow, sqlite_ddl
 from runtime.testing import FakeClock, demo_model, override_model, parse_reminder
+from tests.storage.backends import BACKENDS, make_backend
 
 pytestmark = pytest.mark.usefixtures("no_blocking")
 APP = Path(__file__).parent / "apps" / "turns"
@@ -133,10 +134,14 @@ async def test_tool_schedules_an_effect_that_posts_into_the_thread_after_the_tur
     assert (await thread.get_run(pending.id)).status is EffectStatus.COMPLETED
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_the_model_sees_the_stored_history_also_after_a_restart(
-    tmp_path: Path, clock: FakeClock
+    tmp_path: Path, clock: FakeClock, backend: str
 ) -> None:
-    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as rt:
+    storage = make_backend(backend, tmp_path)
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as rt:
         thread = await rt.create_thread("t1")
         script = Script(text("one"), call("echo", {"text": "x"}), text("two"))
         with override_model(rt, script.model):
@@ -149,7 +154,9 @@ async def test_the_model_sees_the_stored_history_also_after_a_restart(
             isinstance(m, ModelResponse) and m.text == "one" for m in script.seen[1]
         )
 
-    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False) as rt:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as rt:
         thread = await rt.get_thread("t1")
         script = Script(text("three"))
         with override_model(rt, script.model):

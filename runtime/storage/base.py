@@ -1,13 +1,33 @@
 """The storage contract every backend implements.
 
-Two stores, both synchronous (the runtime calls them from worker threads, never from the
-event loop, and never calls one `ThreadStore` from two threads at once):
+Three parts, all synchronous (the runtime calls them from its storage thread pool, never
+from the event loop, and never calls one `ThreadStore` from two threads at once):
 
-- `ThreadStore`: one thread's runs. Every method is one transaction: it either commits
-  whole or changes nothing.
+- `StorageBackend`: the factory. It owns where data lives (paths, files, the data-dir
+  lock of the SQLite backend) and opens the two stores below.
+- `ThreadStore`: one thread's runs, conversation and meta. Every method is one
+  transaction: it either commits whole or changes nothing.
 - `RuntimeStore`: the thread registry and the durable alarm index.
 
+Backends: `runtime.storage.sqlite.SQLiteBackend` (one file per thread, the default) and
+`runtime.storage.memory.MemoryBackend` (the reference implementation, for tests). Both
+pass the contract suite in ``tests/storage/``.
+
 Times are seconds since the Unix epoch (UTC), as floats.
+
+Ordering rules every backend keeps:
+
+- A thread's runs have a scheduling order: the order of `ThreadStore.insert_run` calls
+  (SQLite: the ``seq`` column). `ThreadStore.list_runs` pages newest first by it, and its
+  cursor (``before_seq``) is a position in it.
+- Due order: the earliest ``run_at`` first, ties broken by scheduling order.
+- Messages keep the order of `ThreadStore.insert_messages` calls (and of each batch).
+- Threads list newest first by ``created_at``, ties broken by id (descending).
+
+Retention: a finished run past `RetentionPolicy` (past its age, or older than the
+``max_finished`` most recent unexpired ones) is never returned by a read, even before it
+is deleted. Reads never write: deletion happens on the write path (the transactions that
+finish runs, see `ThreadStore.finish_and_claim`) and in `ThreadStore.prune`.
 """
 
 from __future__ import annotations
@@ -18,6 +38,7 @@ from dataclasses import dataclass
 
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
+from runtime.messages import Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,60 +71,126 @@ class ThreadInfo:
 
 
 class ThreadStore(ABC):
-    """One thread's runs."""
+    """One thread's runs, its conversation (messages) and its meta.
+
+    Every method is one transaction (all or nothing). Methods raise
+    `runtime.errors.ThreadStorageError` (naming the thread) when the storage fails or the
+    store is closed; no other storage exception leaves a store.
+    """
 
     @abstractmethod
     def insert_run(self, run: EffectRun) -> None:
-        """Store a new pending run. Durable when this returns (per ``synchronous``)."""
+        """Store a new pending run, last in scheduling order.
+
+        Durable when this returns (SQLite: per ``synchronous``). ``attempts``,
+        ``started_at`` and ``finished_at`` of the given run are ignored (0, None, None).
+
+        Raises:
+            ThreadStorageError: the write failed, or a run with that id exists (nothing
+                is written).
+        """
 
     @abstractmethod
     def finish_and_claim(
-        self, finish: Finish | None, now: float, *, claim: bool = True
+        self,
+        finish: Finish | None,
+        now: float,
+        *,
+        claim: bool = True,
+        retention: RetentionPolicy | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         """Record one outcome and claim the next due run, in one transaction.
 
+        With ``retention`` and a finish, the same transaction deletes finished runs past
+        retention, in bounded work: a backend may delete runs past their age at most once
+        a minute, and the oldest runs over ``max_finished`` once they are more than a
+        tenth of the limit over it (SQLite does; the memory backend deletes at once).
+        Reads hide both meanwhile, so what a caller sees is the same. With neither a
+        finish nor a due run, nothing is written.
+
         Args:
             finish: The outcome of the run that just ended, or None. Applied only if that
-                run is still ``running``.
+                run is still ``running`` (a canceled or deleted run stays as it is).
             now: The current time; runs with ``run_at <= now`` are due.
             claim: Whether to claim the next due run at all.
+            retention: The policy to prune by; None prunes nothing.
 
         Returns:
             ``(finished, claimed, next_due)``: the finished run as written (or None), the
             claimed run (status ``running``, ``attempts`` incremented, ``started_at =
-            now``; the earliest due by ``run_at`` then insertion order) or None, and, when
-            nothing was claimed, the ``run_at`` of the earliest pending run (or None).
+            now``; the earliest due by ``run_at``, ties by scheduling order) or None, and,
+            when nothing was claimed (and ``claim``), the ``run_at`` of the earliest
+            pending run (or None).
+
+        Raises:
+            ThreadStorageError: the transaction failed; nothing was written.
         """
 
     @abstractmethod
     def recover_interrupted(
-        self, now: float, max_attempts: int, run_ids: Sequence[str] | None = None
+        self,
+        now: float,
+        max_attempts: int,
+        run_ids: Sequence[str] | None = None,
+        *,
+        retention: RetentionPolicy | None = None,
     ) -> list[EffectRun]:
         """Return interrupted ``running`` runs to ``pending`` (due ``now``), or fail them.
 
-        A run that already started ``max_attempts`` times becomes ``failed`` with an error
-        saying it was interrupted that many times.
+        A run that already started ``max_attempts`` times becomes ``failed`` (``finished_at
+        = now``) with an error saying it was interrupted that many times; any other goes
+        back to ``pending`` with ``run_at = min(run_at, now)`` and its ``attempts`` kept.
+        One transaction for all of them. With ``retention``, prunes as `finish_and_claim`
+        does (a thread is opened with this call, so its expired runs go then).
 
         Args:
             now: The current time.
             max_attempts: The attempt limit.
-            run_ids: Only these runs; None = every ``running`` run (startup recovery).
+            run_ids: Only these runs (those not ``running`` are left alone); None = every
+                ``running`` run (recovery when a thread is opened or the runtime stops).
+            retention: The policy to prune by; None prunes nothing.
 
         Returns:
-            The changed runs, as written.
+            The changed runs, as written, in scheduling order.
+
+        Raises:
+            ThreadStorageError: the transaction failed; nothing was written.
         """
 
     @abstractmethod
-    def cancel(self, run_id: str, now: float) -> EffectRun | None:
-        """Cancel a pending run; None when no pending run has that id."""
+    def cancel(
+        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+    ) -> EffectRun | None:
+        """Cancel a pending run (``finished_at = now``), pruning as `finish_and_claim` does.
+
+        Returns:
+            The canceled run as written; None when no pending run has that id (unknown,
+            running or finished: nothing changes).
+
+        Raises:
+            ThreadStorageError: the write failed.
+        """
 
     @abstractmethod
     def run_now(self, run_id: str, now: float) -> EffectRun | None:
-        """Make a pending run due now; None when no pending run has that id."""
+        """Make a pending run due now (``run_at = min(run_at, now)``).
+
+        Returns:
+            The run as written; None when no pending run has that id.
+
+        Raises:
+            ThreadStorageError: the write failed.
+        """
 
     @abstractmethod
     def get_run(self, run_id: str, now: float, retention: RetentionPolicy) -> EffectRun | None:
-        """One run with its args, or None (unknown or pruned)."""
+        """One run with its args, or None (unknown, or past retention at ``now``, by age or count).
+
+        A read: it never writes (nor prunes).
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
 
     @abstractmethod
     def list_runs(
@@ -116,38 +203,144 @@ class ThreadStore(ABC):
         limit: int = 50,
         before_seq: int | None = None,
     ) -> tuple[list[EffectRun], int | None]:
-        """Runs newest first (by scheduling order), filtered; pruned runs never appear.
+        """Runs newest first (by scheduling order), filtered; runs past retention never appear.
+
+        A read: it never writes (nor prunes).
+
+        Args:
+            now: The current time (for retention).
+            retention: The policy whose age limits hide finished runs.
+            statuses: Only runs in these statuses (None or empty: all).
+            name: Only runs of this effect.
+            limit: The page size (at least 1).
+            before_seq: The cursor of the previous page: only runs scheduled before it.
 
         Returns:
-            ``(runs, next_before_seq)``: a page and the cursor for the next page (None at
-            the end).
+            ``(runs, next_before_seq)``: a page and the cursor for the next page (None
+            when no run follows the page). A cursor stays valid when runs are added or
+            deleted meanwhile: the next page starts right after the last run shown.
+
+        Raises:
+            ThreadStorageError: the read failed.
         """
 
     @abstractmethod
     def count_runs(
         self, now: float, retention: RetentionPolicy, *, name: str | None = None
     ) -> dict[EffectStatus, int]:
-        """How many visible (unpruned) runs there are in each status, of one name or all."""
+        """How many visible runs there are in each status (every status a key), of one name or all.
+
+        A read: it never writes.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
 
     @abstractmethod
     def pending_runs(self, name: str | None = None) -> list[EffectRun]:
-        """Runs that have not started yet, in due order."""
+        """Runs that have not started yet, in due order (``run_at``, then scheduling order).
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
 
     @abstractmethod
     def prune(self, now: float, retention: RetentionPolicy) -> int:
-        """Delete finished runs past retention; returns how many were deleted."""
+        """Delete every finished run past retention, in one transaction.
+
+        Past retention: completed or canceled with ``finished_at`` older than
+        ``completed_seconds``, failed older than ``failed_seconds``, and then the oldest
+        finished runs (by ``finished_at``, ties by scheduling order) beyond
+        ``max_finished``. Pending and running runs are never deleted.
+
+        Returns:
+            How many runs were deleted.
+
+        Raises:
+            ThreadStorageError: the write failed; nothing was deleted.
+        """
+
+    @abstractmethod
+    def set_meta(self, key: str, value: str) -> None:
+        """Write one key of the thread's meta (insert or replace).
+
+        Raises:
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None:
+        """One key of the thread's meta, or None.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def insert_messages(self, messages: Sequence[Message]) -> None:
+        """Append messages to the conversation, in order, in one transaction.
+
+        Raises:
+            ThreadStorageError: the write failed, or a message id exists already (nothing
+                of the batch is written).
+        """
+
+    @abstractmethod
+    def list_messages(
+        self,
+        *,
+        limit: int = 50,
+        after_id: str | None = None,
+        before_id: str | None = None,
+        latest: bool = False,
+    ) -> tuple[list[Message], str | None, str | None] | None:
+        """A page of messages, oldest first.
+
+        The page holds the ``limit`` messages right after ``after_id`` (from the start when
+        it is None), or right before ``before_id``, or with ``latest`` the newest ``limit``
+        messages. The caller gives at most one of the three.
+
+        Returns:
+            ``(messages, next_cursor, prev_cursor)``: ``next_cursor`` is the id of the
+            page's last message when newer messages follow it, ``prev_cursor`` the id of
+            its first message when older ones precede it (else None). None when
+            ``after_id`` or ``before_id`` names no message.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def get_message(self, message_id: str) -> Message | None:
+        """One message, or None.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def all_messages(self) -> list[Message]:
+        """The whole conversation, oldest first (what a turn rebuilds its history from).
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
 
     @abstractmethod
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Release the store (idempotent); any later call raises ThreadStorageError."""
 
 
 class RuntimeStore(ABC):
-    """The thread registry and the durable alarm index."""
+    """The thread registry and the durable alarm index (one alarm per thread at most).
+
+    Every method is one transaction. Failures raise the backend's own database error
+    (SQLite: `sqlite3.Error`); the runtime cannot go on without this store.
+    """
 
     @abstractmethod
     def add_thread(self, info: ThreadInfo) -> bool:
-        """Register a thread; False if the id is taken."""
+        """Register a thread; False (nothing written) if the id is taken."""
 
     @abstractmethod
     def get_thread(self, thread_id: str) -> ThreadInfo | None:
@@ -157,7 +350,16 @@ class RuntimeStore(ABC):
     def list_threads(
         self, limit: int, after: tuple[float, str] | None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
-        """Threads newest first; returns a page and the cursor for the next one."""
+        """Threads newest first (``created_at`` descending, ties by id descending).
+
+        Args:
+            limit: The page size (at least 1).
+            after: The cursor of the previous page, ``(created_at, id)`` of its last
+                thread; only threads after it in that order.
+
+        Returns:
+            A page and the cursor for the next one (None when no thread follows).
+        """
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> bool:
@@ -175,17 +377,78 @@ class RuntimeStore(ABC):
     def move_alarms(
         self, changes: Sequence[tuple[str, float | None, float | None]]
     ) -> list[tuple[str, float | None]]:
-        """Apply ``(thread_id, expected, target)`` alarm moves in one transaction.
+        """Apply ``(thread_id, expected, target)`` alarm moves in one transaction, in order.
 
         Each move is a compare-and-set: the row goes to ``target`` (None removes it) only
-        if it still holds ``expected``; with ``expected`` None the row is only ever
-        created or lowered. Returns the moves applied, as ``(thread_id, target)``.
+        if it still holds exactly ``expected``; a row lowered meanwhile (a new run) is
+        left alone. With ``expected`` None the row is only ever created or lowered (and a
+        ``target`` of None does nothing).
+
+        Returns:
+            The compare-and-set moves applied, as ``(thread_id, target)`` (creates and
+            lowerings with ``expected`` None are not listed).
         """
 
     @abstractmethod
     def load_alarms(self) -> list[tuple[str, float]]:
-        """Every alarm as ``(thread_id, due_at)``."""
+        """Every alarm as ``(thread_id, due_at)``, in no particular order."""
 
     @abstractmethod
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the store (idempotent)."""
+
+
+class StorageBackend(ABC):
+    """Where a runtime keeps its registry, alarms and every thread's store (a factory).
+
+    A runtime calls `open` once at start, then the thread-store methods, then `close`.
+    """
+
+    @abstractmethod
+    def open(self) -> RuntimeStore:
+        """Take exclusive use of the backend and return the runtime store (registry + alarms).
+
+        Creates what is missing and migrates what is older.
+
+        Raises:
+            DataDirLocked: another process holds the backend (SQLite: the data-dir lock).
+            RuntimeStorageError: the runtime database is unusable, corrupt or of a newer
+                schema, or missing/empty while thread stores exist. Nothing stays taken.
+        """
+
+    @abstractmethod
+    def create_thread_store(self, info: ThreadInfo) -> ThreadStore:
+        """A new, empty store for a thread, with its meta written.
+
+        The meta holds ``thread_id`` and ``created_at``. Leftovers of a crashed create or
+        delete under that id are discarded first.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadStorageError: the store cannot be made (nothing is left behind).
+        """
+
+    @abstractmethod
+    def open_thread_store(self, thread_id: str) -> ThreadStore:
+        """The existing store of a registered thread, migrated to the current schema.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadStorageError: the store is missing, empty, corrupt or of a newer schema
+                than this runtime knows (the message names the thread and, for SQLite,
+                the file).
+        """
+
+    @abstractmethod
+    def remove_thread_store(self, thread_id: str) -> None:
+        """Delete everything the thread holds here; idempotent (a missing store is fine).
+
+        Call it after closing the thread's open store (SQLite: its file and WAL go).
+
+        Raises:
+            InvalidThreadId: a malformed id.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what `open` took (the lock). Idempotent."""

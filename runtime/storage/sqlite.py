@@ -1,5 +1,12 @@
 """The embedded backend: one SQLite file per thread plus ``runtime.sqlite``.
 
+Layout of a data directory (`SQLiteBackend` owns it; nothing else knows a path):
+
+- ``runtime.lock``: held with ``fcntl.flock`` while a runtime uses the directory;
+- ``runtime.sqlite``: the registry and the alarm index (`SQLiteRuntimeStore`);
+- ``threads/<thread_id>.sqlite``: one file per thread (`SQLiteThreadStore`), with its
+  ``-wal`` and ``-shm`` companions.
+
 Plain ``sqlite3`` on an open connection, one short transaction per call; the runtime calls
 these from worker threads. Each store guards its connection with a lock so that a close
 from another thread (thread deletion, eviction) never races a query.
@@ -7,20 +14,29 @@ from another thread (thread deletion, eviction) never races a query.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
-from runtime.errors import ThreadStorageError
+from runtime.errors import (
+    DataDirLocked,
+    InvalidThreadId,
+    RuntimeStorageError,
+    ThreadStorageError,
+    short_repr,
+)
 from runtime.messages import Message, message_from_row
-from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 
 # Migrations from version N to N+1, applied in one transaction when an older file is
 # opened. Version 0 is a new, empty file: its "migration" creates the schema. The DDL is
@@ -40,6 +56,41 @@ _RUN_COLUMNS = (
     "attempts, error, replay_of"
 )
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
+
+SWEEP_SECONDS = 60.0
+"""On the write path, runs past their retention age are deleted at most this often per
+store, and runs over ``max_finished`` once they exceed it by more than a tenth of it
+(reads hide both meanwhile)."""
+
+# The ``n`` oldest finished runs (by finished_at, then seq). One index walk per status:
+# ix_effect_runs_finished is ordered (status, finished_at, seq), so none of them sorts.
+_DELETE_OLDEST_FINISHED = (
+    "DELETE FROM effect_runs WHERE seq IN (SELECT seq FROM ("
+    + " UNION ALL ".join(
+        f"SELECT * FROM (SELECT seq, finished_at FROM effect_runs WHERE status = '{status}' "
+        f"ORDER BY finished_at, seq LIMIT :n)"
+        for status in _FINISHED
+    )
+    + ") ORDER BY finished_at, seq LIMIT :n)"
+)
+
+# The (finished_at, seq) of the finished run at position :offset among the unexpired ones,
+# newest first; again one index walk per status.
+_NEWEST_FINISHED = (
+    "SELECT finished_at, seq FROM ("
+    + " UNION ALL ".join(
+        f"SELECT * FROM (SELECT finished_at, seq FROM effect_runs WHERE status = '{status}' "
+        f"AND finished_at >= :{'failed' if status == 'failed' else 'completed'} "
+        f"ORDER BY finished_at DESC, seq DESC LIMIT :offset + 1)"
+        for status in _FINISHED
+    )
+    + ") ORDER BY finished_at DESC, seq DESC LIMIT 1 OFFSET :offset"
+)
+
+_EXPIRED = (
+    "(status IN ('completed', 'canceled') AND finished_at < ?) "
+    "OR (status = 'failed' AND finished_at < ?)"
+)
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -130,6 +181,11 @@ class SQLiteThreadStore(ThreadStore):
         self.thread_id = thread_id
         self.path = path
         self._lock = threading.Lock()
+        # Write-path pruning: the number of finished runs (None: unknown, counted on
+        # demand) and when runs past their age were last deleted. This store is the only
+        # writer of its file (one process holds the data directory).
+        self._finished: int | None = None
+        self._swept_at: float | None = None
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
                 thread_id,
@@ -158,7 +214,12 @@ class SQLiteThreadStore(ThreadStore):
                 raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
             try:
                 return _transaction(conn, fn, write)
-            except sqlite3.DatabaseError as exc:
+            except BaseException as exc:
+                # Rolled back: what the transaction counted is unknown again.
+                self._finished = None
+                self._swept_at = None
+                if not isinstance(exc, sqlite3.DatabaseError):
+                    raise
                 raise ThreadStorageError(
                     self.thread_id,
                     f"Thread {self.thread_id}: database {self.path} failed: {exc}",
@@ -168,8 +229,7 @@ class SQLiteThreadStore(ThreadStore):
         row = conn.execute(sql, params).fetchone()
         return _row_to_run(self.thread_id, row) if row is not None else None
 
-    def set_meta(self, key: str, value: str) -> None:
-        """Write one key of ``thread_meta``."""
+    def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
         self._tx(
             lambda c: c.execute(
                 "INSERT INTO thread_meta(key, value) VALUES (?, ?) "
@@ -177,6 +237,46 @@ class SQLiteThreadStore(ThreadStore):
                 (key, value),
             )
         )
+
+    def get_meta(self, key: str) -> str | None:  # noqa: D102 - contract in base
+        row = self._tx(
+            lambda c: c.execute("SELECT value FROM thread_meta WHERE key = ?", (key,)).fetchone(),
+            write=False,
+        )
+        return None if row is None else str(row[0])
+
+    def _prune_in(
+        self, c: sqlite3.Connection, now: float, retention: RetentionPolicy, finished: int
+    ) -> int:
+        """Write-path pruning inside a transaction that just finished ``finished`` runs."""
+        deleted = 0
+        if self._swept_at is None or now - self._swept_at >= SWEEP_SECONDS or now < self._swept_at:
+            deleted += c.execute(
+                f"DELETE FROM effect_runs WHERE {_EXPIRED}",
+                (now - retention.completed_seconds, now - retention.failed_seconds),
+            ).rowcount
+            self._swept_at = now
+        if self._finished is None:
+            self._count_finished(c)
+        else:
+            self._finished += finished - deleted
+        assert self._finished is not None
+        excess = self._finished - retention.max_finished
+        # Deleted in batches (a tenth of the limit), so that a busy thread does not pay a
+        # delete with every finish; reads hide the excess meanwhile (see _visible).
+        if excess > retention.max_finished // 10:
+            removed = c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
+            self._finished -= removed
+            deleted += removed
+        return deleted
+
+    def _count_finished(self, c: sqlite3.Connection) -> int:
+        if self._finished is None:
+            row = c.execute(
+                "SELECT count(*) FROM effect_runs WHERE status IN (?, ?, ?)", _FINISHED
+            ).fetchone()
+            self._finished = int(row[0])
+        return self._finished
 
     def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
@@ -190,7 +290,12 @@ class SQLiteThreadStore(ThreadStore):
         )
 
     def finish_and_claim(  # noqa: D102 - contract in base
-        self, finish: Finish | None, now: float, *, claim: bool = True
+        self,
+        finish: Finish | None,
+        now: float,
+        *,
+        claim: bool = True,
+        retention: RetentionPolicy | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         def tx(c: sqlite3.Connection) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             finished = None
@@ -201,6 +306,8 @@ class SQLiteThreadStore(ThreadStore):
                     f"WHERE id = ? AND status = 'running' RETURNING {_RUN_COLUMNS}",
                     (str(finish.status), finish.error, finish.finished_at, finish.run_id),
                 )
+                if retention is not None and finished is not None:
+                    self._prune_in(c, now, retention, 1)
             if not claim:
                 return finished, None, None
             claimed = self._one(
@@ -233,22 +340,28 @@ class SQLiteThreadStore(ThreadStore):
         return self._tx(tx)
 
     def recover_interrupted(  # noqa: D102 - contract in base
-        self, now: float, max_attempts: int, run_ids: Sequence[str] | None = None
+        self,
+        now: float,
+        max_attempts: int,
+        run_ids: Sequence[str] | None = None,
+        *,
+        retention: RetentionPolicy | None = None,
     ) -> list[EffectRun]:
         def tx(c: sqlite3.Connection) -> list[EffectRun]:
             if run_ids is None:
                 rows = c.execute(
-                    "SELECT id, attempts FROM effect_runs WHERE status = 'running'"
+                    "SELECT id, attempts, seq FROM effect_runs WHERE status = 'running'"
                 ).fetchall()
             else:
                 marks = ",".join("?" * len(run_ids))
                 rows = c.execute(
-                    f"SELECT id, attempts FROM effect_runs WHERE status = 'running' "
+                    f"SELECT id, attempts, seq FROM effect_runs WHERE status = 'running' "
                     f"AND id IN ({marks})",
                     tuple(run_ids),
                 ).fetchall()
             changed: list[EffectRun] = []
-            for run_id, attempts in rows:
+            order = {row[0]: row[2] for row in rows}
+            for run_id, attempts, _seq in rows:
                 if attempts >= max_attempts:
                     sql = (
                         f"UPDATE effect_runs SET status = 'failed', finished_at = ?, error = ? "
@@ -269,21 +382,31 @@ class SQLiteThreadStore(ThreadStore):
                 run = self._one(c, sql, params)
                 if run is not None:
                     changed.append(run)
+            if retention is not None:
+                failed = sum(1 for r in changed if r.status is EffectStatus.FAILED)
+                self._prune_in(c, now, retention, failed)
+            changed.sort(key=lambda r: order[r.id])
             return changed
 
         if run_ids is not None and not run_ids:
             return []
         return self._tx(tx)
 
-    def cancel(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
-        return self._tx(
-            lambda c: self._one(
+    def cancel(  # noqa: D102
+        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+    ) -> EffectRun | None:
+        def tx(c: sqlite3.Connection) -> EffectRun | None:
+            run = self._one(
                 c,
                 f"UPDATE effect_runs SET status = 'canceled', finished_at = ? "
                 f"WHERE id = ? AND status = 'pending' RETURNING {_RUN_COLUMNS}",
                 (now, run_id),
             )
-        )
+            if run is not None and retention is not None:
+                self._prune_in(c, now, retention, 1)
+            return run
+
+        return self._tx(tx)
 
     def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
         return self._tx(
@@ -295,29 +418,43 @@ class SQLiteThreadStore(ThreadStore):
             )
         )
 
-    @staticmethod
-    def _visible(now: float, retention: RetentionPolicy) -> tuple[str, tuple[Any, ...]]:
-        # Read-side retention: a run past its retention is never returned, even before
-        # the pruning pass has deleted it.
+    def _visible(
+        self, c: sqlite3.Connection, now: float, retention: RetentionPolicy
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The read-side retention filter: what a read may return.
+
+        A run past its retention age is never returned, even before it is deleted; nor is
+        a finished run beyond the ``max_finished`` most recent (unexpired) ones, which the
+        write path deletes in batches.
+        """
+        cutoffs = (now - retention.completed_seconds, now - retention.failed_seconds)
+        sql, params = f"NOT ({_EXPIRED})", cutoffs
+        if self._count_finished(c) <= retention.max_finished:
+            return sql, params
+        # The oldest of the max_finished most recent unexpired finished runs.
+        row = c.execute(
+            _NEWEST_FINISHED,
+            {"completed": cutoffs[0], "failed": cutoffs[1], "offset": retention.max_finished - 1},
+        ).fetchone()
+        if row is None:
+            return sql, params
         return (
-            "NOT ((status IN ('completed', 'canceled') AND finished_at < ?) "
-            "OR (status = 'failed' AND finished_at < ?))",
-            (now - retention.completed_seconds, now - retention.failed_seconds),
+            f"{sql} AND (status NOT IN (?, ?, ?) OR (finished_at, seq) >= (?, ?))",
+            (*params, *_FINISHED, row[0], row[1]),
         )
 
     def get_run(  # noqa: D102
         self, run_id: str, now: float, retention: RetentionPolicy
     ) -> EffectRun | None:
-        self.prune(now, retention)
-        visible, params = self._visible(now, retention)
-        return self._tx(
-            lambda c: self._one(
+        def read(c: sqlite3.Connection) -> EffectRun | None:
+            visible, params = self._visible(c, now, retention)
+            return self._one(
                 c,
                 f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ? AND {visible}",
                 (run_id, *params),
-            ),
-            write=False,
-        )
+            )
+
+        return self._tx(read, write=False)
 
     def list_runs(  # noqa: D102
         self,
@@ -329,10 +466,8 @@ class SQLiteThreadStore(ThreadStore):
         limit: int = 50,
         before_seq: int | None = None,
     ) -> tuple[list[EffectRun], int | None]:
-        self.prune(now, retention)
-        visible, vparams = self._visible(now, retention)
-        where = [visible]
-        params: list[Any] = list(vparams)
+        where: list[str] = []
+        params: list[Any] = []
         if statuses:
             where.append(f"status IN ({','.join('?' * len(statuses))})")
             params.extend(str(s) for s in statuses)
@@ -342,12 +477,17 @@ class SQLiteThreadStore(ThreadStore):
         if before_seq is not None:
             where.append("seq < ?")
             params.append(before_seq)
-        sql = (
-            f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE {' AND '.join(where)} "
-            f"ORDER BY seq DESC LIMIT ?"
-        )
         params.append(limit + 1)
-        rows = self._tx(lambda c: c.execute(sql, params).fetchall(), write=False)
+
+        def read(c: sqlite3.Connection) -> list[Any]:
+            visible, vparams = self._visible(c, now, retention)
+            sql = (
+                f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE "
+                f"{' AND '.join([visible, *where])} ORDER BY seq DESC LIMIT ?"
+            )
+            return c.execute(sql, (*vparams, *params)).fetchall()
+
+        rows = self._tx(read, write=False)
         runs = [_row_to_run(self.thread_id, r) for r in rows[:limit]]
         cursor = rows[limit - 1][0] if len(rows) > limit else None
         return runs, cursor
@@ -355,13 +495,15 @@ class SQLiteThreadStore(ThreadStore):
     def count_runs(  # noqa: D102
         self, now: float, retention: RetentionPolicy, *, name: str | None = None
     ) -> dict[EffectStatus, int]:
-        visible, params = self._visible(now, retention)
-        sql = f"SELECT status, count(*) FROM effect_runs WHERE {visible}"
-        if name is not None:
-            sql += " AND name = ?"
-            params = (*params, name)
-        sql += " GROUP BY status"
-        rows = self._tx(lambda c: c.execute(sql, params).fetchall(), write=False)
+        def read(c: sqlite3.Connection) -> list[Any]:
+            visible, params = self._visible(c, now, retention)
+            sql = f"SELECT status, count(*) FROM effect_runs WHERE {visible}"
+            if name is not None:
+                sql += " AND name = ?"
+                params = (*params, name)
+            return c.execute(f"{sql} GROUP BY status", params).fetchall()
+
+        rows = self._tx(read, write=False)
         counts = dict.fromkeys(EffectStatus, 0)
         for status, n in rows:
             counts[EffectStatus(status)] = n
@@ -386,8 +528,7 @@ class SQLiteThreadStore(ThreadStore):
 
         def expired(c: sqlite3.Connection) -> bool:
             row = c.execute(
-                "SELECT 1 FROM effect_runs WHERE (status IN ('completed', 'canceled') "
-                "AND finished_at < ?) OR (status = 'failed' AND finished_at < ?) LIMIT 1",
+                f"SELECT 1 FROM effect_runs WHERE {_EXPIRED} LIMIT 1",
                 (now - retention.completed_seconds, now - retention.failed_seconds),
             ).fetchone()
             return row is not None
@@ -397,18 +538,14 @@ class SQLiteThreadStore(ThreadStore):
             return 0
 
         def tx(c: sqlite3.Connection) -> int:
+            self._finished = None  # counted afresh by the next finishing transaction
             deleted = c.execute(
-                "DELETE FROM effect_runs WHERE (status IN ('completed', 'canceled') "
-                "AND finished_at < ?) OR (status = 'failed' AND finished_at < ?)",
+                f"DELETE FROM effect_runs WHERE {_EXPIRED}",
                 (now - retention.completed_seconds, now - retention.failed_seconds),
             ).rowcount
             excess = count_excess(c)
             if excess > 0:
-                deleted += c.execute(
-                    "DELETE FROM effect_runs WHERE seq IN (SELECT seq FROM effect_runs "
-                    "WHERE status IN (?, ?, ?) ORDER BY finished_at, seq LIMIT ?)",
-                    (*_FINISHED, excess),
-                ).rowcount
+                deleted += c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
             return deleted
 
         return self._tx(tx)
@@ -422,17 +559,11 @@ class SQLiteThreadStore(ThreadStore):
     def remove_files(self) -> None:
         """Close and delete the file with its WAL and shared-memory companions."""
         self.close()
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            try:
-                os.remove(f"{self.path}{suffix}")
-            except FileNotFoundError:
-                pass
-
+        _remove_thread_files(self.path)
 
     # ------------------------------------------------------------ messages
 
-    def insert_messages(self, messages: Sequence[Message]) -> None:
-        """Append messages to the conversation, in order, in one transaction."""
+    def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102
 
         def tx(c: sqlite3.Connection) -> None:
             c.executemany(
@@ -454,7 +585,7 @@ class SQLiteThreadStore(ThreadStore):
             run_id=row[5], meta=row[6], data=row[7],
         )
 
-    def list_messages(
+    def list_messages(  # noqa: D102
         self,
         *,
         limit: int = 50,
@@ -462,18 +593,6 @@ class SQLiteThreadStore(ThreadStore):
         before_id: str | None = None,
         latest: bool = False,
     ) -> tuple[list[Message], str | None, str | None] | None:
-        """A page of messages, oldest first.
-
-        The page holds the ``limit`` messages right after ``after_id`` (from the start when
-        it is None), or right before ``before_id``, or with ``latest`` the newest ``limit``
-        messages. The caller gives at most one of the three.
-
-        Returns:
-            ``(messages, next_cursor, prev_cursor)``: ``next_cursor`` is the id of the page's
-            last message when newer messages follow it, ``prev_cursor`` the id of its first
-            message when older ones precede it (else None). None when ``after_id`` or
-            ``before_id`` names no message.
-        """
 
         def seq_of(c: sqlite3.Connection, message_id: str) -> int | None:
             row = c.execute("SELECT seq FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -525,8 +644,7 @@ class SQLiteThreadStore(ThreadStore):
 
         return self._tx(read, write=False)
 
-    def get_message(self, message_id: str) -> Message | None:
-        """One message, or None."""
+    def get_message(self, message_id: str) -> Message | None:  # noqa: D102
         row = self._tx(
             lambda c: c.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)
@@ -535,8 +653,7 @@ class SQLiteThreadStore(ThreadStore):
         )
         return self._message(row) if row is not None else None
 
-    def all_messages(self) -> list[Message]:
-        """The whole conversation, oldest first (what a turn rebuilds its history from)."""
+    def all_messages(self) -> list[Message]:  # noqa: D102
         rows = self._tx(
             lambda c: c.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages ORDER BY seq"
@@ -688,3 +805,131 @@ class SQLiteRuntimeStore(RuntimeStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+_THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+
+
+def _remove_thread_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{path}{suffix}")
+
+
+class SQLiteBackend(StorageBackend):
+    """The embedded backend: a data directory of SQLite files, for one process at a time.
+
+    Args:
+        data_dir: The data directory (created if missing).
+        synchronous: SQLite ``synchronous`` for every database: ``FULL`` (an acknowledged
+            write survives power loss) or ``NORMAL`` (a process crash only).
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], synchronous: str = "FULL") -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
+        self.data_dir = Path(data_dir)
+        self.synchronous = synchronous
+        self._lock_file: IO[str] | None = None
+
+    @property
+    def threads_dir(self) -> Path:
+        """``<data_dir>/threads``, one ``<thread_id>.sqlite`` per thread."""
+        return self.data_dir / "threads"
+
+    @property
+    def runtime_path(self) -> Path:
+        """``<data_dir>/runtime.sqlite``: the registry and the alarm index."""
+        return self.data_dir / "runtime.sqlite"
+
+    def thread_path(self, thread_id: str) -> Path:
+        """The database file of a thread.
+
+        Raises:
+            InvalidThreadId: the id would not be a plain file name in ``threads/``.
+        """
+        if not isinstance(thread_id, str) or not _THREAD_ID_RE.match(thread_id):
+            raise InvalidThreadId(
+                f"Invalid thread id {short_repr(thread_id)}: must match "
+                f"^[A-Za-z0-9_-]{{1,64}}$ (letters, digits, '_' and '-', 1 to 64 characters)"
+            )
+        return self.threads_dir / f"{thread_id}.sqlite"
+
+    def open(self) -> SQLiteRuntimeStore:  # noqa: D102 - contract in base
+        self._lock_data_dir()
+        try:
+            return self._open_runtime_db()
+        except BaseException:
+            self.close()
+            raise
+
+    def _lock_data_dir(self) -> None:
+        if self._lock_file is not None:
+            raise DataDirLocked(
+                f"Data directory {self.data_dir} is already open in this backend; "
+                f"one process per data directory"
+            )
+        self.threads_dir.mkdir(parents=True, exist_ok=True)
+        lock_path = self.data_dir / "runtime.lock"
+        handle = open(lock_path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise DataDirLocked(
+                f"Data directory {self.data_dir} is in use by {holder}; "
+                f"one process per data directory"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._lock_file = handle
+
+    def _open_runtime_db(self) -> SQLiteRuntimeStore:
+        path = self.runtime_path
+        if not path.exists() or path.stat().st_size == 0:
+            orphans = sum(1 for _ in self.threads_dir.glob("*.sqlite"))
+            if orphans:
+                # Starting would silently forget every thread and its pending runs.
+                raise RuntimeStorageError(
+                    f"Runtime database {path} is missing or empty, but {self.threads_dir} "
+                    f"holds {orphans} thread files; restore {path.name} from a backup, "
+                    f"or move the thread files away to start empty"
+                )
+        try:
+            return SQLiteRuntimeStore(path, self.synchronous)
+        except sqlite3.DatabaseError as exc:
+            raise RuntimeStorageError(f"Runtime database {path} cannot be used: {exc}") from exc
+
+    def create_thread_store(self, info: ThreadInfo) -> SQLiteThreadStore:  # noqa: D102
+        path = self.thread_path(info.id)
+        # A file without a registry row is left over from a crash during create or
+        # delete: it belongs to no thread, so it is discarded.
+        _remove_thread_files(path)
+        try:
+            store = SQLiteThreadStore(info.id, path, self.synchronous, create=True)
+        except BaseException:
+            _remove_thread_files(path)
+            raise
+        try:
+            store.set_meta("thread_id", info.id)
+            store.set_meta("created_at", repr(info.created_at_ts))
+        except BaseException:
+            store.remove_files()
+            raise
+        return store
+
+    def open_thread_store(self, thread_id: str) -> SQLiteThreadStore:  # noqa: D102
+        return SQLiteThreadStore(thread_id, self.thread_path(thread_id), self.synchronous)
+
+    def remove_thread_store(self, thread_id: str) -> None:  # noqa: D102
+        _remove_thread_files(self.thread_path(thread_id))
+
+    def close(self) -> None:  # noqa: D102
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None

@@ -1,0 +1,587 @@
+"""The in-memory backend: the reference implementation of the storage contract.
+
+Everything lives in Python objects of one `MemoryBackend`; nothing touches a disk. The data
+outlives a runtime: a second `Runtime` given the same backend (after the first closed)
+finds its threads, runs and alarms, as it would find a data directory. It is for tests and
+as the executable statement of the contract (``runtime.storage.base``): each method is
+written for clarity, not speed, and passes the same contract suite (``tests/storage/``) as
+the SQLite backend. Values are stored as SQLite stores them (run args and message meta as
+JSON text), so what a caller reads back has the same shape on both backends.
+
+Thread safety: every thread's data and the registry have a lock; each method holds it for
+its whole body, so each call is one transaction (all or nothing: it checks before it
+changes anything).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from runtime.config import RetentionPolicy
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
+from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
+from runtime.messages import Message, message_from_row
+from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+
+THREAD_SCHEMA_VERSION = 2
+"""The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
+
+RUNTIME_SCHEMA_VERSION = 1
+"""The version of the registry and alarm index this code knows."""
+
+
+@dataclass(slots=True)
+class _StoredRun:
+    seq: int
+    run: EffectRun  # with args=None; the args are kept as JSON text beside it
+    args_json: str | None
+
+
+@dataclass(slots=True)
+class _StoredMessage:
+    id: str
+    role: str
+    content: str
+    created_at_ts: float
+    run_id: str | None
+    meta: str
+    data: str
+
+
+@dataclass(slots=True)
+class _ThreadData:
+    """What the backend keeps for one thread (the counterpart of a thread file)."""
+
+    thread_id: str
+    schema_version: int = THREAD_SCHEMA_VERSION
+    runs: dict[int, _StoredRun] = field(default_factory=dict)  # by seq, ascending
+    seq_of: dict[str, int] = field(default_factory=dict)  # run id -> seq
+    next_seq: int = 1
+    messages: list[_StoredMessage] = field(default_factory=list)
+    message_index: dict[str, int] = field(default_factory=dict)  # id -> position
+    meta: dict[str, str] = field(default_factory=dict)
+    removed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _expired(run: EffectRun, now: float, retention: RetentionPolicy) -> bool:
+    """Whether a run is past its retention age (never true for pending or running)."""
+    if run.finished_at_ts is None:
+        return False
+    if run.status in (EffectStatus.COMPLETED, EffectStatus.CANCELED):
+        return run.finished_at_ts < now - retention.completed_seconds
+    if run.status is EffectStatus.FAILED:
+        return run.finished_at_ts < now - retention.failed_seconds
+    return False
+
+
+class MemoryThreadStore(ThreadStore):
+    """One thread's runs, messages and meta, held by a `MemoryBackend`."""
+
+    def __init__(self, data: _ThreadData) -> None:
+        self.thread_id = data.thread_id
+        self._data = data
+        self._closed = False
+
+    # --------------------------------------------------------------- helpers
+
+    def _open_data(self) -> _ThreadData:
+        if self._closed:
+            raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
+        if self._data.removed:
+            raise ThreadStorageError(
+                self.thread_id, f"Thread {self.thread_id}: its store was removed"
+            )
+        return self._data
+
+    def _out(self, stored: _StoredRun) -> EffectRun:
+        args = json.loads(stored.args_json) if stored.args_json is not None else None
+        return replace(stored.run, args=args)
+
+    def _update(self, data: _ThreadData, seq: int, **changes: object) -> EffectRun:
+        stored = data.runs[seq]
+        stored.run = replace(stored.run, **changes)  # type: ignore[arg-type]
+        return self._out(stored)
+
+    def _find(self, data: _ThreadData, run_id: str, status: EffectStatus) -> int | None:
+        seq = data.seq_of.get(run_id)
+        if seq is None or data.runs[seq].run.status is not status:
+            return None
+        return seq
+
+    @staticmethod
+    def _delete(data: _ThreadData, seqs: Sequence[int]) -> int:
+        for seq in seqs:
+            stored = data.runs.pop(seq)
+            del data.seq_of[stored.run.id]
+        return len(seqs)
+
+    @staticmethod
+    def _hidden(data: _ThreadData, now: float, retention: RetentionPolicy) -> set[int]:
+        """The runs a read must not return (their seqs).
+
+        Those past their age, and finished ones older than the ``max_finished`` most
+        recent unexpired finished runs.
+        """
+        hidden = {s for s, r in data.runs.items() if _expired(r.run, now, retention)}
+        finished = [
+            r for s, r in data.runs.items()
+            if r.run.status in FINISHED_STATUSES and s not in hidden
+        ]
+        if len(finished) > retention.max_finished:
+            finished.sort(key=lambda r: (r.run.finished_at_ts or 0.0, r.seq), reverse=True)
+            hidden.update(r.seq for r in finished[retention.max_finished:])
+        return hidden
+
+    def _prune_in(self, data: _ThreadData, now: float, retention: RetentionPolicy) -> int:
+        deleted = self._delete(
+            data, [s for s, r in data.runs.items() if _expired(r.run, now, retention)]
+        )
+        finished = [r for r in data.runs.values() if r.run.status in FINISHED_STATUSES]
+        excess = len(finished) - retention.max_finished
+        if excess > 0:
+            finished.sort(key=lambda r: (r.run.finished_at_ts or 0.0, r.seq))
+            deleted += self._delete(data, [r.seq for r in finished[:excess]])
+        return deleted
+
+    # ------------------------------------------------------------------ runs
+
+    def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
+        args_json = (
+            json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        )
+        with self._data.lock:
+            data = self._open_data()
+            if run.id in data.seq_of:
+                raise ThreadStorageError(
+                    self.thread_id,
+                    f"Thread {self.thread_id}: a run with id {run.id} exists already",
+                )
+            seq = data.next_seq
+            data.next_seq += 1
+            stored = replace(
+                run,
+                thread_id=self.thread_id,
+                args=None,
+                attempts=0,
+                started_at_ts=None,
+                finished_at_ts=None,
+                error=None,
+            )
+            data.runs[seq] = _StoredRun(seq, stored, args_json)
+            data.seq_of[run.id] = seq
+
+    def finish_and_claim(  # noqa: D102 - contract in base
+        self,
+        finish: Finish | None,
+        now: float,
+        *,
+        claim: bool = True,
+        retention: RetentionPolicy | None = None,
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        with self._data.lock:
+            data = self._open_data()
+            finished = None
+            if finish is not None:
+                seq = self._find(data, finish.run_id, EffectStatus.RUNNING)
+                if seq is not None:
+                    finished = self._update(
+                        data, seq, status=finish.status, error=finish.error,
+                        finished_at_ts=finish.finished_at,
+                    )
+                    if retention is not None:
+                        self._prune_in(data, now, retention)
+            if not claim:
+                return finished, None, None
+            pending = [r for r in data.runs.values() if r.run.status is EffectStatus.PENDING]
+            due = [r for r in pending if r.run.run_at_ts <= now]
+            if due:
+                first = min(due, key=lambda r: (r.run.run_at_ts, r.seq))
+                claimed = self._update(
+                    data, first.seq, status=EffectStatus.RUNNING,
+                    attempts=first.run.attempts + 1, started_at_ts=now,
+                )
+                return finished, claimed, None
+            next_due = min((r.run.run_at_ts for r in pending), default=None)
+            return finished, None, next_due
+
+    def recover_interrupted(  # noqa: D102 - contract in base
+        self,
+        now: float,
+        max_attempts: int,
+        run_ids: Sequence[str] | None = None,
+        *,
+        retention: RetentionPolicy | None = None,
+    ) -> list[EffectRun]:
+        with self._data.lock:
+            data = self._open_data()
+            wanted = None if run_ids is None else set(run_ids)
+            changed: list[EffectRun] = []
+            for seq, stored in list(data.runs.items()):
+                run = stored.run
+                if run.status is not EffectStatus.RUNNING:
+                    continue
+                if wanted is not None and run.id not in wanted:
+                    continue
+                if run.attempts >= max_attempts:
+                    changed.append(self._update(
+                        data, seq, status=EffectStatus.FAILED, finished_at_ts=now,
+                        error=(
+                            f"Interrupted {run.attempts} times (by a restart or shutdown, "
+                            f"not by its own error); gave up after {max_attempts} attempts"
+                        ),
+                    ))
+                else:
+                    changed.append(self._update(
+                        data, seq, status=EffectStatus.PENDING,
+                        run_at_ts=min(run.run_at_ts, now),
+                    ))
+            if retention is not None:
+                self._prune_in(data, now, retention)
+            return changed
+
+    def cancel(  # noqa: D102 - contract in base
+        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+    ) -> EffectRun | None:
+        with self._data.lock:
+            data = self._open_data()
+            seq = self._find(data, run_id, EffectStatus.PENDING)
+            if seq is None:
+                return None
+            run = self._update(data, seq, status=EffectStatus.CANCELED, finished_at_ts=now)
+            if retention is not None:
+                self._prune_in(data, now, retention)
+            return run
+
+    def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
+        with self._data.lock:
+            data = self._open_data()
+            seq = self._find(data, run_id, EffectStatus.PENDING)
+            if seq is None:
+                return None
+            return self._update(data, seq, run_at_ts=min(data.runs[seq].run.run_at_ts, now))
+
+    def get_run(  # noqa: D102
+        self, run_id: str, now: float, retention: RetentionPolicy
+    ) -> EffectRun | None:
+        with self._data.lock:
+            data = self._open_data()
+            seq = data.seq_of.get(run_id)
+            if seq is None or seq in self._hidden(data, now, retention):
+                return None
+            return self._out(data.runs[seq])
+
+    def list_runs(  # noqa: D102
+        self,
+        now: float,
+        retention: RetentionPolicy,
+        *,
+        statuses: Sequence[EffectStatus] | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        before_seq: int | None = None,
+    ) -> tuple[list[EffectRun], int | None]:
+        with self._data.lock:
+            data = self._open_data()
+            wanted = set(statuses) if statuses else None
+            hidden = self._hidden(data, now, retention)
+            page: list[_StoredRun] = []
+            more = False
+            for seq in reversed(data.runs):
+                stored = data.runs[seq]
+                run = stored.run
+                if before_seq is not None and seq >= before_seq:
+                    continue
+                if seq in hidden:
+                    continue
+                if wanted is not None and run.status not in wanted:
+                    continue
+                if name is not None and run.name != name:
+                    continue
+                if len(page) == limit:
+                    more = True
+                    break
+                page.append(stored)
+            cursor = page[-1].seq if more else None
+            return [self._out(r) for r in page], cursor
+
+    def count_runs(  # noqa: D102
+        self, now: float, retention: RetentionPolicy, *, name: str | None = None
+    ) -> dict[EffectStatus, int]:
+        with self._data.lock:
+            data = self._open_data()
+            counts = dict.fromkeys(EffectStatus, 0)
+            hidden = self._hidden(data, now, retention)
+            for seq, stored in data.runs.items():
+                run = stored.run
+                if (name is None or run.name == name) and seq not in hidden:
+                    counts[run.status] += 1
+            return counts
+
+    def pending_runs(self, name: str | None = None) -> list[EffectRun]:  # noqa: D102
+        with self._data.lock:
+            data = self._open_data()
+            pending = [
+                r for r in data.runs.values()
+                if r.run.status is EffectStatus.PENDING and (name is None or r.run.name == name)
+            ]
+            pending.sort(key=lambda r: (r.run.run_at_ts, r.seq))
+            return [self._out(r) for r in pending]
+
+    def prune(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
+        with self._data.lock:
+            return self._prune_in(self._open_data(), now, retention)
+
+    # ------------------------------------------------------------------ meta
+
+    def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
+        with self._data.lock:
+            self._open_data().meta[key] = value
+
+    def get_meta(self, key: str) -> str | None:  # noqa: D102 - contract in base
+        with self._data.lock:
+            return self._open_data().meta.get(key)
+
+    # -------------------------------------------------------------- messages
+
+    def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102
+        rows = [
+            _StoredMessage(
+                m.id, str(m.role), m.content, m.created_at_ts, m.run_id, m.meta_json(), m.data
+            )
+            for m in messages
+        ]
+        with self._data.lock:
+            data = self._open_data()
+            ids = [r.id for r in rows]
+            if len(set(ids)) != len(ids) or any(i in data.message_index for i in ids):
+                raise ThreadStorageError(
+                    self.thread_id,
+                    f"Thread {self.thread_id}: a message id of the batch exists already",
+                )
+            for row in rows:
+                data.message_index[row.id] = len(data.messages)
+                data.messages.append(row)
+
+    def _message(self, row: _StoredMessage) -> Message:
+        return message_from_row(
+            self.thread_id, id=row.id, role=row.role, content=row.content,
+            created_at_ts=row.created_at_ts, run_id=row.run_id, meta=row.meta, data=row.data,
+        )
+
+    def list_messages(  # noqa: D102
+        self,
+        *,
+        limit: int = 50,
+        after_id: str | None = None,
+        before_id: str | None = None,
+        latest: bool = False,
+    ) -> tuple[list[Message], str | None, str | None] | None:
+        with self._data.lock:
+            data = self._open_data()
+            rows = data.messages
+            if before_id is not None or latest:
+                end = len(rows)
+                if before_id is not None:
+                    found = data.message_index.get(before_id)
+                    if found is None:
+                        return None
+                    end = found
+                start = max(0, end - limit)
+                page = [self._message(r) for r in rows[start:end]]
+                newer = before_id is not None  # the message it was asked to page back from
+                return (
+                    page,
+                    page[-1].id if page and newer else None,
+                    page[0].id if page and start > 0 else None,
+                )
+            start = 0
+            if after_id is not None:
+                found = data.message_index.get(after_id)
+                if found is None:
+                    return None
+                start = found + 1
+            page = [self._message(r) for r in rows[start:start + limit]]
+            return (
+                page,
+                page[-1].id if start + limit < len(rows) else None,
+                page[0].id if page and after_id is not None else None,
+            )
+
+    def get_message(self, message_id: str) -> Message | None:  # noqa: D102
+        with self._data.lock:
+            data = self._open_data()
+            index = data.message_index.get(message_id)
+            return None if index is None else self._message(data.messages[index])
+
+    def all_messages(self) -> list[Message]:  # noqa: D102
+        with self._data.lock:
+            return [self._message(r) for r in self._open_data().messages]
+
+    def close(self) -> None:  # noqa: D102
+        self._closed = True
+
+
+class MemoryRuntimeStore(RuntimeStore):
+    """The registry and alarm index of a `MemoryBackend`."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self._backend = backend
+        self._closed = False
+
+    def _check(self) -> MemoryBackend:
+        if self._closed:
+            raise RuntimeStorageError("The memory backend's runtime store is closed")
+        return self._backend
+
+    def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
+        with self._backend.lock:
+            threads = self._check().threads
+            if info.id in threads:
+                return False
+            threads[info.id] = info
+            return True
+
+    def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
+        with self._backend.lock:
+            return self._check().threads.get(thread_id)
+
+    def list_threads(  # noqa: D102
+        self, limit: int, after: tuple[float, str] | None
+    ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
+        with self._backend.lock:
+            infos = [
+                i for i in self._check().threads.values()
+                if after is None or (i.created_at_ts, i.id) < after
+            ]
+        infos.sort(key=lambda i: (i.created_at_ts, i.id), reverse=True)
+        page = infos[:limit]
+        cursor = (page[-1].created_at_ts, page[-1].id) if len(infos) > limit else None
+        return page, cursor
+
+    def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
+        with self._backend.lock:
+            backend = self._check()
+            backend.alarms.pop(thread_id, None)
+            return backend.threads.pop(thread_id, None) is not None
+
+    def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
+        with self._backend.lock:
+            alarms = self._check().alarms
+            if due_at is None:
+                alarms.pop(thread_id, None)
+            else:
+                alarms[thread_id] = due_at
+
+    def lower_alarm(self, thread_id: str, due_at: float) -> None:  # noqa: D102
+        with self._backend.lock:
+            alarms = self._check().alarms
+            alarms[thread_id] = min(alarms.get(thread_id, due_at), due_at)
+
+    def move_alarms(  # noqa: D102
+        self, changes: Sequence[tuple[str, float | None, float | None]]
+    ) -> list[tuple[str, float | None]]:
+        with self._backend.lock:
+            alarms = self._check().alarms
+            applied: list[tuple[str, float | None]] = []
+            for thread_id, expected, target in changes:
+                if expected is None:
+                    if target is not None:
+                        alarms[thread_id] = min(alarms.get(thread_id, target), target)
+                    continue
+                if alarms.get(thread_id) != expected:
+                    continue  # lowered (or removed) meanwhile: left alone
+                if target is None:
+                    del alarms[thread_id]
+                else:
+                    alarms[thread_id] = target
+                applied.append((thread_id, target))
+            return applied
+
+    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
+        with self._backend.lock:
+            return list(self._check().alarms.items())
+
+    def close(self) -> None:  # noqa: D102
+        self._closed = True
+
+
+class MemoryBackend(StorageBackend):
+    """Everything in memory, for tests: ``Runtime(..., storage=MemoryBackend())``.
+
+    One runtime at a time may use it (`open` refuses a second one, as the SQLite backend's
+    data-dir lock does); its data stays for the next runtime given the same backend.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.threads: dict[str, ThreadInfo] = {}
+        self.alarms: dict[str, float] = {}
+        self.schema_version = RUNTIME_SCHEMA_VERSION
+        self._thread_data: dict[str, _ThreadData] = {}
+        self._in_use = False
+
+    def open(self) -> MemoryRuntimeStore:  # noqa: D102 - contract in base
+        with self.lock:
+            if self._in_use:
+                raise DataDirLocked(
+                    "The memory backend is in use by another runtime; one runtime per backend"
+                )
+            if self.schema_version > RUNTIME_SCHEMA_VERSION:
+                raise RuntimeStorageError(
+                    f"Runtime store of the memory backend has schema version "
+                    f"{self.schema_version}, newer than this runtime's "
+                    f"{RUNTIME_SCHEMA_VERSION}; upgrade thread-effects"
+                )
+            self._in_use = True
+        return MemoryRuntimeStore(self)
+
+    def create_thread_store(self, info: ThreadInfo) -> MemoryThreadStore:  # noqa: D102
+        data = _ThreadData(info.id)
+        data.meta["thread_id"] = info.id
+        data.meta["created_at"] = repr(info.created_at_ts)
+        with self.lock:
+            leftover = self._thread_data.get(info.id)
+            if leftover is not None:
+                leftover.removed = True
+            self._thread_data[info.id] = data
+        return MemoryThreadStore(data)
+
+    def open_thread_store(self, thread_id: str) -> MemoryThreadStore:  # noqa: D102
+        with self.lock:
+            data = self._thread_data.get(thread_id)
+        if data is None:
+            raise ThreadStorageError(
+                thread_id,
+                f"Thread {thread_id}: its store is missing although the thread is "
+                f"registered; delete the thread",
+            )
+        if data.schema_version > THREAD_SCHEMA_VERSION:
+            raise ThreadStorageError(
+                thread_id,
+                f"Thread {thread_id}: store has schema version {data.schema_version}, newer "
+                f"than this runtime's {THREAD_SCHEMA_VERSION}; upgrade thread-effects",
+            )
+        return MemoryThreadStore(data)
+
+    def remove_thread_store(self, thread_id: str) -> None:  # noqa: D102
+        with self.lock:
+            data = self._thread_data.pop(thread_id, None)
+        if data is not None:
+            data.removed = True
+
+    def set_thread_schema_version(self, thread_id: str, version: int) -> None:
+        """Stamp a thread's stored data with a schema version (tests of version refusal).
+
+        Raises:
+            KeyError: the thread has no store here.
+        """
+        with self.lock:
+            self._thread_data[thread_id].schema_version = version
+
+    def close(self) -> None:  # noqa: D102
+        with self.lock:
+            self._in_use = False

@@ -1,0 +1,73 @@
+"""Backend-neutral helpers for tests that look at what the runtime stored.
+
+Tests use these instead of SQL against the files, so that they run on every backend;
+raw SQL stays only in tests about the files themselves (corruption, migrations, legacy
+rows). A new backend joins by adding its name to `BACKENDS` and a branch to
+`make_backend` (and, if it cannot be read through the contract while a runtime holds it,
+to `stored_alarms`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime import RetentionPolicy, Runtime
+from runtime.effects import EffectRun
+from runtime.errors import ThreadStorageError
+from runtime.storage.base import StorageBackend
+from runtime.storage.memory import MemoryBackend
+from runtime.storage.sqlite import SQLiteBackend, SQLiteRuntimeStore
+
+BACKENDS = ("sqlite", "memory")
+"""Every backend the runtime tests run on (pytest parameter ids)."""
+
+_EVERYTHING = RetentionPolicy(completed_seconds=1e12, failed_seconds=1e12)
+
+
+def make_backend(name: str, data_dir: Path) -> StorageBackend:
+    """A fresh backend by name (``data_dir`` is where the SQLite files go)."""
+    if name == "sqlite":
+        return SQLiteBackend(data_dir)
+    if name == "memory":
+        return MemoryBackend()
+    raise ValueError(f"unknown backend {name!r}; one of {', '.join(BACKENDS)}")
+
+
+def stored_alarms(rt: Runtime) -> dict[str, float]:
+    """The durable alarm index as stored now (readable while the runtime runs)."""
+    backend = rt.storage
+    if isinstance(backend, MemoryBackend):
+        with backend.lock:
+            return dict(backend.alarms)
+    assert isinstance(backend, SQLiteBackend)
+    # A second connection: the runtime's own is in use; WAL lets both read.
+    store = SQLiteRuntimeStore(backend.runtime_path)
+    try:
+        return dict(store.load_alarms())
+    finally:
+        store.close()
+
+
+def stored_runs(backend: StorageBackend, thread_id: str) -> list[EffectRun]:
+    """Every run a thread's store holds, newest first, including those past retention.
+
+    Call it when no runtime holds the backend (or, for SQLite, while one does).
+    """
+    store = backend.open_thread_store(thread_id)
+    try:
+        runs, _ = store.list_runs(0.0, _EVERYTHING, limit=1_000_000)
+        return runs
+    finally:
+        store.close()
+
+
+def has_thread_store(backend: StorageBackend, thread_id: str) -> bool:
+    """Whether the backend holds a store for the thread (SQLite: its file exists)."""
+    if isinstance(backend, SQLiteBackend):
+        return backend.thread_path(thread_id).exists()
+    assert isinstance(backend, MemoryBackend)
+    try:
+        backend.open_thread_store(thread_id).close()
+    except ThreadStorageError:
+        return False
+    return True

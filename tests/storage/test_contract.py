@@ -1,0 +1,728 @@
+"""The storage contract (runtime/storage/base.py), tested on every backend.
+
+One fixture, `store_backend`, yields a `Harness` for each backend; a new backend joins the
+suite by adding one parameter to it (and the few lines that make its data older or newer
+than the code, which only a backend knows how to do). The tests speak the contract only.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from runtime import EffectStatus, RetentionPolicy
+from runtime.effects import EffectRun
+from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
+from runtime.messages import Message, MessageRole
+from runtime.storage.base import (
+    Finish,
+    RuntimeStore,
+    StorageBackend,
+    ThreadInfo,
+    ThreadStore,
+)
+from runtime.storage.memory import MemoryBackend
+from runtime.storage.sqlite import SQLiteBackend
+
+T0 = 1_800_000_000.0
+DAY = 86_400.0
+KEEP = RetentionPolicy(completed_seconds=1e10, failed_seconds=1e10)
+"""A policy nothing in these tests is old enough to be past (for reads that see all)."""
+
+
+@dataclass
+class Harness:
+    """A backend under test and what only it knows how to do."""
+
+    backend: StorageBackend
+    twin: Callable[[], StorageBackend]
+    """Another backend on the same data (a second process, for SQLite)."""
+    make_thread_newer: Callable[[str, int], None]
+    """Stamp a (closed) thread's store with a schema version."""
+    make_runtime_newer: Callable[[int], None]
+    """Stamp the (closed) runtime store with a schema version."""
+
+
+def _sqlite_harness(data_dir: Path) -> Harness:
+    backend = SQLiteBackend(data_dir, "NORMAL")
+
+    def stamp(path: Path, version: int) -> None:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute(f"PRAGMA user_version={version}")
+        finally:
+            conn.close()
+
+    return Harness(
+        backend=backend,
+        twin=lambda: SQLiteBackend(data_dir, "NORMAL"),
+        make_thread_newer=lambda tid, v: stamp(backend.thread_path(tid), v),
+        make_runtime_newer=lambda v: stamp(backend.runtime_path, v),
+    )
+
+
+def _memory_harness() -> Harness:
+    backend = MemoryBackend()
+
+    def runtime_newer(version: int) -> None:
+        backend.schema_version = version
+
+    return Harness(
+        backend=backend,
+        twin=lambda: backend,
+        make_thread_newer=backend.set_thread_schema_version,
+        make_runtime_newer=runtime_newer,
+    )
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    if request.param == "sqlite":
+        h = _sqlite_harness(tmp_path)
+    else:
+        h = _memory_harness()
+    yield h
+    h.backend.close()
+
+
+@pytest.fixture
+def rtdb(harness: Harness) -> Iterator[RuntimeStore]:
+    store = harness.backend.open()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def store(harness: Harness, rtdb: RuntimeStore) -> Iterator[ThreadStore]:
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    assert rtdb.add_thread(info)
+    s = harness.backend.create_thread_store(info)
+    yield s
+    s.close()
+
+
+_ids = iter(range(10**6))
+
+
+def run(name: str = "record", *, run_at: float = T0, args: object = None) -> EffectRun:
+    """A new pending run with a unique, sortable id."""
+    return EffectRun(
+        id=f"r{next(_ids):06d}",
+        thread_id="t",
+        name=name,
+        status=EffectStatus.PENDING,
+        args=args,
+        run_at_ts=run_at,
+        created_at_ts=T0,
+    )
+
+
+def message(n: int) -> Message:
+    return Message(
+        id=f"m{n:04d}",
+        thread_id="t",
+        role=MessageRole.USER if n % 2 else MessageRole.ASSISTANT,
+        content=f"text {n}",
+        created_at_ts=T0 + n,
+        run_id=None,
+    )
+
+
+def finish(run_id: str, status: EffectStatus = EffectStatus.COMPLETED, at: float = T0) -> Finish:
+    return Finish(run_id, status, "boom" if status is EffectStatus.FAILED else None, at)
+
+
+def complete(store: ThreadStore, r: EffectRun, at: float, **kw: object) -> EffectRun:
+    """Insert ``r``, claim it and complete it at ``at`` (nothing else may be due)."""
+    store.insert_run(r)
+    _, claimed, _ = store.finish_and_claim(None, at)
+    assert claimed is not None and claimed.id == r.id
+    done, _, _ = store.finish_and_claim(finish(r.id, at=at), at, claim=False, **kw)  # type: ignore[arg-type]
+    assert done is not None
+    return done
+
+
+def ids(runs: list[EffectRun]) -> list[str]:
+    return [r.id for r in runs]
+
+
+# ------------------------------------------------------------------ backend
+
+
+def test_open_is_exclusive_and_data_outlives_a_close(harness: Harness) -> None:
+    rtdb = harness.backend.open()
+    with pytest.raises(DataDirLocked):
+        harness.twin().open()
+    info = ThreadInfo(id="t", created_at_ts=T0, agent_id="a", user_id="u", tags=("x", "y"))
+    assert rtdb.add_thread(info)
+    rtdb.set_alarm("t", T0 + 5)
+    store = harness.backend.create_thread_store(info)
+    r = run(args={"key": "k", "n": [1, 2]})
+    store.insert_run(r)
+    store.close()
+    rtdb.close()
+    harness.backend.close()
+    harness.backend.close()  # idempotent
+
+    again = harness.twin()
+    rtdb = again.open()
+    try:
+        assert rtdb.get_thread("t") == info
+        assert rtdb.load_alarms() == [("t", T0 + 5)]
+        store = again.open_thread_store("t")
+        assert store.get_run(r.id, T0, KEEP) == r
+        store.close()
+    finally:
+        rtdb.close()
+        again.close()
+
+
+def test_a_closed_store_refuses_every_call(store: ThreadStore) -> None:
+    store.close()
+    store.close()
+    with pytest.raises(ThreadStorageError, match="Thread t"):
+        store.insert_run(run())
+    with pytest.raises(ThreadStorageError, match="Thread t"):
+        store.list_runs(T0, KEEP)
+
+
+def test_a_missing_store_is_refused(harness: Harness, rtdb: RuntimeStore) -> None:
+    with pytest.raises(ThreadStorageError, match="Thread nope"):
+        harness.backend.open_thread_store("nope")
+
+
+def test_removal_is_idempotent_and_the_store_is_gone(
+    harness: Harness, store: ThreadStore
+) -> None:
+    store.insert_run(run())
+    store.close()
+    harness.backend.remove_thread_store("t")
+    harness.backend.remove_thread_store("t")
+    harness.backend.remove_thread_store("never-existed")
+    with pytest.raises(ThreadStorageError, match="Thread t"):
+        harness.backend.open_thread_store("t")
+
+
+def test_create_discards_leftovers_and_writes_meta(
+    harness: Harness, rtdb: RuntimeStore
+) -> None:
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    first = harness.backend.create_thread_store(info)
+    first.insert_run(run())
+    first.insert_messages([message(1)])
+    first.close()
+    # No registry row was written (a crash during create): the next create starts empty.
+    again = harness.backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0 + 1))
+    try:
+        assert again.list_runs(T0, KEEP) == ([], None)
+        assert again.all_messages() == []
+        assert again.get_meta("thread_id") == "t"
+        assert again.get_meta("created_at") == repr(T0 + 1)
+        assert again.get_meta("nothing") is None
+        again.set_meta("created_at", "x")
+        again.set_meta("other", "y")
+        assert (again.get_meta("created_at"), again.get_meta("other")) == ("x", "y")
+    finally:
+        again.close()
+
+
+def test_a_newer_thread_schema_is_refused(harness: Harness, store: ThreadStore) -> None:
+    store.close()
+    harness.make_thread_newer("t", 99)
+    with pytest.raises(ThreadStorageError, match="schema version 99, newer than"):
+        harness.backend.open_thread_store("t")
+
+
+def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harness) -> None:
+    harness.backend.open().close()
+    harness.backend.close()
+    harness.make_runtime_newer(99)
+    with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
+        harness.backend.open()
+    harness.make_runtime_newer(1)
+    harness.backend.open().close()
+
+
+# ------------------------------------------------------------------ registry
+
+
+def test_thread_registry(rtdb: RuntimeStore) -> None:
+    info = ThreadInfo(id="a", created_at_ts=T0, tags=("x",))
+    assert rtdb.add_thread(info) is True
+    assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0 + 1)) is False
+    assert rtdb.get_thread("a") == info
+    assert rtdb.get_thread("b") is None
+    rtdb.set_alarm("a", T0)
+    assert rtdb.delete_thread("a") is True
+    assert rtdb.delete_thread("a") is False
+    assert rtdb.get_thread("a") is None
+    assert rtdb.load_alarms() == []  # the alarm went with the thread
+
+
+def test_thread_pages_are_newest_first_with_ties_by_id(rtdb: RuntimeStore) -> None:
+    # Five threads share one creation time: the id breaks the tie (descending).
+    for tid, at in [("c", T0), ("a", T0), ("e", T0), ("b", T0), ("d", T0), ("old", T0 - 1),
+                    ("new", T0 + 1)]:
+        assert rtdb.add_thread(ThreadInfo(id=tid, created_at_ts=at))
+    seen: list[str] = []
+    cursor: tuple[float, str] | None = None
+    pages = 0
+    while True:
+        page, cursor = rtdb.list_threads(2, cursor)
+        seen += [i.id for i in page]
+        pages += 1
+        if cursor is None:
+            break
+        assert cursor == (page[-1].created_at_ts, page[-1].id)
+    assert seen == ["new", "e", "d", "c", "b", "a", "old"]
+    assert pages == 4
+    # A page that ends exactly at the last thread has no cursor.
+    assert rtdb.list_threads(7, None)[1] is None
+    assert rtdb.list_threads(6, None)[1] == (T0, "a")
+    # A cursor is a position, not a thread: it outlives the deletion of the thread it names.
+    page, cursor = rtdb.list_threads(3, None)
+    assert cursor == (T0, "d")
+    assert rtdb.delete_thread("d")
+    assert [i.id for i in rtdb.list_threads(3, cursor)[0]] == ["c", "b", "a"]
+
+
+# ------------------------------------------------------------------ alarms
+
+
+def test_set_and_lower_alarms(rtdb: RuntimeStore) -> None:
+    rtdb.set_alarm("a", T0 + 10)
+    rtdb.set_alarm("a", T0 + 20)  # set raises too
+    rtdb.lower_alarm("a", T0 + 30)  # lower never raises
+    rtdb.lower_alarm("b", T0 + 30)  # and creates a missing one
+    assert sorted(rtdb.load_alarms()) == [("a", T0 + 20), ("b", T0 + 30)]
+    rtdb.lower_alarm("a", T0 + 5)
+    rtdb.set_alarm("b", None)
+    rtdb.set_alarm("c", None)  # removing a missing alarm is fine
+    assert rtdb.load_alarms() == [("a", T0 + 5)]
+
+
+def test_alarm_moves_are_compare_and_set(rtdb: RuntimeStore) -> None:
+    for tid in "abcd":
+        rtdb.set_alarm(tid, T0 + 10)
+    rtdb.lower_alarm("b", T0 + 1)  # a new run lowered b meanwhile
+    applied = rtdb.move_alarms([
+        ("a", T0 + 10, T0 + 50),  # still as expected: raised
+        ("b", T0 + 10, T0 + 50),  # lowered meanwhile: left alone
+        ("c", T0 + 10, None),  # as expected: removed
+        ("d", T0 + 9, None),  # not as expected: kept
+        ("e", T0 + 10, T0 + 50),  # missing: not created by a compare-and-set
+        ("f", None, T0 + 7),  # no row known: created
+        ("a", None, T0 + 60),  # no row known: only ever lowered (a is at T0 + 50)
+        ("g", None, None),  # nothing to do
+    ])
+    assert applied == [("a", T0 + 50), ("c", None)]
+    assert sorted(rtdb.load_alarms()) == [
+        ("a", T0 + 50), ("b", T0 + 1), ("d", T0 + 10), ("f", T0 + 7)
+    ]
+    rtdb.move_alarms([("f", None, T0 + 3)])
+    assert dict(rtdb.load_alarms())["f"] == T0 + 3
+
+
+# ------------------------------------------------------------------ runs
+
+
+def test_insert_stores_a_pending_run_as_given(store: ThreadStore) -> None:
+    r = run(args={"text": "hé", "items": [1, 2.5, None, True]}, run_at=T0 + 5)
+    store.insert_run(r)
+    assert store.get_run(r.id, T0, KEEP) == r
+    assert store.pending_runs() == [r]
+    with pytest.raises(ThreadStorageError, match="Thread t"):
+        store.insert_run(run_with_id(r.id))
+    assert store.pending_runs() == [r]
+
+
+def run_with_id(run_id: str) -> EffectRun:
+    return replace(run(), id=run_id)
+
+
+def test_claims_go_by_due_time_then_scheduling_order(store: ThreadStore) -> None:
+    late = run(run_at=T0 + 10)
+    a = run(run_at=T0)
+    b = run(run_at=T0)  # same due time as a, scheduled after it
+    early = run(run_at=T0 - 5)
+    for r in (late, a, b, early):
+        store.insert_run(r)
+    order = []
+    for _ in range(3):
+        _, claimed, next_due = store.finish_and_claim(None, T0)
+        assert claimed is not None and next_due is None
+        assert claimed.status is EffectStatus.RUNNING
+        assert claimed.attempts == 1 and claimed.started_at_ts == T0
+        order.append(claimed.id)
+    assert order == [early.id, a.id, b.id]
+    # Nothing due: the earliest pending run's due time, and nothing claimed.
+    assert store.finish_and_claim(None, T0) == (None, None, T0 + 10)
+    assert store.finish_and_claim(None, T0, claim=False) == (None, None, None)
+    assert store.pending_runs() == [late]
+
+
+def test_finish_and_claim_records_the_outcome_and_claims_in_one_step(
+    store: ThreadStore,
+) -> None:
+    a, b = run(), run(run_at=T0 + 1)
+    store.insert_run(a)
+    store.insert_run(b)
+    _, claimed, _ = store.finish_and_claim(None, T0)
+    assert claimed is not None and claimed.id == a.id
+    finished, claimed, next_due = store.finish_and_claim(
+        finish(a.id, EffectStatus.FAILED, at=T0 + 2), T0 + 2
+    )
+    assert finished is not None and finished.id == a.id
+    assert (finished.status, finished.error, finished.finished_at_ts) == (
+        EffectStatus.FAILED, "boom", T0 + 2
+    )
+    assert claimed is not None and claimed.id == b.id and next_due is None
+    # Nothing pending at all: no next due time.
+    done, claimed, next_due = store.finish_and_claim(finish(b.id, at=T0 + 3), T0 + 3)
+    assert done is not None and done.status is EffectStatus.COMPLETED
+    assert (claimed, next_due) == (None, None)
+
+
+def test_an_outcome_is_recorded_only_for_a_running_run(store: ThreadStore) -> None:
+    pending = run(run_at=T0 + 60)
+    store.insert_run(pending)
+    # Not running (pending, unknown, already finished): nothing is written.
+    assert store.finish_and_claim(finish(pending.id), T0, claim=False) == (None, None, None)
+    assert store.finish_and_claim(finish("unknown"), T0, claim=False) == (None, None, None)
+    assert store.get_run(pending.id, T0, KEEP) == pending
+    store.cancel(pending.id, T0)
+    assert store.finish_and_claim(finish(pending.id), T0, claim=False)[0] is None
+    canceled = store.get_run(pending.id, T0, KEEP)
+    assert canceled is not None and canceled.status is EffectStatus.CANCELED
+
+
+def test_recovery_requeues_interrupted_runs_and_fails_them_at_the_attempt_limit(
+    store: ThreadStore,
+) -> None:
+    a, b, later = run(), run(), run(run_at=T0 + 100)
+    for r in (a, b, later):
+        store.insert_run(r)
+    # a starts three times (two interruptions), b once.
+    for attempt in (1, 2):
+        _, claimed, _ = store.finish_and_claim(None, T0)
+        assert claimed is not None and claimed.id == a.id and claimed.attempts == attempt
+        assert ids(store.recover_interrupted(T0 + attempt, 3)) == [a.id]
+    _, claimed_a, _ = store.finish_and_claim(None, T0 + 3)
+    _, claimed_b, _ = store.finish_and_claim(None, T0 + 3)
+    assert claimed_a is not None and claimed_a.attempts == 3
+    assert claimed_b is not None and claimed_b.id == b.id
+
+    # Only the named runs; a run that is not running is left alone.
+    assert store.recover_interrupted(T0 + 4, 3, [later.id]) == []
+    assert store.recover_interrupted(T0 + 4, 3, []) == []
+    changed = store.recover_interrupted(T0 + 4, 3)
+    assert ids(changed) == [a.id, b.id]  # scheduling order
+    failed, requeued = changed
+    assert failed.status is EffectStatus.FAILED and failed.finished_at_ts == T0 + 4
+    assert failed.error == (
+        "Interrupted 3 times (by a restart or shutdown, not by its own error); "
+        "gave up after 3 attempts"
+    )
+    assert requeued.status is EffectStatus.PENDING
+    assert requeued.attempts == 1 and requeued.run_at_ts == T0  # its due time is kept
+    assert store.recover_interrupted(T0 + 5, 3) == []
+    # A run interrupted before its (moved) due time is due at once after recovery.
+    store.run_now(later.id, T0 + 10)
+    _, claimed, _ = store.finish_and_claim(None, T0 + 10)
+    _, claimed, _ = store.finish_and_claim(None, T0 + 10)
+    assert claimed is not None and claimed.id == later.id
+    (back,) = store.recover_interrupted(T0 + 11, 3, [later.id])
+    assert back.run_at_ts == T0 + 10
+
+
+def test_cancel_and_run_now_change_only_pending_runs(store: ThreadStore) -> None:
+    a, b, c = run(run_at=T0 + 60), run(run_at=T0 + 60), run(run_at=T0 - 60)
+    for r in (a, b, c):
+        store.insert_run(r)
+    canceled = store.cancel(a.id, T0)
+    assert canceled is not None
+    assert (canceled.status, canceled.finished_at_ts) == (EffectStatus.CANCELED, T0)
+    assert store.cancel(a.id, T0) is None
+    assert store.cancel("unknown", T0) is None
+    assert store.run_now(a.id, T0) is None
+
+    moved = store.run_now(b.id, T0)
+    assert moved is not None and moved.run_at_ts == T0 and moved.status is EffectStatus.PENDING
+    already_due = store.run_now(c.id, T0)
+    assert already_due is not None and already_due.run_at_ts == T0 - 60  # never later
+    _, running, _ = store.finish_and_claim(None, T0)
+    assert running is not None and running.id == c.id
+    assert store.cancel(c.id, T0) is None  # a running run is not canceled here
+    assert store.run_now(c.id, T0) is None
+    assert ids(store.pending_runs()) == [b.id]
+
+
+def test_pending_runs_in_due_order_by_name(store: ThreadStore) -> None:
+    x1, y, x2 = run("x", run_at=T0 + 2), run("y", run_at=T0 + 1), run("x", run_at=T0 + 1)
+    for r in (x1, y, x2):
+        store.insert_run(r)
+    assert ids(store.pending_runs()) == [y.id, x2.id, x1.id]
+    assert ids(store.pending_runs("x")) == [x2.id, x1.id]
+    assert store.pending_runs("z") == []
+
+
+def test_list_runs_newest_first_with_filters_and_a_stable_cursor(store: ThreadStore) -> None:
+    runs = [run("x" if i % 2 else "y", run_at=T0 + 100 - i) for i in range(7)]
+    for r in runs:
+        store.insert_run(r)
+    complete(store, extra := run("x", run_at=T0 - 1), T0)
+    everything = [extra, *reversed(runs)]
+
+    seen: list[EffectRun] = []
+    cursor: int | None = None
+    while True:
+        page, cursor = store.list_runs(T0, KEEP, limit=3, before_seq=cursor)
+        seen += page
+        if cursor is None:
+            break
+        if len(seen) == 3:
+            # New runs while paging do not shift the pages that follow.
+            store.insert_run(run())
+    assert ids(seen) == ids(everything)
+    assert store.list_runs(T0, KEEP, limit=len(everything) + 1)[1] is None
+    assert store.list_runs(T0, KEEP, limit=len(everything) + 1)[0][0].status is (
+        EffectStatus.PENDING
+    )
+
+    xs, nxt = store.list_runs(T0, KEEP, name="x", limit=100)
+    assert ids(xs) == [r.id for r in everything if r.name == "x"] and nxt is None
+    done, _ = store.list_runs(T0, KEEP, statuses=[EffectStatus.COMPLETED])
+    assert ids(done) == [extra.id]
+    both, _ = store.list_runs(
+        T0, KEEP, statuses=[EffectStatus.COMPLETED, EffectStatus.PENDING], name="y"
+    )
+    assert ids(both) == [r.id for r in reversed(runs) if r.name == "y"]
+    assert store.list_runs(T0, KEEP, statuses=[EffectStatus.FAILED]) == ([], None)
+
+    counts = store.count_runs(T0, KEEP)
+    assert counts == {**dict.fromkeys(EffectStatus, 0), EffectStatus.PENDING: 8,
+                      EffectStatus.COMPLETED: 1}
+    assert store.count_runs(T0, KEEP, name="x")[EffectStatus.COMPLETED] == 1
+    assert store.count_runs(T0, KEEP, name="z") == dict.fromkeys(EffectStatus, 0)
+
+
+# ------------------------------------------------------------------ retention
+
+
+def _aged_store(store: ThreadStore) -> tuple[EffectRun, EffectRun, EffectRun, EffectRun]:
+    """A completed, canceled and failed run finished at T0, and a pending one."""
+    done = complete(store, run(), T0)
+    canceled = run(run_at=T0 + 10)
+    store.insert_run(canceled)
+    assert store.cancel(canceled.id, T0) is not None
+    failed = run()
+    store.insert_run(failed)
+    _, claimed, _ = store.finish_and_claim(None, T0)
+    assert claimed is not None
+    store.finish_and_claim(finish(failed.id, EffectStatus.FAILED), T0, claim=False)
+    pending = run(run_at=T0 + 1000 * DAY)
+    store.insert_run(pending)
+    return done, store.get_run(canceled.id, T0, KEEP), store.get_run(failed.id, T0, KEEP), pending  # type: ignore[return-value]
+
+
+def test_reads_hide_runs_past_retention_and_never_delete(store: ThreadStore) -> None:
+    done, canceled, failed, pending = _aged_store(store)
+    policy = RetentionPolicy(completed_seconds=10 * DAY, failed_seconds=DAY)
+    at = T0 + DAY + 1  # failed is past retention, the others are not
+    assert store.get_run(failed.id, at, policy) is None
+    assert ids(store.list_runs(at, policy)[0]) == [pending.id, canceled.id, done.id]
+    assert store.count_runs(at, policy)[EffectStatus.FAILED] == 0
+    later = T0 + 10 * DAY + 1  # now completed and canceled are too; pending never
+    assert ids(store.list_runs(later, policy)[0]) == [pending.id]
+    assert store.get_run(done.id, later, policy) is None
+    # Reading wrote nothing: with a longer policy every run is still there.
+    assert ids(store.list_runs(later, KEEP)[0]) == [pending.id, failed.id, canceled.id, done.id]
+    assert store.get_run(failed.id, later, KEEP) == failed
+
+
+def test_prune_by_age(store: ThreadStore) -> None:
+    _done, _canceled, failed, pending = _aged_store(store)
+    policy = RetentionPolicy(completed_seconds=10 * DAY, failed_seconds=DAY)
+    assert store.prune(T0 + DAY - 1, policy) == 0
+    assert store.prune(T0 + DAY + 1, policy) == 1
+    assert store.get_run(failed.id, T0, KEEP) is None
+    assert store.prune(T0 + 10 * DAY + 1, policy) == 2
+    assert ids(store.list_runs(T0, KEEP)[0]) == [pending.id]
+    assert store.prune(T0 + 1000 * DAY, policy) == 0  # pending runs are never pruned
+
+
+def test_prune_by_count_keeps_the_latest_finished(store: ThreadStore) -> None:
+    # Finished in a different order than scheduled; two share a finish time.
+    finished_at = [T0 + 3, T0 + 1, T0 + 1, T0 + 4, T0 + 2]
+    runs = [run(run_at=at) for at in finished_at]  # each is finished when it is due
+    for r in runs:
+        store.insert_run(r)
+    for at in sorted(finished_at):
+        _, claimed, _ = store.finish_and_claim(None, at)
+        assert claimed is not None
+        store.finish_and_claim(finish(claimed.id, at=at), at, claim=False)
+    pending = run(run_at=T0 + 1000)
+    store.insert_run(pending)
+    policy = RetentionPolicy(max_finished=2)
+    # Oldest by finish time first, ties by scheduling order: runs 1, 2, then 4.
+    assert store.prune(T0 + 5, policy) == 3
+    assert ids(store.list_runs(T0 + 5, KEEP)[0]) == [pending.id, runs[3].id, runs[0].id]
+
+
+def test_finishing_prunes_on_the_write_path(store: ThreadStore) -> None:
+    policy = RetentionPolicy(max_finished=2, completed_seconds=DAY, failed_seconds=DAY)
+    kept = [complete(store, run(), T0 + i, retention=policy) for i in range(4)]
+    # After each finish at most two finished runs remain, without a prune call.
+    assert ids(store.list_runs(T0 + 4, KEEP)[0]) == [kept[3].id, kept[2].id]
+    c = run(run_at=T0 + 99)
+    store.insert_run(c)
+    assert store.cancel(c.id, T0 + 5, retention=policy) is not None
+    assert ids(store.list_runs(T0 + 5, KEEP)[0]) == [c.id, kept[3].id]
+    # A finish a day later deletes what its age put past retention.
+    late = complete(store, run(run_at=T0 + 2 * DAY), T0 + 2 * DAY, retention=policy)
+    assert ids(store.list_runs(T0 + 2 * DAY, KEEP)[0]) == [late.id]
+    # Recovery that fails a run prunes as well.
+    stuck = run(run_at=T0 + 3 * DAY)
+    store.insert_run(stuck)
+    for _ in range(3):
+        store.finish_and_claim(None, T0 + 3 * DAY)
+        store.recover_interrupted(T0 + 3 * DAY, 3, retention=policy)
+    got = store.get_run(stuck.id, T0 + 3 * DAY, KEEP)
+    assert got is not None and got.status is EffectStatus.FAILED
+    assert ids(store.list_runs(T0 + 3 * DAY, KEEP)[0]) == [stuck.id, late.id]
+
+
+def test_without_a_policy_nothing_is_pruned(store: ThreadStore) -> None:
+    for i in range(3):
+        complete(store, run(), T0 + i)
+    assert len(store.list_runs(T0 + 1000 * DAY, KEEP)[0]) == 3
+
+
+# ------------------------------------------------------------------ messages
+
+
+def test_messages_round_trip_in_order(store: ThreadStore) -> None:
+    batch = [message(i) for i in range(1, 4)]
+    store.insert_messages(batch)
+    store.insert_messages([])
+    store.insert_messages([message(4)])
+    assert store.all_messages() == [*batch, message(4)]
+    assert store.get_message("m0002") == message(2)
+    assert store.get_message("nope") is None
+
+
+def test_a_batch_with_a_taken_id_writes_nothing(store: ThreadStore) -> None:
+    store.insert_messages([message(1)])
+    with pytest.raises(ThreadStorageError, match="Thread t"):
+        store.insert_messages([message(2), message(1)])
+    assert store.all_messages() == [message(1)]
+
+
+def test_message_pages_and_cursors(store: ThreadStore) -> None:
+    store.insert_messages([message(i) for i in range(1, 8)])
+
+    def page(**kw: object) -> tuple[list[str], str | None, str | None] | None:
+        got = store.list_messages(**kw)  # type: ignore[arg-type]
+        return None if got is None else ([m.id for m in got[0]], got[1], got[2])
+
+    # Forward from the start.
+    assert page(limit=3) == (["m0001", "m0002", "m0003"], "m0003", None)
+    assert page(limit=3, after_id="m0003") == (["m0004", "m0005", "m0006"], "m0006", "m0004")
+    assert page(limit=3, after_id="m0006") == (["m0007"], None, "m0007")
+    assert page(limit=3, after_id="m0007") == ([], None, None)
+    assert page(limit=7) == ([f"m{i:04d}" for i in range(1, 8)], None, None)
+    # The newest, and backwards.
+    assert page(limit=3, latest=True) == (["m0005", "m0006", "m0007"], None, "m0005")
+    assert page(limit=3, before_id="m0005") == (["m0002", "m0003", "m0004"], "m0004", "m0002")
+    assert page(limit=3, before_id="m0002") == (["m0001"], "m0001", None)
+    assert page(limit=3, before_id="m0001") == ([], None, None)
+    assert page(limit=10, latest=True) == ([f"m{i:04d}" for i in range(1, 8)], None, None)
+    # A cursor that names no message.
+    assert page(after_id="nope") is None
+    assert page(before_id="nope") is None
+
+
+def test_an_empty_conversation(store: ThreadStore) -> None:
+    assert store.list_messages() == ([], None, None)
+    assert store.list_messages(latest=True) == ([], None, None)
+    assert store.all_messages() == []
+
+
+def test_reads_show_only_the_latest_max_finished_while_deletion_is_batched(
+    store: ThreadStore,
+) -> None:
+    # A backend may delete the runs over max_finished in batches (at most a tenth of the
+    # limit late); reads never show more than the limit, and always the latest.
+    policy = RetentionPolicy(max_finished=20)
+    done: list[EffectRun] = []
+    pending = run(run_at=T0 + 1000)
+    store.insert_run(pending)
+    for i in range(45):
+        done.append(complete(store, run(run_at=T0 + i), T0 + i, retention=policy))
+        at = T0 + i
+        latest = [r.id for r in reversed(done[-20:])]
+        shown, _ = store.list_runs(at, policy, limit=100)
+        assert ids(shown) == [*latest, pending.id]
+        assert store.count_runs(at, policy)[EffectStatus.COMPLETED] == len(latest)
+        assert store.get_run(done[-1].id, at, policy) is not None
+        if len(done) > 20:
+            assert store.get_run(done[-21].id, at, policy) is None
+        stored = store.count_runs(at, KEEP)[EffectStatus.COMPLETED]
+        assert len(latest) <= stored <= 20 + 20 // 10
+
+
+def test_a_run_cursor_outlives_the_deletion_of_the_run_it_names(store: ThreadStore) -> None:
+    old = [complete(store, run(run_at=T0 + i), T0 + i) for i in range(3)]
+    newer = [run(run_at=T0 + 100) for _ in range(3)]
+    for r in newer:
+        store.insert_run(r)
+    page, cursor = store.list_runs(T0 + 3, KEEP, limit=4)
+    assert ids(page) == [*reversed(ids(newer)), old[2].id] and cursor is not None
+    # The run the cursor names is pruned before the next page is read.
+    assert store.prune(T0 + 3, RetentionPolicy(max_finished=1)) == 2
+    assert store.list_runs(T0 + 3, KEEP, limit=4, before_seq=cursor) == ([], None)
+    page, cursor = store.list_runs(T0 + 3, KEEP, limit=3)
+    assert ids(page) == ids(list(reversed(newer))) and cursor is not None
+    assert ids(store.list_runs(T0 + 3, KEEP, limit=3, before_seq=cursor)[0]) == [old[2].id]
+
+
+def test_reads_hide_finished_runs_beyond_max_finished_without_deleting(
+    store: ThreadStore,
+) -> None:
+    done = [complete(store, run(run_at=T0 + i), T0 + i) for i in range(4)]
+    pending = run(run_at=T0 + 99)
+    store.insert_run(pending)
+    policy = RetentionPolicy(max_finished=2, completed_seconds=DAY, failed_seconds=DAY)
+    at = T0 + 10
+    assert ids(store.list_runs(at, policy)[0]) == [pending.id, done[3].id, done[2].id]
+    assert store.get_run(done[1].id, at, policy) is None
+    assert store.get_run(done[2].id, at, policy) is not None
+    assert store.count_runs(at, policy)[EffectStatus.COMPLETED] == 2
+    # Age first, then the count among what is left.
+    assert ids(store.list_runs(T0 + DAY + 1.5, policy)[0]) == [
+        pending.id, done[3].id, done[2].id
+    ]
+    assert ids(store.list_runs(T0 + DAY + 2.5, policy)[0]) == [pending.id, done[3].id]
+    assert ids(store.list_runs(T0 + DAY + 3.5, policy)[0]) == [pending.id]
+    # Nothing was deleted.
+    assert ids(store.list_runs(at, KEEP)[0]) == [pending.id, *reversed(ids(done))]
+
+
+def test_a_failed_run_past_its_age_does_not_count_toward_max_finished(
+    store: ThreadStore,
+) -> None:
+    done = [complete(store, run(run_at=T0 + i), T0 + i) for i in range(2)]
+    failed = run(run_at=T0 + 2)
+    store.insert_run(failed)
+    store.finish_and_claim(None, T0 + 2)
+    store.finish_and_claim(finish(failed.id, EffectStatus.FAILED, at=T0 + 2), T0 + 2, claim=False)
+    policy = RetentionPolicy(max_finished=2, completed_seconds=30 * DAY, failed_seconds=DAY)
+    assert ids(store.list_runs(T0 + 3, policy)[0]) == [failed.id, done[1].id]
+    # A day later the failed run is past its age: both completed runs show again.
+    assert ids(store.list_runs(T0 + DAY + 3, policy)[0]) == [done[1].id, done[0].id]
+    assert store.prune(T0 + DAY + 3, policy) == 1
+    assert ids(store.list_runs(T0 + DAY + 3, KEEP)[0]) == [done[1].id, done[0].id]

@@ -1,0 +1,75 @@
+"""What only the SQLite backend has: the data-dir lock, file names, and the files themselves."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from runtime import EffectStatus, InvalidThreadId, RetentionPolicy
+from runtime.effects import EffectRun
+from runtime.errors import DataDirLocked
+from runtime.storage.base import Finish, ThreadInfo
+from runtime.storage.sqlite import SQLiteBackend
+
+T0 = 1_800_000_000.0
+
+
+def test_the_lock_names_its_holder_and_is_released_on_close(tmp_path: Path) -> None:
+    first = SQLiteBackend(tmp_path)
+    rtdb = first.open()
+    with pytest.raises(DataDirLocked, match=rf"{tmp_path} is in use by pid {os.getpid()}"):
+        SQLiteBackend(tmp_path).open()
+    rtdb.close()
+    first.close()
+    second = SQLiteBackend(tmp_path)
+    second.open().close()
+    second.close()
+
+
+def test_thread_ids_that_are_not_plain_file_names_are_refused(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path)
+    for bad in ("../x", "", "a/b", "a" * 65, "é"):
+        with pytest.raises(InvalidThreadId, match="must match"):
+            backend.thread_path(bad)
+        with pytest.raises(InvalidThreadId):
+            backend.remove_thread_store(bad)
+    assert backend.thread_path("t-1_a") == tmp_path / "threads" / "t-1_a.sqlite"
+
+
+def test_an_invalid_synchronous_setting_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="synchronous must be 'FULL' or 'NORMAL', got 'OFF'"):
+        SQLiteBackend(tmp_path, "OFF")
+
+
+def test_reads_never_write_to_the_file(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path)
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    for i in range(6):
+        run = EffectRun(f"r{i}", "t", "record", EffectStatus.PENDING, None, T0 + i, T0)
+        store.insert_run(run)
+        store.finish_and_claim(None, T0 + i)
+        status = EffectStatus.FAILED if i % 2 else EffectStatus.COMPLETED
+        store.finish_and_claim(Finish(run.id, status, None, T0 + i), T0 + i, claim=False)
+    # A second connection sees data_version change whenever another one commits.
+    watcher = sqlite3.connect(backend.thread_path("t"))
+    try:
+        before = watcher.execute("PRAGMA data_version").fetchone()[0]
+        # Past retention by age and by count: everything hidden, nothing deleted.
+        policy = RetentionPolicy(max_finished=1, failed_seconds=1, completed_seconds=1)
+        later = T0 + 86_400
+        assert store.list_runs(later, policy) == ([], None)
+        assert store.get_run("r5", later, policy) is None
+        assert sum(store.count_runs(later, policy).values()) == 0
+        assert store.pending_runs() == []
+        assert store.all_messages() == []
+        assert watcher.execute("PRAGMA data_version").fetchone()[0] == before
+        assert watcher.execute("SELECT count(*) FROM effect_runs").fetchone()[0] == 6
+    finally:
+        watcher.close()
+        store.close()
+        rtdb.close()
+        backend.close()
