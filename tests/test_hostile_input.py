@@ -308,7 +308,7 @@ async def test_a_corrupt_thread_is_thread_storage_error_on_every_route(tmp_path:
     data = tmp_path / "data"
     async with serve_api(data, clock=FakeClock(), app_dir=DEMO_APP) as api:
         await api.new_thread(id="broken")
-        path = api.rt.thread_path("broken")
+        path = api.rt.settings.data_dir / "threads" / "broken.sqlite"
 
     def corrupt() -> None:
         for suffix in ("-wal", "-shm"):
