@@ -439,6 +439,18 @@ async def _list_threads(request: Request) -> Response:
     )
 
 
+async def _get_thread(request: Request) -> Response:
+    state = await _thread(request)
+    info = ThreadInfo(
+        id=state.thread_id,
+        created_at_ts=state.created_at.timestamp(),
+        agent_id=state.agent_id,
+        user_id=state.user_id,
+        tags=state.tags,
+    )
+    return JSONResponse(thread_json(info))
+
+
 async def _delete_thread(request: Request) -> Response:
     tid = request.path_params["tid"]
     if not await _runtime(request).delete_thread(tid):
@@ -832,7 +844,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
-        _route("/api/threads/{tid}", DELETE=_delete_thread),
+        _route("/api/threads/{tid}", GET=_get_thread, DELETE=_delete_thread),
         _route("/api/threads/{tid}/effects", GET=_list_runs, POST=_schedule),
         _route("/api/threads/{tid}/effects/{run_id}", GET=_get_run),
         _route("/api/threads/{tid}/effects/{run_id}/run", POST=_run_now),

@@ -1,0 +1,739 @@
+"""``thread-effects``: the command-line tool, a client of a running server's HTTP API.
+
+It talks to the server at ``--url`` (or ``THREAD_EFFECTS_URL``; default
+``http://127.0.0.1:8000``) and sends the token of ``THREAD_EFFECTS_API_TOKEN``, the
+variable the server reads, so the same command works on the server's machine and against a
+remote node. ``serve`` is the exception: it runs a server (`runtime.serve`, the same code as
+``python server.py``).
+
+Commands (``docs/cli.md``)::
+
+    thread-effects threads list|show|delete
+    thread-effects runs list --thread TID [--status S]... [--name N]
+    thread-effects runs show|cancel|run-now|replay RUN_ID --thread TID
+    thread-effects effects list
+    thread-effects serve [server options]
+
+Every command prints a table for people, or with ``--json`` the API's JSON answer for
+scripts. Exit statuses:
+
+- 0: done;
+- 1: the server refused (it answered an error: unknown thread or run, wrong state, bad or
+  missing token, ...; its message is printed), or nothing was done (``runs cancel`` of a
+  run that is no longer pending, a declined ``threads delete``);
+- 2: usage (an unknown option, a bad value);
+- 3: no thread-effects server answered at the URL (connection refused, DNS, timeout, or an
+  answer that is not the API's).
+
+This module belongs to the HTTP layer: ``import runtime`` does not import it, and it imports
+no part of the runtime but `runtime.serve` (only when ``serve`` runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import IO, Any, NoReturn
+from urllib.parse import quote, urlsplit
+
+import click
+import httpx
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+"""The server ``thread-effects`` talks to without ``--url`` or ``THREAD_EFFECTS_URL``."""
+
+URL_ENV = "THREAD_EFFECTS_URL"
+"""Environment variable naming the server's URL."""
+
+TOKEN_ENV = "THREAD_EFFECTS_API_TOKEN"
+"""Environment variable holding the API token (the one the server reads, too)."""
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_CANNOT_CONNECT = 3
+
+RUN_STATUSES = ("pending", "running", "completed", "failed", "canceled")
+
+_PROG = "thread-effects"
+_WIDE = 200  # columns of a table written to a pipe or file: rows stay on one line
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class CliError(click.ClickException):
+    """A failure reported as one message (or one JSON object with ``--json``) on stderr.
+
+    The exit status is the subclass's: `Refused` (1) or `CannotConnect` (3).
+
+    Args:
+        message: What went wrong, naming the thing.
+        code: A snake_case code: the API's error code, or ``cannot_connect``,
+            ``not_the_api``, ``not_canceled``, ``aborted``.
+        status: The HTTP status the server answered, if it answered.
+        as_json: Print ``{"error": {"code", "message", "status"}}`` instead of text.
+    """
+
+    def __init__(
+        self, message: str, *, code: str, status: int | None = None, as_json: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.as_json = as_json
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print the error to ``file`` (stderr by default)."""
+        if self.as_json:
+            body = {"error": {"code": self.code, "message": self.message, "status": self.status}}
+            click.echo(json.dumps(body, ensure_ascii=False), file=file, err=True)
+        else:
+            click.echo(f"{_PROG}: {self.message}", file=file, err=True)
+
+
+class Refused(CliError):
+    """The server answered an error, or nothing was done (exit status 1)."""
+
+    exit_code = EXIT_REFUSED
+
+
+class CannotConnect(CliError):
+    """No thread-effects server answered at the URL (exit status 3)."""
+
+    exit_code = EXIT_CANNOT_CONNECT
+
+
+# ----------------------------------------------------------------------------- client
+
+
+@dataclass
+class Api:
+    """One invocation's connection to the server.
+
+    Args:
+        url: The server's base URL (``http://host:port``, maybe with a path prefix).
+        token: The API token, or None.
+        timeout_seconds: How long to wait to connect and for each answer.
+        as_json: Errors are printed as JSON (the command's ``--json``).
+    """
+
+    url: str
+    token: str | None
+    timeout_seconds: float
+    as_json: bool = False
+    _client: httpx.Client | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        """Close the HTTP connection, if one was opened."""
+        if self._client is not None:
+            self._client.close()
+
+    def call(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Send one request and return the JSON object the server answered.
+
+        Args:
+            method: ``GET``, ``POST`` or ``DELETE``.
+            path: The API path (``/api/...``), with its segments quoted.
+            params: Query parameters (a list value repeats the parameter; None is left out).
+
+        Returns:
+            The answer's JSON object.
+
+        Raises:
+            CliError: the server answered an error (exit 1, the API's message), or no
+                thread-effects server answered (exit 3).
+        """
+        if self._client is None:
+            headers = {"Accept": "application/json", "User-Agent": _PROG}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            self._client = httpx.Client(
+                base_url=self.url.rstrip("/"), headers=headers, timeout=self.timeout_seconds
+            )
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            res = self._client.request(method, path, params=query)
+        except httpx.TimeoutException:
+            self._fail(
+                f"cannot connect to {self.url}: no answer within {self.timeout_seconds:g} s "
+                f"({method} {path})",
+                EXIT_CANNOT_CONNECT, "cannot_connect",
+            )
+        except httpx.TransportError as exc:
+            reason = str(exc) or type(exc).__name__
+            self._fail(
+                f"cannot connect to {self.url}: {reason}. Is the server running "
+                f"(thread-effects serve)? Set --url or {URL_ENV} to reach another one.",
+                EXIT_CANNOT_CONNECT, "cannot_connect",
+            )
+        try:
+            body = res.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            kind = res.headers.get("content-type", "no content type")
+            self._fail(
+                f"{self.url} is not a thread-effects API: {method} {path} answered "
+                f"HTTP {res.status_code} ({kind})",
+                EXIT_CANNOT_CONNECT, "not_the_api", res.status_code,
+            )
+        if res.is_success:
+            return body
+        error = body.get("error")
+        if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+            self._fail(
+                f"{self.url} is not a thread-effects API: {method} {path} answered "
+                f"HTTP {res.status_code} without an error message",
+                EXIT_CANNOT_CONNECT, "not_the_api", res.status_code,
+            )
+        message = error["message"]
+        code = str(error.get("code") or "error")
+        if res.status_code == 401:
+            message += f" (set {TOKEN_ENV})"
+        self._fail(f"{message} [HTTP {res.status_code} {code}]", EXIT_REFUSED, code,
+                   res.status_code, api_message=error["message"])
+
+    def pages(self, path: str, key: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every page of a paged list, following ``nextCursor`` from ``params["cursor"]``."""
+        seen: set[str] = set()
+        while True:
+            page = self.call("GET", path, params=params)
+            yield page
+            cursor = page.get("nextCursor")
+            if not cursor or cursor in seen or not page.get(key):
+                return
+            seen.add(cursor)
+            params = {**params, "cursor": cursor}
+
+    def _fail(
+        self,
+        message: str,
+        exit_code: int,
+        code: str,
+        status: int | None = None,
+        *,
+        api_message: str | None = None,
+    ) -> NoReturn:
+        # With --json the API's own message goes out unchanged; people get the status too.
+        shown = api_message if self.as_json and api_message is not None else message
+        kind = CannotConnect if exit_code == EXIT_CANNOT_CONNECT else Refused
+        raise kind(shown, code=code, status=status, as_json=self.as_json)
+
+
+def _api(ctx: click.Context, as_json: bool) -> Api:
+    api: Api = ctx.ensure_object(Api)
+    api.as_json = as_json
+    return api
+
+
+def _seg(value: str) -> str:
+    """A path segment, quoted so an odd id reaches the server (which names it) intact."""
+    return quote(value, safe="")
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _console() -> Console:
+    out = sys.stdout
+    width = None if out.isatty() or os.environ.get("COLUMNS") else _WIDE
+    return Console(file=out, width=width, highlight=False, soft_wrap=False)
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _when(value: str | None) -> Text:
+    """``2026-11-30T05:40:00.123456Z`` → ``2026-11-30 05:40:00`` (the columns say UTC)."""
+    if not value:
+        return Text("-", style="dim")
+    return Text(value.replace("T", " ").split(".")[0].removesuffix("Z"))
+
+
+def _duration(start: str | None, end: str | None) -> Text:
+    if not start or not end:
+        return Text("-", style="dim")
+    seconds = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    if seconds < 1:
+        return Text(f"{seconds * 1000:.0f} ms")
+    if seconds < 60:
+        return Text(f"{seconds:.1f} s")
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return Text(f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s")
+
+
+_STATUS_STYLE = {
+    "pending": "yellow",
+    "running": "cyan",
+    "completed": "green",
+    "failed": "red",
+    "canceled": "dim",
+}
+
+
+def _status(value: str) -> Text:
+    return Text(value, style=_STATUS_STYLE.get(value, ""))
+
+
+def _text(value: Any) -> Text:
+    """A cell: never read as Rich markup (ids, tags and errors are the user's text)."""
+    if value is None or value == "" or value == []:
+        return Text("-", style="dim")
+    if isinstance(value, list):
+        return Text(", ".join(str(v) for v in value))
+    return Text(str(value))
+
+
+def _first_line(value: str | None, limit: int = 80) -> Text:
+    if not value:
+        return Text("-", style="dim")
+    line = value.splitlines()[0] if value.strip() else value
+    if len(line) > limit or line != value:
+        line = line[: limit - 1].rstrip() + "…"
+    return Text(line, style="red")
+
+
+def _details(rows: list[tuple[str, Any]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for label, value in rows:
+        grid.add_row(label, value if isinstance(value, Text) else _text(value))
+    return grid
+
+
+def _counts_line(counts: dict[str, int]) -> Text:
+    line = Text()
+    for i, status in enumerate(RUN_STATUSES):
+        if i:
+            line.append("  ")
+        line.append(f"{status} {counts.get(status, 0)}", style=_STATUS_STYLE[status])
+    return line
+
+
+def _runs_table(runs: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("Run", no_wrap=True)
+    table.add_column("Effect", no_wrap=True)
+    table.add_column("Status", no_wrap=True)
+    table.add_column("Due (UTC)", no_wrap=True)
+    table.add_column("Started (UTC)", no_wrap=True)
+    table.add_column("Duration", no_wrap=True, justify="right")
+    table.add_column("Attempts", justify="right")
+    table.add_column("Error", overflow="ellipsis")
+    for run in runs:
+        table.add_row(
+            _text(run["id"]),
+            _text(run["name"]),
+            _status(run["status"]),
+            _when(run["runAt"]),
+            _when(run["startedAt"]),
+            _duration(run["startedAt"], run["finishedAt"]),
+            _text(run["attempts"]),
+            _first_line(run["error"]),
+        )
+    return table
+
+
+def _more(console: Console, cursor: str | None, shown: int, what: str) -> None:
+    if cursor:
+        console.print(Text(f"{shown} {what} shown; more with --cursor {cursor} (or --all)",
+                           style="dim"))
+
+
+# ----------------------------------------------------------------------------- commands
+
+_json_option = click.option(
+    "--json", "as_json", is_flag=True,
+    help="Print the API's JSON answer (for scripts) instead of a table.",
+)
+_thread_option = click.option(
+    "--thread", "-t", "thread_id", required=True, metavar="TID", help="The run's thread id.",
+)
+
+
+def _check_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(
+            f"{value!r} is not an http(s) URL such as {DEFAULT_URL}", ctx, param
+        )
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True, callback=_check_url,
+    help=f"The server's URL (or {URL_ENV}). The token comes from {TOKEN_ENV}.",
+)
+@click.option(
+    "--timeout", "timeout_seconds", type=click.FloatRange(min=0, min_open=True),
+    default=30.0, show_default=True, help="Seconds to wait to connect and for each answer.",
+)
+@click.version_option(package_name="thread-effects", prog_name=_PROG)
+@click.pass_context
+def cli(ctx: click.Context, url: str, timeout_seconds: float) -> None:
+    """Inspect and manage a thread-effects server: threads, runs and effects.
+
+    Exit status: 0 done; 1 the server refused (its message is printed) or nothing was
+    done; 2 usage; 3 no thread-effects server answered at the URL.
+    """
+    api = Api(url=url, token=os.environ.get(TOKEN_ENV) or None, timeout_seconds=timeout_seconds)
+    ctx.obj = api
+    ctx.call_on_close(api.close)
+
+
+@cli.group()
+def threads() -> None:
+    """List, show and delete threads."""
+
+
+@threads.command("list")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Threads per page (the server allows at most 500).")
+@click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
+@click.option("--all", "every", is_flag=True, help="Follow the cursors: every thread.")
+@_json_option
+@click.pass_context
+def threads_list(
+    ctx: click.Context, limit: int, cursor: str | None, every: bool, as_json: bool
+) -> None:
+    """List threads (GET /api/threads)."""
+    api = _api(ctx, as_json)
+    params = {"limit": limit, "cursor": cursor}
+    if every:
+        found = [t for page in api.pages("/api/threads", "threads", params)
+                 for t in page["threads"]]
+        answer: dict[str, Any] = {"threads": found, "nextCursor": None}
+    else:
+        answer = api.call("GET", "/api/threads", params=params)
+    if as_json:
+        _print_json(answer)
+        return
+    console = _console()
+    items: list[dict[str, Any]] = answer["threads"]
+    if not items:
+        console.print("No threads.")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("Thread", no_wrap=True)
+    table.add_column("Created (UTC)", no_wrap=True)
+    table.add_column("Agent")
+    table.add_column("User")
+    table.add_column("Tags")
+    for t in items:
+        table.add_row(_text(t["id"]), _when(t["createdAt"]), _text(t["agentId"]),
+                      _text(t["userId"]), _text(t["tags"]))
+    console.print(table)
+    _more(console, answer.get("nextCursor"), len(items), "threads")
+
+
+@threads.command("show")
+@click.argument("thread_id", metavar="TID")
+@click.option("--runs", "recent", type=click.IntRange(min=0, max=500), default=10,
+              show_default=True, help="How many of its newest runs to show.")
+@_json_option
+@click.pass_context
+def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool) -> None:
+    """Show a thread, its run counts by status and its newest runs.
+
+    JSON: {"thread": {...}, "counts": {status: n}, "runs": [...newest first...]}.
+    """
+    api = _api(ctx, as_json)
+    thread = api.call("GET", f"/api/threads/{_seg(thread_id)}")
+    page = api.call("GET", f"/api/threads/{_seg(thread_id)}/effects",
+                    params={"limit": max(recent, 1)})
+    runs: list[dict[str, Any]] = page["runs"][:recent]
+    if as_json:
+        _print_json({"thread": thread, "counts": page["counts"], "runs": runs})
+        return
+    console = _console()
+    console.print(_details([
+        ("Thread", thread["id"]),
+        ("Created", _when(thread["createdAt"]).append(" UTC")),
+        ("Agent", thread["agentId"]),
+        ("User", thread["userId"]),
+        ("Tags", thread["tags"]),
+        ("Runs", _counts_line(page["counts"])),
+    ]))
+    if runs:
+        console.print()
+        console.print(_runs_table(runs))
+        total = sum(page["counts"].values())
+        if total > len(runs):
+            console.print(Text(
+                f"{len(runs)} of {total} runs shown; thread-effects runs list --thread "
+                f"{thread['id']}", style="dim"))
+
+
+@threads.command("delete")
+@click.argument("thread_id", metavar="TID")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_json_option
+@click.pass_context
+def threads_delete(ctx: click.Context, thread_id: str, yes: bool, as_json: bool) -> None:
+    """Delete a thread with all its runs; nothing of it runs afterwards.
+
+    Asks first (on stderr) unless --yes; a declined or unanswered question exits 1.
+    """
+    api = _api(ctx, as_json)
+    if not yes:
+        try:
+            agreed = click.confirm(
+                f"Delete thread {thread_id} and all its runs?", err=True, default=False
+            )
+        except click.Abort:  # no answer (end of input)
+            click.echo(err=True)
+            agreed = False
+        if not agreed:
+            raise Refused(f"thread {thread_id} not deleted (confirm, or pass --yes)",
+                          code="aborted", as_json=as_json)
+    answer = api.call("DELETE", f"/api/threads/{_seg(thread_id)}")
+    if as_json:
+        _print_json(answer)
+    else:
+        _console().print(Text(f"Deleted thread {thread_id}."))
+
+
+@cli.group()
+def runs() -> None:
+    """List a thread's runs; show, cancel, run now or replay one."""
+
+
+@runs.command("list")
+@_thread_option
+@click.option("--status", "statuses", type=click.Choice(RUN_STATUSES), multiple=True,
+              help="Only runs in this status (repeat for several).")
+@click.option("--name", default=None, help="Only runs of this effect.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Runs per page (the server allows at most 500).")
+@click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
+@click.option("--all", "every", is_flag=True, help="Follow the cursors: every matching run.")
+@_json_option
+@click.pass_context
+def runs_list(
+    ctx: click.Context,
+    thread_id: str,
+    statuses: tuple[str, ...],
+    name: str | None,
+    limit: int,
+    cursor: str | None,
+    every: bool,
+    as_json: bool,
+) -> None:
+    """List a thread's runs, newest first (GET /api/threads/TID/effects).
+
+    The counts are every run of the thread by status (the --name filter applied).
+    """
+    api = _api(ctx, as_json)
+    path = f"/api/threads/{_seg(thread_id)}/effects"
+    params: dict[str, Any] = {
+        "status": list(statuses) or None, "name": name, "limit": limit, "cursor": cursor,
+    }
+    if every:
+        pages = list(api.pages(path, "runs", params))
+        answer: dict[str, Any] = {
+            "runs": [r for page in pages for r in page["runs"]],
+            "nextCursor": None,
+            "counts": pages[0]["counts"],
+        }
+    else:
+        answer = api.call("GET", path, params=params)
+    if as_json:
+        _print_json(answer)
+        return
+    console = _console()
+    found: list[dict[str, Any]] = answer["runs"]
+    if found:
+        console.print(_runs_table(found))
+    else:
+        console.print("No runs match." if statuses or name or cursor else "No runs.")
+    console.print(_counts_line(answer["counts"]))
+    _more(console, answer.get("nextCursor"), len(found), "runs")
+
+
+@runs.command("show")
+@click.argument("run_id", metavar="RUN_ID")
+@_thread_option
+@_json_option
+@click.pass_context
+def runs_show(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) -> None:
+    """Show one run with its args and its whole error."""
+    api = _api(ctx, as_json)
+    run = api.call("GET", f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}")
+    if as_json:
+        _print_json(run)
+        return
+    args = run.get("args")
+    _console().print(_details([
+        ("Run", run["id"]),
+        ("Thread", run["threadId"]),
+        ("Effect", run["name"]),
+        ("Status", _status(run["status"])),
+        ("Due", _when(run["runAt"]).append(" UTC")),
+        ("Created", _when(run["createdAt"]).append(" UTC")),
+        ("Started", _when(run["startedAt"]).append(" UTC" if run["startedAt"] else "")),
+        ("Finished", _when(run["finishedAt"]).append(" UTC" if run["finishedAt"] else "")),
+        ("Duration", _duration(run["startedAt"], run["finishedAt"])),
+        ("Attempts", run["attempts"]),
+        ("Replay of", run["replayOf"]),
+        ("Error", Text(run["error"], style="red") if run["error"] else _text(None)),
+        ("Args", Text(json.dumps(args, indent=2, ensure_ascii=False))
+         if args is not None else _text(None)),
+    ]))
+
+
+def _run_action(
+    ctx: click.Context,
+    thread_id: str,
+    run_id: str,
+    action: str,
+    as_json: bool,
+    say: Callable[[dict[str, Any]], str],
+) -> None:
+    api = _api(ctx, as_json)
+    answer = api.call("POST", f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}/{action}")
+    if as_json:
+        _print_json(answer)
+    else:
+        _console().print(Text(say(answer)))
+
+
+@runs.command("cancel")
+@click.argument("run_id", metavar="RUN_ID")
+@_thread_option
+@_json_option
+@click.pass_context
+def runs_cancel(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) -> None:
+    """Cancel a pending run. A run no longer pending is left alone (exit 1)."""
+    api = _api(ctx, as_json)
+    path = f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}"
+    answer = api.call("POST", f"{path}/cancel")
+    if as_json:
+        _print_json(answer)
+    if answer.get("canceled"):
+        if not as_json:
+            _console().print(Text(f"Canceled run {run_id}."))
+        return
+    run = api.call("GET", path)
+    raise Refused(
+        f"run {run_id} is {run['status']}, not pending: nothing canceled",
+        code="not_canceled", as_json=as_json,
+    )
+
+
+@runs.command("run-now")
+@click.argument("run_id", metavar="RUN_ID")
+@_thread_option
+@_json_option
+@click.pass_context
+def runs_run_now(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) -> None:
+    """Make a pending run due now (it runs after the thread's running run, if any)."""
+    _run_action(ctx, thread_id, run_id, "run", as_json,
+                lambda a: f"Run {a['id']} is due now ({a['status']}).")
+
+
+@runs.command("replay")
+@click.argument("run_id", metavar="RUN_ID")
+@_thread_option
+@_json_option
+@click.pass_context
+def runs_replay(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) -> None:
+    """Schedule a new run with the name and args of a finished one, due now."""
+    _run_action(ctx, thread_id, run_id, "replay", as_json,
+                lambda a: f"Replayed run {run_id} as run {a['id']}.")
+
+
+@cli.group()
+def effects() -> None:
+    """The effects the server discovered."""
+
+
+def _schema_summary(schema: dict[str, Any] | None) -> Text:
+    """``{"properties": {"text": {"type": "string"}}, ...}`` → ``text: string``."""
+    if not schema:
+        return Text("(no args)", style="dim")
+    required = set(schema.get("required", ()))
+    parts: list[str] = []
+    for prop, spec in (schema.get("properties") or {}).items():
+        part = prop if prop in required else f"{prop}?"
+        kind = _type_name(spec)
+        if kind:
+            part += f": {kind}"
+        if "default" in spec:
+            part += f" = {json.dumps(spec['default'], ensure_ascii=False)}"
+        parts.append(part)
+    return Text(", ".join(parts) if parts else "{}")
+
+
+def _type_name(spec: dict[str, Any]) -> str:
+    if "type" in spec:
+        kind = spec["type"]
+        if kind == "array" and isinstance(spec.get("items"), dict):
+            inner = _type_name(spec["items"])
+            return f"array[{inner}]" if inner else "array"
+        return "|".join(kind) if isinstance(kind, list) else str(kind)
+    if "$ref" in spec:
+        return str(spec["$ref"]).rsplit("/", 1)[-1]
+    for union in ("anyOf", "oneOf"):
+        if union in spec:
+            return "|".join(_type_name(s) or "any" for s in spec[union])
+    if "enum" in spec:
+        return "|".join(json.dumps(v) for v in spec["enum"])
+    return ""
+
+
+@effects.command("list")
+@_json_option
+@click.pass_context
+def effects_list(ctx: click.Context, as_json: bool) -> None:
+    """List the effects with their args (GET /api/effects).
+
+    The table sums up each schema (``name?`` is optional); --json gives the JSON schemas.
+    """
+    answer = _api(ctx, as_json).call("GET", "/api/effects")
+    if as_json:
+        _print_json(answer)
+        return
+    console = _console()
+    found: list[dict[str, Any]] = answer["effects"]
+    if not found:
+        console.print("No effects.")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("Effect", no_wrap=True)
+    table.add_column("Description")
+    table.add_column("Args")
+    for e in sorted(found, key=lambda e: str(e["name"])):
+        table.add_row(_text(e["name"]), _text(e["description"]),
+                      _schema_summary(e["argsSchema"]))
+    console.print(table)
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def serve(server_args: tuple[str, ...]) -> None:
+    """Run the server here (what python server.py does; serve --help lists its options)."""
+    from runtime.serve import main  # the server's imports only when serving
+
+    sys.exit(main(list(server_args), prog=f"{_PROG} serve"))
+
+
+def main() -> None:
+    """The console script ``thread-effects``."""
+    cli(prog_name=_PROG)
