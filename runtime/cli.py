@@ -31,6 +31,7 @@ no part of the runtime but `runtime.serve` (only when ``serve`` runs).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -231,7 +232,8 @@ class Api:
 
 
 def _api(ctx: click.Context, as_json: bool) -> Api:
-    api: Api = ctx.ensure_object(Api)
+    api = ctx.find_object(Api)
+    assert api is not None, "the thread-effects group sets it up"
     api.as_json = as_json
     return api
 
@@ -245,9 +247,25 @@ def _seg(value: str) -> str:
 
 
 def _console() -> Console:
-    out = sys.stdout
-    width = None if out.isatty() or os.environ.get("COLUMNS") else _WIDE
-    return Console(file=out, width=width, highlight=False, soft_wrap=False)
+    """Where a command prints for people: the terminal, or plain lines for a pipe or file.
+
+    Off a terminal, tables are 200 columns wide (``COLUMNS`` changes it) so that a row stays
+    on one line, without colours or trailing blanks, and are written when the command ends.
+    """
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    columns = os.environ.get("COLUMNS", "")
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer, width=int(columns) if columns.isdigit() else _WIDE, highlight=False
+    )
+
+    def flush() -> None:
+        if text := buffer.getvalue():
+            click.echo("\n".join(line.rstrip() for line in text.splitlines()))
+
+    click.get_current_context().call_on_close(flush)
+    return console
 
 
 def _print_json(data: Any) -> None:
@@ -347,10 +365,9 @@ def _runs_table(runs: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _more(console: Console, cursor: str | None, shown: int, what: str) -> None:
+def _more(console: Console, cursor: str | None, what: str) -> None:
     if cursor:
-        console.print(Text(f"{shown} {what} shown; more with --cursor {cursor} (or --all)",
-                           style="dim"))
+        console.print(Text(f"more {what}: --cursor {cursor} (or --all)", style="dim"))
 
 
 # ----------------------------------------------------------------------------- commands
@@ -360,7 +377,8 @@ _json_option = click.option(
     help="Print the API's JSON answer (for scripts) instead of a table.",
 )
 _thread_option = click.option(
-    "--thread", "-t", "thread_id", required=True, metavar="TID", help="The run's thread id.",
+    "--thread", "-t", "thread_id", required=True, metavar="TID",
+    help="The thread the runs belong to.",
 )
 
 
@@ -400,7 +418,7 @@ def threads() -> None:
     """List, show and delete threads."""
 
 
-@threads.command("list")
+@threads.command("list", short_help="List threads.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="Threads per page (the server allows at most 500).")
 @click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
@@ -437,10 +455,10 @@ def threads_list(
         table.add_row(_text(t["id"]), _when(t["createdAt"]), _text(t["agentId"]),
                       _text(t["userId"]), _text(t["tags"]))
     console.print(table)
-    _more(console, answer.get("nextCursor"), len(items), "threads")
+    _more(console, answer.get("nextCursor"), "threads")
 
 
-@threads.command("show")
+@threads.command("show", short_help="Show a thread, its run counts and newest runs.")
 @click.argument("thread_id", metavar="TID")
 @click.option("--runs", "recent", type=click.IntRange(min=0, max=500), default=10,
               show_default=True, help="How many of its newest runs to show.")
@@ -478,7 +496,7 @@ def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool)
                 f"{thread['id']}", style="dim"))
 
 
-@threads.command("delete")
+@threads.command("delete", short_help="Delete a thread and all its runs.")
 @click.argument("thread_id", metavar="TID")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_json_option
@@ -512,7 +530,7 @@ def runs() -> None:
     """List a thread's runs; show, cancel, run now or replay one."""
 
 
-@runs.command("list")
+@runs.command("list", short_help="List a thread's runs, newest first.")
 @_thread_option
 @click.option("--status", "statuses", type=click.Choice(RUN_STATUSES), multiple=True,
               help="Only runs in this status (repeat for several).")
@@ -561,10 +579,10 @@ def runs_list(
     else:
         console.print("No runs match." if statuses or name or cursor else "No runs.")
     console.print(_counts_line(answer["counts"]))
-    _more(console, answer.get("nextCursor"), len(found), "runs")
+    _more(console, answer.get("nextCursor"), "runs")
 
 
-@runs.command("show")
+@runs.command("show", short_help="Show one run with its args and error.")
 @click.argument("run_id", metavar="RUN_ID")
 @_thread_option
 @_json_option
@@ -611,7 +629,7 @@ def _run_action(
         _console().print(Text(say(answer)))
 
 
-@runs.command("cancel")
+@runs.command("cancel", short_help="Cancel a pending run.")
 @click.argument("run_id", metavar="RUN_ID")
 @_thread_option
 @_json_option
@@ -634,7 +652,7 @@ def runs_cancel(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) 
     )
 
 
-@runs.command("run-now")
+@runs.command("run-now", short_help="Make a pending run due now.")
 @click.argument("run_id", metavar="RUN_ID")
 @_thread_option
 @_json_option
@@ -645,7 +663,7 @@ def runs_run_now(ctx: click.Context, run_id: str, thread_id: str, as_json: bool)
                 lambda a: f"Run {a['id']} is due now ({a['status']}).")
 
 
-@runs.command("replay")
+@runs.command("replay", short_help="Run a finished run again, as a new run.")
 @click.argument("run_id", metavar="RUN_ID")
 @_thread_option
 @_json_option
@@ -695,7 +713,7 @@ def _type_name(spec: dict[str, Any]) -> str:
     return ""
 
 
-@effects.command("list")
+@effects.command("list", short_help="List the effects with their args.")
 @_json_option
 @click.pass_context
 def effects_list(ctx: click.Context, as_json: bool) -> None:
@@ -725,6 +743,7 @@ def effects_list(ctx: click.Context, as_json: bool) -> None:
 @cli.command(
     context_settings={"ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
+    short_help="Run the server here (as python server.py does).",
 )
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def serve(server_args: tuple[str, ...]) -> None:

@@ -128,7 +128,7 @@ def test_threads_list_as_a_table_and_as_json(server: ServerProcess) -> None:
 
     one = ok_json(server.url, "threads", "list", "--limit", "1")
     assert len(one["threads"]) == 1 and one["nextCursor"]
-    assert f"more with --cursor {one['nextCursor']}" in ok(
+    assert f"more threads: --cursor {one['nextCursor']} (or --all)" in ok(
         server.url, "threads", "list", "--limit", "1"
     )
     rest = ok_json(server.url, "threads", "list", "--cursor", one["nextCursor"])
@@ -219,7 +219,7 @@ def test_runs_list_with_the_api_filters(server: ServerProcess) -> None:
 
     assert "No runs match." in ok(server.url, "runs", "list", "-t", tid, "--name", "nothing")
     one = ok(server.url, "runs", "list", "-t", tid, "--limit", "1")
-    assert "1 runs shown; more with --cursor" in one
+    assert "more runs: --cursor " in one
     every = ok_json(server.url, "runs", "list", "-t", tid, "--limit", "1", "--all")
     assert [r["id"] for r in every["runs"]] == [r["id"] for r in page["runs"]]
 
