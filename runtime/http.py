@@ -1,8 +1,8 @@
 """The HTTP and WebSocket API (``docs/http-api.md``) and the Effects pane, as a Starlette app.
 
 `create_app` builds the application; the `runtime.Runtime` is created and started in the
-app's lifespan and closed (with its shutdown grace) when the server stops. ``server.py``
-only parses options and runs uvicorn.
+app's lifespan and closed (with its shutdown grace) when the server stops.
+`runtime.serve` (``server.py``, ``thread-effects serve``) only parses options and runs uvicorn.
 
 Guards, in this order, on every request:
 

@@ -32,6 +32,11 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(sys.executable).parent / "thread-effects"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def console_script() -> None:
+    assert SCRIPT.is_file(), f"{SCRIPT} is missing: pip install -e . installs the console script"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("cli-server")
