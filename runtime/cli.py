@@ -78,7 +78,7 @@ class CliError(click.ClickException):
     Args:
         message: What went wrong, naming the thing.
         code: A snake_case code: the API's error code, or ``cannot_connect``,
-            ``not_the_api``, ``not_canceled``, ``aborted``.
+            ``timeout``, ``not_the_api``, ``not_canceled``, ``aborted``.
         status: The HTTP status the server answered, if it answered.
         as_json: Print ``{"error": {"code", "message", "status"}}`` instead of text.
     """
@@ -151,8 +151,8 @@ class Api:
             The answer's JSON object.
 
         Raises:
-            CliError: the server answered an error (exit 1, the API's message), or no
-                thread-effects server answered (exit 3).
+            Refused: the server answered an error (exit 1, with the API's message).
+            CannotConnect: no thread-effects server answered (exit 3).
         """
         if self._client is None:
             headers = {"Accept": "application/json", "User-Agent": _PROG}
@@ -166,16 +166,16 @@ class Api:
             res = self._client.request(method, path, params=query)
         except httpx.TimeoutException:
             self._fail(
-                f"cannot connect to {self.url}: no answer within {self.timeout_seconds:g} s "
-                f"({method} {path})",
-                EXIT_CANNOT_CONNECT, "cannot_connect",
+                CannotConnect, "timeout",
+                f"no answer from {self.url} within {self.timeout_seconds:g} s "
+                f"({method} {path}; --timeout waits longer)",
             )
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
             self._fail(
+                CannotConnect, "cannot_connect",
                 f"cannot connect to {self.url}: {reason}. Is the server running "
                 f"(thread-effects serve)? Set --url or {URL_ENV} to reach another one.",
-                EXIT_CANNOT_CONNECT, "cannot_connect",
             )
         try:
             body = res.json()
@@ -184,24 +184,26 @@ class Api:
         if not isinstance(body, dict):
             kind = res.headers.get("content-type", "no content type")
             self._fail(
+                CannotConnect, "not_the_api",
                 f"{self.url} is not a thread-effects API: {method} {path} answered "
                 f"HTTP {res.status_code} ({kind})",
-                EXIT_CANNOT_CONNECT, "not_the_api", res.status_code,
+                res.status_code,
             )
         if res.is_success:
             return body
         error = body.get("error")
         if not isinstance(error, dict) or not isinstance(error.get("message"), str):
             self._fail(
+                CannotConnect, "not_the_api",
                 f"{self.url} is not a thread-effects API: {method} {path} answered "
                 f"HTTP {res.status_code} without an error message",
-                EXIT_CANNOT_CONNECT, "not_the_api", res.status_code,
+                res.status_code,
             )
         message = error["message"]
         code = str(error.get("code") or "error")
         if res.status_code == 401:
             message += f" (set {TOKEN_ENV})"
-        self._fail(f"{message} [HTTP {res.status_code} {code}]", EXIT_REFUSED, code,
+        self._fail(Refused, code, f"{message} [HTTP {res.status_code} {code}]",
                    res.status_code, api_message=error["message"])
 
     def pages(self, path: str, key: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -218,16 +220,15 @@ class Api:
 
     def _fail(
         self,
-        message: str,
-        exit_code: int,
+        kind: type[CliError],
         code: str,
+        message: str,
         status: int | None = None,
         *,
         api_message: str | None = None,
     ) -> NoReturn:
         # With --json the API's own message goes out unchanged; people get the status too.
         shown = api_message if self.as_json and api_message is not None else message
-        kind = CannotConnect if exit_code == EXIT_CANNOT_CONNECT else Refused
         raise kind(shown, code=code, status=status, as_json=self.as_json)
 
 
@@ -241,6 +242,21 @@ def _api(ctx: click.Context, as_json: bool) -> Api:
 def _seg(value: str) -> str:
     """A path segment, quoted so an odd id reaches the server (which names it) intact."""
     return quote(value, safe="")
+
+
+def _one_segment(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse an id that cannot be one segment of a path; the server judges the others.
+
+    ``""``, ``"."``, ``".."`` and ids with ``/`` would reach another route (a slash is
+    decoded before routing), whose answer would not name the id.
+    """
+    if value is not None and (value in ("", ".", "..") or "/" in value):
+        what = "a thread id" if param.name == "thread_id" else "a run id"
+        raise click.BadParameter(
+            f"{value!r} cannot be {what}: it must be non-empty, without '/', and not "
+            f"'.' or '..'", ctx, param,
+        )
+    return value
 
 
 # ----------------------------------------------------------------------------- output
@@ -377,7 +393,7 @@ _json_option = click.option(
     help="Print the API's JSON answer (for scripts) instead of a table.",
 )
 _thread_option = click.option(
-    "--thread", "-t", "thread_id", required=True, metavar="TID",
+    "--thread", "-t", "thread_id", required=True, metavar="TID", callback=_one_segment,
     help="The thread the runs belong to.",
 )
 
@@ -459,7 +475,7 @@ def threads_list(
 
 
 @threads.command("show", short_help="Show a thread, its run counts and newest runs.")
-@click.argument("thread_id", metavar="TID")
+@click.argument("thread_id", metavar="TID", callback=_one_segment)
 @click.option("--runs", "recent", type=click.IntRange(min=0, max=500), default=10,
               show_default=True, help="How many of its newest runs to show.")
 @_json_option
@@ -497,7 +513,7 @@ def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool)
 
 
 @threads.command("delete", short_help="Delete a thread and all its runs.")
-@click.argument("thread_id", metavar="TID")
+@click.argument("thread_id", metavar="TID", callback=_one_segment)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_json_option
 @click.pass_context
@@ -583,7 +599,7 @@ def runs_list(
 
 
 @runs.command("show", short_help="Show one run with its args and error.")
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", metavar="RUN_ID", callback=_one_segment)
 @_thread_option
 @_json_option
 @click.pass_context
@@ -630,7 +646,7 @@ def _run_action(
 
 
 @runs.command("cancel", short_help="Cancel a pending run.")
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", metavar="RUN_ID", callback=_one_segment)
 @_thread_option
 @_json_option
 @click.pass_context
@@ -653,7 +669,7 @@ def runs_cancel(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) 
 
 
 @runs.command("run-now", short_help="Make a pending run due now.")
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", metavar="RUN_ID", callback=_one_segment)
 @_thread_option
 @_json_option
 @click.pass_context
@@ -664,7 +680,7 @@ def runs_run_now(ctx: click.Context, run_id: str, thread_id: str, as_json: bool)
 
 
 @runs.command("replay", short_help="Run a finished run again, as a new run.")
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", metavar="RUN_ID", callback=_one_segment)
 @_thread_option
 @_json_option
 @click.pass_context

@@ -12,6 +12,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -347,6 +348,21 @@ def test_a_server_that_is_down_is_exit_3() -> None:
     assert json.loads(as_json.stderr)["error"]["code"] == "cannot_connect"
 
 
+def test_a_server_that_never_answers_is_exit_3() -> None:
+    with socket.socket() as silent:  # connections queue in the backlog; none is answered
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        result = te(url, "--timeout", "0.2", "runs", "list", "-t", "t1", "--json")
+    assert result.exit_code == 3 and result.stdout == ""
+    assert json.loads(result.stderr)["error"] == {
+        "code": "timeout",
+        "message": f"no answer from {url} within 0.2 s (GET /api/threads/t1/effects; "
+                   "--timeout waits longer)",
+        "status": None,
+    }
+
+
 def test_an_answer_that_is_not_the_api_is_exit_3() -> None:
     class Page(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -370,12 +386,23 @@ def test_an_answer_that_is_not_the_api_is_exit_3() -> None:
            "(text/html)" in result.stderr
 
 
-def test_a_bad_url_is_a_usage_error(server: ServerProcess) -> None:
+def test_usage_errors_are_exit_2(server: ServerProcess) -> None:
     result = CliRunner().invoke(cli, ["--url", "ftp://example.org", "threads", "list"])
     assert result.exit_code == 2
     assert "'ftp://example.org' is not an http(s) URL" in result.stderr
     unknown = te(server.url, "threads", "frobnicate")
     assert unknown.exit_code == 2 and "No such command 'frobnicate'" in unknown.stderr
+    # Ids that cannot be one path segment would reach another route: refused here.
+    for args in (("threads", "show", "a/b"), ("threads", "delete", "", "--yes"),
+                 ("runs", "show", "..", "-t", "t1"), ("runs", "list", "-t", "x/y")):
+        refused = te(server.url, *args)
+        assert refused.exit_code == 2, args
+        assert "cannot be a" in refused.stderr and "without '/'" in refused.stderr
+    # Any other malformed id is the server's to name.
+    odd = te(server.url, "threads", "show", "a.b")
+    assert odd.exit_code == 1
+    assert "Invalid thread id 'a.b': must match" in odd.stderr
+    assert "[HTTP 400 invalid_thread_id]" in odd.stderr
 
 
 def test_the_token_comes_from_the_environment(tmp_path: Path) -> None:
