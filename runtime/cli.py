@@ -65,6 +65,8 @@ RUN_STATUSES = ("pending", "running", "completed", "failed", "canceled")
 
 _PROG = "thread-effects"
 _WIDE = 200  # columns of a table written to a pipe or file: rows stay on one line
+_PAGE = 50  # items per page unless --limit says otherwise (the API's default)
+_MAX_PAGE = 500  # the API's largest page
 
 
 # ----------------------------------------------------------------------------- errors
@@ -398,6 +400,11 @@ _thread_option = click.option(
 )
 
 
+def _page_size(limit: int | None, every: bool) -> int:
+    # --all pages through everything: the largest page the server allows saves round trips.
+    return limit if limit is not None else (_MAX_PAGE if every else _PAGE)
+
+
 def _check_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -435,18 +442,18 @@ def threads() -> None:
 
 
 @threads.command("list", short_help="List threads.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Threads per page (the server allows at most 500).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Threads per page, at most 500 [default: 50; 500 with --all].")
 @click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
 @click.option("--all", "every", is_flag=True, help="Follow the cursors: every thread.")
 @_json_option
 @click.pass_context
 def threads_list(
-    ctx: click.Context, limit: int, cursor: str | None, every: bool, as_json: bool
+    ctx: click.Context, limit: int | None, cursor: str | None, every: bool, as_json: bool
 ) -> None:
     """List threads (GET /api/threads)."""
     api = _api(ctx, as_json)
-    params = {"limit": limit, "cursor": cursor}
+    params = {"limit": _page_size(limit, every), "cursor": cursor}
     if every:
         found = [t for page in api.pages("/api/threads", "threads", params)
                  for t in page["threads"]]
@@ -551,8 +558,8 @@ def runs() -> None:
 @click.option("--status", "statuses", type=click.Choice(RUN_STATUSES), multiple=True,
               help="Only runs in this status (repeat for several).")
 @click.option("--name", default=None, help="Only runs of this effect.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Runs per page (the server allows at most 500).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Runs per page, at most 500 [default: 50; 500 with --all].")
 @click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
 @click.option("--all", "every", is_flag=True, help="Follow the cursors: every matching run.")
 @_json_option
@@ -562,7 +569,7 @@ def runs_list(
     thread_id: str,
     statuses: tuple[str, ...],
     name: str | None,
-    limit: int,
+    limit: int | None,
     cursor: str | None,
     every: bool,
     as_json: bool,
@@ -574,7 +581,8 @@ def runs_list(
     api = _api(ctx, as_json)
     path = f"/api/threads/{_seg(thread_id)}/effects"
     params: dict[str, Any] = {
-        "status": list(statuses) or None, "name": name, "limit": limit, "cursor": cursor,
+        "status": list(statuses) or None, "name": name, "limit": _page_size(limit, every),
+        "cursor": cursor,
     }
     if every:
         pages = list(api.pages(path, "runs", params))

@@ -141,6 +141,7 @@ def test_threads_list_as_a_table_and_as_json(server: ServerProcess) -> None:
     assert one["threads"][0] not in rest["threads"]
     every = ok_json(server.url, "threads", "list", "--limit", "1", "--all")
     assert every == {"threads": listed["threads"], "nextCursor": None}
+    assert ok_json(server.url, "threads", "list", "--all") == every
 
 
 def test_threads_show(server: ServerProcess) -> None:
