@@ -63,6 +63,10 @@ EXIT_CANNOT_CONNECT = 3
 
 RUN_STATUSES = ("pending", "running", "completed", "failed", "canceled")
 
+_THREAD_KEYS = ("id", "createdAt", "agentId", "userId", "tags")
+_RUN_KEYS = ("id", "threadId", "name", "status", "runAt", "createdAt", "startedAt",
+             "finishedAt", "attempts", "error", "replayOf")
+
 _PROG = "thread-effects"
 _WIDE = 200  # columns of a table written to a pipe or file: rows stay on one line
 _PAGE = 50  # items per page unless --limit says otherwise (the API's default)
@@ -140,7 +144,12 @@ class Api:
             self._client.close()
 
     def call(
-        self, method: str, path: str, *, params: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        expect: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """Send one request and return the JSON object the server answered.
 
@@ -148,6 +157,7 @@ class Api:
             method: ``GET``, ``POST`` or ``DELETE``.
             path: The API path (``/api/...``), with its segments quoted.
             params: Query parameters (a list value repeats the parameter; None is left out).
+            expect: Keys a successful answer must hold (else it is not the API's answer).
 
         Returns:
             The answer's JSON object.
@@ -192,6 +202,14 @@ class Api:
                 res.status_code,
             )
         if res.is_success:
+            missing = [key for key in expect if key not in body]
+            if missing:
+                self._fail(
+                    CannotConnect, "not_the_api",
+                    f"{self.url} is not a thread-effects API: {method} {path} answered "
+                    f"without {', '.join(missing)}",
+                    res.status_code,
+                )
             return body
         error = body.get("error")
         if not isinstance(error, dict) or not isinstance(error.get("message"), str):
@@ -212,7 +230,7 @@ class Api:
         """Every page of a paged list, following ``nextCursor`` from ``params["cursor"]``."""
         seen: set[str] = set()
         while True:
-            page = self.call("GET", path, params=params)
+            page = self.call("GET", path, params=params, expect=(key, "nextCursor"))
             yield page
             cursor = page.get("nextCursor")
             if not cursor or cursor in seen or not page.get(key):
@@ -459,7 +477,7 @@ def threads_list(
                  for t in page["threads"]]
         answer: dict[str, Any] = {"threads": found, "nextCursor": None}
     else:
-        answer = api.call("GET", "/api/threads", params=params)
+        answer = api.call("GET", "/api/threads", params=params, expect=("threads",))
     if as_json:
         _print_json(answer)
         return
@@ -493,9 +511,9 @@ def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool)
     JSON: {"thread": {...}, "counts": {status: n}, "runs": [...newest first...]}.
     """
     api = _api(ctx, as_json)
-    thread = api.call("GET", f"/api/threads/{_seg(thread_id)}")
+    thread = api.call("GET", f"/api/threads/{_seg(thread_id)}", expect=_THREAD_KEYS)
     page = api.call("GET", f"/api/threads/{_seg(thread_id)}/effects",
-                    params={"limit": max(recent, 1)})
+                    params={"limit": max(recent, 1)}, expect=("runs", "counts"))
     runs: list[dict[str, Any]] = page["runs"][:recent]
     if as_json:
         _print_json({"thread": thread, "counts": page["counts"], "runs": runs})
@@ -541,7 +559,7 @@ def threads_delete(ctx: click.Context, thread_id: str, yes: bool, as_json: bool)
         if not agreed:
             raise Refused(f"thread {thread_id} not deleted (confirm, or pass --yes)",
                           code="aborted", as_json=as_json)
-    answer = api.call("DELETE", f"/api/threads/{_seg(thread_id)}")
+    answer = api.call("DELETE", f"/api/threads/{_seg(thread_id)}", expect=("deleted",))
     if as_json:
         _print_json(answer)
     else:
@@ -592,7 +610,7 @@ def runs_list(
             "counts": pages[0]["counts"],
         }
     else:
-        answer = api.call("GET", path, params=params)
+        answer = api.call("GET", path, params=params, expect=("runs", "counts"))
     if as_json:
         _print_json(answer)
         return
@@ -614,7 +632,8 @@ def runs_list(
 def runs_show(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) -> None:
     """Show one run with its args and its whole error."""
     api = _api(ctx, as_json)
-    run = api.call("GET", f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}")
+    run = api.call("GET", f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}",
+                   expect=_RUN_KEYS)
     if as_json:
         _print_json(run)
         return
@@ -644,9 +663,11 @@ def _run_action(
     action: str,
     as_json: bool,
     say: Callable[[dict[str, Any]], str],
+    expect: tuple[str, ...],
 ) -> None:
     api = _api(ctx, as_json)
-    answer = api.call("POST", f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}/{action}")
+    answer = api.call("POST", f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}/{action}",
+                      expect=expect)
     if as_json:
         _print_json(answer)
     else:
@@ -662,14 +683,14 @@ def runs_cancel(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) 
     """Cancel a pending run. A run no longer pending is left alone (exit 1)."""
     api = _api(ctx, as_json)
     path = f"/api/threads/{_seg(thread_id)}/effects/{_seg(run_id)}"
-    answer = api.call("POST", f"{path}/cancel")
+    answer = api.call("POST", f"{path}/cancel", expect=("canceled",))
     if as_json:
         _print_json(answer)
     if answer.get("canceled"):
         if not as_json:
             _console().print(Text(f"Canceled run {run_id}."))
         return
-    run = api.call("GET", path)
+    run = api.call("GET", path, expect=("status",))
     raise Refused(
         f"run {run_id} is {run['status']}, not pending: nothing canceled",
         code="not_canceled", as_json=as_json,
@@ -684,7 +705,7 @@ def runs_cancel(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) 
 def runs_run_now(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) -> None:
     """Make a pending run due now (it runs after the thread's running run, if any)."""
     _run_action(ctx, thread_id, run_id, "run", as_json,
-                lambda a: f"Run {a['id']} is due now ({a['status']}).")
+                lambda a: f"Run {a['id']} is due now ({a['status']}).", ("id", "status"))
 
 
 @runs.command("replay", short_help="Run a finished run again, as a new run.")
@@ -695,7 +716,7 @@ def runs_run_now(ctx: click.Context, run_id: str, thread_id: str, as_json: bool)
 def runs_replay(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) -> None:
     """Schedule a new run with the name and args of a finished one, due now."""
     _run_action(ctx, thread_id, run_id, "replay", as_json,
-                lambda a: f"Replayed run {run_id} as run {a['id']}.")
+                lambda a: f"Replayed run {run_id} as run {a['id']}.", ("id",))
 
 
 @cli.group()
@@ -745,7 +766,7 @@ def effects_list(ctx: click.Context, as_json: bool) -> None:
 
     The table sums up each schema (``name?`` is optional); --json gives the JSON schemas.
     """
-    answer = _api(ctx, as_json).call("GET", "/api/effects")
+    answer = _api(ctx, as_json).call("GET", "/api/effects", expect=("effects",))
     if as_json:
         _print_json(answer)
         return

@@ -365,26 +365,37 @@ def test_a_server_that_never_answers_is_exit_3() -> None:
 
 
 def test_an_answer_that_is_not_the_api_is_exit_3() -> None:
-    class Page(http.server.BaseHTTPRequestHandler):
+    class Other(http.server.BaseHTTPRequestHandler):
+        """An HTML 404 below /html/, some other JSON API's 200 elsewhere."""
+
         def do_GET(self) -> None:
-            self.send_response(404)
-            self.send_header("Content-Type", "text/html")
+            html = self.path.startswith("/html/")
+            self.send_response(404 if html else 200)
+            self.send_header("Content-Type", "text/html" if html else "application/json")
             self.end_headers()
-            self.wfile.write(b"<h1>nothing</h1>")
+            self.wfile.write(b"<h1>nothing</h1>" if html else b'{"hello": "world"}')
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page) as other:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other) as other:
         threading.Thread(target=other.serve_forever, daemon=True).start()
         try:
             url = f"http://127.0.0.1:{other.server_address[1]}"
-            result = te(url, "threads", "list")
+            html = te(f"{url}/html", "threads", "list")
+            json_api = te(url, "runs", "list", "-t", "t1")
         finally:
             other.shutdown()
-    assert result.exit_code == 3
-    assert f"{url} is not a thread-effects API: GET /api/threads answered HTTP 404 " \
-           "(text/html)" in result.stderr
+    assert html.exit_code == 3
+    assert html.stderr == (
+        f"thread-effects: {url}/html is not a thread-effects API: GET /api/threads answered "
+        "HTTP 404 (text/html)\n"
+    )
+    assert json_api.exit_code == 3
+    assert json_api.stderr == (
+        f"thread-effects: {url} is not a thread-effects API: GET /api/threads/t1/effects "
+        "answered without runs, counts\n"
+    )
 
 
 def test_usage_errors_are_exit_2(server: ServerProcess) -> None:
