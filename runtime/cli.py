@@ -38,7 +38,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import IO, Any, NoReturn
+from typing import IO, Any, Literal, NoReturn
 from urllib.parse import quote, urlsplit
 
 import click
@@ -68,7 +68,7 @@ _RUN_KEYS = ("id", "threadId", "name", "status", "runAt", "createdAt", "startedA
              "finishedAt", "attempts", "error", "replayOf")
 
 _PROG = "thread-effects"
-_WIDE = 200  # columns of a table written to a pipe or file: rows stay on one line
+_WIDE = 1000  # columns of a table written to a pipe or file: rows stay on one line
 _PAGE = 50  # items per page unless --limit says otherwise (the API's default)
 _MAX_PAGE = 500  # the API's largest page
 
@@ -285,8 +285,9 @@ def _one_segment(ctx: click.Context, param: click.Parameter, value: str | None) 
 def _console() -> Console:
     """Where a command prints for people: the terminal, or plain lines for a pipe or file.
 
-    Off a terminal, tables are 200 columns wide (``COLUMNS`` changes it) so that a row stays
-    on one line, without colours or trailing blanks, and are written when the command ends.
+    Off a terminal, lines may be 1,000 columns wide (``COLUMNS`` changes it) so that a row
+    stays whole on one line, without colours or trailing blanks; they are written when the
+    command ends.
     """
     if sys.stdout.isatty():
         return Console(highlight=False)
@@ -377,18 +378,82 @@ def _counts_line(counts: dict[str, int]) -> Text:
     return line
 
 
-def _runs_table(runs: list[dict[str, Any]]) -> Table:
+@dataclass(frozen=True)
+class _Column:
+    """A table column; ``drop`` orders the columns a narrow terminal leaves out (1 first)."""
+
+    header: str
+    drop: int | None = None
+    shrinks: bool = False  # cut with an ellipsis rather than leave the column out
+    justify: Literal["left", "right"] = "left"
+
+
+def _table(console: Console, columns: list[_Column], rows: list[list[Text]]) -> Table:
+    """A borderless table of ``rows`` that fits the console, one line per row.
+
+    Cells never wrap. When the rows are wider than the console, the droppable columns go
+    (lowest ``drop`` first) until the others fit with the shrinking ones at 12 characters;
+    the shrinking columns share what room is left, cut with an ellipsis. Ids never shrink:
+    people copy them.
+    """
+    natural = [
+        max([len(col.header), *(row[i].cell_len for row in rows)])
+        for i, col in enumerate(columns)
+    ]
+    keep = list(range(len(columns)))
+
+    def needed() -> int:
+        return sum(
+            min(natural[i], 12) if columns[i].shrinks else natural[i] for i in keep
+        ) + 2 * (len(keep) - 1)
+
+    for i in sorted((i for i, c in enumerate(columns) if c.drop is not None),
+                    key=lambda i: columns[i].drop or 0):
+        if needed() <= console.width:
+            break
+        keep.remove(i)
+    widths = {i: natural[i] for i in keep}
+    shrinking = sorted((i for i in keep if columns[i].shrinks), key=lambda i: natural[i])
+    room = console.width - 2 * (len(keep) - 1) - sum(
+        natural[i] for i in keep if not columns[i].shrinks
+    )
+    for n, i in enumerate(shrinking):  # the narrow ones first: what they leave goes on
+        widths[i] = max(min(natural[i], room // (len(shrinking) - n)), 1)
+        room -= widths[i]
     table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("Run", no_wrap=True)
-    table.add_column("Effect", no_wrap=True)
-    table.add_column("Status", no_wrap=True)
-    table.add_column("Due (UTC)", no_wrap=True)
-    table.add_column("Started (UTC)", no_wrap=True)
-    table.add_column("Duration", no_wrap=True, justify="right")
-    table.add_column("Attempts", justify="right")
-    table.add_column("Error", overflow="ellipsis")
-    for run in runs:
-        table.add_row(
+    for i in keep:
+        col = columns[i]
+        table.add_column(col.header, justify=col.justify, no_wrap=True,
+                         overflow="ellipsis", width=widths[i])
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    return table
+
+
+_RUN_COLUMNS = [
+    _Column("Run"),
+    _Column("Effect", shrinks=True),
+    _Column("Status"),
+    _Column("Due (UTC)", drop=4),
+    _Column("Started (UTC)", drop=1),
+    _Column("Duration", drop=2, justify="right"),
+    _Column("Attempts", drop=3, justify="right"),
+    _Column("Error", shrinks=True),
+]
+
+
+_THREAD_COLUMNS = [
+    _Column("Thread"),
+    _Column("Created (UTC)", drop=1),
+    _Column("Agent", shrinks=True),
+    _Column("User", shrinks=True),
+    _Column("Tags", shrinks=True),
+]
+
+
+def _runs_table(console: Console, runs: list[dict[str, Any]]) -> Table:
+    return _table(console, _RUN_COLUMNS, [
+        [
             _text(run["id"]),
             _text(run["name"]),
             _status(run["status"]),
@@ -397,8 +462,9 @@ def _runs_table(runs: list[dict[str, Any]]) -> Table:
             _duration(run["startedAt"], run["finishedAt"]),
             _text(run["attempts"]),
             _first_line(run["error"]),
-        )
-    return table
+        ]
+        for run in runs
+    ])
 
 
 def _more(console: Console, cursor: str | None, what: str) -> None:
@@ -486,16 +552,11 @@ def threads_list(
     if not items:
         console.print("No threads.")
         return
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("Thread", no_wrap=True)
-    table.add_column("Created (UTC)", no_wrap=True)
-    table.add_column("Agent")
-    table.add_column("User")
-    table.add_column("Tags")
-    for t in items:
-        table.add_row(_text(t["id"]), _when(t["createdAt"]), _text(t["agentId"]),
-                      _text(t["userId"]), _text(t["tags"]))
-    console.print(table)
+    console.print(_table(console, _THREAD_COLUMNS, [
+        [_text(t["id"]), _when(t["createdAt"]), _text(t["agentId"]), _text(t["userId"]),
+         _text(t["tags"])]
+        for t in items
+    ]))
     _more(console, answer.get("nextCursor"), "threads")
 
 
@@ -529,7 +590,7 @@ def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool)
     ]))
     if runs:
         console.print()
-        console.print(_runs_table(runs))
+        console.print(_runs_table(console, runs))
         total = sum(page["counts"].values())
         if total > len(runs):
             console.print(Text(
@@ -617,7 +678,7 @@ def runs_list(
     console = _console()
     found: list[dict[str, Any]] = answer["runs"]
     if found:
-        console.print(_runs_table(found))
+        console.print(_runs_table(console, found))
     else:
         console.print("No runs match." if statuses or name or cursor else "No runs.")
     console.print(_counts_line(answer["counts"]))

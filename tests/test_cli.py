@@ -48,11 +48,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         proc.stop()
 
 
-def te(url: str, *args: str, token: str | None = None, input: str | None = None) -> Result:
+def te(
+    url: str,
+    *args: str,
+    token: str | None = None,
+    input: str | None = None,
+    columns: int | None = None,
+) -> Result:
     """Run ``thread-effects <args>`` against ``url``; never a traceback, whatever happens."""
+    env = {URL_ENV: url, TOKEN_ENV: token, "COLUMNS": str(columns) if columns else None}
     result = CliRunner().invoke(
-        cli, list(args), env={URL_ENV: url, TOKEN_ENV: token}, input=input,
-        prog_name="thread-effects",
+        cli, list(args), env=env, input=input, prog_name="thread-effects"
     )
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         result.exception, result.output,
@@ -223,6 +229,16 @@ def test_runs_list_with_the_api_filters(server: ServerProcess) -> None:
     named = ok_json(server.url, "runs", "list", "-t", tid, "--name", "send_reminder")
     assert {r["id"] for r in named["runs"]} == {runs["completed"], runs["pending"]}
     assert named["counts"]["failed"] == 0  # the counts follow the name filter
+
+    # A narrow terminal: columns go (Started first), long text is cut, ids stay whole.
+    for columns, gone in ((120, ["Started"]), (80, ["Started", "Duration", "Attempts", "Due"])):
+        narrow = ok(server.url, "runs", "list", "-t", tid, columns=columns)
+        assert all(len(line) <= columns for line in narrow.splitlines()), narrow
+        head = narrow.splitlines()[0]
+        assert head.split()[:3] == ["Run", "Effect", "Status"] and "Error" in head
+        assert not any(word in head for word in gone)
+        assert all(run_id in narrow for run_id in runs.values())
+        assert "DemoFailure: no" in narrow and "…" in narrow
 
     assert "No runs match." in ok(server.url, "runs", "list", "-t", tid, "--name", "nothing")
     one = ok(server.url, "runs", "list", "-t", tid, "--limit", "1")
