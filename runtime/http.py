@@ -1,9 +1,9 @@
 """The HTTP and WebSocket API (``docs/http-api.md``) and the Effects pane, as a Starlette app.
 
 `create_app` builds the application; the `runtime.Runtime` is created and started in the
-app's lifespan and closed (with its shutdown grace) when the server stops. ``server.py``
-only parses options and runs uvicorn with `server_options` (header, keep-alive and
-WebSocket close timeouts).
+app's lifespan and closed (with its shutdown grace) when the server stops. `runtime.serve`
+(``server.py``, ``thread-effects serve``) only parses options and runs uvicorn with
+`server_options` (header, keep-alive and WebSocket close timeouts).
 
 Every route lives here in one style: the built-in thread, run, effect and agent routes,
 a thread's messages (`message_routes`) and the app's file-routed thread endpoints
@@ -594,6 +594,18 @@ async def _list_threads(request: Request) -> Response:
     return JSONResponse(
         {"threads": [thread_json(t) for t in page.threads], "nextCursor": page.next_cursor}
     )
+
+
+async def _get_thread(request: Request) -> Response:
+    state = await _thread(request)
+    info = ThreadInfo(
+        id=state.thread_id,
+        created_at_ts=state.created_at.timestamp(),
+        agent_id=state.agent_id,
+        user_id=state.user_id,
+        tags=state.tags,
+    )
+    return JSONResponse(thread_json(info))
 
 
 async def _delete_thread(request: Request) -> Response:
@@ -1344,7 +1356,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
-        _route("/api/threads/{tid}", DELETE=_delete_thread),
+        _route("/api/threads/{tid}", GET=_get_thread, DELETE=_delete_thread),
         _route("/api/threads/{tid}/effects", GET=_list_runs, POST=_schedule),
         _route("/api/threads/{tid}/effects/{run_id}", GET=_get_run),
         _route("/api/threads/{tid}/effects/{run_id}/run", POST=_run_now),

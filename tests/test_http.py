@@ -73,6 +73,15 @@ async def test_create_list_and_delete_threads(api: Api) -> None:
     error_of(await api.client.delete(f"/api/threads/{second}"), 404, "thread_not_found")
 
 
+async def test_get_one_thread(api: Api) -> None:
+    res = await api.client.post("/api/threads", json={"user_id": "u1", "tags": ["vip"]})
+    created = res.json()
+    res = await api.client.get(f"/api/threads/{created['id']}")
+    assert res.status_code == 200 and res.json() == created
+    error_of(await api.client.get("/api/threads/nobody"), 404, "thread_not_found")
+    error_of(await api.client.get("/api/threads/bad%20id"), 400, "invalid_thread_id")
+
+
 async def test_threads_are_paged_with_next_cursor(api: Api) -> None:
     assert api.clock is not None
     made = []

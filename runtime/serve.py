@@ -1,0 +1,244 @@
+"""Run the thread-effects server: the HTTP API, the effect_changed stream and the Effects pane.
+
+One implementation behind ``python server.py`` and ``thread-effects serve``::
+
+    thread-effects serve [--app-dir agents] [--data-dir data] [--host 127.0.0.1] [--port 8000]
+
+Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
+_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _MODEL, _LOAD_PACKAGES=0 for --no-packages,
+_LOG_LEVEL). The server listens on loopback; another address needs an API token.
+SIGINT/SIGTERM stop it gracefully: runs still going after the grace period are interrupted
+and re-queued.
+
+Exit status: 0 after a clean shutdown, 2 for refused options (an exposed address without a
+token, a missing app directory, a bad option value), 3 when the server failed to start (a
+bad effect file, a data directory in use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from runtime.http import (
+    DEFAULT_WEB_DIR,
+    LOOPBACK_HOSTS,
+    ApiError,
+    create_app,
+    read_json,
+    server_options,
+)
+
+ENV = "THREAD_EFFECTS_"
+"""Prefix of the environment variables that set the options."""
+
+DESCRIPTION = (
+    "Run the thread-effects server: the HTTP API, the effect_changed stream and the "
+    "Effects pane."
+)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an IP address, IPv6 maybe in brackets) is loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> argparse.Namespace:
+    """Parse the server's options, each defaulting to its ``THREAD_EFFECTS_*`` variable.
+
+    Args:
+        argv: The arguments (without the program name); None reads ``sys.argv``.
+        prog: The program name in usage and error messages (``server.py``,
+            ``thread-effects serve``).
+
+    Returns:
+        The options: ``app_dir``, ``data_dir`` (Paths), ``host``, ``port`` (int),
+        ``api_token``, ``shutdown_grace_seconds`` (float), ``model``, ``load_packages``,
+        ``log_level``.
+
+    Raises:
+        SystemExit: 2 for a bad option (argparse prints the usage), or a message naming a
+            variable whose value is not understood.
+    """
+    env = os.environ
+    name = prog or "server.py"
+
+    def port(text: str) -> int:
+        value = int(text)
+        if not 1 <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
+        return value
+
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    p.add_argument("--app-dir", type=Path, default=Path(env.get(f"{ENV}APP_DIR", "agents")),
+                   help="the application folder (its effects/ holds the effects)")
+    p.add_argument("--data-dir", type=Path, default=Path(env.get(f"{ENV}DATA_DIR", "data")),
+                   help="where the SQLite files live")
+    p.add_argument("--host", default=env.get(f"{ENV}HOST", "127.0.0.1"),
+                   help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=env.get(f"{ENV}PORT", "8000"),
+                   help="port to listen on (default 8000)")
+    p.add_argument("--api-token", default=env.get(f"{ENV}API_TOKEN") or None,
+                   help="require this token on every API call (prefer the environment "
+                        "variable: command lines are visible to other users)")
+    p.add_argument("--shutdown-grace-seconds", type=float,
+                   default=env.get(f"{ENV}SHUTDOWN_GRACE_SECONDS", "10"),
+                   help="on shutdown, runs still going after this are re-queued")
+    p.add_argument("--model", default=env.get(f"{ENV}MODEL") or None,
+                   help="pydantic-ai model for agents that name none, e.g. openai:gpt-4o-mini "
+                        "(default: the offline demo model)")
+    p.add_argument("--no-packages", dest="load_packages", action="store_false",
+                   default=_env_flag(f"{ENV}LOAD_PACKAGES", default=True, prog=name),
+                   help="do not load effects of installed packages (entry point group "
+                        "thread_effects.packages); THREAD_EFFECTS_LOAD_PACKAGES=0 does the same")
+    p.add_argument("--log-level", default=env.get(f"{ENV}LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+def _env_flag(name: str, *, default: bool, prog: str) -> bool:
+    """A yes/no environment variable: 1/true/yes/on or 0/false/no/off (any case)."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"{prog}: {name}={raw!r} is not a yes/no value (use 1 or 0)")
+
+
+def demo_webhook_route(data_dir: Path, max_body_bytes: int) -> Route:
+    """``POST /demo/webhook``: the demo app's webhook target, appending to a JSONL inbox.
+
+    Args:
+        data_dir: The server's data directory; the inbox is ``webhook-inbox.jsonl`` in it.
+        max_body_bytes: Largest body read, in bytes (413 over it).
+
+    Returns:
+        The route; its answer is ``{"received": true, "inbox": "<path>"}``.
+    """
+    inbox = data_dir / "webhook-inbox.jsonl"
+
+    def append(line: str) -> None:
+        with open(inbox, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    async def webhook(request: Request) -> JSONResponse:
+        payload: Any = await read_json(request, max_body_bytes)
+        if not isinstance(payload, dict):
+            raise ApiError(400, "invalid_body", "POST /demo/webhook: send a JSON object")
+        await anyio.to_thread.run_sync(append, json.dumps(payload, separators=(",", ":")))
+        return JSONResponse({"received": True, "inbox": str(inbox)})
+
+    return Route("/demo/webhook", webhook, methods=["POST"])
+
+
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
+    """Parse the options, build the app and serve it with uvicorn until SIGINT/SIGTERM.
+
+    Args:
+        argv: The arguments (without the program name); None reads ``sys.argv``.
+        prog: The program name in usage and error messages (default ``server.py``).
+
+    Returns:
+        The exit status: 0 after a clean shutdown, 2 for refused options, 3 when the
+        server did not start.
+    """
+    name = prog or "server.py"
+    args = parse_args(argv, prog=prog)
+    if not is_loopback(args.host) and not args.api_token:
+        print(
+            f"{name}: refusing to listen on {args.host} without an API token: anyone who "
+            f"can reach it could schedule effects. Set {ENV}API_TOKEN (or --api-token), or "
+            f"listen on 127.0.0.1.",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.app_dir.is_dir():
+        print(f"{name}: app directory {args.app_dir} does not exist", file=sys.stderr)
+        return 2
+    try:  # before anything is created: a busy port leaves no data dir behind
+        listener = bind_port(args.host, args.port)
+    except OSError as exc:
+        print(f"{name}: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+
+    # The demo webhook effect posts here by default (see agents/effects/post_webhook.py).
+    connect_host = "127.0.0.1" if not is_loopback(args.host) else args.host
+    if ":" in connect_host:
+        connect_host = f"[{connect_host.strip('[]')}]"
+    os.environ.setdefault(f"{ENV}SELF_URL", f"http://{connect_host}:{args.port}")
+    if args.api_token:  # given as --api-token: the webhook effect needs it for /demo/webhook
+        os.environ[f"{ENV}API_TOKEN"] = args.api_token
+
+    max_body_bytes = 2 * 1024 * 1024
+    app = create_app(
+        data_dir=args.data_dir,
+        app_dir=args.app_dir,
+        api_token=args.api_token,
+        # Without a token, only loopback names are answered (no DNS rebinding); with one,
+        # the token is what protects the API.
+        trusted_hosts=(*LOOPBACK_HOSTS, args.host) if not args.api_token else None,
+        web_dir=DEFAULT_WEB_DIR,
+        max_body_bytes=max_body_bytes,
+        shutdown_grace_seconds=args.shutdown_grace_seconds,
+        model=args.model,
+        load_packages=args.load_packages,
+        extra_routes=[demo_webhook_route(args.data_dir, max_body_bytes)],
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        lifespan="on",
+        log_level=args.log_level,
+        # Open HTTP requests get this long on SIGINT/SIGTERM; then the runtime's own grace
+        # period runs (the lifespan shutdown), after which running effects are re-queued.
+        timeout_graceful_shutdown=5,
+        **server_options(),
+    )
+    server = uvicorn.Server(config)
+    with listener:
+        server.run(sockets=[listener])
+    # uvicorn reports a failed startup (bad effect file, data dir in use) by not starting;
+    # the app logged why in one line (runtime.http.create_app).
+    return 0 if server.started else 3
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """The listening socket for ``host:port``, bound now (uvicorn serves on it).
+
+    Raises:
+        OSError: the port is in use, or the address is not this machine's.
+    """
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
