@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -280,9 +280,13 @@ def load_agent_app(app_dir: Path | None) -> AgentApp:
                 f"{path}: tool file names must be snake_case (^[a-z][a-z0-9_]*$)"
             )
         tool = load_definition(path, f"{prefix}.tools.{path.stem}", ToolDefinition, "tool")
-        app.tools[path.stem] = ToolDefinition(
-            tool.description, tool.args_schema, tool.execute, name=path.stem
-        )
+        if tool.name and tool.name != path.stem:
+            raise AgentDefinitionError(
+                f"{path}: the tool's name is {tool.name!r} but its file is {path.name!r}; a "
+                f"tool file is named after its tool"
+            )
+        # replace keeps the definition's class (an effect tool stays one).
+        app.tools[path.stem] = replace(tool, name=path.stem)
         app.files[f"tool:{path.stem}"] = path
     for path in _py_files(root / "hooks"):
         hook = load_definition(path, f"{prefix}.hooks.{path.stem}", HookDefinition, "hook")
