@@ -60,7 +60,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from runtime.errors import EffectKeyBusy, EffectResultError
 from runtime.keys import check_effect_key, default_effect_key
-from runtime.storage.records import EffectRecordStore
+from runtime.storage.records import EffectRecordStatus, EffectRecordStore
 from runtime.tools import ToolDefinition, check_tool_parts
 
 if TYPE_CHECKING:
@@ -93,7 +93,8 @@ class EffectToolSettings:
             record of the same key before `EffectKeyBusy`.
         poll_interval_seconds: How often a waiting call looks at the record again.
         max_result_bytes: The largest recorded result (UTF-8 JSON), default 1 MiB.
-        retention_seconds: Applied records older than this are purged (default 30 days).
+        retention_seconds: How old an applied record may grow before it is purged
+            (default 30 days; ``store.purge(older_than=now - retention_seconds)``).
     """
 
     lease_seconds: float = 300.0
@@ -334,6 +335,9 @@ async def call_effect_tool(
     execution = state.execution
     tool_name = defn.tool_name
     key = await compute_effect_key(defn, args, execution)
+    recorded = await store.get(thread_id, key)  # a read: the cheap path of a repeat
+    if recorded is not None and recorded.status is EffectRecordStatus.APPLIED:
+        return await _replay(defn, recorded.result, emit)
     owner = _owner()
     waited_since = time.monotonic()
     while True:
@@ -342,10 +346,7 @@ async def call_effect_tool(
             lease_seconds=settings.lease_seconds,
         )
         if claim.applied:
-            result = claim.record.result
-            if emit is not None and _streams(defn):
-                await emit(result, True)
-            return result
+            return await _replay(defn, claim.record.result, emit)
         if claim.claimed:
             break
         waited = time.monotonic() - waited_since
@@ -372,6 +373,12 @@ async def call_effect_tool(
         log.exception("tool %s: the effect of key %r was applied but could not be recorded",
                       tool_name, key)
     return json.loads(text)
+
+
+async def _replay(defn: ToolDefinition, result: Any, emit: Emit | None) -> Any:
+    if emit is not None and _streams(defn):
+        await emit(result, True)
+    return result
 
 
 def _streams(defn: ToolDefinition) -> bool:

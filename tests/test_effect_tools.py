@@ -473,3 +473,114 @@ def test_sync_hooks_run_in_a_worker_thread_async_ones_on_the_loop() -> None:
     assert threads == [False]
 
 
+
+
+CHILD = Path(__file__).parent / "_effect_tool_child.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(db: Path, world: Path, run_id: str, mode: str, go: Path | None = None) -> Any:
+    import subprocess
+    import sys
+
+    argv = [sys.executable, str(CHILD), str(db), str(world), run_id, mode]
+    return subprocess.Popen([*argv, *([str(go)] if go else [])], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def tool_returns(proc: Any) -> list[Any]:
+    import json
+
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    result: list[Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.slow
+async def test_a_process_killed_between_execute_and_record_is_reconciled_on_retry(
+    tmp_path: Path,
+) -> None:
+    import signal
+
+    db, world = tmp_path / "records.sqlite", tmp_path / "world.txt"
+    first = child(db, world, "run-1", "hang")
+    assert first.stdout.readline().strip() == "APPLIED", first.stderr.read()
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=30)  # reaps it and closes its pipes
+    assert first.returncode == -signal.SIGKILL
+    store = SqliteEffectStore(db)
+    record = await store.get("", "run-1:note:release")
+    assert record is not None and record.status is EffectRecordStatus.IN_PROGRESS
+
+    retry = child(db, world, "run-1", "apply")  # the same turn again (same run id)
+    assert tool_returns(retry) == [{"note": 1, "found": True}]
+    assert len(world.read_text().splitlines()) == 1  # applied once, by the killed process
+    record = await store.get("", "run-1:note:release")
+    assert record is not None and record.status is EffectRecordStatus.APPLIED
+    assert record.result == {"note": 1, "found": True}
+    await store.close()
+
+
+@pytest.mark.slow
+def test_two_processes_racing_on_one_key_apply_it_once(tmp_path: Path) -> None:
+    db, world, go = tmp_path / "records.sqlite", tmp_path / "world.txt", tmp_path / "go"
+    procs = [child(db, world, "run-1", "race", go) for _ in range(2)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+    go.touch()
+    results = [tool_returns(proc) for proc in procs]
+    assert len(world.read_text().splitlines()) == 1
+    assert results[0] == results[1] == [{"note": 1, "found": False}]
+
+
+EFFECT_TOOL_FILE = (
+    "from pydantic import BaseModel\n"
+    "from runtime import define_effect_tool\n"
+    "class Note(BaseModel):\n    text: str\n"
+    "async def post_note(state, args):\n    return args.text\n"
+    "tool = define_effect_tool('Posts a note.', Note, post_note{extra})\n"
+)
+
+
+def test_discovery_accepts_an_effect_tool_and_checks_its_name(tmp_path: Path) -> None:
+    from runtime import AgentDefinitionError
+    from runtime.agents import load_agent_app
+    from runtime.effect_tools import EffectToolDefinition
+
+    app = tmp_path / "app"
+    (app / "tools").mkdir(parents=True)
+    (app / "tools" / "post_note.py").write_text(
+        EFFECT_TOOL_FILE.format(extra=", name='post_note', effect_key=lambda a, e: a.text"))
+    loaded = load_agent_app(app)
+    tool = loaded.tools["post_note"]
+    assert isinstance(tool, EffectToolDefinition) and tool.name == "post_note"
+    assert tool.effect_key is not None
+
+    (app / "tools" / "post_note.py").write_text(EFFECT_TOOL_FILE.format(extra=", name='other'"))
+    with pytest.raises(AgentDefinitionError, match=(
+        r"post_note.py: the tool's name is 'other' but its file is 'post_note.py'")):
+        load_agent_app(app)
+    (app / "tools" / "post_note.py").write_text(
+        "from runtime import define_tool\n"
+        "def run(state):\n    return 1\n"
+        "tool = define_tool('Plain.', run, name='poster')\n")
+    with pytest.raises(AgentDefinitionError, match="the tool's name is 'poster'"):
+        load_agent_app(app)
+
+
+def test_an_agent_listing_an_effect_tool_is_refused_until_turns_record_effects(
+    tmp_path: Path,
+) -> None:
+    from runtime import AgentDefinitionError
+    from runtime.agents import load_agent_app
+
+    app = tmp_path / "app"
+    (app / "tools").mkdir(parents=True)
+    (app / "agents").mkdir()
+    (app / "tools" / "post_note.py").write_text(EFFECT_TOOL_FILE.format(extra=""))
+    (app / "agents" / "notes.py").write_text(
+        "from runtime import define_agent\n"
+        "agent = define_agent('notes', 'Be brief.', tools=['post_note'])\n")
+    with pytest.raises(AgentDefinitionError, match="lists the effect tool 'post_note'"):
+        load_agent_app(app)

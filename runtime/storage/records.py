@@ -618,15 +618,20 @@ class SqliteEffectStore(EffectRecordStore):
                 raise
             conn.execute("COMMIT")
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+    async def _run(self, fn: Callable[[sqlite3.Connection], Any], *, write: bool = True) -> Any:
         def work() -> Any:
+            if not write:  # one SELECT in autocommit mode reads a consistent snapshot
+                with self._lock:
+                    return fn(self._conn)
             with self._transaction() as conn:
                 return fn(conn)
 
         return await anyio.to_thread.run_sync(work)
 
     async def get(self, thread_id: str, key: str) -> EffectRecord | None:  # noqa: D102
-        result: EffectRecord | None = await self._run(lambda c: sql_get(c, thread_id, key))
+        result: EffectRecord | None = await self._run(
+            lambda c: sql_get(c, thread_id, key), write=False
+        )
         return result
 
     async def begin(  # noqa: D102
@@ -661,7 +666,7 @@ class SqliteEffectStore(EffectRecordStore):
             decode_cursor(cursor)
         page: EffectRecordPage = await self._run(lambda c: sql_list(
             c, thread_id, status=status, limit=limit, cursor=cursor
-        ))
+        ), write=False)
         return page
 
     async def purge(self, *, older_than: datetime) -> int:  # noqa: D102
