@@ -433,7 +433,7 @@ def wrap_tools_for_run(
     (pydantic-ai ``Tool`` objects are taken as they are). A tool's function gets a
     `ToolRunState` (or, when the run's deps are a `ThreadState`, that state with its
     ``execution`` set). A streaming tool's values are emitted into the run's event stream
-    as `runtime._effect_toolset.EffectToolValue` events. Failures reach the model as tool
+    as ``runtime.effect_tools.EffectToolValue`` events. Failures reach the model as tool
     errors (pydantic-ai's ``ToolFailed``), as inside the runtime.
 
     Args:
@@ -453,3 +453,16 @@ def wrap_tools_for_run(
     from runtime._effect_toolset import build_toolset
 
     return build_toolset(list(tools), ctx, store)
+
+
+def __getattr__(name: str) -> Any:
+    """``EffectToolValue`` (the event a streaming tool's values travel in) loads pydantic-ai.
+
+    It subclasses pydantic-ai's ``CustomEvent``, so it is defined in `runtime._effect_toolset`
+    and reached here lazily: ``from runtime.effect_tools import EffectToolValue``.
+    """
+    if name == "EffectToolValue":
+        from runtime._effect_toolset import EffectToolValue
+
+        return EffectToolValue
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,7 +41,7 @@ from runtime import (
     find_effect_markers,
     wrap_tools_for_run,
 )
-from runtime._effect_toolset import EffectToolValue
+from runtime.effect_tools import EffectToolValue
 
 FAST = EffectToolSettings(poll_interval_seconds=0.01)
 
@@ -268,6 +268,26 @@ async def test_key_order_at_every_depth_does_not_change_the_key(
     assert len(applied) == 1
     assert default_effect_key("r", "place", one) == default_effect_key("r", "place", two)
     assert default_effect_key("r", "place", Order(**one)) == default_effect_key("r", "place", two)
+
+
+async def test_the_key_is_computed_before_execute_so_mutating_args_cannot_change_it(
+    store: EffectRecordStore,
+) -> None:
+    applied: list[str] = []
+
+    async def post(state: ToolRunState, args: Comment) -> str:
+        applied.append(args.body)
+        args.body = "changed by the handler"
+        return "posted"
+
+    args = {"issue": 2, "body": "original"}
+    messages = await run(
+        [define_effect_tool("Posts.", Comment, post)],
+        scripted([call("post", args, "c1")], [call("post", args, "c2")], "done"), store,
+    )
+    assert applied == ["original"] and returns(messages) == ["posted", "posted"]
+    key = default_effect_key("run-1", "post", Comment(**args))
+    assert [r.key for r in (await store.list("t1")).records] == [key]
 
 
 async def test_a_streaming_tool_records_its_last_value_and_a_replay_yields_only_it(
