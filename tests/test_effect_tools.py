@@ -113,9 +113,10 @@ async def run(tools: list[Any], model: FunctionModel, store: EffectRecordStore,
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
-    EffectRecordStore
-]:
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, no_blocking: None
+) -> AsyncIterator[EffectRecordStore]:
+    """Each store; nothing in a test that uses it may block the event loop (blockbuster)."""
     backend: EffectRecordStore = (
         InMemoryEffectStore() if request.param == "memory"
         else SqliteEffectStore(tmp_path / "records.sqlite")

@@ -571,8 +571,10 @@ class InMemoryEffectStore(EffectRecordStore):
 class SqliteEffectStore(EffectRecordStore):
     """Effect records in a standalone SQLite file (WAL), shared safely by several processes.
 
-    Every operation runs in a worker thread, in one ``BEGIN IMMEDIATE`` transaction on the
-    store's connection; another process's writer is waited for (``busy_timeout``).
+    Every operation runs in a worker thread, a write in one ``BEGIN IMMEDIATE`` transaction
+    on the store's connection (opened, and the table created, by the first operation, so
+    constructing the store does no I/O); another process's writer is waited for
+    (``busy_timeout_seconds``).
 
     Args:
         path: The database file (created with its table if missing).
@@ -594,22 +596,39 @@ class SqliteEffectStore(EffectRecordStore):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
         self.path = Path(path)
         self._clock = clock or time.time
-        # isolation_level=None: transactions are ours (BEGIN IMMEDIATE takes the write lock
-        # up front, so a racing claimant waits instead of failing on upgrade).
-        self._conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False,
-            timeout=busy_timeout_seconds,
-        )
+        self._synchronous = synchronous
+        self._busy_timeout_seconds = busy_timeout_seconds
+        self._conn: sqlite3.Connection | None = None  # opened by the first operation
+        self._closed = False
         self._lock = threading.Lock()
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={synchronous}")
-        with self._transaction() as conn:
-            create_effect_records_table(conn)
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection (in a worker thread, under the lock): opened on first use."""
+        if self._closed:
+            raise RuntimeError(f"SqliteEffectStore({str(self.path)!r}) is closed")
+        if self._conn is None:
+            # isolation_level=None: transactions are ours (BEGIN IMMEDIATE takes the write
+            # lock up front, so a racing claimant waits instead of failing on upgrade).
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False,
+                timeout=self._busy_timeout_seconds,
+            )
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.execute("BEGIN IMMEDIATE")
+                create_effect_records_table(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            conn = self._conn
+            conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -622,7 +641,7 @@ class SqliteEffectStore(EffectRecordStore):
         def work() -> Any:
             if not write:  # one SELECT in autocommit mode reads a consistent snapshot
                 with self._lock:
-                    return fn(self._conn)
+                    return fn(self._connection())
             with self._transaction() as conn:
                 return fn(conn)
 
@@ -681,6 +700,9 @@ class SqliteEffectStore(EffectRecordStore):
     async def close(self) -> None:  # noqa: D102
         def shut() -> None:
             with self._lock:
-                self._conn.close()
+                self._closed = True
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
 
         await anyio.to_thread.run_sync(shut)

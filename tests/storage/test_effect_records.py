@@ -38,8 +38,9 @@ def clock() -> FakeClock:
 
 @pytest.fixture(params=["memory", "sqlite"])
 async def store(
-    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
+    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path, no_blocking: None
 ) -> AsyncIterator[EffectRecordStore]:
+    """Each backend; no contract method may block the event loop (blockbuster checks)."""
     backend: EffectRecordStore
     if request.param == "memory":
         backend = InMemoryEffectStore(clock=clock.now)
