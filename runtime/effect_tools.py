@@ -54,6 +54,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, overload
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
@@ -352,7 +353,7 @@ async def call_effect_tool(
         waited = time.monotonic() - waited_since
         if waited >= settings.wait_timeout_seconds:
             raise EffectKeyBusy(key, tool_name, round(waited, 3))
-        await anyio.sleep(settings.poll_interval_seconds)
+        await _wait_for_holder(store, thread_id, key, settings.poll_interval_seconds)
     if claim.took_over:
         log.warning("tool %s: took over effect key %r from an expired lease (its holder "
                     "stopped); reconciling through already_applied", tool_name, key)
@@ -365,6 +366,8 @@ async def call_effect_tool(
             except Exception:
                 log.exception("tool %s: could not release effect key %r; it is taken over "
                               "when its lease expires", tool_name, key)
+            finally:
+                _wake_waiters(store, thread_id, key)
         raise
     try:
         await store.complete(thread_id, key, owner=owner, result_json=text)
@@ -372,7 +375,36 @@ async def call_effect_tool(
         # The effect happened: the caller gets its result. already_applied guards a retry.
         log.exception("tool %s: the effect of key %r was applied but could not be recorded",
                       tool_name, key)
+    finally:
+        _wake_waiters(store, thread_id, key)
     return json.loads(text)
+
+
+# Calls waiting on a key held by a call of this process (e.g. two identical calls in one
+# model response) wake as soon as it is recorded or released, not at their next poll;
+# holders in other processes are seen by polling. Scoped to the event loop (its token).
+_waiters: dict[tuple[object, int, str, str], anyio.Event] = {}
+
+
+async def _wait_for_holder(
+    store: EffectRecordStore, thread_id: str, key: str, poll_interval_seconds: float
+) -> None:
+    slot = (anyio.lowlevel.current_token(), id(store), thread_id, key)
+    event = _waiters.get(slot)
+    if event is None:
+        event = _waiters[slot] = anyio.Event()
+    try:
+        with anyio.move_on_after(poll_interval_seconds):
+            await event.wait()
+    finally:
+        if _waiters.get(slot) is event:  # no entry outlives its waits (no leak)
+            del _waiters[slot]
+
+
+def _wake_waiters(store: EffectRecordStore, thread_id: str, key: str) -> None:
+    event = _waiters.pop((anyio.lowlevel.current_token(), id(store), thread_id, key), None)
+    if event is not None:
+        event.set()
 
 
 async def _replay(defn: ToolDefinition, result: Any, emit: Emit | None) -> Any:
