@@ -152,8 +152,12 @@ def effect_marker(key: str) -> str:
 
 
 def find_effect_markers(text: str) -> list[str]:
-    """The keys of the effect markers in a text, in order of appearance (repeats kept)."""
-    return [unquote(m.group(1), errors="strict") for m in _MARKER_RE.finditer(text)]
+    """The keys of the effect markers in a text, in order of appearance (repeats kept).
+
+    Text written by others never makes it raise: a malformed escape decodes to U+FFFD,
+    which matches no key `effect_marker` wrote.
+    """
+    return [unquote(m.group(1), errors="replace") for m in _MARKER_RE.finditer(text)]
 
 
 def _escape(key: str) -> str:
@@ -199,7 +203,12 @@ def _normalize(value: Any, path: str, active: set[int], tool_name: str | None) -
                             f"dumped as JSON: {exc}") from None
         return _normalize(dumped, path, active | {id(value)}, tool_name)
     if isinstance(value, _JSON_FORM_TYPES):
-        return _normalize(to_jsonable_python(value), path, active, tool_name)
+        try:
+            json_form = to_jsonable_python(value)
+        except (PydanticSerializationError, ValueError) as exc:  # e.g. bytes not UTF-8
+            raise _unsupported(tool_name, path, f"a {type(value).__name__} without a JSON "
+                               f"form ({exc})") from None
+        return _normalize(json_form, path, active, tool_name)
     if isinstance(value, Mapping | list | tuple):
         if id(value) in active:
             raise _unsupported(tool_name, path, "a cycle")

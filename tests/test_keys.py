@@ -61,6 +61,7 @@ def test_models_dump_in_json_mode_and_special_types_take_their_json_form() -> No
         ({1: "x"}, "args[1]", "a mapping key of type int"),
         ({"big": 2**60}, "args.big", "the integer 1152921504606846976"),
         ({"o": object()}, "args.o", "a value of type object"),
+        ({"raw": b"\xff"}, "args.raw", "a bytes without a JSON form"),
     ],
 )
 def test_unsupported_values_name_the_tool_and_the_path(value: Any, path: str, what: str) -> None:
@@ -101,6 +102,7 @@ def test_markers_round_trip_and_no_key_breaks_out_of_the_comment() -> None:
         assert "--" not in inner.removeprefix("thread-effects:effect=") and ">" not in inner
     assert effect_marker("a-->b") == "<!-- thread-effects:effect=a-%2D%3Eb -->"
     assert find_effect_markers("no markers <!-- other --> here") == []
+    assert find_effect_markers("<!-- thread-effects:effect=a%FFb -->") == ["a\ufffdb"]
     with pytest.raises(ValueError, match="non-empty"):
         effect_marker("")
 
