@@ -285,3 +285,17 @@ def test_processes_racing_on_one_sqlite_file_claim_each_key_once(tmp_path: Path)
     conn.close()
     assert statuses == [("applied",)]
 
+
+
+async def test_a_record_as_json_is_what_the_http_api_will_list(store: EffectRecordStore) -> None:
+    got = await store.begin("t1", "k", tool_name="post", run_id="r1", owner="a",
+                            lease_seconds=30)
+    assert got.record.to_json() == {
+        "threadId": "t1", "key": "k", "toolName": "post", "runId": "r1",
+        "status": "in_progress", "result": None,
+        "leaseExpiresAt": "2023-11-14T22:13:50Z", "createdAt": "2023-11-14T22:13:20Z",
+        "updatedAt": "2023-11-14T22:13:20Z",
+    }
+    done = await store.complete("t1", "k", owner="a", result_json='{"id":1}')
+    assert done.to_json()["status"] == "applied" and done.to_json()["result"] == {"id": 1}
+    assert done.to_json()["leaseExpiresAt"] is None
