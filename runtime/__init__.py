@@ -8,6 +8,14 @@ The public API is re-exported here; see docs/design.md and the README.
 
 from runtime.agents import AgentDefinition, define_agent
 from runtime.config import MAX_ATTEMPTS, RetentionPolicy, Settings
+from runtime.effect_tools import (
+    EffectToolContext,
+    EffectToolDefinition,
+    EffectToolSettings,
+    ToolRunState,
+    define_effect_tool,
+    wrap_tools_for_run,
+)
 from runtime.effects import (
     EffectChanged,
     EffectDefinition,
@@ -22,7 +30,10 @@ from runtime.errors import (
     AgentNotFound,
     DataDirLocked,
     EffectDefinitionError,
+    EffectKeyBusy,
     EffectNotFound,
+    EffectRecordLost,
+    EffectResultError,
     EffectsError,
     InvalidArgument,
     InvalidDelay,
@@ -43,6 +54,7 @@ from runtime.errors import (
 )
 from runtime.frames import Subscription
 from runtime.hooks import HookDefinition, HookPoint, define_hook
+from runtime.keys import canonical_json, default_effect_key, effect_marker, find_effect_markers
 from runtime.messages import (
     Message,
     MessageCreated,
@@ -52,6 +64,14 @@ from runtime.messages import (
     ToolResult,
 )
 from runtime.storage.base import ThreadInfo
+from runtime.storage.records import (
+    EffectRecord,
+    EffectRecordPage,
+    EffectRecordStatus,
+    EffectRecordStore,
+    InMemoryEffectStore,
+    SqliteEffectStore,
+)
 from runtime.supervisor import Runtime, ThreadPage, validate_thread_id
 from runtime.thread import Execution, RunPage, ThreadState
 from runtime.tools import ToolDefinition, define_tool
@@ -66,13 +86,24 @@ __all__ = [
     "EffectChanged",
     "EffectDefinition",
     "EffectDefinitionError",
+    "EffectKeyBusy",
     "EffectNotFound",
+    "EffectRecord",
+    "EffectRecordLost",
+    "EffectRecordPage",
+    "EffectRecordStatus",
+    "EffectRecordStore",
+    "EffectResultError",
     "EffectRun",
     "EffectStatus",
+    "EffectToolContext",
+    "EffectToolDefinition",
+    "EffectToolSettings",
     "EffectsError",
     "Execution",
     "HookDefinition",
     "HookPoint",
+    "InMemoryEffectStore",
     "InvalidArgument",
     "InvalidDelay",
     "InvalidEffectArgs",
@@ -92,6 +123,7 @@ __all__ = [
     "RuntimeClosed",
     "RuntimeStorageError",
     "Settings",
+    "SqliteEffectStore",
     "Subscription",
     "SubscriptionOverflow",
     "ThreadEndpointDefinition",
@@ -104,13 +136,20 @@ __all__ = [
     "ToolCall",
     "ToolDefinition",
     "ToolResult",
+    "ToolRunState",
     "TurnFailed",
     "TurnInProgress",
     "TurnResult",
+    "canonical_json",
+    "default_effect_key",
     "define_agent",
     "define_effect",
+    "define_effect_tool",
     "define_hook",
     "define_thread_endpoint",
     "define_tool",
+    "effect_marker",
+    "find_effect_markers",
     "validate_thread_id",
+    "wrap_tools_for_run",
 ]

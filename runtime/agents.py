@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime.discovery import app_package, load_module_file, single_definition
+from runtime.effect_tools import EffectToolDefinition
 from runtime.effects import EFFECT_NAME_RE
 from runtime.errors import AgentDefinitionError, AgentNotFound
 from runtime.hooks import HookDefinition, HookPoint
@@ -280,9 +281,13 @@ def load_agent_app(app_dir: Path | None) -> AgentApp:
                 f"{path}: tool file names must be snake_case (^[a-z][a-z0-9_]*$)"
             )
         tool = load_definition(path, f"{prefix}.tools.{path.stem}", ToolDefinition, "tool")
-        app.tools[path.stem] = ToolDefinition(
-            tool.description, tool.args_schema, tool.execute, name=path.stem
-        )
+        if tool.name and tool.name != path.stem:
+            raise AgentDefinitionError(
+                f"{path}: the tool's name is {tool.name!r} but its file is {path.name!r}; a "
+                f"tool file is named after its tool"
+            )
+        # replace keeps the definition's class (an effect tool stays one).
+        app.tools[path.stem] = replace(tool, name=path.stem)
         app.files[f"tool:{path.stem}"] = path
     for path in _py_files(root / "hooks"):
         hook = load_definition(path, f"{prefix}.hooks.{path.stem}", HookDefinition, "hook")
@@ -307,6 +312,14 @@ def load_agent_app(app_dir: Path | None) -> AgentApp:
                 raise AgentDefinitionError(
                     f"{path}: agent {agent.name!r} lists tool {tool_name!r}, but there is no "
                     f"tools/{tool_name}.py (tools: {known})"
+                )
+            if isinstance(app.tools[tool_name], EffectToolDefinition):
+                # Inside turns an effect tool needs the thread's own record store, which
+                # is not wired yet; run as a plain tool it would silently apply twice.
+                raise AgentDefinitionError(
+                    f"{path}: agent {agent.name!r} lists the effect tool {tool_name!r}; this "
+                    f"version runs effect tools only through wrap_tools_for_run (outside the "
+                    f"runtime's turns), see docs/effect-tools.md"
                 )
         for hook_id in agent.hooks:
             if hook_id not in app.hooks:

@@ -23,9 +23,13 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── MessageNotFound         no message with that id in the thread
     ├── TurnInProgress          a message was sent while the thread's turn runs
     ├── TurnFailed              the model (or the agent loop) failed during a turn
-    └── ModelNotAvailable       a configured model cannot be resolved (raised at startup)
+    ├── ModelNotAvailable       a configured model cannot be resolved (raised at startup)
+    ├── EffectKeyBusy           an effect key stayed in progress (another call) past the wait
+    ├── EffectResultError       an effect tool's result is not JSON or over the size limit
+    └── EffectRecordLost        completing an effect record whose lease the caller lost
 
-`InvalidThreadId`, `InvalidArgument`, `InvalidDelay` and `InvalidEffectArgs` are also
+`InvalidThreadId`, `InvalidArgument`, `InvalidDelay`, `InvalidEffectArgs` and
+`EffectResultError` are also
 `ValueError`s; `EffectNotFound`, `ThreadNotFound`, `RunNotFound`, `AgentNotFound` and
 `MessageNotFound` are also `LookupError`s, so callers that only know the builtin hierarchy
 still catch them.
@@ -193,3 +197,33 @@ class ModelNotAvailable(EffectsError):
 
 class RuntimeStorageError(EffectsError):
     """The runtime database (``runtime.sqlite``) is unusable, so the runtime cannot start."""
+
+
+class EffectKeyBusy(EffectsError):
+    """Another call held an effect key's in-progress record longer than a caller would wait.
+
+    Attributes:
+        key: The effect key.
+        tool_name: The tool whose call waited.
+        waited_seconds: How long the caller waited.
+    """
+
+    def __init__(self, key: str, tool_name: str, waited_seconds: float) -> None:
+        self.key = key
+        self.tool_name = tool_name
+        self.waited_seconds = waited_seconds
+        super().__init__(
+            f"Tool {tool_name}: effect key {key!r} is still being applied by another call "
+            f"after waiting {waited_seconds:g} s (the wait timeout); try again later"
+        )
+
+
+class EffectResultError(EffectsError, ValueError):
+    """An effect tool's result cannot be recorded: not JSON, or over the size limit."""
+
+
+class EffectRecordLost(EffectsError):
+    """The caller no longer holds the in-progress record it tried to complete or release.
+
+    Its lease expired and another call took the key over, or the record was purged.
+    """

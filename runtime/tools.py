@@ -25,6 +25,7 @@ do not run).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -52,13 +53,19 @@ class ToolDefinition:
             None for a tool without arguments.
         execute: ``execute(state, args)`` (``execute(state)`` without a schema); async, or
             sync (then run in a worker thread, and unable to await the state's methods).
-        name: Filled in by discovery from the file name (``""`` until then).
+        name: The ``name=`` given to `define_tool` (``""`` if none); discovery sets it
+            to the file name (and refuses a ``name=`` that differs from it).
     """
 
     description: str
     args_schema: type[BaseModel] | None
     execute: ToolFn
     name: str = ""
+
+    @property
+    def tool_name(self) -> str:
+        """The name the model calls: `name`, else the function's ``__name__``."""
+        return self.name or str(getattr(self.execute, "__name__", ""))
 
     @property
     def is_async(self) -> bool:
@@ -134,6 +141,8 @@ def define_tool(
     args_schema: type[BaseModel],
     execute: Callable[[ThreadState, Any], Awaitable[Any] | Any],
     /,
+    *,
+    name: str | None = None,
 ) -> ToolDefinition: ...
 
 
@@ -142,10 +151,14 @@ def define_tool(
     description: str,
     execute: Callable[[ThreadState], Awaitable[Any] | Any],
     /,
+    *,
+    name: str | None = None,
 ) -> ToolDefinition: ...
 
 
-def define_tool(description: str, schema_or_execute: Any, execute: Any = None, /) -> ToolDefinition:
+def define_tool(
+    description: str, schema_or_execute: Any, execute: Any = None, /, *, name: str | None = None
+) -> ToolDefinition:
     """Define a tool; assign the result to a module-level name in ``agents/tools/<name>.py``.
 
     Two forms::
@@ -159,16 +172,40 @@ def define_tool(description: str, schema_or_execute: Any, execute: Any = None, /
             without arguments.
         execute: The function when a schema is given: ``execute(state, args)``, returning
             text or a JSON-serializable value, or raising to report a failure.
+        name: The tool's name where no file names it (`runtime.wrap_tools_for_run`);
+            default: the function's name. In ``agents/tools/`` it must equal the file name.
 
     Returns:
         A `ToolDefinition` (its ``name`` is set when the file is discovered).
 
     Raises:
         TypeError: the schema is not a pydantic model, or the function is not callable.
-        ValueError: the description is empty.
+        ValueError: the description is empty, or the name is not snake_case.
+    """
+    schema, execute = check_tool_parts("define_tool", description, schema_or_execute, execute,
+                                       name)
+    return ToolDefinition(description=description.strip(), args_schema=schema, execute=execute,
+                          name=name or "")
+
+
+TOOL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def check_tool_parts(
+    what: str, description: object, schema_or_execute: Any, execute: Any, name: object
+) -> tuple[type[BaseModel] | None, ToolFn]:
+    """Check `define_tool`'s arguments (shared by `runtime.define_effect_tool`).
+
+    Returns:
+        ``(args_schema or None, execute)``.
+
+    Raises:
+        TypeError, ValueError: as `define_tool` says, prefixed with ``what``.
     """
     if not isinstance(description, str) or not description.strip():
-        raise ValueError("define_tool: description must be a non-empty string")
+        raise ValueError(f"{what}: description must be a non-empty string")
+    if name is not None and not (isinstance(name, str) and TOOL_NAME_RE.match(name)):
+        raise ValueError(f"{what}: name must be snake_case (^[a-z][a-z0-9_]*$), got {name!r}")
     schema: type[BaseModel] | None
     if execute is None:
         schema, execute = None, schema_or_execute
@@ -176,8 +213,8 @@ def define_tool(description: str, schema_or_execute: Any, execute: Any = None, /
         schema = schema_or_execute
         if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
             raise TypeError(
-                f"define_tool: args_schema must be a pydantic BaseModel subclass, got {schema!r}"
+                f"{what}: args_schema must be a pydantic BaseModel subclass, got {schema!r}"
             )
     if not callable(execute):
-        raise TypeError(f"define_tool: execute must be callable, got {execute!r}")
-    return ToolDefinition(description=description.strip(), args_schema=schema, execute=execute)
+        raise TypeError(f"{what}: execute must be callable, got {execute!r}")
+    return schema, execute

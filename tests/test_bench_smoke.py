@@ -26,3 +26,18 @@ def test_bench_quick_runs_and_prints_the_table(tmp_path: Path) -> None:
     assert "(b) lag due→start p99" in result.stdout
     # The benchmark cleans up its databases.
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_effect_tools_quick_runs_and_prints_the_table(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_effect_tools.py"), "--quick",
+         "--calls", "20", "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| tool call | wall µs/call | overhead (wall) | CPU µs/call | overhead (CPU) |" in (
+        result.stdout)
+    for row in ("| plain |", "| effect, first application (sqlite) |",
+                "| effect, recorded hit (memory) |"):
+        assert row in result.stdout
+    assert list(tmp_path.iterdir()) == []
