@@ -3,19 +3,15 @@
 Every conversation thread owns its SQLite database and schedules effects — named
 functions that run later, outside the model's turn.
 
-The public API is re-exported here; see docs/design.md and the README.
+The public API is re-exported here; see docs/design.md and the README. Importing this
+package also registers the conversation layer (`runtime.conversation`) as a default
+extension of every `Runtime` (see `runtime.extension`).
 """
 
 from runtime.agents import AgentDefinition, define_agent
 from runtime.config import MAX_ATTEMPTS, RetentionPolicy, Settings
-from runtime.effects import (
-    EffectChanged,
-    EffectDefinition,
-    EffectRun,
-    EffectStatus,
-    RunChange,
-    define_effect,
-)
+from runtime.conversation import ConversationExtension  # registers the default layer
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, define_effect
 from runtime.endpoints import ThreadEndpointDefinition, define_thread_endpoint
 from runtime.errors import (
     AgentDefinitionError,
@@ -41,27 +37,30 @@ from runtime.errors import (
     TurnFailed,
     TurnInProgress,
 )
+from runtime.events import EffectChanged, MessageCreated, RunChange
+from runtime.extension import Extension
 from runtime.frames import Subscription
 from runtime.hooks import HookDefinition, HookPoint, define_hook
+from runtime.ids import validate_thread_id
 from runtime.messages import (
     Message,
-    MessageCreated,
     MessagePage,
     MessageRole,
     ToolCall,
     ToolResult,
+    TurnResult,
 )
 from runtime.storage.base import ThreadInfo
-from runtime.supervisor import Runtime, ThreadPage, validate_thread_id
+from runtime.supervisor import Runtime, ThreadPage
 from runtime.thread import Execution, RunPage, ThreadState
 from runtime.tools import ToolDefinition, define_tool
-from runtime.turns import TurnResult
 
 __all__ = [
     "MAX_ATTEMPTS",
     "AgentDefinition",
     "AgentDefinitionError",
     "AgentNotFound",
+    "ConversationExtension",
     "DataDirLocked",
     "EffectChanged",
     "EffectDefinition",
@@ -71,6 +70,7 @@ __all__ = [
     "EffectStatus",
     "EffectsError",
     "Execution",
+    "Extension",
     "HookDefinition",
     "HookPoint",
     "InvalidArgument",

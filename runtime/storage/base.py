@@ -6,6 +6,8 @@ event loop, and never calls one `ThreadStore` from two threads at once):
 - `ThreadStore`: one thread's runs. Every method is one transaction: it either commits
   whole or changes nothing.
 - `RuntimeStore`: the thread registry and the durable alarm index.
+- `StorageBackend`: the factory of both, owning where they live (SQLite: the data
+  directory, its files and its lock).
 
 Times are seconds since the Unix epoch (UTC), as floats.
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
+from runtime.messages import Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,36 @@ class ThreadStore(ABC):
         """Delete finished runs past retention; returns how many were deleted."""
 
     @abstractmethod
+    def set_meta(self, key: str, value: str) -> None:
+        """Set one ``key = value`` entry of the thread's metadata (replacing it)."""
+
+    @abstractmethod
+    def insert_messages(self, messages: Sequence[Message]) -> None:
+        """Append messages to the conversation, in order, in one transaction."""
+
+    @abstractmethod
+    def list_messages(
+        self,
+        *,
+        limit: int = 50,
+        after_id: str | None = None,
+        before_id: str | None = None,
+        latest: bool = False,
+    ) -> tuple[list[Message], str | None, str | None] | None:
+        """A page of messages, oldest first: ``(messages, next_cursor, prev_cursor)``.
+
+        None when ``after_id`` or ``before_id`` names no message of the thread.
+        """
+
+    @abstractmethod
+    def get_message(self, message_id: str) -> Message | None:
+        """One message, or None."""
+
+    @abstractmethod
+    def all_messages(self) -> list[Message]:
+        """The whole conversation, oldest first."""
+
+    @abstractmethod
     def close(self) -> None:
         """Close the connection (idempotent)."""
 
@@ -189,3 +222,46 @@ class RuntimeStore(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the connection (idempotent)."""
+
+
+class StorageBackend(ABC):
+    """Where a runtime keeps its registry, alarms and every thread's store (a factory)."""
+
+    @abstractmethod
+    def open(self) -> RuntimeStore:
+        """Take exclusive use of the backend, create what is missing, migrate.
+
+        Returns:
+            The runtime store (registry + alarms).
+
+        Raises:
+            DataDirLocked: another process holds the backend (SQLite: the data-dir lock).
+            RuntimeStorageError: the runtime database is unusable or corrupt, or missing or
+                empty while thread stores exist.
+        """
+
+    @abstractmethod
+    def create_thread_store(self, info: ThreadInfo) -> ThreadStore:
+        """A new, empty store for a thread, with its meta written.
+
+        Leftovers of a crashed create or delete of the same id are discarded first.
+
+        Raises:
+            ThreadStorageError: the store cannot be made (nothing of it is left behind).
+        """
+
+    @abstractmethod
+    def open_thread_store(self, thread_id: str) -> ThreadStore:
+        """The existing store of a registered thread.
+
+        Raises:
+            ThreadStorageError: it is missing, empty, corrupt or of a newer schema.
+        """
+
+    @abstractmethod
+    def remove_thread_store(self, thread_id: str) -> None:
+        """Delete everything the thread holds here (its files); idempotent."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what `open` took (the lock). Idempotent."""

@@ -7,20 +7,23 @@ from another thread (thread deletion, eviction) never races a query.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
-from runtime.errors import ThreadStorageError
+from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
+from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
-from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 
 # Migrations from version N to N+1, applied in one transaction when an older file is
 # opened. Version 0 is a new, empty file: its "migration" creates the schema. The DDL is
@@ -688,3 +691,110 @@ class SQLiteRuntimeStore(RuntimeStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _remove_thread_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{path}{suffix}")
+
+
+class SQLiteBackend(StorageBackend):
+    """SQLite files in a data directory: ``runtime.sqlite``, ``runtime.lock``, ``threads/``.
+
+    One file per thread, ``threads/<thread_id>.sqlite`` (WAL mode).
+
+    Args:
+        data_dir: The data directory (created if missing).
+        synchronous: SQLite ``synchronous`` for every database, ``FULL`` or ``NORMAL``.
+    """
+
+    def __init__(self, data_dir: Path, synchronous: str = "FULL") -> None:
+        self.data_dir = Path(data_dir)
+        self.synchronous = synchronous
+        self._lock_file: IO[str] | None = None
+
+    @property
+    def threads_dir(self) -> Path:
+        """``<data_dir>/threads``, one ``<thread_id>.sqlite`` per thread."""
+        return self.data_dir / "threads"
+
+    def thread_path(self, thread_id: str) -> Path:
+        """The database file of a thread (the id is validated first)."""
+        return self.threads_dir / f"{validate_thread_id(thread_id)}.sqlite"
+
+    def open(self) -> SQLiteRuntimeStore:  # noqa: D102 - contract in base
+        self._open_data_dir()
+        try:
+            return self._open_runtime_db()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_data_dir(self) -> None:
+        self.threads_dir.mkdir(parents=True, exist_ok=True)
+        lock_path = self.data_dir / "runtime.lock"
+        handle = open(lock_path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise DataDirLocked(
+                f"Data directory {self.data_dir} is in use by {holder}; "
+                f"one process per data directory"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        self._lock_file = handle
+
+    def _open_runtime_db(self) -> SQLiteRuntimeStore:
+        path = self.data_dir / "runtime.sqlite"
+        if not path.exists() or path.stat().st_size == 0:
+            orphans = sum(1 for _ in self.threads_dir.glob("*.sqlite"))
+            if orphans:
+                # Starting would silently forget every thread and its pending runs.
+                raise RuntimeStorageError(
+                    f"Runtime database {path} is missing or empty, but {self.threads_dir} "
+                    f"holds {orphans} thread files; restore {path.name} from a backup, "
+                    f"or move the thread files away to start empty"
+                )
+        try:
+            return SQLiteRuntimeStore(path, self.synchronous)
+        except sqlite3.DatabaseError as exc:
+            raise RuntimeStorageError(
+                f"Runtime database {path} cannot be used: {exc}"
+            ) from exc
+
+    def create_thread_store(self, info: ThreadInfo) -> SQLiteThreadStore:  # noqa: D102
+        path = self.thread_path(info.id)
+        # A file without a registry row is left over from a crash during create or
+        # delete: it belongs to no thread, so it is discarded.
+        _remove_thread_files(path)
+        try:
+            store = SQLiteThreadStore(info.id, path, self.synchronous, create=True)
+        except BaseException:
+            _remove_thread_files(path)
+            raise
+        try:
+            store.set_meta("thread_id", info.id)
+            store.set_meta("created_at", repr(info.created_at_ts))
+        except BaseException:
+            store.remove_files()
+            raise
+        return store
+
+    def open_thread_store(self, thread_id: str) -> SQLiteThreadStore:  # noqa: D102
+        return SQLiteThreadStore(thread_id, self.thread_path(thread_id), self.synchronous)
+
+    def remove_thread_store(self, thread_id: str) -> None:  # noqa: D102
+        _remove_thread_files(self.thread_path(thread_id))
+
+    def close(self) -> None:  # noqa: D102
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
