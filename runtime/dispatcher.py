@@ -46,6 +46,7 @@ class Dispatcher:
         self._drain = drain
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._state: dict[str, DispatchState] = {}
+        self._draining = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._workers: list[asyncio.Task[None]] = []
@@ -71,7 +72,7 @@ class Dispatcher:
     @property
     def draining_count(self) -> int:
         """How many threads are being drained."""
-        return sum(1 for s in self._state.values() if s is not DispatchState.QUEUED)
+        return self._draining
 
     @property
     def queued_count(self) -> int:
@@ -107,6 +108,7 @@ class Dispatcher:
             if thread_id is None or self._stopping:
                 return
             self._state[thread_id] = DispatchState.DRAINING
+            self._draining += 1
             again = False
             try:
                 again = await self._drain(thread_id)
@@ -114,9 +116,10 @@ class Dispatcher:
                 log.exception("unexpected error while running thread %s", thread_id)
             finally:
                 rewake = self._state.pop(thread_id, None) is DispatchState.DRAINING_REWAKE
+                self._draining -= 1
                 if (rewake or again) and not self._stopping:
                     self.wake(thread_id)
-                if self._queue.empty() and self.draining_count == 0:
+                if self._queue.empty() and self._draining == 0:
                     self._idle.set()
 
     async def stop(self, grace_seconds: float) -> None:
