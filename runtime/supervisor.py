@@ -140,6 +140,22 @@ class Runtime:
             registered defaults (the conversation layer: agents, tools, hooks, turns).
         **settings: Any other field of `runtime.config.Settings`.
 
+    Attributes:
+        settings: The validated `runtime.config.Settings`.
+        clock: The time source and timer.
+        storage: The storage backend.
+        extensions: The extensions, in the order they are called.
+        registry: The effects discovered at start.
+        hub: Per-thread events and their subscribers (`runtime.frames.ChangeHub`).
+        alarms: The durable alarm index (`runtime.alarms.AlarmIndex`).
+        actors: The open threads (`runtime.actors.ActorTable`).
+        dispatcher: Due threads and the workers (`runtime.dispatcher.Dispatcher`).
+        executor: Drains a thread, calls effects (`runtime.executor.EffectExecutor`).
+        runs: Schedule, cancel, run now, replay, list (`runtime.runs.RunOperations`).
+
+    An extension's `runtime.extension.Extension.attributes` are attributes too: with the
+    conversation layer, ``rt.agents`` (the app's agents, tools and hooks) and ``rt.turns``.
+
     Raises:
         pydantic.ValidationError: for an unknown or invalid setting.
     """
