@@ -1,7 +1,8 @@
 """The layers of runtime/ (docs/design.md, "The layers"): each module imports only its own
 layer and those below, counting every import (top level, ``TYPE_CHECKING``, inside
 functions). The core never imports the conversation layer; that layer registers itself
-through `runtime.extension`.
+through `runtime.extension`. The core and the conversation layer use only public members of
+each other's objects (no ``rt._use``, ``rt._hub``).
 """
 
 from __future__ import annotations
@@ -144,3 +145,32 @@ def test_the_check_allows_lower_layers() -> None:
         "from runtime import effects\nfrom .alarms import AlarmIndex\n"
     )
     assert violations(source, "runtime.thread") == []
+
+
+def private_reaches(source: str) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``/``cls`` (a module alias ``_x`` is fine)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        if not node.attr.startswith("_") or node.attr.startswith("__"):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and (owner.id in ("self", "cls") or owner.id[0] == "_"):
+            continue
+        out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_the_core_and_the_conversation_layer_use_only_public_members_of_other_objects() -> None:
+    problems = []
+    for path in _modules():
+        layer = layer_of(module_name(path))
+        if layer in (CORE, CONVERSATION):
+            problems += [f"{module_name(path)}:{p}" for p in private_reaches(path.read_text())]
+    assert problems == []
+
+
+def test_the_private_check_sees_a_reach_into_the_runtime() -> None:
+    assert private_reaches("async def f(rt):\n    async with rt._use('t') as a: pass\n") != []
+    assert private_reaches("def f(self):\n    return self._x, _hooks.run\n") == []
