@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from runtime._text import check_text
-from runtime.actors import ActorTable, ThreadActor
+from runtime.actors import ActorTable, ThreadActor, ThreadLifecycle
 from runtime.alarms import AlarmIndex, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
@@ -512,6 +512,8 @@ class Runtime:
         """
         self._check_open()
         validate_thread_id(thread_id)
+        if self.actors.lifecycle(thread_id) is ThreadLifecycle.CREATING:
+            return False  # not registered yet: nothing of it may be removed mid-create
         async with self.actors.deleting(thread_id) as actor:
             self.alarms.forget(thread_id)
             # Shielded: a caller that gives up midway must not leave half a thread behind.

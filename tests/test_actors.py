@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime import Runtime, ThreadNotFound
+from runtime import Runtime, ThreadExists, ThreadNotFound
 from runtime.actors import ThreadLifecycle
+from runtime.storage.base import ThreadInfo
 from runtime.storage.sqlite import SQLiteBackend, SQLiteThreadStore
 
 APP = Path(__file__).parent / "apps" / "core"
@@ -23,6 +24,12 @@ class CountingBackend(SQLiteBackend):
         self.opens: list[str] = []
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
+
+    def create_thread_store(self, info: ThreadInfo) -> SQLiteThreadStore:
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10)
+        return super().create_thread_store(info)
 
     def open_thread_store(self, thread_id: str) -> SQLiteThreadStore:
         self.opens.append(thread_id)
@@ -94,3 +101,25 @@ async def test_deleting_a_thread_while_it_opens_refuses_the_open(tmp_path: Path)
         assert not backend.thread_path("a").exists()
         with pytest.raises(ThreadNotFound):
             await rt.get_thread("a")
+
+
+async def test_deleting_a_thread_while_it_is_created_leaves_the_new_thread_whole(
+    tmp_path: Path,
+) -> None:
+    backend = CountingBackend(tmp_path)
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, load_packages=False, storage=backend, extensions=[],
+    ) as rt:
+        backend.gate = threading.Event()
+        creating = asyncio.create_task(rt.create_thread("a"))
+        await asyncio.to_thread(backend.entered.wait, 10)
+        assert rt.actors.lifecycle("a") is ThreadLifecycle.CREATING
+        assert await rt.delete_thread("a") is False  # not a thread yet
+        with pytest.raises(ThreadExists):
+            await rt.create_thread("a")
+        backend.gate.set()
+        thread = await creating
+        await thread.schedule_effect("record", {"key": "k"})
+        await rt.wait_idle()
+        assert (await thread.list_runs()).runs[0].status == "completed"
+        assert backend.thread_path("a").exists()
