@@ -379,7 +379,8 @@ def _stall_fields(mon: LoopMonitor) -> dict[str, Any]:
 async def _start(
     folder: Path, threads: int, synchronous: str
 ) -> tuple[Runtime, list[ThreadState], list[float]]:
-    rt = Runtime(app_dir=APP_DIR, data_dir=folder, synchronous=synchronous)
+    # freeze_gc as the server runs it (it was unconditional before it became a setting).
+    rt = Runtime(app_dir=APP_DIR, data_dir=folder, synchronous=synchronous, freeze_gc=True)
     await rt.start()
     states = list(await asyncio.gather(*(rt.create_thread(f"bench-{i}") for i in range(threads))))
     # Discovery imports the effect file afresh for each runtime: this is its own list.

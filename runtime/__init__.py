@@ -3,11 +3,14 @@
 Every conversation thread owns its SQLite database and schedules effects — named
 functions that run later, outside the model's turn.
 
-The public API is re-exported here; see docs/design.md and the README.
+The public API is re-exported here; see docs/design.md and the README. Importing this
+package also registers the conversation layer (`runtime.conversation`) as a default
+extension of every `Runtime` (see `runtime.extension`).
 """
 
 from runtime.agents import AgentDefinition, define_agent
 from runtime.config import MAX_ATTEMPTS, RetentionPolicy, Settings
+from runtime.conversation import ConversationExtension  # registers the default layer
 from runtime.effect_tools import (
     EffectToolContext,
     EffectToolDefinition,
@@ -16,14 +19,7 @@ from runtime.effect_tools import (
     define_effect_tool,
     wrap_tools_for_run,
 )
-from runtime.effects import (
-    EffectChanged,
-    EffectDefinition,
-    EffectRun,
-    EffectStatus,
-    RunChange,
-    define_effect,
-)
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, define_effect
 from runtime.endpoints import ThreadEndpointDefinition, define_thread_endpoint
 from runtime.errors import (
     AgentDefinitionError,
@@ -52,16 +48,19 @@ from runtime.errors import (
     TurnFailed,
     TurnInProgress,
 )
+from runtime.events import EffectChanged, MessageCreated, RunChange
+from runtime.extension import Extension
 from runtime.frames import Subscription
 from runtime.hooks import HookDefinition, HookPoint, define_hook
+from runtime.ids import validate_thread_id
 from runtime.keys import canonical_json, default_effect_key, effect_marker, find_effect_markers
 from runtime.messages import (
     Message,
-    MessageCreated,
     MessagePage,
     MessageRole,
     ToolCall,
     ToolResult,
+    TurnResult,
 )
 from runtime.storage.base import ThreadInfo
 from runtime.storage.records import (
@@ -72,16 +71,16 @@ from runtime.storage.records import (
     InMemoryEffectStore,
     SqliteEffectStore,
 )
-from runtime.supervisor import Runtime, ThreadPage, validate_thread_id
+from runtime.supervisor import Runtime, ThreadPage
 from runtime.thread import Execution, RunPage, ThreadState
 from runtime.tools import ToolDefinition, define_tool
-from runtime.turns import TurnResult
 
 __all__ = [
     "MAX_ATTEMPTS",
     "AgentDefinition",
     "AgentDefinitionError",
     "AgentNotFound",
+    "ConversationExtension",
     "DataDirLocked",
     "EffectChanged",
     "EffectDefinition",
@@ -101,6 +100,7 @@ __all__ = [
     "EffectToolSettings",
     "EffectsError",
     "Execution",
+    "Extension",
     "HookDefinition",
     "HookPoint",
     "InMemoryEffectStore",

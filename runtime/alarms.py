@@ -1,7 +1,14 @@
-"""The alarm clock: when each thread must wake next.
+"""The alarm clock: when each thread must wake next, durably (docs/design.md, "Alarms").
 
-The durable alarm is a row in the runtime database (see `runtime.storage.models.AlarmRow`);
-this module holds only the in-process timer, a cache rebuilt from those rows at startup.
+`AlarmIndex` is what happens around an alarm: the durable row per thread in the runtime
+store (lowered at once, before the run row that needs it commits; raised or removed only
+after the drain, in batches, by a background flusher with compare-and-set), and the
+in-process timer, a cache rebuilt from those rows at startup. When the timer fires, the
+index calls its ``on_alarm`` callback (the dispatcher queues the thread).
+
+Because the row is written before the run row and cleared only after the due runs finished,
+a crash can cause a spurious wake-up but never a lost one.
+
 The timer is APScheduler 3's ``AsyncIOScheduler`` with its memory job store, one job per
 thread id (docs/design.md, "Decisions": its SQLAlchemy store can lose alarms, the memory store
 is fast: ≈30k adds/s). A due or overdue alarm fires on the next loop iteration without
@@ -11,52 +18,37 @@ going through the scheduler at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TypeVar
 
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from runtime.abc import AlarmCallback, AlarmTimer, Clock, RunSync
+from runtime.storage.base import RuntimeStore
+
+__all__ = [
+    "ALARM_FLUSH_SECONDS", "AlarmCallback", "AlarmIndex", "AlarmTimer", "Clock",
+    "SchedulerTimer", "SystemClock",
+]
+
+log = logging.getLogger("runtime")
+
+T = TypeVar("T")
+
+ALARM_FLUSH_SECONDS = 0.05
+"""How long alarm-row updates (raise/remove) gather before one commit writes them."""
+
 _LATEST_ALARM = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
 
 _PROMOTE_JOB_ID = "promote:far-alarms"
-
-AlarmCallback = Callable[[str], None]
-"""Called on the event loop with the thread id whose alarm went off."""
-
-
-class AlarmTimer(Protocol):
-    """An in-process timer with at most one pending alarm per thread."""
-
-    def start(self) -> None:
-        """Begin firing (call on the running event loop)."""
-
-    def arm(self, thread_id: str, due_at: float) -> None:
-        """Fire for ``thread_id`` at ``due_at`` (epoch seconds), replacing its earlier alarm."""
-
-    def disarm(self, thread_id: str) -> None:
-        """Forget the thread's alarm, if any."""
-
-    def shutdown(self) -> None:
-        """Stop firing."""
-
-
-class Clock(Protocol):
-    """Where the runtime reads the time and gets its timer from."""
-
-    def now(self) -> float:
-        """Seconds since the Unix epoch (UTC)."""
-        ...
-
-    def create_timer(self, callback: AlarmCallback) -> AlarmTimer:
-        """A timer that calls ``callback(thread_id)`` when an alarm is due by this clock."""
-        ...
-
 
 class SchedulerTimer:
     """`AlarmTimer` on APScheduler's ``AsyncIOScheduler`` (memory job store).
@@ -163,3 +155,174 @@ class SystemClock:
     def create_timer(self, callback: AlarmCallback) -> AlarmTimer:
         """An APScheduler-backed timer."""
         return SchedulerTimer(callback, self.now)
+
+
+class AlarmIndex:
+    """The durable alarm index and its timer: one alarm per thread, at its next due run.
+
+    Three views of each thread's alarm: ``due`` (when the timer wakes it: the intent),
+    ``row`` (what the runtime store holds, as far as known; never believed lower than it
+    is, so a needed write is never skipped) and ``dirty`` (threads whose row should move to
+    ``due``, written in batches by the flusher). Lowering is never deferred.
+
+    Every store call goes through ``run_sync`` (the runtime's storage thread pool).
+
+    Args:
+        clock: Gives the time and the timer.
+        run_sync: Runs a blocking call off the event loop, ``await run_sync(fn, *args)``.
+        on_alarm: Called on the loop with a thread id when its alarm goes off.
+        is_draining: Whether the dispatcher drains that thread now (its timer is then
+            left alone: the drain sets it when it ends).
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        run_sync: RunSync,
+        on_alarm: AlarmCallback,
+        is_draining: Callable[[str], bool],
+    ) -> None:
+        self._clock = clock
+        self._run_sync = run_sync
+        self._on_alarm = on_alarm
+        self._is_draining = is_draining
+        self._store: RuntimeStore | None = None
+        self._timer: AlarmTimer | None = None
+        self._due: dict[str, float] = {}
+        self._row: dict[str, float] = {}
+        self._dirty: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._flush_needed = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def start(self, store: RuntimeStore) -> int:
+        """Start the timer, arm every alarm row of ``store`` and start the flusher.
+
+        Returns:
+            How many alarms were re-armed.
+        """
+        self._store = store
+        self._timer = self._clock.create_timer(self._on_alarm)
+        self._timer.start()
+        alarms = await self._run_sync(store.load_alarms)
+        for thread_id, due_at in alarms:
+            self._due[thread_id] = due_at
+            self._row[thread_id] = due_at
+            try:
+                self._timer.arm(thread_id, due_at)
+            except Exception:  # one bad row must not keep every other thread down
+                log.exception("cannot arm the alarm of thread %s (due %r)", thread_id, due_at)
+        self._flusher = asyncio.create_task(
+            self._flush_loop(), name="thread-effects-alarm-flusher"
+        )
+        return len(alarms)
+
+    def stop_timer(self) -> None:
+        """Stop firing alarms (shutdown begins); rows are still written."""
+        if self._timer is not None:
+            self._timer.shutdown()
+
+    async def close(self) -> None:
+        """Stop the flusher and write the rows still dirty (errors are logged)."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("could not update alarm rows at shutdown (they stay early)")
+
+    async def lower(self, thread_id: str, due_at: float) -> None:
+        """Make the durable alarm at or before ``due_at`` now (call with the actor lock).
+
+        Written at once, before the caller's run row commits: a run is never without an
+        alarm at or before its due time, so a crash cannot lose it.
+
+        Raises:
+            RuntimeStorageError: the runtime store failed (nothing was armed).
+        """
+        assert self._store is not None and self._timer is not None
+        async with self._lock:
+            row = self._row.get(thread_id)
+            if row is None or due_at < row:
+                await self._run_sync(self._store.lower_alarm, thread_id, due_at)
+                self._row[thread_id] = due_at
+            current = self._due.get(thread_id)
+            if current is None or due_at < current:
+                self._due[thread_id] = due_at
+                if not self._is_draining(thread_id):
+                    self._timer.arm(thread_id, due_at)
+
+    async def settle(self, thread_id: str, due_at: float | None) -> None:
+        """After a drain: wake next at ``due_at`` (None: no pending run) (with the actor lock).
+
+        The timer moves now; the durable row (still at or before every pending run) is
+        raised or removed later by the flusher, in one transaction for many threads, so
+        a drain never waits for a commit to the shared runtime store.
+        """
+        assert self._timer is not None
+        async with self._lock:
+            if due_at is None:
+                self._due.pop(thread_id, None)
+                self._timer.disarm(thread_id)
+            else:
+                self._due[thread_id] = due_at
+                self._timer.arm(thread_id, due_at)
+            if self._row.get(thread_id) != due_at:
+                self._dirty.add(thread_id)
+                self._flush_needed.set()
+
+    def forget(self, thread_id: str) -> None:
+        """The thread is being deleted: disarm it; its row goes with the registry entry."""
+        if self._timer is not None:
+            self._timer.disarm(thread_id)
+        self._due.pop(thread_id, None)
+        self._dirty.discard(thread_id)
+
+    async def delete_with(self, thread_id: str, delete: Callable[[], T]) -> T:
+        """Run ``delete`` (which removes the row with the thread) with the index locked."""
+        async with self._lock:
+            result = await self._run_sync(delete)
+            self._row.pop(thread_id, None)
+            return result
+
+    async def drop(self, thread_id: str) -> None:
+        """Remove the alarm of a thread that no longer exists (a row left by a crash)."""
+        self._due.pop(thread_id, None)
+        self._row.pop(thread_id, None)
+        self._dirty.discard(thread_id)
+        assert self._store is not None
+        with contextlib.suppress(Exception):
+            await self._run_sync(self._store.set_alarm, thread_id, None)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_needed.wait()
+            # Gather the drains of a moment into one commit.
+            await asyncio.sleep(ALARM_FLUSH_SECONDS)
+            self._flush_needed.clear()
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("could not update alarm rows (they stay early: harmless)")
+
+    async def flush(self) -> None:
+        """Move dirty alarm rows to the timer's due times, in one transaction."""
+        assert self._store is not None
+        async with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            changes = [
+                (tid, self._row.get(tid), self._due.get(tid))
+                for tid in dirty
+                if self._row.get(tid) != self._due.get(tid)
+            ]
+            if not changes:
+                return
+            applied = await self._run_sync(self._store.move_alarms, changes)
+            for tid, due_at in applied:
+                if due_at is None:
+                    self._row.pop(tid, None)
+                else:
+                    self._row[tid] = due_at

@@ -52,7 +52,11 @@ class Settings(BaseModel):
             ``thread_effects.packages``) are loaded.
         model: The pydantic-ai model agents use unless they name their own, e.g.
             ``"openai:gpt-4o-mini"`` (the server reads ``THREAD_EFFECTS_MODEL``). None =
-            the offline demo model of `runtime.testing.demo_model`.
+            the offline demo model of `runtime.demo_model`.
+        freeze_gc: Call ``gc.freeze()`` once started, moving every object alive then out
+            of the collector's full passes (which otherwise stall the event loop for tens
+            of ms in a large process). It changes the whole interpreter, so it is off in a
+            library; the server turns it on.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -68,3 +72,4 @@ class Settings(BaseModel):
     subscriber_queue_size: int = Field(default=1000, ge=1)
     load_packages: bool = True
     model: str | None = None
+    freeze_gc: bool = False

@@ -10,38 +10,22 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
-import random
 import re
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from runtime.thread import ThreadState
+from runtime.ids import new_id as new_id  # where it was first defined
 
 EFFECT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
 """Effect names (and so effect file names) are snake_case."""
 
+
 EffectFn = Callable[..., Awaitable[None] | None]
-
-_ids = random.Random()  # seeded from os.urandom once: uuid4() costs a syscall per id
-os.register_at_fork(after_in_child=_ids.seed)  # a forked child must not repeat the parent
-
-
-def new_id() -> str:
-    """A new run/thread/turn id: 32 hex characters, time-ordered to the millisecond.
-
-    48 bits of milliseconds since the epoch, then 80 random bits (as in UUIDv7), so ids
-    sort by creation time and collide with negligible probability.
-    """
-    return f"{int(time.time() * 1000) & 0xFFFFFFFFFFFF:012x}{_ids.getrandbits(80):020x}"
-
 
 class EffectStatus(StrEnum):
     """Where a run is in its life: ``pending → running → completed | failed``, or canceled."""
@@ -105,7 +89,7 @@ class EffectDefinition:
 def define_effect(
     description: str,
     schema: type[BaseModel],
-    fn: Callable[[ThreadState, Any], Awaitable[None] | None],
+    fn: Callable[[Any, Any], Awaitable[None] | None],  # (ThreadState, args)
     /,
     *,
     timeout_seconds: float | None = None,
@@ -115,7 +99,7 @@ def define_effect(
 @overload
 def define_effect(
     description: str,
-    fn: Callable[[ThreadState], Awaitable[None] | None],
+    fn: Callable[[Any], Awaitable[None] | None],  # (ThreadState)
     /,
     *,
     timeout_seconds: float | None = None,
@@ -268,54 +252,6 @@ class EffectRun:
         if include_args:
             out["args"] = self.args
         return out
-
-
-class RunChange(StrEnum):
-    """What happened to a run, as carried by a change event."""
-
-    SCHEDULED = "scheduled"
-    STARTED = "started"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELED = "canceled"
-    REQUEUED = "requeued"
-    RESCHEDULED = "rescheduled"
-
-
-@dataclass(frozen=True, slots=True)
-class EffectChanged:
-    """A change of one run, delivered to the thread's subscribers. Never carries the args.
-
-    Attributes:
-        thread_id: The thread.
-        seq: Grows by one per event of the thread within this process (starts at 1), so
-            a subscriber that sees a gap knows it missed events.
-        change: What happened.
-        run: The run after the change (its ``args`` are not part of `data`).
-    """
-
-    thread_id: str
-    seq: int
-    change: RunChange
-    run: EffectRun = field(repr=False)
-
-    @property
-    def data(self) -> dict[str, Any]:
-        """The frame payload: the run's wire form without args, plus ``change``."""
-        d = self.run.to_json(include_args=False)
-        d.pop("threadId", None)
-        d["change"] = str(self.change)
-        return d
-
-    def to_frame(self) -> dict[str, Any]:
-        """The ``effect_changed`` WebSocket frame."""
-        return {
-            "type": "event",
-            "eventType": "effect_changed",
-            "threadId": self.thread_id,
-            "seq": self.seq,
-            "data": self.data,
-        }
 
 
 def iso(ts: float | None) -> str | None:

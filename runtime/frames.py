@@ -1,12 +1,7 @@
 """Change events per thread and their subscribers (docs/design.md, "Frames").
 
-A thread has two kinds of event, numbered on one sequence (``seq``) so a subscriber that
-sees a gap knows it missed something of either kind:
-
-- `EffectChanged`: a run was scheduled, started, finished, ... (``effect_changed`` frame);
-- `MessageCreated`: a message was stored in the conversation (``message_created`` frame).
-
-Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame()`` as is.
+The event classes live in `runtime.events`; this module numbers them per thread (one
+``seq`` for both kinds) and delivers them.
 Publishing never awaits a subscriber: each has a bounded buffer, and one that falls
 behind is cut off (`SubscriptionOverflow`) rather than slowing the others or the runtime.
 """
@@ -17,14 +12,14 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import TypeAlias, TypeVar
+from typing import TypeVar
 
-from runtime.effects import EffectChanged, EffectRun, RunChange
+from runtime.effects import EffectRun
 from runtime.errors import SubscriptionOverflow
-from runtime.messages import Message, MessageCreated
+from runtime.events import EffectChanged, MessageCreated, RunChange, ThreadEvent
+from runtime.messages import Message
 
-ThreadEvent: TypeAlias = EffectChanged | MessageCreated
-"""What a `Subscription` yields."""
+__all__ = ["ChangeHub", "Subscription", "ThreadEvent"]
 
 _E = TypeVar("_E", EffectChanged, MessageCreated)
 

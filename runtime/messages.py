@@ -162,40 +162,6 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
-class MessageCreated:
-    """A message stored in a thread, delivered to the thread's subscribers.
-
-    Published once per stored message (the user's, the model's, tool results, injected
-    ones), in the order they are stored, on the same per-thread sequence as
-    `runtime.effects.EffectChanged`.
-
-    Attributes:
-        thread_id: The thread.
-        seq: The thread's event number, shared with run changes (see `EffectChanged`).
-        message: The message as stored (after the ``before_create_message`` hooks).
-    """
-
-    thread_id: str
-    seq: int
-    message: Message = field(repr=False)
-
-    @property
-    def data(self) -> dict[str, Any]:
-        """The frame payload: the message exactly as ``GET .../messages/{id}`` returns it."""
-        return self.message.to_json()
-
-    def to_frame(self) -> dict[str, Any]:
-        """The ``message_created`` WebSocket frame."""
-        return {
-            "type": "event",
-            "eventType": "message_created",
-            "threadId": self.thread_id,
-            "seq": self.seq,
-            "data": self.data,
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class MessagePage:
     """A page of messages, oldest first.
 
@@ -209,6 +175,29 @@ class MessagePage:
     messages: list[Message]
     next_cursor: str | None
     prev_cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What a turn produced.
+
+    Attributes:
+        run_id: The turn's run id (``state.execution.run_id`` inside its tools and hooks).
+        reply: The model's last text answer, or None if it gave none.
+        messages: Every message the turn stored, in order (the user's first).
+    """
+
+    run_id: str
+    reply: Message | None
+    messages: list[Message]
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form."""
+        return {
+            "runId": self.run_id,
+            "reply": self.reply.to_json() if self.reply is not None else None,
+            "messages": [m.to_json() for m in self.messages],
+        }
 
 
 def message_from_row(

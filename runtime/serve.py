@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         model=args.model,
         load_packages=args.load_packages,
+        # A server process is ours: keep its long-lived objects out of full collections.
+        freeze_gc=True,
         extra_routes=[demo_webhook_route(args.data_dir, max_body_bytes)],
     )
     config = uvicorn.Config(

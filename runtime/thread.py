@@ -1,13 +1,15 @@
-"""Threads: `ThreadState`, the handle code gets, and `ThreadActor`, its serial executor.
+"""`ThreadState`: the handle code gets to a thread.
 
-A thread is an actor: it owns its SQLite file, and its writes and runs happen one at a
-time. Code never touches the actor directly; it gets a `ThreadState` from the runtime
-(``await rt.get_thread(id)``), as an effect's first argument, or as a tool's dependencies.
+A thread is an actor (`runtime.actors.ThreadActor`): it owns its store, and its writes and
+runs happen one at a time. Code never touches the actor; it gets a `ThreadState` from the
+runtime (``await rt.get_thread(id)``), as an effect's first argument, or as a tool's
+dependencies. A `ThreadState` calls only public methods of the runtime's parts: its run
+operations (`runtime.runs.RunOperations`), its change hub, and the conversation layer
+registered with it (`runtime.extension.Conversation`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -16,12 +18,11 @@ from runtime.discovery import PACKAGE_ID_RE
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import InvalidArgument
 from runtime.frames import Subscription
-from runtime.storage.base import ThreadInfo, ThreadStore
+from runtime.storage.base import ThreadInfo
 
 if TYPE_CHECKING:
-    from runtime.messages import Message, MessagePage, MessageRole
+    from runtime.messages import Message, MessagePage, MessageRole, TurnResult
     from runtime.supervisor import Runtime
-    from runtime.turns import TurnResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,27 +54,6 @@ class RunPage:
     runs: list[EffectRun]
     next_cursor: str | None
     counts: dict[EffectStatus, int] = field(default_factory=dict)
-
-
-class ThreadActor:
-    """The runtime's per-thread state: the open store, the write lock and the runner task."""
-
-    def __init__(self, info: ThreadInfo, store: ThreadStore) -> None:
-        self.info = info
-        self.thread_id = info.id
-        self.store = store
-        # Held around each store transaction (never while effect code runs), so effect code
-        # may schedule on its own thread without deadlocking.
-        self.lock = asyncio.Lock()
-        self.current_run: EffectRun | None = None
-        self.effect_task: asyncio.Task[None] | None = None
-        self.users = 0  # callers inside Runtime._use: the actor is not evicted meanwhile
-        self.deleted = False
-
-    @property
-    def busy(self) -> bool:
-        """Whether the actor is running effects or holds its lock (not evictable)."""
-        return self.current_run is not None or self.lock.locked()
 
 
 class ThreadState:
@@ -110,6 +90,11 @@ class ThreadState:
     def runtime(self) -> Runtime:
         """The runtime that owns the thread."""
         return self._rt
+
+    @property
+    def info(self) -> ThreadInfo:
+        """The thread's registry entry (id, creation time, agent, user, tags)."""
+        return self._info
 
     @property
     def agent_id(self) -> str | None:
@@ -195,7 +180,7 @@ class ThreadState:
             ThreadNotFound: the thread was deleted.
             ThreadStorageError: the thread's database cannot be used.
         """
-        return await self._rt._schedule(self, name, args, delay)
+        return await self._rt.runs.schedule(self, name, args, delay)
 
     async def get_scheduled_effects(self, name: str | None = None) -> list[EffectRun]:
         """Runs that have not started yet, in due order, optionally of one effect name.
@@ -203,7 +188,7 @@ class ThreadState:
         ``name`` is matched as `schedule_effect` resolves it: in a package's scope a short
         name means the package's effect.
         """
-        return await self._rt._pending(self.thread_id, self._qualified(name))
+        return await self._rt.runs.pending(self.thread_id, self._qualified(name))
 
     async def remove_scheduled_effect(self, run_id: str) -> bool:
         """Cancel a pending run.
@@ -213,7 +198,7 @@ class ThreadState:
             run that already started or finished, or a second cancel. A canceled run stays
             in the history with status ``canceled``.
         """
-        return await self._rt._cancel(self.thread_id, run_id)
+        return await self._rt.runs.cancel(self.thread_id, run_id)
 
     async def list_runs(
         self,
@@ -235,7 +220,7 @@ class ThreadState:
         Raises:
             ValueError: an unknown status, a bad limit or a malformed cursor.
         """
-        return await self._rt._list_runs(
+        return await self._rt.runs.list_runs(
             self.thread_id, status, self._qualified(name), limit, cursor
         )
 
@@ -245,7 +230,7 @@ class ThreadState:
         Raises:
             RunNotFound: no such run in this thread (or it was pruned).
         """
-        return await self._rt._get_run(self.thread_id, run_id)
+        return await self._rt.runs.get_run(self.thread_id, run_id)
 
     async def run_now(self, run_id: str) -> EffectRun:
         """Make a pending run due now; it starts as soon as the thread is free.
@@ -254,7 +239,7 @@ class ThreadState:
             RunNotFound: no such run.
             RunStateError: the run is not pending.
         """
-        return await self._rt._run_now(self.thread_id, run_id)
+        return await self._rt.runs.run_now(self.thread_id, run_id)
 
     async def replay(self, run_id: str) -> str:
         """Schedule a new run with the same name and args as a finished run, due now.
@@ -268,7 +253,7 @@ class ThreadState:
             EffectNotFound: the effect no longer exists.
             InvalidEffectArgs: the args no longer pass the effect's schema.
         """
-        return await self._rt._replay(self, run_id)
+        return await self._rt.runs.replay(self, run_id)
 
     def subscribe(self) -> Subscription:
         """Subscribe to this thread's events from now on, in order, on one ``seq``.
@@ -277,10 +262,11 @@ class ThreadState:
         `MessageCreated` for each message stored in the conversation (the user's, the
         model's, tool results and injected messages).
         """
-        return self._rt._hub.subscribe(self.thread_id)
+        return self._rt.hub.subscribe(self.thread_id)
 
     # ----------------------------------------------------------- conversation
-    # runtime.turns holds the logic; it imports this module, hence the local imports.
+    # The conversation layer (runtime.conversation) registers itself with the runtime and
+    # does the work; the core never imports it.
 
     async def get_messages(
         self,
@@ -305,9 +291,9 @@ class ThreadState:
                 a cursor that names no message of the thread.
             ThreadNotFound: the thread was deleted.
         """
-        from runtime.turns import get_messages
-
-        return await get_messages(self, limit=limit, after=after, before=before, latest=latest)
+        return await self._rt.conversation().get_messages(
+            self, limit=limit, after=after, before=before, latest=latest
+        )
 
     async def get_message(self, message_id: str) -> Message:
         """One message.
@@ -315,9 +301,7 @@ class ThreadState:
         Raises:
             MessageNotFound: no such message in this thread.
         """
-        from runtime.turns import get_message
-
-        return await get_message(self, message_id)
+        return await self._rt.conversation().get_message(self, message_id)
 
     async def inject_message(
         self, content: str, role: MessageRole | str = "assistant"
@@ -340,9 +324,7 @@ class ThreadState:
             ValueError: empty or too long content, or an unknown role (or ``"tool"``).
             ThreadNotFound: the thread was deleted.
         """
-        from runtime.turns import inject_message
-
-        return await inject_message(self, content, role)
+        return await self._rt.conversation().inject_message(self, content, role)
 
     async def send_message(self, content: str) -> TurnResult:
         """Send a user message and run one turn of the thread's agent; returns its answer.
@@ -362,6 +344,4 @@ class ThreadState:
             TurnFailed: the model or the agent loop failed (the user message stays stored).
             ThreadNotFound: the thread was deleted.
         """
-        from runtime.turns import run_turn
-
-        return await run_turn(self, content)
+        return await self._rt.conversation().send_message(self, content)

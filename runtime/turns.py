@@ -26,23 +26,23 @@ import logging
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
-from runtime.effects import new_id
 from runtime.errors import (
     MessageNotFound,
     ModelNotAvailable,
-    ThreadNotFound,
     TurnFailed,
     TurnInProgress,
 )
 from runtime.hooks import HookPoint
+from runtime.ids import new_id
 from runtime.messages import (
     Message,
     MessagePage,
     MessageRole,
+    TurnResult,
     check_content,
     history,
     message_from_model,
@@ -68,29 +68,6 @@ _MAX_PAGE = 500
 _CURRENT_TURN: ContextVar[tuple[str, str] | None] = ContextVar("thread_effects_turn", default=None)
 """``(thread_id, run_id)`` in code running inside a turn (tools, hooks, what they spawn), so
 that code injecting into its own thread never waits for the turn it is part of."""
-
-
-@dataclass(frozen=True, slots=True)
-class TurnResult:
-    """What a turn produced.
-
-    Attributes:
-        run_id: The turn's run id (``state.execution.run_id`` inside its tools and hooks).
-        reply: The model's last text answer, or None if it gave none.
-        messages: Every message the turn stored, in order (the user's first).
-    """
-
-    run_id: str
-    reply: Message | None
-    messages: list[Message]
-
-    def to_json(self) -> dict[str, Any]:
-        """The wire form."""
-        return {
-            "runId": self.run_id,
-            "reply": self.reply.to_json() if self.reply is not None else None,
-            "messages": [m.to_json() for m in self.messages],
-        }
 
 
 @dataclass
@@ -168,14 +145,15 @@ class TurnTracker:
 
 def resolve_model(rt: Runtime, agent: AgentDefinition) -> Model | str:
     """The model of a turn: a test's override, the agent's, the setting, or the demo model."""
-    if rt.turns.model_override is not None:
-        return rt.turns.model_override
+    tracker: TurnTracker = rt.turns
+    if tracker.model_override is not None:
+        return tracker.model_override
     name = agent.model if agent.model is not None else rt.settings.model or None
     if isinstance(name, str):
-        return rt.turns.models.get(name, name)
+        return tracker.models.get(name, name)
     if name is not None:
         return name
-    from runtime.testing import demo_model  # only needed when nothing is configured
+    from runtime.demo_model import demo_model  # only needed when nothing is configured
 
     return demo_model()
 
@@ -201,7 +179,7 @@ def resolve_models(app: AgentApp, setting: str | None) -> dict[str, Model]:
         return {}  # effects only: pydantic-ai is never imported
     # Import what turns need now, in this worker thread, rather than on the event loop
     # when the first turn runs.
-    import pydantic_ai.models.function  # noqa: F401  (the demo model, runtime.testing)
+    import pydantic_ai.models.function  # noqa: F401  (the demo model, runtime.demo_model)
     from pydantic_ai.models import infer_model
 
     import runtime.agent_loop  # noqa: F401
@@ -281,17 +259,13 @@ def completed_steps(captured: list[ModelMessage], run_id: str) -> list[ModelMess
 async def _store(
     rt: Runtime, thread_id: str, messages: list[Message], created_at_ts: float | None = None
 ) -> None:
-    async with rt._use(thread_id) as actor, actor.lock:
-        # ``created_at_ts``: the thread the caller's state belongs to; a state kept from a
-        # deleted thread must not write into a new thread that reuses the id.
-        if actor.deleted or (
-            created_at_ts is not None and actor.info.created_at_ts != created_at_ts
-        ):
-            raise ThreadNotFound(thread_id)
-        await rt._run_sync(actor.store.insert_messages, messages)
+    # ``created_at_ts``: the thread the caller's state belongs to; a state kept from a
+    # deleted thread must not write into a new thread that reuses the id.
+    async with rt.actors.writing(thread_id, created_at_ts) as actor:
+        await rt.run_sync(actor.store.insert_messages, messages)
         # Under the lock, so frames follow commit order; every stored message is a frame.
         for message in messages:
-            rt._hub.publish_message(message)
+            rt.hub.publish_message(message)
 
 
 def _new_id() -> str:
@@ -312,8 +286,8 @@ async def get_messages(
     if sum((after is not None, before is not None, bool(latest))) > 1:
         raise ValueError("give at most one of after, before and latest")
     rt = state.runtime
-    async with rt._use(state.thread_id) as actor:
-        page = await rt._run_sync(
+    async with rt.actors.use(state.thread_id) as actor:
+        page = await rt.run_sync(
             lambda: actor.store.list_messages(
                 limit=limit, after_id=after, before_id=before, latest=bool(latest)
             )
@@ -327,8 +301,8 @@ async def get_messages(
 async def get_message(state: ThreadState, message_id: str) -> Message:
     """See `ThreadState.get_message`."""
     rt = state.runtime
-    async with rt._use(state.thread_id) as actor:
-        message = await rt._run_sync(actor.store.get_message, str(message_id))
+    async with rt.actors.use(state.thread_id) as actor:
+        message = await rt.run_sync(actor.store.get_message, str(message_id))
     if message is None:
         raise MessageNotFound(state.thread_id, str(message_id))
     return message
@@ -336,8 +310,9 @@ async def get_message(state: ThreadState, message_id: str) -> Message:
 
 async def _all_messages(state: ThreadState) -> list[Message]:
     rt = state.runtime
-    async with rt._use(state.thread_id) as actor:
-        return await rt._run_sync(actor.store.all_messages)
+    async with rt.actors.use(state.thread_id) as actor:
+        messages: list[Message] = await rt.run_sync(actor.store.all_messages)
+        return messages
 
 
 async def inject_message(
@@ -376,7 +351,7 @@ async def inject_message(
         return message
     async with rt.turns.exclusive(tid):
         message = await _hooks.before_create_message(before, state, build())
-        await _store(rt, tid, [message], state._info.created_at_ts)
+        await _store(rt, tid, [message], state.info.created_at_ts)
     await _hooks.after_create_message(after, state, message)
     return message
 

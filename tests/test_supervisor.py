@@ -326,12 +326,12 @@ async def test_for_package_refuses_an_invalid_package_id_at_once(rt: Runtime) ->
 async def test_create_thread_leaves_no_file_when_the_registry_write_fails(
     rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert rt._rtdb is not None
+    assert rt.actors.registry is not None
 
     def fail(info: object) -> bool:
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(rt._rtdb, "add_thread", fail)
+    monkeypatch.setattr(rt.actors.registry, "add_thread", fail)
     with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
         await rt.create_thread("t1")
     assert list((rt.settings.data_dir / "threads").iterdir()) == []
@@ -494,7 +494,7 @@ async def test_lru_evicts_idle_threads_and_reopens_them(tmp_path: Path) -> None:
             await t.schedule_effect("record", {"key": t.thread_id}, delay=0.05)
         await asyncio.sleep(0.2)
         await rt.wait_idle()
-        assert len(rt._actors) <= 3
+        assert rt.actors.open_count <= 3
         assert sorted(str(r["key"]) for r in records(tmp_path)) == [f"t{i}" for i in range(8)]
         for t in threads:
             page = await t.list_runs()

@@ -18,7 +18,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -30,11 +29,10 @@ from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
 from runtime.errors import (
     DataDirLocked,
-    InvalidThreadId,
     RuntimeStorageError,
     ThreadStorageError,
-    short_repr,
 )
+from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
 from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 
@@ -807,7 +805,6 @@ class SQLiteRuntimeStore(RuntimeStore):
                 self._conn = None
 
 
-_THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 
 
 def _remove_thread_files(path: Path) -> None:
@@ -848,12 +845,7 @@ class SQLiteBackend(StorageBackend):
         Raises:
             InvalidThreadId: the id would not be a plain file name in ``threads/``.
         """
-        if not isinstance(thread_id, str) or not _THREAD_ID_RE.match(thread_id):
-            raise InvalidThreadId(
-                f"Invalid thread id {short_repr(thread_id)}: must match "
-                f"^[A-Za-z0-9_-]{{1,64}}$ (letters, digits, '_' and '-', 1 to 64 characters)"
-            )
-        return self.threads_dir / f"{thread_id}.sqlite"
+        return self.threads_dir / f"{validate_thread_id(thread_id)}.sqlite"
 
     def open(self) -> SQLiteRuntimeStore:  # noqa: D102 - contract in base
         self._lock_data_dir()

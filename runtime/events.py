@@ -1,0 +1,106 @@
+"""Events: what happens to a thread, as delivered to its subscribers (docs/design.md, "Frames").
+
+Every event class lives here. A thread has two kinds of event, numbered on one sequence
+(``seq``) so that a subscriber that sees a gap knows it missed something of either kind:
+
+- `EffectChanged`: a run was scheduled, started, finished, ... (``effect_changed`` frame);
+- `MessageCreated`: a message was stored in the conversation (``message_created`` frame).
+
+Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame()`` as is.
+`runtime.frames.ChangeHub` numbers and delivers them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeAlias
+
+from runtime.effects import EffectRun
+from runtime.messages import Message
+
+
+class RunChange(StrEnum):
+    """What happened to a run, as carried by a change event."""
+
+    SCHEDULED = "scheduled"
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    REQUEUED = "requeued"
+    RESCHEDULED = "rescheduled"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectChanged:
+    """A change of one run, delivered to the thread's subscribers. Never carries the args.
+
+    Attributes:
+        thread_id: The thread.
+        seq: Grows by one per event of the thread within this process (starts at 1), so
+            a subscriber that sees a gap knows it missed events.
+        change: What happened.
+        run: The run after the change (its ``args`` are not part of `data`).
+    """
+
+    thread_id: str
+    seq: int
+    change: RunChange
+    run: EffectRun = field(repr=False)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The frame payload: the run's wire form without args, plus ``change``."""
+        d = self.run.to_json(include_args=False)
+        d.pop("threadId", None)
+        d["change"] = str(self.change)
+        return d
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``effect_changed`` WebSocket frame."""
+        return {
+            "type": "event",
+            "eventType": "effect_changed",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+            "data": self.data,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MessageCreated:
+    """A message stored in a thread, delivered to the thread's subscribers.
+
+    Published once per stored message (the user's, the model's, tool results, injected
+    ones), in the order they are stored, on the same per-thread sequence as
+    `EffectChanged`.
+
+    Attributes:
+        thread_id: The thread.
+        seq: The thread's event number, shared with run changes (see `EffectChanged`).
+        message: The message as stored (after the ``before_create_message`` hooks).
+    """
+
+    thread_id: str
+    seq: int
+    message: Message = field(repr=False)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The frame payload: the message exactly as ``GET .../messages/{id}`` returns it."""
+        return self.message.to_json()
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``message_created`` WebSocket frame."""
+        return {
+            "type": "event",
+            "eventType": "message_created",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+            "data": self.data,
+        }
+
+
+ThreadEvent: TypeAlias = EffectChanged | MessageCreated
+"""What a `runtime.frames.Subscription` yields."""

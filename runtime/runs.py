@@ -1,0 +1,276 @@
+"""Run operations: schedule, cancel, run now, replay, read and list a thread's runs.
+
+What `runtime.thread.ThreadState` (and so the HTTP API, tools and effects) does to runs.
+Every write takes the thread's lock, and a schedule or a run-now lowers the thread's
+durable alarm *before* its run row commits, so a crash between the two leaves a spurious
+wake-up, never a run without an alarm.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from runtime._limits import (
+    check_args_depth,
+    delay_seconds,
+    parse_run_cursor,
+    validate_args,
+)
+from runtime._text import find_invalid_text
+from runtime.abc import RunSync
+from runtime.actors import ActorTable
+from runtime.alarms import AlarmIndex
+from runtime.config import Settings
+from runtime.discovery import EffectRegistry
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus
+from runtime.errors import (
+    EffectNotFound,
+    InvalidEffectArgs,
+    RunNotFound,
+    RunStateError,
+    short_repr,
+)
+from runtime.events import RunChange
+from runtime.executor import error_text
+from runtime.frames import ChangeHub
+from runtime.ids import new_id
+from runtime.thread import RunPage
+
+if TYPE_CHECKING:
+    from runtime.thread import ThreadState
+
+MAX_PAGE = 500
+"""Largest page of runs or threads."""
+
+def check_limit(limit: int) -> None:
+    """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+
+
+class RunOperations:
+    """The run operations of every thread (the interface `ThreadState` calls).
+
+    Args:
+        settings: The runtime's settings (args size limit, retention).
+        registry: The effects by name (read at each call: discovered at start).
+        actors: The actor table.
+        alarms: The durable alarm index.
+        hub: Where run changes are published.
+        run_sync: Runs a blocking call off the event loop.
+        now: The clock's ``now``.
+        check_open: Raises `RuntimeClosed` unless the runtime is running.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Callable[[], EffectRegistry],
+        actors: ActorTable,
+        alarms: AlarmIndex,
+        hub: ChangeHub,
+        run_sync: RunSync,
+        now: Callable[[], float],
+        check_open: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._actors = actors
+        self._alarms = alarms
+        self._hub = hub
+        self._run_sync = run_sync
+        self._now = now
+        self._check_open = check_open
+
+    def encode_args(self, defn: EffectDefinition, args: Any) -> Any:
+        """The args as they are stored: JSON, within the size limit, passing the schema.
+
+        Raises:
+            InvalidEffectArgs: not JSON, not valid Unicode, over ``max_args_bytes``, or
+                failing the effect's schema (names the effect and the problem).
+        """
+        name = defn.qualified_name
+        if isinstance(args, BaseModel):
+            try:
+                args = args.model_dump(mode="json")
+            except Exception as exc:
+                raise InvalidEffectArgs(
+                    f"Args for effect {name} cannot be turned into JSON: {error_text(exc)}"
+                ) from None
+        if args is None and defn.schema is not None:
+            args = {}  # a schema whose fields all have defaults needs no args
+        check_args_depth(name, args)
+        try:
+            text = json.dumps(args, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        except RecursionError:
+            raise InvalidEffectArgs(f"Args for effect {name} are nested too deeply") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidEffectArgs(f"Args for effect {name} are not JSON: {exc}") from None
+        try:
+            encoded = text.encode("utf-8")
+        except UnicodeEncodeError:
+            problem = find_invalid_text(args) or "it holds a lone surrogate"
+            raise InvalidEffectArgs(
+                f"Args for effect {name} are not valid Unicode text: {problem}"
+            ) from None
+        size = len(encoded)  # the UTF-8 bytes stored, as max_args_bytes says
+        limit = self._settings.max_args_bytes
+        if size > limit:
+            raise InvalidEffectArgs(
+                f"Args for effect {name} are {size} bytes of JSON; the limit is {limit} bytes",
+                too_large=True,
+            )
+        value = json.loads(text)
+        if defn.schema is None:
+            if value not in (None, {}):
+                raise InvalidEffectArgs(
+                    f"Effect {name} takes no arguments, got {text[:200]}"
+                )
+            return None
+        validate_args(defn.schema, value, name)
+        return value
+
+    async def schedule(
+        self,
+        state: ThreadState,
+        name: str,
+        args: Any,
+        delay: object,
+        *,
+        replay_of: str | None = None,
+    ) -> str:
+        """See `ThreadState.schedule_effect`; ``replay_of`` links a replay to its original."""
+        self._check_open()
+        if not isinstance(name, str):
+            raise EffectNotFound(short_repr(name))
+        defn = self._registry().resolve(name, package_id=state.package_id)
+        seconds = delay_seconds(delay)
+        stored_args = self.encode_args(defn, args)
+        # A state kept from a deleted thread (an abandoned sync effect, say) must not
+        # write into a new thread that reuses the id.
+        async with self._actors.writing(state.thread_id, state.info.created_at_ts) as actor:
+            now = self._now()
+            run = EffectRun(
+                id=new_id(),
+                thread_id=state.thread_id,
+                name=defn.qualified_name,
+                status=EffectStatus.PENDING,
+                args=stored_args,
+                run_at_ts=now + seconds,
+                created_at_ts=now,
+                replay_of=replay_of,
+            )
+            # The alarm first: a crash between the two writes leaves a spurious alarm,
+            # never a run without one.
+            await self._alarms.lower(state.thread_id, run.run_at_ts)
+            await self._run_sync(actor.store.insert_run, run)
+        self._hub.publish(RunChange.SCHEDULED, run)
+        return run.id
+
+    async def pending(self, thread_id: str, name: str | None) -> list[EffectRun]:
+        """See `ThreadState.get_scheduled_effects`."""
+        self._check_open()
+        async with self._actors.use(thread_id) as actor:
+            runs: list[EffectRun] = await self._run_sync(actor.store.pending_runs, name)
+            return runs
+
+    async def cancel(self, thread_id: str, run_id: str) -> bool:
+        """See `ThreadState.remove_scheduled_effect`."""
+        self._check_open()
+        async with self._actors.writing(thread_id) as actor:
+            run = await self._run_sync(
+                partial(actor.store.cancel, retention=self._settings.retention),
+                str(run_id),
+                self._now(),
+            )
+        if run is None:
+            return False
+        self._hub.publish(RunChange.CANCELED, run)
+        return True
+
+    async def get_run(self, thread_id: str, run_id: str) -> EffectRun:
+        """See `ThreadState.get_run`."""
+        self._check_open()
+        async with self._actors.use(thread_id) as actor:
+            run = await self._run_sync(
+                actor.store.get_run, str(run_id), self._now(), self._settings.retention
+            )
+        if run is None:
+            raise RunNotFound(thread_id, str(run_id))
+        return run
+
+    async def run_now(self, thread_id: str, run_id: str) -> EffectRun:
+        """See `ThreadState.run_now`."""
+        self._check_open()
+        async with self._actors.writing(thread_id) as actor:
+            now = self._now()
+            current = await self._run_sync(
+                actor.store.get_run, run_id, now, self._settings.retention
+            )
+            if current is None:
+                raise RunNotFound(thread_id, run_id)
+            if current.status is not EffectStatus.PENDING:
+                raise RunStateError(
+                    f"Run {run_id} is {current.status}; only a pending run can be run now"
+                )
+            await self._alarms.lower(thread_id, now)
+            run = await self._run_sync(actor.store.run_now, run_id, now)
+        assert run is not None  # pending under the lock
+        self._hub.publish(RunChange.RESCHEDULED, run)
+        return run
+
+    async def replay(self, state: ThreadState, run_id: str) -> str:
+        """See `ThreadState.replay`."""
+        original = await self.get_run(state.thread_id, run_id)
+        if not original.status.finished:
+            raise RunStateError(
+                f"Run {run_id} is {original.status}; only a finished run "
+                f"(completed, failed or canceled) can be replayed"
+            )
+        plain = state.with_context(execution=state.execution, package_id=None)
+        return await self.schedule(
+            plain, original.name, original.args, 0, replay_of=original.id
+        )
+
+    async def list_runs(
+        self,
+        thread_id: str,
+        status: EffectStatus | str | list[EffectStatus | str] | None,
+        name: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> RunPage:
+        """See `ThreadState.list_runs`."""
+        self._check_open()
+        check_limit(limit)
+        statuses: list[EffectStatus] | None = None
+        if status is not None:
+            raw = [status] if isinstance(status, str) else list(status)
+            allowed = {s.value for s in EffectStatus}
+            for value in raw:
+                if value not in allowed:
+                    raise ValueError(
+                        f"Unknown status {short_repr(value)}; one of: "
+                        f"{', '.join(s.value for s in EffectStatus)}"
+                    )
+            statuses = [EffectStatus(s) for s in raw]
+        before: int | None = None
+        if cursor is not None:
+            before = parse_run_cursor(cursor)
+        now = self._now()
+        retention = self._settings.retention
+
+        def read(store: Any) -> tuple[list[EffectRun], int | None, Any]:
+            runs, nxt = store.list_runs(
+                now, retention, statuses=statuses, name=name, limit=limit, before_seq=before
+            )
+            return runs, nxt, store.count_runs(now, retention, name=name)
+
+        async with self._actors.use(thread_id) as actor:
+            runs, nxt, counts = await self._run_sync(read, actor.store)
+        return RunPage(runs, str(nxt) if nxt is not None else None, counts)
