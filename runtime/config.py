@@ -14,7 +14,7 @@ DAY_SECONDS = 86_400.0
 
 
 class RetentionPolicy(BaseModel):
-    """How long finished runs are kept (docs/design.md, "Retention").
+    """How long finished runs and effect-tool records are kept (docs/design.md, "Retention").
 
     Attributes:
         completed_seconds: Completed and canceled runs are kept this long after they
@@ -22,6 +22,8 @@ class RetentionPolicy(BaseModel):
         failed_seconds: Failed runs are kept this long (default 24 hours).
         max_finished: At most this many of the most recent finished runs are kept per
             thread (default 1,000).
+        effect_records_seconds: Effect-tool records (`runtime.storage.records`) are kept
+            this long after they last changed (default 30 days).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -29,6 +31,7 @@ class RetentionPolicy(BaseModel):
     completed_seconds: float = Field(default=30 * DAY_SECONDS, gt=0)
     failed_seconds: float = Field(default=DAY_SECONDS, gt=0)
     max_finished: int = Field(default=1000, ge=1)
+    effect_records_seconds: float = Field(default=30 * DAY_SECONDS, gt=0)
 
 
 class Settings(BaseModel):

@@ -5,8 +5,8 @@ from the event loop, and never calls one `ThreadStore` from two threads at once)
 
 - `StorageBackend`: the factory. It owns where data lives (paths, files, the data-dir
   lock of the SQLite backend) and opens the two stores below.
-- `ThreadStore`: one thread's runs, conversation and meta. Every method is one
-  transaction: it either commits whole or changes nothing.
+- `ThreadStore`: one thread's runs, conversation, effect-tool records and meta. Every
+  method is one transaction: it either commits whole or changes nothing.
 - `RuntimeStore`: the thread registry and the durable alarm index.
 
 Backends: `runtime.storage.sqlite.SQLiteBackend` (one file per thread, the default) and
@@ -24,6 +24,12 @@ Ordering rules every backend keeps:
 - Messages keep the order of `ThreadStore.insert_messages` calls (and of each batch).
 - Threads list newest first by ``created_at``, ties broken by id (descending).
 
+Effect records (`runtime.storage.records`) of a thread live in its store, scoped to it:
+the ``*_effect_record(s)`` methods keep the `EffectRecordStore` contract for that thread
+(the runtime's async `runtime.effect_records.EffectRecords` calls them). Records past
+``RetentionPolicy.effect_records_seconds`` are deleted on the write path (a claim, at most
+once a minute, and `ThreadStore.prune`) and with the thread's store.
+
 Retention: a finished run past `RetentionPolicy` (past its age, or older than the
 ``max_finished`` most recent unexpired ones) is never returned by a read, even before it
 is deleted. Reads never write: deletion happens on the write path (the transactions that
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
 from runtime.messages import Message
+from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,10 +258,11 @@ class ThreadStore(ABC):
         Past retention: completed or canceled with ``finished_at`` older than
         ``completed_seconds``, failed older than ``failed_seconds``, and then the oldest
         finished runs (by ``finished_at``, ties by scheduling order) beyond
-        ``max_finished``. Pending and running runs are never deleted.
+        ``max_finished``. Pending and running runs are never deleted. Effect records
+        past ``effect_records_seconds`` go too (see `begin_effect_record`).
 
         Returns:
-            How many runs were deleted.
+            How many runs were deleted (records not counted).
 
         Raises:
             ThreadStorageError: the write failed; nothing was deleted.
@@ -323,6 +331,84 @@ class ThreadStore(ABC):
         """The whole conversation, oldest first (what a turn rebuilds its history from).
 
         Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    # ----------------------------------------------------------- effect records
+
+    @abstractmethod
+    def get_effect_record(self, key: str) -> EffectRecord | None:
+        """The key's record in this thread, in progress or applied; None when there is none.
+
+        A read: it never writes.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def begin_effect_record(
+        self,
+        key: str,
+        *,
+        tool_name: str,
+        run_id: str | None,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        retention: RetentionPolicy | None = None,
+    ) -> Claim:
+        """Claim a key for applying its effect, as `EffectRecordStore.begin`, at ``now``.
+
+        With no record: a new in-progress record held by ``owner`` until ``now +
+        lease_seconds`` (``claimed``). An in-progress record whose lease expired goes to
+        ``owner`` (``claimed`` and ``took_over``). An applied record or a live lease:
+        nothing changes. Of concurrent callers on one key exactly one gets ``claimed``.
+        With ``retention``, the same transaction may delete records last changed more than
+        ``effect_records_seconds`` before ``now`` (at most once a minute; an in-progress
+        one only once its lease expired that long ago too).
+
+        Raises:
+            ValueError: ``lease_seconds`` is not positive and finite (nothing written).
+            ThreadStorageError: the write failed; nothing was written.
+        """
+
+    @abstractmethod
+    def complete_effect_record(
+        self, key: str, *, owner: str, result_json: str, now: float
+    ) -> EffectRecord:
+        """Record the result ``owner`` applied (the record becomes applied, lease cleared).
+
+        Raises:
+            EffectRecordLost: ``owner`` does not hold the key's in-progress record.
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
+    def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:
+        """Drop ``owner``'s in-progress record (its execute raised): nothing is recorded.
+
+        Returns:
+            The dropped record; None if ``owner`` did not hold it (nothing changes).
+
+        Raises:
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
+    def list_effect_records(
+        self,
+        *,
+        status: EffectRecordStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        """A page of the thread's records, newest first (``created_at``, then key).
+
+        A read: it never writes.
+
+        Raises:
+            ValueError: a limit outside 1..1000, or a cursor no store produced.
             ThreadStorageError: the read failed.
         """
 

@@ -39,6 +39,7 @@ from typing import Any
 import anyio.to_thread
 
 from runtime.errors import EffectRecordLost
+from runtime.storage import schema as _schema
 
 ClockFn = Callable[[], float]
 """Seconds since the Unix epoch (UTC); ``time.time`` or ``FakeClock.now``."""
@@ -232,27 +233,14 @@ class EffectRecordStore(abc.ABC):
 
 # --- SQL, usable inside any connection that holds the table ---------------------------
 
-EFFECT_RECORDS_DDL: tuple[str, ...] = (
-    (
-        "CREATE TABLE IF NOT EXISTS effect_records (\n"
-        "\tthread_id VARCHAR NOT NULL, \n"
-        "\t\"key\" VARCHAR NOT NULL, \n"
-        "\ttool_name VARCHAR NOT NULL, \n"
-        "\trun_id VARCHAR, \n"
-        "\tstatus VARCHAR NOT NULL, \n"
-        "\tresult VARCHAR, \n"
-        "\towner VARCHAR, \n"
-        "\tlease_expires_at FLOAT, \n"
-        "\tcreated_at FLOAT NOT NULL, \n"
-        "\tupdated_at FLOAT NOT NULL, \n"
-        "\tPRIMARY KEY (thread_id, \"key\")\n"
-        ")"
-    ),
-    "CREATE INDEX IF NOT EXISTS ix_effect_records_created "
-    "ON effect_records (thread_id, created_at, \"key\")",
-    "CREATE INDEX IF NOT EXISTS ix_effect_records_updated ON effect_records (updated_at)",
+EFFECT_RECORDS_DDL: tuple[str, ...] = tuple(
+    statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1).replace(
+        "CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ", 1
+    )
+    for statement in _schema.EFFECT_RECORDS_DDL
 )
-"""Table ``effect_records`` and its indexes; run each statement once per database."""
+"""Table ``effect_records`` and its indexes (generated from
+`runtime.storage.models.EffectRecordRow`, as in a thread file), each statement idempotent."""
 
 _COLUMNS = ('thread_id, "key", tool_name, run_id, status, result, owner, lease_expires_at, '
             "created_at, updated_at")
@@ -290,7 +278,7 @@ def sql_begin(
     Each statement is atomic on its own (insert if absent, take over if expired), so two
     connections never both claim; the write transaction makes the answer consistent too.
     """
-    _check_lease(lease_seconds)
+    check_lease(lease_seconds)
     now = _quantize(now)
     expires = now + lease_seconds
     inserted = conn.execute(
@@ -347,7 +335,7 @@ def sql_list(
     cursor: str | None = None,
 ) -> EffectRecordPage:
     """`EffectRecordStore.list` on a connection."""
-    _check_limit(limit)
+    check_limit(limit)
     where, params = ["thread_id = ?"], [thread_id]
     if status is not None:
         where.append("status = ?")
@@ -443,12 +431,19 @@ def _iso(instant: datetime | None) -> str | None:
     return None if instant is None else instant.isoformat().replace("+00:00", "Z")
 
 
-def _check_lease(lease_seconds: float) -> None:
+def instant(seconds: float) -> datetime:
+    """Seconds since the epoch as an aware UTC datetime."""
+    return _dt(seconds)
+
+
+def check_lease(lease_seconds: float) -> None:
+    """Raise ValueError unless ``lease_seconds`` is positive and finite."""
     if not (isinstance(lease_seconds, int | float) and 0 < lease_seconds < float("inf")):
         raise ValueError(f"lease_seconds must be positive and finite, got {lease_seconds!r}")
 
 
-def _check_limit(limit: int) -> None:
+def check_limit(limit: int) -> None:
+    """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
 
@@ -464,6 +459,109 @@ def _lost(thread_id: str, key: str, owner: str) -> EffectRecordLost:
 # --- backends -------------------------------------------------------------------------
 
 
+class EffectRecordTable:
+    """Effect records held in a dict: the memory counterpart of the ``sql_*`` functions.
+
+    Not thread-safe on its own: the holder runs each method under its own lock (as
+    `InMemoryEffectStore` and the memory backend's thread store do), so each call is one
+    transaction. Times are seconds since the epoch, given by the caller.
+    """
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, str], EffectRecord] = {}
+
+    def get(self, thread_id: str, key: str) -> EffectRecord | None:
+        """`EffectRecordStore.get`."""
+        return self.records.get((thread_id, key))
+
+    def begin(
+        self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float, now: float,
+    ) -> Claim:
+        """`EffectRecordStore.begin` at ``now``."""
+        check_lease(lease_seconds)
+        now = _quantize(now)
+        current = self.records.get((thread_id, key))
+        took_over = False
+        if current is not None:
+            expiry = current.lease_expires_at
+            if current.status is EffectRecordStatus.APPLIED or (
+                expiry is not None and _epoch(expiry) > now
+            ):
+                return Claim(current, claimed=False)
+            took_over = True
+        record = EffectRecord(
+            thread_id=thread_id, key=key, tool_name=tool_name, run_id=run_id,
+            status=EffectRecordStatus.IN_PROGRESS, result_json=None, owner=owner,
+            lease_expires_at=_dt(now + lease_seconds), created_at=_dt(now),
+            updated_at=_dt(now),
+        )
+        self.records[(thread_id, key)] = record
+        return Claim(record, claimed=True, took_over=took_over)
+
+    def complete(
+        self, thread_id: str, key: str, *, owner: str, result_json: str, now: float
+    ) -> EffectRecord:
+        """`EffectRecordStore.complete` at ``now``."""
+        current = self.records.get((thread_id, key))
+        if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
+                or current.owner != owner):
+            raise _lost(thread_id, key, owner)
+        record = replace(
+            current, status=EffectRecordStatus.APPLIED, result_json=result_json,
+            owner=None, lease_expires_at=None, updated_at=_dt(_quantize(now)),
+        )
+        self.records[(thread_id, key)] = record
+        return record
+
+    def release(self, thread_id: str, key: str, *, owner: str) -> bool:
+        """`EffectRecordStore.release`."""
+        current = self.records.get((thread_id, key))
+        if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
+                or current.owner != owner):
+            return False
+        del self.records[(thread_id, key)]
+        return True
+
+    def list(
+        self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        """`EffectRecordStore.list`."""
+        check_limit(limit)
+        after = decode_cursor(cursor) if cursor is not None else None
+        chosen = [
+            r for r in self.records.values()
+            if r.thread_id == thread_id and (status is None or r.status == status)
+        ]
+        chosen.sort(key=lambda r: (_epoch(r.created_at), r.key), reverse=True)
+        if after is not None:
+            chosen = [r for r in chosen if (_epoch(r.created_at), r.key) < after]
+        page = chosen[:limit]
+        return EffectRecordPage(page, _next_cursor(page) if len(chosen) > limit else None)
+
+    def purge(self, *, older_than: datetime) -> int:
+        """`EffectRecordStore.purge`."""
+        cutoff = _epoch(older_than)
+        gone = [
+            k for k, r in self.records.items()
+            if _epoch(r.updated_at) < cutoff and (
+                r.status is EffectRecordStatus.APPLIED
+                or (r.lease_expires_at is not None and _epoch(r.lease_expires_at) < cutoff)
+            )
+        ]
+        for k in gone:
+            del self.records[k]
+        return len(gone)
+
+    def purge_thread(self, thread_id: str) -> int:
+        """`EffectRecordStore.purge_thread`."""
+        gone = [k for k in self.records if k[0] == thread_id]
+        for k in gone:
+            del self.records[k]
+        return len(gone)
+
+
 class InMemoryEffectStore(EffectRecordStore):
     """Effect records in this process's memory (tests, custom loops); lost on exit.
 
@@ -473,99 +571,49 @@ class InMemoryEffectStore(EffectRecordStore):
 
     def __init__(self, *, clock: ClockFn | None = None) -> None:
         self._clock = clock or time.time
-        self._records: dict[tuple[str, str], EffectRecord] = {}
+        self._table = EffectRecordTable()
         self._lock = threading.Lock()
 
     async def get(self, thread_id: str, key: str) -> EffectRecord | None:  # noqa: D102
         with self._lock:
-            return self._records.get((thread_id, key))
+            return self._table.get(thread_id, key)
 
     async def begin(  # noqa: D102
         self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
         lease_seconds: float,
     ) -> Claim:
-        _check_lease(lease_seconds)
         with self._lock:
-            now = _quantize(self._clock())
-            current = self._records.get((thread_id, key))
-            took_over = False
-            if current is not None:
-                expiry = current.lease_expires_at
-                if current.status is EffectRecordStatus.APPLIED or (
-                    expiry is not None and _epoch(expiry) > now
-                ):
-                    return Claim(current, claimed=False)
-                took_over = True
-            record = EffectRecord(
-                thread_id=thread_id, key=key, tool_name=tool_name, run_id=run_id,
-                status=EffectRecordStatus.IN_PROGRESS, result_json=None, owner=owner,
-                lease_expires_at=_dt(now + lease_seconds), created_at=_dt(now),
-                updated_at=_dt(now),
+            return self._table.begin(
+                thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
+                lease_seconds=lease_seconds, now=self._clock(),
             )
-            self._records[(thread_id, key)] = record
-            return Claim(record, claimed=True, took_over=took_over)
 
     async def complete(  # noqa: D102
         self, thread_id: str, key: str, *, owner: str, result_json: str
     ) -> EffectRecord:
         with self._lock:
-            current = self._records.get((thread_id, key))
-            if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
-                    or current.owner != owner):
-                raise _lost(thread_id, key, owner)
-            record = replace(
-                current, status=EffectRecordStatus.APPLIED, result_json=result_json,
-                owner=None, lease_expires_at=None, updated_at=_dt(self._clock()),
+            return self._table.complete(
+                thread_id, key, owner=owner, result_json=result_json, now=self._clock()
             )
-            self._records[(thread_id, key)] = record
-            return record
 
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
         with self._lock:
-            current = self._records.get((thread_id, key))
-            if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
-                    or current.owner != owner):
-                return False
-            del self._records[(thread_id, key)]
-            return True
+            return self._table.release(thread_id, key, owner=owner)
 
     async def list(  # noqa: D102
         self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
         cursor: str | None = None,
     ) -> EffectRecordPage:
-        _check_limit(limit)
-        after = decode_cursor(cursor) if cursor is not None else None
         with self._lock:
-            chosen = [
-                r for r in self._records.values()
-                if r.thread_id == thread_id and (status is None or r.status == status)
-            ]
-        chosen.sort(key=lambda r: (_epoch(r.created_at), r.key), reverse=True)
-        if after is not None:
-            chosen = [r for r in chosen if (_epoch(r.created_at), r.key) < after]
-        page = chosen[:limit]
-        return EffectRecordPage(page, _next_cursor(page) if len(chosen) > limit else None)
+            return self._table.list(thread_id, status=status, limit=limit, cursor=cursor)
 
     async def purge(self, *, older_than: datetime) -> int:  # noqa: D102
-        cutoff = _epoch(older_than)
         with self._lock:
-            gone = [
-                k for k, r in self._records.items()
-                if _epoch(r.updated_at) < cutoff and (
-                    r.status is EffectRecordStatus.APPLIED
-                    or (r.lease_expires_at is not None and _epoch(r.lease_expires_at) < cutoff)
-                )
-            ]
-            for k in gone:
-                del self._records[k]
-            return len(gone)
+            return self._table.purge(older_than=older_than)
 
     async def purge_thread(self, thread_id: str) -> int:  # noqa: D102
         with self._lock:
-            gone = [k for k in self._records if k[0] == thread_id]
-            for k in gone:
-                del self._records[k]
-            return len(gone)
+            return self._table.purge_thread(thread_id)
 
 
 class SqliteEffectStore(EffectRecordStore):
@@ -657,7 +705,7 @@ class SqliteEffectStore(EffectRecordStore):
         self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
         lease_seconds: float,
     ) -> Claim:
-        _check_lease(lease_seconds)
+        check_lease(lease_seconds)
         claim: Claim = await self._run(lambda c: sql_begin(
             c, thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
             lease_seconds=lease_seconds, now=self._clock(),
@@ -680,7 +728,7 @@ class SqliteEffectStore(EffectRecordStore):
         self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
         cursor: str | None = None,
     ) -> EffectRecordPage:
-        _check_limit(limit)
+        check_limit(limit)
         if cursor is not None:
             decode_cursor(cursor)
         page: EffectRecordPage = await self._run(lambda c: sql_list(
