@@ -60,6 +60,14 @@ class Settings(BaseModel):
             of the collector's full passes (which otherwise stall the event loop for tens
             of ms in a large process). It changes the whole interpreter, so it is off in a
             library; the server turns it on.
+        effect_tool_lease_seconds: How long an effect tool's in-progress record holds its
+            effect key inside turns (docs/effect-tools.md); a holder that died (a killed
+            process) is taken over after this, through ``already_applied`` first. It must
+            exceed the longest ``execute``.
+        effect_tool_wait_seconds: How long an effect tool call waits for another call
+            holding the same key before it fails with `runtime.errors.EffectKeyBusy`.
+        effect_tool_max_result_bytes: Largest recorded effect-tool result, as UTF-8 JSON
+            bytes (default 1 MiB).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -76,3 +84,6 @@ class Settings(BaseModel):
     load_packages: bool = True
     model: str | None = None
     freeze_gc: bool = False
+    effect_tool_lease_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    effect_tool_wait_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    effect_tool_max_result_bytes: int = Field(default=1 << 20, ge=1)

@@ -642,6 +642,24 @@ async def _list_runs(request: Request) -> Response:
     )
 
 
+async def _list_effect_records(request: Request) -> Response:
+    state = await _thread(request)
+    limit, cursor = _page_params(request)
+    status = request.query_params.get("status") or None
+    try:
+        page = await state.list_effect_records(status=status, limit=limit, cursor=cursor)
+    except EffectsError:
+        raise
+    except ValueError as exc:  # unknown status, bad limit, malformed cursor
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+    records = []
+    for record in page.records:
+        wire = record.to_json()
+        wire.pop("threadId", None)
+        records.append(wire)
+    return JSONResponse({"records": records, "nextCursor": page.next_cursor})
+
+
 async def _schedule(request: Request) -> Response:
     what = f"POST /api/threads/{request.path_params['tid']}/effects"
     state = await _thread(request)
@@ -1362,6 +1380,7 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/run", POST=_run_now),
         _route("/api/threads/{tid}/effects/{run_id}/replay", POST=_replay),
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
+        _route("/api/threads/{tid}/effect-records", GET=_list_effect_records),
         _route("/api/effects", GET=_list_effects),
         _route("/api/agents", GET=_list_agents),
         WebSocketRoute("/api/threads/{tid}/stream", _stream),

@@ -5,8 +5,9 @@ One implementation behind ``python server.py`` and ``thread-effects serve``::
     thread-effects serve [--app-dir agents] [--data-dir data] [--host 127.0.0.1] [--port 8000]
 
 Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
-_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _MODEL, _LOAD_PACKAGES=0 for --no-packages,
-_LOG_LEVEL). The server listens on loopback; another address needs an API token.
+_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _EFFECT_TOOL_LEASE_SECONDS, _MODEL,
+_LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL). The server listens on loopback; another
+address needs an API token.
 SIGINT/SIGTERM stop it gracefully: runs still going after the grace period are interrupted
 and re-queued.
 
@@ -70,8 +71,8 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
 
     Returns:
         The options: ``app_dir``, ``data_dir`` (Paths), ``host``, ``port`` (int),
-        ``api_token``, ``shutdown_grace_seconds`` (float), ``model``, ``load_packages``,
-        ``log_level``.
+        ``api_token``, ``shutdown_grace_seconds``, ``effect_tool_lease_seconds`` (floats),
+        ``model``, ``load_packages``, ``log_level``.
 
     Raises:
         SystemExit: 2 for a bad option (argparse prints the usage), or a message naming a
@@ -101,6 +102,10 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
     p.add_argument("--shutdown-grace-seconds", type=float,
                    default=env.get(f"{ENV}SHUTDOWN_GRACE_SECONDS", "10"),
                    help="on shutdown, runs still going after this are re-queued")
+    p.add_argument("--effect-tool-lease-seconds", type=float,
+                   default=env.get(f"{ENV}EFFECT_TOOL_LEASE_SECONDS", "300"),
+                   help="an effect tool's claim on its effect key lasts this long; a claim "
+                        "left by a killed process is taken over after it")
     p.add_argument("--model", default=env.get(f"{ENV}MODEL") or None,
                    help="pydantic-ai model for agents that name none, e.g. openai:gpt-4o-mini "
                         "(default: the offline demo model)")
@@ -202,6 +207,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         web_dir=DEFAULT_WEB_DIR,
         max_body_bytes=max_body_bytes,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
+        effect_tool_lease_seconds=args.effect_tool_lease_seconds,
         model=args.model,
         load_packages=args.load_packages,
         # A server process is ours: keep its long-lived objects out of full collections.

@@ -48,6 +48,7 @@ from runtime.alarms import AlarmIndex, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
 from runtime.dispatcher import Dispatcher
+from runtime.effect_records import EffectRecords
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import (
     EffectDefinitionError,
@@ -149,6 +150,8 @@ class Runtime:
         dispatcher: Due threads and the workers (`runtime.dispatcher.Dispatcher`).
         executor: Drains a thread, calls effects (`runtime.executor.EffectExecutor`).
         runs: Schedule, cancel, run now, replay, list (`runtime.runs.RunOperations`).
+        effect_records: The effect-tool records of every thread, in its own store
+            (`runtime.effect_records.EffectRecords`, an ``EffectRecordStore``).
 
     An extension's `runtime.extension.Extension.attributes` are attributes too: with the
     conversation layer, ``rt.agents`` (the app's agents, tools and hooks) and ``rt.turns``.
@@ -203,6 +206,9 @@ class Runtime:
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open,
+        )
+        self.effect_records = EffectRecords(
+            self.actors, self.run_sync, self.hub, self.clock.now, self.settings.retention
         )
 
     def __getattr__(self, name: str) -> Any:
