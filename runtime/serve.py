@@ -131,14 +131,19 @@ def _env_flag(name: str, *, default: bool, prog: str) -> bool:
 
 
 def demo_webhook_route(data_dir: Path, max_body_bytes: int) -> Route:
-    """``POST /demo/webhook``: the demo app's webhook target, appending to a JSONL inbox.
+    """``/demo/webhook``: the demo app's webhook target, a JSONL inbox.
+
+    ``POST`` appends the JSON object it gets and answers ``{"received": true, "inbox":
+    "<path>"}``. ``GET ?contains=<text>`` answers ``{"entries": [...]}``: the received
+    objects (oldest first) whose JSON holds ``text`` (all of them without it) — how the demo
+    effect tool ``post_note`` looks for a note it posted (``already_applied``).
 
     Args:
         data_dir: The server's data directory; the inbox is ``webhook-inbox.jsonl`` in it.
         max_body_bytes: Largest body read, in bytes (413 over it).
 
     Returns:
-        The route; its answer is ``{"received": true, "inbox": "<path>"}``.
+        The route.
     """
     inbox = data_dir / "webhook-inbox.jsonl"
 
@@ -146,14 +151,28 @@ def demo_webhook_route(data_dir: Path, max_body_bytes: int) -> Route:
         with open(inbox, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
+    def search(needle: str | None) -> list[Any]:
+        try:
+            with open(inbox, encoding="utf-8") as f:
+                found = f.read().splitlines()
+        except FileNotFoundError:
+            return []
+        if needle is not None:
+            escaped = json.dumps(needle)[1:-1]
+            found = [line for line in found if escaped in line]
+        return [json.loads(line) for line in found if line]
+
     async def webhook(request: Request) -> JSONResponse:
+        if request.method == "GET":
+            needle = request.query_params.get("contains")
+            return JSONResponse({"entries": await anyio.to_thread.run_sync(search, needle)})
         payload: Any = await read_json(request, max_body_bytes)
         if not isinstance(payload, dict):
             raise ApiError(400, "invalid_body", "POST /demo/webhook: send a JSON object")
         await anyio.to_thread.run_sync(append, json.dumps(payload, separators=(",", ":")))
         return JSONResponse({"received": True, "inbox": str(inbox)})
 
-    return Route("/demo/webhook", webhook, methods=["POST"])
+    return Route("/demo/webhook", webhook, methods=["GET", "POST"])
 
 
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:

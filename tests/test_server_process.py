@@ -7,11 +7,13 @@ they never assert how long anything took.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -269,3 +271,87 @@ def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> 
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not data_dir.exists()
+
+
+EFFECT_TOOLS_APP = ROOT / "tests" / "apps" / "effect_tools"
+
+
+def wait_until(what: str, check: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + GUARD_SECONDS
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.05)
+
+
+def test_a_server_killed_between_execute_and_record_applies_nothing_on_the_retried_turn(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    world, hang = tmp_path / "world.txt", tmp_path / "hang"
+    hang.touch()
+    env = {"NOTES_WORLD": str(world), "NOTES_HANG_FILE": str(hang)}
+    options = ("--app-dir", str(EFFECT_TOOLS_APP), "--no-packages",
+               "--effect-tool-lease-seconds", "1")
+    first = servers(*options, **env)
+    tid = httpx.post(f"{first.url}/api/threads", json={"agent_id": "notes"}).json()["id"]
+    ask = {"content": "post a note about release: Shipped 1.2"}
+
+    def send(url: str) -> None:
+        with pytest.raises(httpx.TransportError):  # the server dies under the turn
+            httpx.post(f"{url}/api/threads/{tid}/messages", json=ask, timeout=GUARD_SECONDS)
+
+
+    sender = threading.Thread(target=send, args=(first.url,))
+    sender.start()
+    # The note is in the world; the call hangs before its result is recorded.
+    wait_until("the note was written", lambda: world.exists() and world.read_text())
+    wait_until("APPLIED", lambda: "APPLIED" in first.output())
+    held = httpx.get(f"{first.url}/api/threads/{tid}/effect-records").json()["records"]
+    assert [(r["key"], r["status"], r["result"]) for r in held] == [
+        ("note:release", "in_progress", None)
+    ]
+    assert first.signal(signal.SIGKILL) == -signal.SIGKILL
+    sender.join(GUARD_SECONDS)
+
+    hang.unlink()
+    second = servers(*options, **env)
+    res = httpx.post(f"{second.url}/api/threads/{tid}/messages", json=ask,
+                     timeout=GUARD_SECONDS)
+    assert res.status_code == 200, res.text
+    # The retried turn took over the dead call's key, asked already_applied, which found
+    # the note by its marker: nothing was applied twice.
+    assert len(world.read_text().splitlines()) == 1
+    records = httpx.get(f"{second.url}/api/threads/{tid}/effect-records").json()["records"]
+    assert [(r["key"], r["status"], r["result"]) for r in records] == [
+        ("note:release", "applied", {"note": 1, "reconciled": True})
+    ]
+    tool_results = [r for m in res.json()["messages"] for r in m.get("toolResults", [])]
+    assert [r["isError"] for r in tool_results] == [False]
+    # Deleting the thread deletes its records.
+    assert httpx.delete(f"{second.url}/api/threads/{tid}").status_code == 200
+    assert httpx.get(f"{second.url}/api/threads/{tid}/effect-records").status_code == 404
+
+
+def test_the_demo_agent_posts_a_note_once_to_the_inbox(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    server = servers("--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    res = httpx.post(f"{server.url}/api/threads/{tid}/messages",
+                     json={"content": "post a note about release: Shipped 1.2"},
+                     timeout=GUARD_SECONDS)
+    assert res.status_code == 200, res.text
+    assert res.json()["reply"]["content"] == "Posted your note about release to the inbox."
+    inbox = [json.loads(line) for line in
+             (tmp_path / "data" / "webhook-inbox.jsonl").read_text().splitlines()]
+    [record] = httpx.get(f"{server.url}/api/threads/{tid}/effect-records").json()["records"]
+    assert record["toolName"] == "post_note" and record["status"] == "applied"
+    assert record["key"] == f"{res.json()['runId']}:note:release"
+    assert [(e["threadId"], e["topic"]) for e in inbox] == [(tid, "release")]
+    assert inbox[0]["note"] == f"Shipped 1.2 <!-- thread-effects:effect={record['key']} -->"
+    # The inbox answers the tool's search by marker.
+    found = httpx.get(f"{server.url}/demo/webhook",
+                      params={"contains": f"effect={record['key']}"}).json()
+    assert found == {"entries": inbox}
