@@ -302,7 +302,6 @@ def test_a_server_killed_between_execute_and_record_applies_nothing_on_the_retri
         with pytest.raises(httpx.TransportError):  # the server dies under the turn
             httpx.post(f"{url}/api/threads/{tid}/messages", json=ask, timeout=GUARD_SECONDS)
 
-
     sender = threading.Thread(target=send, args=(first.url,))
     sender.start()
     # The note is in the world; the call hangs before its result is recorded.

@@ -156,6 +156,10 @@ export const api = {
   replay: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/replay`, undefined, opts),
   cancel: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`, undefined, opts),
 
+  // Effect-tool records, newest first (docs/effect-tools.md).
+  effectRecords: (tid, { status, limit, cursor } = {}, opts) =>
+    request("GET", `/api/threads/${seg(tid)}/effect-records${query({ status, limit, cursor })}`, undefined, opts),
+
   listEffects: () => request("GET", "/api/effects"),
   listAgents: () => request("GET", "/api/agents"),
 
@@ -178,7 +182,8 @@ const CLOSE_UNKNOWN_THREAD = 4404; // no such thread (never created, or deleted)
 const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
 
 /**
- * The live stream of one thread's frames (effect_changed, message_created), reconnecting
+ * The live stream of one thread's frames (effect_changed, message_created,
+ * effect_record_changed), reconnecting
  * with backoff.
  *
  * Callbacks: onState("connecting" | "live" | "offline", detail), onOpen() after every

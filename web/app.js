@@ -1,5 +1,6 @@
 // app.js — the Effects pane's entry: threads on the left (threads.js), the selected thread's
-// runs (runs.js) or messages (conversation.js) in the middle, one run's detail on the right
+// runs (runs.js) with its effect-tool records (records.js) or messages (conversation.js) in
+// the middle, one run's detail on the right
 // (detail.js), the schedule form (schedule.js), the header badge (connection.js). This
 // module owns only the selection: which thread is shown, its session (an AbortController
 // that drops answers meant for a thread no longer shown), its stream and the URL hash.
@@ -14,6 +15,7 @@ import { ApiError, RunStream, askForToken, onReach } from "./api.js";
 import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
 import { DetailView } from "./detail.js";
+import { RecordsView } from "./records.js";
 import { RunsView } from "./runs.js";
 import { ScheduleForm } from "./schedule.js";
 import { ThreadSession } from "./session.js";
@@ -91,6 +93,8 @@ const detail = new DetailView(runs, {
   onToggle: () => runs.draw(),
 });
 
+const records = new RecordsView({ handledAsGone });
+
 const conversation = new ConversationView({
   handledAsGone,
   visible: () => view === "conversation" && !el.conversationPanel.hidden,
@@ -132,6 +136,7 @@ function showSession(s) {
   clearTimeout(fallbackTimer);
   detail.close();
   runs.reset(s);
+  records.reset(s);
   conversation.reset(s);
   schedule.reset(s);
   const disabled = Boolean(s && s.gone);
@@ -169,7 +174,10 @@ function selectThread(tid) {
       if (s !== session) return;
       connection.setStreamState(conn, detailText);
       // If the socket cannot be opened at all, still show the list over plain HTTP.
-      if (conn === "offline" && !runs.loadedOnce && !runs.loading) runs.reload();
+      if (conn === "offline" && !runs.loadedOnce && !runs.loading) {
+        runs.reload();
+        records.reload();
+      }
     },
     onOpen: () => {
       if (s !== session) return;
@@ -177,6 +185,7 @@ function selectThread(tid) {
       // numbering restarts from whatever the first frame says.
       lastSeq = null;
       runs.reload();
+      records.reload();
       conversation.catchUp();
     },
     onFrame: (frame) => {
@@ -193,6 +202,7 @@ function selectThread(tid) {
   // The list normally loads when the socket opens; don't leave the page empty if that is slow.
   fallbackTimer = setTimeout(() => {
     if (s === session && !runs.loadedOnce && !runs.loading) runs.reload();
+    if (s === session && !records.loadedOnce && !records.loading) records.reload();
   }, 1500);
 }
 
@@ -221,12 +231,14 @@ function onFrame(frame) {
     lastSeq = frame.seq;
     if (gap) {
       runs.reload();
+      records.reload();
       conversation.catchUp();
     }
   }
   if (frame.type !== "event") return;
   if (frame.eventType === "message_created") conversation.onFrame(frame.data);
   else if (frame.eventType === "effect_changed") runs.onFrame(frame.data);
+  else if (frame.eventType === "effect_record_changed") records.onFrame(frame.data);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -254,6 +266,7 @@ function setView(next, { writeHash = true } = {}) {
 // Wiring
 
 function wire() {
+  el.reloadRuns.addEventListener("click", () => records.reload());
   el.tabs.addEventListener("click", (ev) => {
     const tab = ev.target.closest("button[data-view]");
     if (tab) setView(tab.dataset.view);
@@ -283,6 +296,7 @@ function wire() {
     if (document.hidden) return;
     const now = Date.now();
     runs.draw(now);
+    records.draw(now);
     detail.draw(now);
     threads.render(now);
   }, 1000);
@@ -302,7 +316,10 @@ function init() {
       schedule.load();
       threads.loadAgents();
       if (stream) stream.reconnectNow();
-      else if (session) runs.reload();
+      else if (session) {
+        runs.reload();
+        records.reload();
+      }
     },
   });
   wire();

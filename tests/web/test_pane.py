@@ -928,3 +928,37 @@ def test_at_420px_the_runs_start_above_the_fold(pane: Pane) -> None:
     page.get_by_test_id("tab-conversation").click()
     snap(page, "phone-conversation")
     assert pane.errors == []
+
+
+def test_effect_tool_records_show_live_next_to_the_runs(
+    tmp_path: Path, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTES_WORLD", str(tmp_path / "world.txt"))
+    monkeypatch.delenv("NOTES_HANG_FILE", raising=False)
+    with serve_pane(tmp_path, browser, ROOT / "tests" / "apps" / "effect_tools") as pane:
+        page = pane.page
+        tid = pane.new_thread()
+        pane.open_thread(tid)
+        records = page.get_by_test_id("records")
+        expect(records.get_by_test_id("records-empty")).to_contain_text(
+            "No effect-tool records", timeout=WAIT_MS
+        )
+        page.evaluate("window.__noReload = true")
+        # A turn whose effect tool posts a note (the demo model calls post_note).
+        res = pane.http.post(f"/api/threads/{tid}/messages",
+                             json={"content": "post a note about release: Shipped 1.2"},
+                             timeout=WAIT_MS / 1000)
+        assert res.status_code == 200, res.text
+        row = page.locator('[data-testid="record-row"][data-key="note:release"]')
+        expect(row).to_have_attribute("data-status", "applied", timeout=WAIT_MS)
+        expect(row.get_by_test_id("record-status")).to_have_text("applied")
+        expect(row.get_by_test_id("record-result")).to_have_text('{"note":1,"reconciled":false}')
+        expect(row).to_contain_text("post_note")
+        expect(row.get_by_test_id("record-turn")).to_have_attribute("title", res.json()["runId"])
+        expect(records.get_by_test_id("records-empty")).to_be_hidden()
+        expect(records.get_by_test_id("records-count")).to_have_text("(1)")
+        assert page.evaluate("window.__noReload") is True
+        # After a reload of the page the record comes from GET .../effect-records.
+        page.reload()
+        expect(row).to_have_attribute("data-status", "applied", timeout=WAIT_MS)
+        assert pane.errors == []
