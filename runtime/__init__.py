@@ -48,7 +48,13 @@ from runtime.errors import (
     TurnFailed,
     TurnInProgress,
 )
-from runtime.events import EffectChanged, MessageCreated, RunChange
+from runtime.events import (
+    EffectChanged,
+    EffectRecordChanged,
+    MessageCreated,
+    RecordChange,
+    RunChange,
+)
 from runtime.extension import Extension
 from runtime.frames import Subscription
 from runtime.hooks import HookDefinition, HookPoint, define_hook
@@ -88,6 +94,7 @@ __all__ = [
     "EffectKeyBusy",
     "EffectNotFound",
     "EffectRecord",
+    "EffectRecordChanged",
     "EffectRecordLost",
     "EffectRecordPage",
     "EffectRecordStatus",
@@ -114,6 +121,7 @@ __all__ = [
     "MessagePage",
     "MessageRole",
     "ModelNotAvailable",
+    "RecordChange",
     "RetentionPolicy",
     "RunChange",
     "RunNotFound",

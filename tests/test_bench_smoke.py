@@ -38,6 +38,7 @@ def test_bench_effect_tools_quick_runs_and_prints_the_table(tmp_path: Path) -> N
     assert "| tool call | wall µs/call | overhead (wall) | CPU µs/call | overhead (CPU) |" in (
         result.stdout)
     for row in ("| plain |", "| effect, first application (sqlite) |",
-                "| effect, recorded hit (memory) |"):
+                "| effect, recorded hit (memory) |", "| effect, first application (thread store) |",
+                "| effect, recorded hit (thread store) |"):
         assert row in result.stdout
     assert list(tmp_path.iterdir()) == []
