@@ -12,12 +12,13 @@ thread: deleting it deletes its store, and so its records; records past
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 
 from runtime.abc import RunSync
 from runtime.actors import ActorTable
 from runtime.config import RetentionPolicy
+from runtime.errors import ThreadNotFound
 from runtime.events import RecordChange
 from runtime.frames import ChangeHub
 from runtime.storage.records import (
@@ -38,6 +39,7 @@ class EffectRecords(EffectRecordStore):
         hub: Where record changes are published.
         now: The clock's ``now`` (seconds since the epoch, UTC).
         retention: The runtime's retention (``effect_records_seconds``).
+        thread_ids: Every registered thread's id (for `purge`).
 
     Every method raises `runtime.errors.ThreadNotFound` for an unknown thread and
     `runtime.errors.InvalidThreadId` for a malformed id, besides what the contract says.
@@ -50,7 +52,9 @@ class EffectRecords(EffectRecordStore):
         hub: ChangeHub,
         now: Callable[[], float],
         retention: RetentionPolicy,
+        thread_ids: Callable[[], AsyncIterator[str]],
     ) -> None:
+        self._thread_ids = thread_ids
         self._actors = actors
         self._run_sync = run_sync
         self._hub = hub
@@ -131,22 +135,38 @@ class EffectRecords(EffectRecordStore):
             return page
 
     async def purge(self, *, older_than: datetime) -> int:
-        """Not offered here: records go by the runtime's retention, on the write path.
+        """Delete records last changed before ``older_than`` in every thread (see the contract).
+
+        The runtime does this by itself, per thread, by ``retention.effect_records_seconds``;
+        this opens every thread in turn (through the actor table's LRU), for an earlier
+        clean-up.
 
         Raises:
-            NotImplementedError: always; set ``RetentionPolicy.effect_records_seconds``.
+            ValueError: a naive ``older_than``.
         """
-        raise NotImplementedError(
-            "A runtime purges effect records by RetentionPolicy.effect_records_seconds on "
-            "the write path; set that instead"
-        )
+        if older_than.tzinfo is None:
+            raise ValueError(f"An instant must be timezone-aware (UTC), got naive {older_than}")
+        cutoff = older_than.timestamp()
+        deleted = 0
+        async for thread_id in self._thread_ids():
+            try:
+                deleted += await self._purge_in(thread_id, cutoff)
+            except ThreadNotFound:
+                continue  # deleted meanwhile: its records went with it
+        return deleted
 
     async def purge_thread(self, thread_id: str) -> int:
-        """Not offered here: a thread's records go with it (``rt.delete_thread``).
+        """Delete every record of a thread (deleting the thread does it too). Returns how many.
 
         Raises:
-            NotImplementedError: always.
+            ThreadNotFound: no such thread.
         """
-        raise NotImplementedError(
-            "A thread's effect records are deleted with the thread: rt.delete_thread(id)"
-        )
+        return await self._purge_in(thread_id, None)
+
+    async def _purge_in(self, thread_id: str, cutoff: float | None) -> int:
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            count: int = await self._run_sync(
+                lambda: store.purge_effect_records(older_than=cutoff)
+            )
+            return count

@@ -35,7 +35,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -63,7 +63,7 @@ from runtime.executor import IN_EFFECT, EffectExecutor
 from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
-from runtime.runs import RunOperations, check_limit
+from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.thread import ThreadState
@@ -208,7 +208,8 @@ class Runtime:
             self.run_sync, self.clock.now, self._check_open,
         )
         self.effect_records = EffectRecords(
-            self.actors, self.run_sync, self.hub, self.clock.now, self.settings.retention
+            self.actors, self.run_sync, self.hub, self.clock.now, self.settings.retention,
+            self._thread_ids,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -519,6 +520,17 @@ class Runtime:
         return existed
 
     # ------------------------------------------------- wiring between the parts
+
+    async def _thread_ids(self) -> AsyncIterator[str]:
+        """Every registered thread's id, newest first, a page at a time."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_threads(limit=MAX_PAGE, cursor=cursor)
+            for thread in page.threads:
+                yield thread.id
+            cursor = page.next_cursor
+            if cursor is None:
+                return
 
     def _on_alarm(self, thread_id: str) -> None:
         if not self._closing:

@@ -224,3 +224,25 @@ async def test_records_are_listed_over_http_newest_first_in_pages(
         assert res.status_code == 200
         res = await api.client.get(f"/api/threads/{tid}/effect-records")
         assert res.status_code == 404
+
+
+async def test_the_runtime_store_purges_by_age_across_threads_and_per_thread(
+    rt: Runtime, world: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    first = await rt.create_thread(agent_id="notes")
+    second = await rt.create_thread(agent_id="notes")
+    await turn(first, scripted([NOTE]))
+    await turn(second, scripted([{"topic": "launch", "text": "Launched"}]))
+    clock: FakeClock = rt.clock  # type: ignore[assignment]
+    clock.advance(10)
+    await turn(second, scripted([{"topic": "later", "text": "Later"}]))
+    cutoff = datetime.fromtimestamp(clock.now() - 5, UTC)
+    assert await rt.effect_records.purge(older_than=cutoff) == 2
+    assert (await first.list_effect_records()).records == []
+    assert [r.key for r in (await second.list_effect_records()).records] == ["note:later"]
+    assert await rt.effect_records.purge_thread(second.thread_id) == 1
+    assert (await second.list_effect_records()).records == []
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await rt.effect_records.purge(older_than=datetime(2026, 1, 1))

@@ -413,6 +413,20 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
+    def purge_effect_records(self, *, older_than: float | None) -> int:
+        """Delete the thread's records last changed before ``older_than``, or all of them.
+
+        With ``older_than`` (seconds since the epoch), an in-progress record goes only
+        when its lease expired before it too; with None every record goes.
+
+        Returns:
+            How many records were deleted.
+
+        Raises:
+            ThreadStorageError: the write failed; nothing was deleted.
+        """
+
+    @abstractmethod
     def close(self) -> None:
         """Release the store (idempotent); any later call raises ThreadStorageError."""
 

@@ -392,6 +392,13 @@ class MemoryThreadStore(ThreadStore):
                 return None
             return record
 
+    def purge_effect_records(self, *, older_than: float | None) -> int:  # noqa: D102
+        with self._data.lock:
+            table = self._open_data().effect_records
+            if older_than is None:
+                return table.purge_thread(self.thread_id)
+            return table.purge(older_than=instant(older_than))
+
     def list_effect_records(  # noqa: D102
         self,
         *,

@@ -649,6 +649,12 @@ class SQLiteThreadStore(ThreadStore):
             write=False,
         )
 
+    def purge_effect_records(self, *, older_than: float | None) -> int:  # noqa: D102
+        if older_than is None:
+            return self._tx(lambda c: _records.sql_purge_thread(c, self.thread_id))
+        cutoff = _records.instant(older_than)
+        return self._tx(lambda c: _records.sql_purge(c, older_than=cutoff))
+
     # ------------------------------------------------------------ messages
 
     def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102

@@ -841,3 +841,16 @@ def test_effect_records_are_the_threads_own(harness: Harness, rtdb: RuntimeStore
     finally:
         for s in stores:
             s.close()
+
+
+def test_purging_a_threads_effect_records_by_age_or_all(store: ThreadStore) -> None:
+    begin(store, "old", "a", T0)
+    store.complete_effect_record("old", owner="a", result_json="1", now=T0)
+    begin(store, "held", "a", T0 + 10)  # lease until T0 + 70
+    begin(store, "new", "a", T0 + 100)
+    # Before T0 + 50: "old" (applied) goes; "held" stays, its lease runs to T0 + 70.
+    assert store.purge_effect_records(older_than=T0 + 50) == 1
+    assert {r.key for r in store.list_effect_records().records} == {"held", "new"}
+    assert store.purge_effect_records(older_than=T0 + 80) == 1
+    assert store.purge_effect_records(older_than=None) == 1
+    assert store.list_effect_records().records == []
