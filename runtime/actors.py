@@ -33,6 +33,7 @@ from runtime.effects import EffectRun
 from runtime.errors import ThreadExists, ThreadNotFound
 from runtime.ids import validate_thread_id
 from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.records import process_owner_prefix
 
 log = logging.getLogger("runtime")
 
@@ -280,6 +281,16 @@ class ActorTable:
                 self._now(),
                 MAX_ATTEMPTS,
             )
+            if self._backend.exclusive:
+                # Likewise an effect-tool key held in progress by another process: that
+                # process is gone, so its call is taken over at once, not after its lease.
+                ended = await self._run_sync(partial(
+                    store.expire_effect_leases, keep_owner_prefix=process_owner_prefix(),
+                    now=self._now(),
+                ))
+                if ended:
+                    log.info("thread %s: %d effect-tool keys left in progress by a stopped "
+                             "process are reconciled by their next call", thread_id, ended)
         except BaseException:
             await self._run_sync(store.close)
             raise

@@ -162,6 +162,40 @@ async def test_a_key_in_progress_of_a_dead_holder_is_reconciled_through_already_
     assert record.status.value == "applied" and record.result == {"note": 1, "reconciled": True}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_after_a_restart_a_key_left_in_progress_is_taken_over_at_once(
+    backend: str, tmp_path: Path, world: Path
+) -> None:
+    from runtime import effect_marker
+
+    storage = make_backend(backend, tmp_path / "data")
+    clock = FakeClock(start=1_800_000_000.0)
+
+    def runtime() -> Runtime:
+        return Runtime(data_dir=tmp_path / "data", app_dir=APP, clock=clock, storage=storage,
+                       load_packages=False)
+
+    async with runtime() as rt:
+        thread = await rt.create_thread("t1", agent_id="notes")
+        # A call of another (now dead) process: the note applied, the key in progress.
+        await anyio.to_thread.run_sync(
+            world.write_text, f"Shipped 1.2 {effect_marker('note:release')}\n"
+        )
+        claim = await rt.effect_records.begin(
+            "t1", "note:release", tool_name="post_note", run_id="dead-turn",
+            owner="gone-host:1:abc", lease_seconds=3600.0,
+        )
+        assert claim.claimed
+    async with runtime() as rt:
+        thread = await rt.get_thread("t1")
+        # No clock advance: opening the thread ended the dead process's lease.
+        await turn(thread, scripted([NOTE]))
+        assert len(await lines(world)) == 1
+        [record] = (await thread.list_effect_records()).records
+        assert record.status.value == "applied"
+        assert record.result == {"note": 1, "reconciled": True}
+
+
 async def test_deleting_the_thread_deletes_its_records(rt: Runtime, world: Path) -> None:
     thread = await rt.create_thread("t1", agent_id="notes")
     await turn(thread, scripted([NOTE]))

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -292,9 +293,10 @@ def test_a_server_killed_between_execute_and_record_applies_nothing_on_the_retri
     world, hang = tmp_path / "world.txt", tmp_path / "hang"
     hang.touch()
     env = {"NOTES_WORLD": str(world), "NOTES_HANG_FILE": str(hang)}
-    options = ("--app-dir", str(EFFECT_TOOLS_APP), "--no-packages",
-               "--effect-tool-lease-seconds", "1")
-    first = servers(*options, **env)
+    options = ("--app-dir", str(EFFECT_TOOLS_APP), "--no-packages")
+    # An hour's lease: the restarted server must not wait it out (it knows the holder is
+    # gone: one process per data directory) and would give up waiting after 60 s.
+    first = servers(*options, "--effect-tool-lease-seconds", "3600", **env)
     tid = httpx.post(f"{first.url}/api/threads", json={"agent_id": "notes"}).json()["id"]
     ask = {"content": "post a note about release: Shipped 1.2"}
 
@@ -311,6 +313,9 @@ def test_a_server_killed_between_execute_and_record_applies_nothing_on_the_retri
     assert [(r["key"], r["status"], r["result"]) for r in held] == [
         ("note:release", "in_progress", None)
     ]
+    lease = datetime.fromisoformat(held[0]["leaseExpiresAt"]) - datetime.fromisoformat(
+        held[0]["createdAt"])
+    assert lease == timedelta(hours=1)
     assert first.signal(signal.SIGKILL) == -signal.SIGKILL
     sender.join(GUARD_SECONDS)
 

@@ -413,6 +413,23 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
+    def expire_effect_leases(self, *, keep_owner_prefix: str, now: float) -> int:
+        """End at ``now`` the live leases of in-progress records held by a gone process.
+
+        A record is taken to be held by a gone process when its owner does not begin with
+        ``keep_owner_prefix`` (`runtime.storage.records.process_owner_prefix`). The runtime
+        calls this when it opens a thread of an exclusive backend (`StorageBackend.exclusive`):
+        no other process can be applying those keys, so the next call takes them over
+        (through ``already_applied``) instead of waiting out the lease.
+
+        Returns:
+            How many leases were ended.
+
+        Raises:
+            ThreadStorageError: the write failed; nothing changed.
+        """
+
+    @abstractmethod
     def purge_effect_records(self, *, older_than: float | None) -> int:
         """Delete the thread's records last changed before ``older_than``, or all of them.
 
@@ -502,7 +519,15 @@ class StorageBackend(ABC):
     """Where a runtime keeps its registry, alarms and every thread's store (a factory).
 
     A runtime calls `open` once at start, then the thread-store methods, then `close`.
+
+    Attributes:
+        exclusive: True when one process at a time uses the backend (`open` takes
+            exclusive use, as the SQLite and memory backends do): what a thread's store holds
+            in progress for another process was left by one that is gone. A backend shared
+            by several live processes sets it False.
     """
+
+    exclusive: bool = True
 
     @abstractmethod
     def open(self) -> RuntimeStore:

@@ -392,6 +392,12 @@ class MemoryThreadStore(ThreadStore):
                 return None
             return record
 
+    def expire_effect_leases(self, *, keep_owner_prefix: str, now: float) -> int:  # noqa: D102
+        with self._data.lock:
+            return self._open_data().effect_records.expire_leases(
+                self.thread_id, keep_owner_prefix=keep_owner_prefix, now=now
+            )
+
     def purge_effect_records(self, *, older_than: float | None) -> int:  # noqa: D102
         with self._data.lock:
             table = self._open_data().effect_records

@@ -25,6 +25,8 @@ from __future__ import annotations
 import abc
 import base64
 import json
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -353,6 +355,28 @@ def sql_list(
     return EffectRecordPage(records, _next_cursor(records) if len(rows) > limit else None)
 
 
+def process_owner_prefix() -> str:
+    """``<host>:<pid>:``: how every lease owner of this process begins (effect tools add an id).
+
+    A backend that one process uses at a time knows, when it opens a thread, that an
+    in-progress record whose owner begins otherwise was held by a process that is gone.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}:"
+
+
+def sql_expire_leases(
+    conn: sqlite3.Connection, thread_id: str, *, keep_owner_prefix: str, now: float
+) -> int:
+    """`EffectRecordTable.expire_leases` on a connection."""
+    now = _quantize(now)
+    return conn.execute(
+        "UPDATE effect_records SET lease_expires_at = ?, updated_at = ? WHERE thread_id = ? "
+        "AND status = ? AND lease_expires_at > ? AND substr(owner, 1, ?) != ?",
+        (now, now, thread_id, EffectRecordStatus.IN_PROGRESS.value, now,
+         len(keep_owner_prefix), keep_owner_prefix),
+    ).rowcount
+
+
 def sql_purge(conn: sqlite3.Connection, *, older_than: datetime) -> int:
     """`EffectRecordStore.purge` on a connection."""
     cutoff = _epoch(older_than)
@@ -553,6 +577,22 @@ class EffectRecordTable:
         for k in gone:
             del self.records[k]
         return len(gone)
+
+    def expire_leases(self, thread_id: str, *, keep_owner_prefix: str, now: float) -> int:
+        """End at ``now`` the live leases of in-progress records of a gone process.
+
+        Those whose owner does not begin with ``keep_owner_prefix``; the next claim takes
+        them over. Returns how many.
+        """
+        now = _quantize(now)
+        count = 0
+        for k, r in list(self.records.items()):
+            if (k[0] == thread_id and r.status is EffectRecordStatus.IN_PROGRESS
+                    and r.lease_expires_at is not None and _epoch(r.lease_expires_at) > now
+                    and not (r.owner or "").startswith(keep_owner_prefix)):
+                self.records[k] = replace(r, lease_expires_at=_dt(now), updated_at=_dt(now))
+                count += 1
+        return count
 
     def purge_thread(self, thread_id: str) -> int:
         """`EffectRecordStore.purge_thread`."""

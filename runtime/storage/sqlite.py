@@ -649,6 +649,11 @@ class SQLiteThreadStore(ThreadStore):
             write=False,
         )
 
+    def expire_effect_leases(self, *, keep_owner_prefix: str, now: float) -> int:  # noqa: D102
+        return self._tx(lambda c: _records.sql_expire_leases(
+            c, self.thread_id, keep_owner_prefix=keep_owner_prefix, now=now
+        ))
+
     def purge_effect_records(self, *, older_than: float | None) -> int:  # noqa: D102
         if older_than is None:
             return self._tx(lambda c: _records.sql_purge_thread(c, self.thread_id))

@@ -854,3 +854,23 @@ def test_purging_a_threads_effect_records_by_age_or_all(store: ThreadStore) -> N
     assert store.purge_effect_records(older_than=T0 + 80) == 1
     assert store.purge_effect_records(older_than=None) == 1
     assert store.list_effect_records().records == []
+
+
+def test_leases_of_a_gone_process_end_and_the_next_claim_takes_them_over(
+    store: ThreadStore,
+) -> None:
+    mine = "host-a:42:"
+    begin(store, "theirs", "host-b:7:x1", T0)
+    begin(store, "ours", f"{mine}y2", T0)
+    begin(store, "done", "host-b:7:x3", T0)
+    store.complete_effect_record("done", owner="host-b:7:x3", result_json="1", now=T0)
+    assert store.expire_effect_leases(keep_owner_prefix=mine, now=T0 + 1) == 1
+    assert store.expire_effect_leases(keep_owner_prefix=mine, now=T0 + 1) == 0
+    theirs = store.get_effect_record("theirs")
+    assert theirs is not None
+    assert theirs.lease_expires_at == datetime.fromtimestamp(T0 + 1, UTC)
+    taken = begin(store, "theirs", f"{mine}z", T0 + 1)
+    assert taken.claimed and taken.took_over
+    assert not begin(store, "ours", f"{mine}w", T0 + 1).claimed  # a live call of ours
+    done = store.get_effect_record("done")
+    assert done is not None and done.status is EffectRecordStatus.APPLIED
