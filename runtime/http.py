@@ -82,6 +82,7 @@ from runtime.errors import (
 from runtime.frames import Subscription, ThreadEvent
 from runtime.messages import MAX_CONTENT_CHARS
 from runtime.storage.base import ThreadInfo
+from runtime.storage.records import MAX_PAGE as MAX_RECORDS_PAGE
 from runtime.supervisor import Runtime
 from runtime.thread import ThreadState
 
@@ -529,7 +530,7 @@ def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
     return value
 
 
-def _page_params(request: Request) -> tuple[int, str | None]:
+def _page_params(request: Request, max_limit: int = 500) -> tuple[int, str | None]:
     raw = request.query_params.get("limit")
     limit = 50
     if raw is not None:
@@ -538,7 +539,7 @@ def _page_params(request: Request) -> tuple[int, str | None]:
         except ValueError:
             raise ApiError(
                 400, "invalid_parameter",
-                f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
+                f"limit must be an integer from 1 to {max_limit}, got {_quoted(raw)}",
             ) from None
     cursor = request.query_params.get("cursor") or None
     return limit, cursor
@@ -644,7 +645,7 @@ async def _list_runs(request: Request) -> Response:
 
 async def _list_effect_records(request: Request) -> Response:
     state = await _thread(request)
-    limit, cursor = _page_params(request)
+    limit, cursor = _page_params(request, MAX_RECORDS_PAGE)
     status = request.query_params.get("status") or None
     try:
         page = await state.list_effect_records(status=status, limit=limit, cursor=cursor)

@@ -252,6 +252,13 @@ async def test_records_are_listed_over_http_newest_first_in_pages(
         res = await api.client.get(f"/api/threads/{tid}/effect-records",
                                    params={"cursor": "x"})
         assert res.status_code == 400 and "cursor" in res.text
+        for limit in ("0", "1001", "many"):
+            res = await api.client.get(f"/api/threads/{tid}/effect-records",
+                                       params={"limit": limit})
+            assert res.status_code == 400 and "from 1 to 1000" in res.text, res.text
+        res = await api.client.get(f"/api/threads/{tid}/effect-records",
+                                   params={"limit": "1000"})
+        assert res.status_code == 200
         res = await api.client.get("/api/threads/nope/effect-records")
         assert res.status_code == 404
         res = await api.client.delete(f"/api/threads/{tid}")
