@@ -34,8 +34,9 @@ _E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged)
 class Subscription(AsyncIterator[ThreadEvent]):
     """An async iterator over one thread's events, from the moment it was made.
 
-    It yields `EffectChanged` and `MessageCreated` events in the order they happened;
-    tell them apart with ``isinstance`` (or use ``to_frame()``, which says which it is).
+    It yields `EffectChanged`, `MessageCreated` and `EffectRecordChanged` events in the
+    order they happened; tell them apart with ``isinstance`` (or use ``to_frame()``, which
+    says which it is).
 
     Iteration ends when the subscription is closed (the thread was deleted or the runtime
     shut down) and raises `SubscriptionOverflow` if more than ``maxsize`` events piled up

@@ -134,11 +134,8 @@ async def test_effect_record_shapes_and_frames(
         thread = await api.rt.get_thread(tid)
         async with thread.subscribe() as events:
             await turn(thread, scripted([NOTE]))
-            frames = []
-            while len(frames) < 2:
-                event = await events.__anext__()
-                if isinstance(event, EffectRecordChanged):
-                    frames.append(event.to_frame())
+            events.close()  # what the turn published is still yielded
+            frames = [e.to_frame() async for e in events if isinstance(e, EffectRecordChanged)]
         listed = (await api.client.get(f"/api/threads/{tid}/effect-records")).json()
         assert set(listed) == field_list("?status=in_progress|applied&limit=50&cursor=\n     -> ")
         required, optional = keys_after("A record: ")

@@ -95,14 +95,8 @@ async def test_two_identical_calls_in_one_step_of_a_turn_apply_once(
     thread = await rt.create_thread(agent_id="notes")
     async with thread.subscribe() as events:
         result = await turn(thread, scripted([NOTE, NOTE]))
-        frames = []
-        while True:
-            with anyio.move_on_after(0.5):
-                event = await events.__anext__()
-                if isinstance(event, EffectRecordChanged):
-                    frames.append(event.to_frame())
-                continue
-            break
+        events.close()  # what the turn published is still yielded, then iteration ends
+        frames = [e.to_frame() async for e in events if isinstance(e, EffectRecordChanged)]
     assert len(await lines(world)) == 1
     returned = [
         (r.is_error, json.loads(r.content)) for m in result.messages for r in m.tool_results
