@@ -2,8 +2,8 @@
 
 The app (tests/apps/effect_tools) has an agent ``notes`` whose effect tool ``post_note``
 appends a line with ``effect_marker(key)`` to a "world" file (``NOTES_WORLD``) under the key
-``note:<topic>``. A scripted pydantic-ai ``FunctionModel`` drives each turn. Every test runs
-on every storage backend.
+``note:<topic>``, and a streaming effect tool ``count_up`` with the default key. A scripted
+pydantic-ai ``FunctionModel`` drives each turn. Every test runs on every storage backend.
 """
 
 from __future__ import annotations
@@ -281,3 +281,25 @@ async def test_the_runtime_store_purges_by_age_across_threads_and_per_thread(
     assert (await second.list_effect_records()).records == []
     with pytest.raises(ValueError, match="timezone-aware"):
         await rt.effect_records.purge(older_than=datetime(2026, 1, 1))
+
+
+async def test_a_streaming_effect_tool_records_its_last_value_in_a_turn(rt: Runtime) -> None:
+    thread = await rt.create_thread(agent_id="notes")
+    calls = rt.agents.tools["count_up"].execute.__globals__["CALLS"]
+    calls.clear()
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) > 1:
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[
+            ToolCallPart("count_up", {"n": 3}, tool_call_id="a"),
+            ToolCallPart("count_up", {"n": 3}, tool_call_id="b"),
+        ])
+
+    result = await turn(thread, FunctionModel(answer))
+    returned = [json.loads(r.content) for m in result.messages for r in m.tool_results]
+    assert returned == [{"at": 3}, {"at": 3}]
+    assert calls == [3]  # two identical calls in one step: one application
+    [record] = (await thread.list_effect_records()).records
+    assert record.tool_name == "count_up" and record.result == {"at": 3}
+    assert record.key.startswith(f"{result.run_id}:count_up:")  # the default key
