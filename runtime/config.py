@@ -53,6 +53,9 @@ class Settings(BaseModel):
         model: The pydantic-ai model agents use unless they name their own, e.g.
             ``"openai:gpt-4o-mini"`` (the server reads ``THREAD_EFFECTS_MODEL``). None =
             the offline demo model of `runtime.demo_model`.
+        loop_stall_warning_seconds: An event loop blocked this long (seconds) is logged
+            as a warning naming the effect, thread and run that held it (see
+            `runtime.watchdog`); None = no watchdog.
         freeze_gc: Call ``gc.freeze()`` once started, moving every object alive then out
             of the collector's full passes (which otherwise stall the event loop for tens
             of ms in a large process). It changes the whole interpreter, so it is off in a
@@ -72,4 +75,5 @@ class Settings(BaseModel):
     subscriber_queue_size: int = Field(default=1000, ge=1)
     load_packages: bool = True
     model: str | None = None
+    loop_stall_warning_seconds: float | None = Field(default=1.0, gt=0)
     freeze_gc: bool = False

@@ -2,8 +2,9 @@
 
 `create_app` builds the application; the `runtime.Runtime` is created and started in the
 app's lifespan and closed (with its shutdown grace) when the server stops. `runtime.serve`
-(``server.py``, ``thread-effects serve``) only parses options and runs uvicorn with
-`server_options` (header, keep-alive and WebSocket close timeouts).
+(``server.py``, ``thread-effects serve``) only parses options and runs uvicorn's server
+as `Server` (the runtime closes before the connections, so streams get their last frames)
+with `server_options` (header, keep-alive and WebSocket close timeouts).
 
 Every route lives here in one style: the built-in thread, run, effect and agent routes,
 a thread's messages (`message_routes`) and the app's file-routed thread endpoints
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
@@ -1035,6 +1037,10 @@ async def _stream(websocket: WebSocket) -> None:
         return
     # Subscribed before accepting: the client misses nothing from the moment it is open.
     subscription = state.subscribe()
+    streams: set[asyncio.Task[Any]] = websocket.app.state.streams
+    task = asyncio.current_task()
+    assert task is not None
+    streams.add(task)  # `Server.shutdown` lets it deliver its last frames
 
     async def why_closed() -> tuple[int, str]:
         try:
@@ -1053,6 +1059,7 @@ async def _stream(websocket: WebSocket) -> None:
         )
         await stream.run(why_closed)
     finally:
+        streams.discard(task)
         subscription.close()
 
 
@@ -1211,6 +1218,44 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.transport.cancel_abort()  # type: ignore[attr-defined]
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, shutting the runtime down before the connections (SIGINT/SIGTERM).
+
+    uvicorn, on its own, closes every WebSocket (1012) at once, waits for open requests,
+    and only then runs the lifespan shutdown, where the runtime gives running effects
+    their grace period and re-queues the interrupted ones: their ``requeued`` frames would
+    reach no client. This server stops listening, closes the runtime first (open requests
+    and streams are still served during its grace period), lets every stream deliver its
+    last frames and close itself (1012, "The server is shutting down"), then does uvicorn's
+    own shutdown (open requests get ``timeout_graceful_shutdown``; the lifespan's close
+    of the runtime is then a no-op). Use it as ``uvicorn.Server``.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop listening, close the runtime and its streams, then shut uvicorn down."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        state = getattr(self.config.app, "state", None)
+        rt = getattr(state, "runtime", None)
+        if rt is not None:
+            try:
+                await rt.close()
+            except Exception:
+                log.exception("the runtime failed to close")
+            # Each stream now sends what it still holds, then its close frame.
+            streams: set[asyncio.Task[Any]] = set(getattr(state, "streams", ()))
+            if streams:
+                await asyncio.wait(
+                    streams,
+                    timeout=getattr(
+                        state, "ws_close_timeout_seconds", WS_CLOSE_TIMEOUT_SECONDS
+                    ),
+                )
+        await super().shutdown(sockets)
 
 
 def server_options(
@@ -1398,4 +1443,5 @@ def create_app(
     )
     app.state.max_body_bytes = max_body_bytes
     app.state.ws_close_timeout_seconds = ws_close_timeout_seconds
+    app.state.streams = set()  # the tasks serving open WebSocket streams
     return app

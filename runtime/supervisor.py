@@ -66,6 +66,7 @@ from runtime.runs import RunOperations, check_limit
 from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.thread import ThreadState
+from runtime.watchdog import LoopWatchdog
 
 __all__ = [
     "MAX_DELAY_SECONDS", "MAX_ID_CHARS", "MAX_TAGS", "MAX_TAG_CHARS", "THREAD_ID_RE",
@@ -149,6 +150,9 @@ class Runtime:
         dispatcher: Due threads and the workers (`runtime.dispatcher.Dispatcher`).
         executor: Drains a thread, calls effects (`runtime.executor.EffectExecutor`).
         runs: Schedule, cancel, run now, replay, list (`runtime.runs.RunOperations`).
+        watchdog: Warns of event-loop stalls, naming the effect that held the loop
+            (`runtime.watchdog.LoopWatchdog`); None when ``loop_stall_warning_seconds``
+            is None.
 
     An extension's `runtime.extension.Extension.attributes` are attributes too: with the
     conversation layer, ``rt.agents`` (the app's agents, tools and hooks) and ``rt.turns``.
@@ -186,6 +190,9 @@ class Runtime:
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
+        # True from start until the shutdown grace ends: while it is, every call is served,
+        # so a running effect (or turn, or tool) can still schedule, list and write.
+        self._serving = False
         self.alarms = AlarmIndex(
             self.clock, self.run_sync, self._on_alarm, self._is_draining
         )
@@ -198,6 +205,10 @@ class Runtime:
             lambda: self.registry, self.clock.now, self.hub, self.alarms, self.run_sync,
             self._state_for_effect, lambda: self._closing,
             retention=self.settings.retention,
+        )
+        self.watchdog: LoopWatchdog | None = (
+            LoopWatchdog(self.settings.loop_stall_warning_seconds, self.executor.describe_task)
+            if self.settings.loop_stall_warning_seconds is not None else None
         )
         self.dispatcher = Dispatcher(self.settings.max_concurrent_runs, self._drain)
         self.runs = RunOperations(
@@ -263,6 +274,9 @@ class Runtime:
         self._store = store
         self.actors.registry = store
         self._started = True
+        self._serving = True
+        if self.watchdog is not None:
+            self.watchdog.start()
         self.dispatcher.start()
         armed = await self.alarms.start(store)
         if self.settings.freeze_gc:
@@ -289,9 +303,12 @@ class Runtime:
     async def close(self) -> None:
         """Stop the runtime; idempotent.
 
-        Running effects get ``shutdown_grace_seconds`` to finish; then they are
-        interrupted and their runs go back to ``pending`` (or fail on a third
-        interruption). Every database is closed.
+        No new run starts. Running effects get ``shutdown_grace_seconds`` to finish, and
+        during that grace period every call keeps being served (an effect may still
+        schedule its follow-up run, list runs, write messages); then they are interrupted
+        and their runs go back to ``pending`` (or fail on a third interruption), their
+        ``requeued`` events published before the subscriptions end. Afterwards calls raise
+        `RuntimeClosed`. Every database is closed.
         """
         if not self._started or self._closing:
             return
@@ -302,6 +319,7 @@ class Runtime:
         assert self._store is not None
         self.alarms.stop_timer()
         await self.dispatcher.stop(self.settings.shutdown_grace_seconds)
+        self._serving = False
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
         now = self.clock.now()
@@ -330,11 +348,13 @@ class Runtime:
         if self._executor_pool is not None:
             self._executor_pool.shutdown(wait=False)
             self._executor_pool = None
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self._started = False
 
     def _check_open(self) -> None:
-        if not self._started or self._closing:
-            raise RuntimeClosed("The runtime is not running (not started, or shutting down)")
+        if not self._serving:
+            raise RuntimeClosed("The runtime is not running (not started, or shut down)")
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking call (storage work) on the runtime's own thread pool, off the loop.

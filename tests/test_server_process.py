@@ -7,6 +7,7 @@ they never assert how long anything took.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,8 @@ from typing import Any
 import httpx
 import pytest
 from test_packages import demo_dist  # noqa: F401  (fixture: te-demo-pkg, pip-installed)
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
 
@@ -154,6 +157,50 @@ def test_sigterm_requeues_a_running_run(servers: Callable[..., ServerProcess]) -
         second.url, tid, run_id, lambda r: r["status"] == "running" and r["attempts"] == 2
     )
     assert run["error"] is None
+
+
+CORE_APP = str(ROOT / "tests" / "apps" / "core")
+
+
+def test_a_run_going_at_sigterm_finishes_and_schedules_its_follow_up(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    first = servers("--shutdown-grace-seconds", "10", "--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
+    # Sleeps 2 s, then schedules itself again with a delay of 1 s (the follow-up run).
+    run_id = schedule(first.url, tid, "again", {"seconds": 2, "delay": 1})
+    wait_for_run(first.url, tid, run_id, lambda r: r["status"] == "running")
+    time.sleep(0.5)  # SIGTERM in the middle of the run, not at its start
+    assert first.signal(signal.SIGTERM) in (0, -signal.SIGTERM)
+
+    second = servers("--app-dir", CORE_APP, "--no-packages")
+    run = wait_for_run(second.url, tid, run_id, lambda r: r["status"] != "running")
+    assert (run["status"], run["attempts"], run["error"]) == ("completed", 1, None)
+    runs = httpx.get(f"{second.url}/api/threads/{tid}/effects?name=again").json()["runs"]
+    follow_ups = [r for r in runs if r["id"] != run_id]
+    assert len(follow_ups) >= 1, runs  # scheduled during the grace period, and kept
+
+
+def test_the_requeued_frame_reaches_the_stream_before_it_closes(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    server = servers("--shutdown-grace-seconds", "0.1", "--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    url = f"ws://127.0.0.1:{server.port}/api/threads/{tid}/stream"
+    with ws_connect(url, origin=None, open_timeout=GUARD_SECONDS) as ws:
+        run_id = schedule(server.url, tid, "slow", {"seconds": 60})
+        wait_for_run(server.url, tid, run_id, lambda r: r["status"] == "running")
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        changes: list[tuple[str, str]] = []
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                frame = json.loads(ws.recv(timeout=GUARD_SECONDS))
+                if frame["data"].get("id") == run_id:
+                    changes.append((frame["data"]["status"], frame["data"]["attempts"]))
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    assert changes[-1] == ("pending", 1), changes
+    assert server.proc.wait(timeout=GUARD_SECONDS) in (0, -signal.SIGTERM)
 
 
 def test_demo_webhook_posts_to_the_server_itself(
