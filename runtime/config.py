@@ -53,6 +53,12 @@ class Settings(BaseModel):
         model: The pydantic-ai model agents use unless they name their own, e.g.
             ``"openai:gpt-4o-mini"`` (the server reads ``THREAD_EFFECTS_MODEL``). None =
             the offline demo model of `runtime.demo_model`.
+        max_immediate_runs_per_second: The guard against runaway chains: a thread's
+            effects may schedule at most this many zero-delay (due now) runs per second
+            (counted in one-second windows of the clock); the next such schedule raises
+            `runtime.errors.TooManyImmediateRuns`, which fails the run that made it.
+            Schedules from outside effects (HTTP, tools, the app) are not counted.
+            None = no guard.
         loop_stall_warning_seconds: An event loop blocked this long (seconds) is logged
             as a warning naming the effect, thread and run that held it (see
             `runtime.watchdog`); None = no watchdog.
@@ -75,5 +81,6 @@ class Settings(BaseModel):
     subscriber_queue_size: int = Field(default=1000, ge=1)
     load_packages: bool = True
     model: str | None = None
+    max_immediate_runs_per_second: int | None = Field(default=100, ge=1)
     loop_stall_warning_seconds: float | None = Field(default=1.0, gt=0)
     freeze_gc: bool = False

@@ -127,7 +127,10 @@ class EffectExecutor:
                 if actor.deleted:
                     return False
                 stopping = self._stopping()
-                stop = stopping or done >= DRAIN_BATCH
+                # A paused thread starts nothing; its alarm row stays, and resuming
+                # wakes it (`runtime.Runtime.resume_thread`).
+                paused = actor.info.paused
+                stop = stopping or paused or done >= DRAIN_BATCH
                 finished, claimed, next_due = await self._run_sync(
                     partial(
                         actor.store.finish_and_claim,
@@ -150,7 +153,7 @@ class EffectExecutor:
                     self._hub.publish(change, finished)
                 if stop:
                     # Let other due threads go first; come back to this one.
-                    return not stopping
+                    return not (stopping or paused)
                 if claimed is None:
                     await self._alarms.settle(thread_id, next_due)
                     return False

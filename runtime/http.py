@@ -519,7 +519,7 @@ def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
             400, "invalid_body",
             f"{what}: unknown field(s) {', '.join(cut(u, 40) for u in unknown[:5])}"
             f"{' and more' if len(unknown) > 5 else ''}; "
-            f"allowed: {', '.join(sorted(allowed))}",
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}",
         )
     return value
 
@@ -547,13 +547,14 @@ def _page_params(request: Request) -> tuple[int, str | None]:
 
 
 def thread_json(info: ThreadInfo) -> dict[str, Any]:
-    """A thread's wire form: ``{"id", "createdAt", "agentId", "userId", "tags"}``."""
+    """A thread's wire form: ``{"id", "createdAt", "agentId", "userId", "tags", "paused"}``."""
     return {
         "id": info.id,
         "createdAt": iso(info.created_at_ts),
         "agentId": info.agent_id,
         "userId": info.user_id,
         "tags": list(info.tags),
+        "paused": info.paused,
     }
 
 
@@ -606,8 +607,29 @@ async def _get_thread(request: Request) -> Response:
         agent_id=state.agent_id,
         user_id=state.user_id,
         tags=state.tags,
+        paused=state.paused,
     )
     return JSONResponse(thread_json(info))
+
+
+async def _pause_thread(request: Request) -> Response:
+    return await _set_paused(request, paused=True)
+
+
+async def _resume_thread(request: Request) -> Response:
+    return await _set_paused(request, paused=False)
+
+
+async def _set_paused(request: Request, *, paused: bool) -> Response:
+    tid = request.path_params["tid"]
+    # No fields: an empty body, ``{}`` or none at all.
+    await read_object(
+        request, frozenset(), f"POST /api/threads/{{tid}}/{'pause' if paused else 'resume'}",
+        required=False,
+    )
+    rt = _runtime(request)
+    state = await (rt.pause_thread(tid) if paused else rt.resume_thread(tid))
+    return JSONResponse(thread_json(state.info))
 
 
 async def _delete_thread(request: Request) -> Response:
@@ -1402,6 +1424,8 @@ def create_app(
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
         _route("/api/threads/{tid}", GET=_get_thread, DELETE=_delete_thread),
+        _route("/api/threads/{tid}/pause", POST=_pause_thread),
+        _route("/api/threads/{tid}/resume", POST=_resume_thread),
         _route("/api/threads/{tid}/effects", GET=_list_runs, POST=_schedule),
         _route("/api/threads/{tid}/effects/{run_id}", GET=_get_run),
         _route("/api/threads/{tid}/effects/{run_id}/run", POST=_run_now),

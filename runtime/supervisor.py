@@ -36,7 +36,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -496,6 +496,53 @@ class Runtime:
             after = parse_thread_cursor(cursor)
         infos, nxt = await self.run_sync(self._store.list_threads, limit, after)
         return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
+
+    async def pause_thread(self, thread_id: str) -> ThreadState:
+        """Pause a thread: it starts no run until resumed; the mark survives restarts.
+
+        Everything is kept: its runs, its alarm row, its messages. It still accepts
+        schedules, cancels and run-nows; due runs stay ``pending``. A run that is
+        running when the thread is paused runs to its end (it is not cancelled; cancel
+        it, or delete the thread, to stop it). Pausing a paused thread changes nothing.
+
+        Returns:
+            The thread's state, ``info.paused`` True.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadNotFound: no such thread.
+        """
+        return await self._set_paused(thread_id, paused=True)
+
+    async def resume_thread(self, thread_id: str) -> ThreadState:
+        """Resume a paused thread: its due runs start, in due order; a no-op if not paused.
+
+        Returns:
+            The thread's state, ``info.paused`` False.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadNotFound: no such thread.
+        """
+        return await self._set_paused(thread_id, paused=False)
+
+    async def _set_paused(self, thread_id: str, *, paused: bool) -> ThreadState:
+        self._check_open()
+        validate_thread_id(thread_id)
+        assert self._store is not None
+        store = self._store
+        async with self.actors.writing(thread_id) as actor:
+            if actor.info.paused is not paused:
+                if not await self.run_sync(store.set_paused, thread_id, paused):
+                    raise ThreadNotFound(thread_id)
+                actor.info = replace(actor.info, paused=paused)
+            info = actor.info
+        if not paused:
+            # Its alarm may have fired while it was paused: look at its due runs now
+            # (the drain sets the timer to the next pending one).
+            self._on_alarm(thread_id)
+        log.info("thread %s %s", thread_id, "paused" if paused else "resumed")
+        return ThreadState(self, info)
 
     async def delete_thread(self, thread_id: str) -> bool:
         """Delete a thread: its file, its alarm and every run.

@@ -59,21 +59,23 @@ class LoopWatchdog:
         self._loop = asyncio.get_running_loop()
         self._last_beat = time.monotonic()
         self._handle = self._loop.call_later(self._beat_seconds, self._beat)
-        self._stop.clear()
+        self._stop = threading.Event()  # a new one: a stopped thread may still be looking
         self._thread = threading.Thread(
-            target=self._watch, name="thread-effects-loop-watchdog", daemon=True
+            target=self._watch, args=(self._stop,), name="thread-effects-loop-watchdog",
+            daemon=True,
         )
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop beating and watching (idempotent)."""
+        """Stop beating and watching (idempotent; never blocks the loop).
+
+        The thread is not joined: it ends at its next look, within a beat.
+        """
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._thread = None
 
     def _beat(self) -> None:
         now = time.monotonic()
@@ -92,10 +94,10 @@ class LoopWatchdog:
         assert self._loop is not None
         self._handle = self._loop.call_later(self._beat_seconds, self._beat)
 
-    def _watch(self) -> None:
+    def _watch(self, stop: threading.Event) -> None:
         loop = self._loop
         assert loop is not None
-        while not self._stop.wait(self._beat_seconds):
+        while not stop.wait(self._beat_seconds):
             if self._holder is not None:
                 continue  # this stall is already named; the loop's next beat reports it
             if time.monotonic() - self._last_beat > self.threshold_seconds:

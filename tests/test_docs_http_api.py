@@ -119,3 +119,18 @@ def test_documented_limits_are_the_servers() -> None:
     }
     missing = [text for text in checks if text not in DOC]
     assert not missing, missing
+
+
+async def test_pause_and_resume_answer_the_thread_as_documented(api: Api) -> None:
+    tid = await api.new_thread()
+    shape = field_list("GET    /api/threads/{tid}      -> ")
+    for route, paused in (("pause", True), ("resume", False)):
+        assert f"POST   /api/threads/{{tid}}/{route}" in DOC
+        assert f'-> the thread, "paused": {str(paused).lower()}' in DOC
+        res = await api.client.post(f"/api/threads/{tid}/{route}")
+        assert res.status_code == 200, res.text
+        assert set(res.json()) == shape and res.json()["paused"] is paused
+        res = await api.client.post(f"/api/threads/{tid}/{route}", json={})
+        assert res.status_code == 200, res.text
+        res = await api.client.post(f"/api/threads/nope/{route}")
+        assert res.status_code == 404

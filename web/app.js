@@ -14,6 +14,7 @@ import { ApiError, RunStream, askForToken, onReach } from "./api.js";
 import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
 import { DetailView } from "./detail.js";
+import { PauseControl } from "./pause.js";
 import { RunsView } from "./runs.js";
 import { ScheduleForm } from "./schedule.js";
 import { ThreadSession } from "./session.js";
@@ -77,6 +78,11 @@ const threads = new ThreadsView({
   },
 });
 
+const pause = new PauseControl({
+  onChange: (tid, paused) => threads.setPaused(tid, paused),
+  onGone: (s, err) => handledAsGone(s, err),
+});
+
 const runs = new RunsView({
   handledAsGone,
   detailId: () => detail.id,
@@ -134,6 +140,7 @@ function showSession(s) {
   runs.reset(s);
   conversation.reset(s);
   schedule.reset(s);
+  pause.reset(s, s ? threads.threads.get(s.tid)?.paused : false);
   const disabled = Boolean(s && s.gone);
   el.threadView.toggleAttribute("data-gone", disabled);
   for (const control of [el.reloadRuns, ...el.filters.querySelectorAll("button")]) control.disabled = disabled;
@@ -176,7 +183,9 @@ function selectThread(tid) {
       // Frames sent while we were away are gone: reload on every (re)connect, and seq
       // numbering restarts from whatever the first frame says.
       lastSeq = null;
-      runs.reload();
+      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
+      // thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => pause.refresh());
       conversation.catchUp();
     },
     onFrame: (frame) => {
@@ -220,7 +229,9 @@ function onFrame(frame) {
     const gap = lastSeq !== null && frame.seq !== lastSeq + 1;
     lastSeq = frame.seq;
     if (gap) {
-      runs.reload();
+      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
+      // thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => pause.refresh());
       conversation.catchUp();
     }
   }
