@@ -278,9 +278,10 @@ class GuardMiddleware:
 class InterruptedRequestMiddleware:
     """Answer JSON 503 ``shutting_down`` for a request cancelled before it answered.
 
-    On SIGINT/SIGTERM uvicorn gives open requests ``timeout_graceful_shutdown`` seconds
-    (``server.py``: 5), then cancels them; uncaught, the cancellation would reach uvicorn,
-    which logs a traceback and sends a plain-text 500. A request (a long turn, say) that
+    On SIGINT/SIGTERM, after the runtime's grace period (`Server`), uvicorn gives open
+    requests ``timeout_graceful_shutdown`` seconds (``server.py``: 5), then cancels them;
+    uncaught, the cancellation would reach uvicorn, which logs a traceback and sends a
+    plain-text 500. A request (a long turn, say) that
     had not started its answer gets ``{"error": {"code": "shutting_down", ...}}`` with
     ``Retry-After`` instead; what it stored before stays stored.
 

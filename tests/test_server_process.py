@@ -203,6 +203,51 @@ def test_the_requeued_frame_reaches_the_stream_before_it_closes(
     assert server.proc.wait(timeout=GUARD_SECONDS) in (0, -signal.SIGTERM)
 
 
+def test_the_guard_stops_a_runaway_chain(servers: Callable[..., ServerProcess]) -> None:
+    server = servers("--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    runs_url = f"{server.url}/api/threads/{tid}/effects"
+    schedule(server.url, tid, "runaway", None)  # schedules itself again with no delay
+    deadline = time.monotonic() + GUARD_SECONDS
+    while (counts := httpx.get(runs_url).json()["counts"])["failed"] == 0:
+        assert time.monotonic() < deadline, f"the chain was not stopped: {counts}"
+        time.sleep(0.05)
+    assert counts["pending"] == 0 and counts["running"] == 0 and counts["completed"] >= 100
+    [failed] = httpx.get(runs_url, params={"status": "failed"}).json()["runs"]
+    assert failed["error"].startswith(f"TooManyImmediateRuns: Thread {tid}: ")
+    assert "max_immediate_runs_per_second=100" in failed["error"]
+
+
+def test_a_chain_is_paused_over_http_and_its_next_run_canceled(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    server = servers("--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    runs_url = f"{server.url}/api/threads/{tid}/effects"
+    # A chain with a short delay: never due long enough to be canceled while it runs.
+    schedule(server.url, tid, "again", {"seconds": 0, "delay": 0.01})
+    deadline = time.monotonic() + GUARD_SECONDS
+    while httpx.get(runs_url).json()["counts"]["completed"] < 10:
+        assert time.monotonic() < deadline, "the chain did not run"
+        time.sleep(0.05)
+
+    res = httpx.post(f"{server.url}/api/threads/{tid}/pause")
+    assert res.status_code == 200 and res.json()["paused"] is True
+    # The run going at the pause finishes; its follow-up stays pending, so it can be canceled.
+    while True:
+        counts = httpx.get(runs_url).json()["counts"]
+        if counts["running"] == 0 and counts["pending"] == 1:
+            break
+        assert time.monotonic() < deadline, f"the chain did not stop: {counts}"
+        time.sleep(0.05)
+    [pending] = httpx.get(runs_url, params={"status": "pending"}).json()["runs"]
+    res = httpx.post(f"{runs_url}/{pending['id']}/cancel")
+    assert res.json() == {"canceled": True}
+    counts = httpx.get(runs_url).json()["counts"]
+    assert counts["pending"] == 0 and counts["canceled"] == 1 and counts["failed"] == 0
+    assert httpx.get(f"{server.url}/api/threads/{tid}").json()["paused"] is True
+
+
 def test_demo_webhook_posts_to_the_server_itself(
     servers: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
