@@ -79,7 +79,10 @@ const threads = new ThreadsView({
 });
 
 const pause = new PauseControl({
-  onChange: (tid, paused) => threads.setPaused(tid, paused),
+  onChange: (tid, paused) => {
+    threads.setPaused(tid, paused);
+    runs.setPaused(paused);
+  },
   onGone: (s, err) => handledAsGone(s, err),
 });
 

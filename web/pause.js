@@ -8,7 +8,7 @@ import { toastApiError } from "./toasts.js";
 const $ = (id) => document.getElementById(id);
 
 export class PauseControl {
-  /** `onChange(tid, paused)`: the thread's paused state is known or changed (the list shows it). */
+  /** `onChange(tid, paused)`: the shown thread's (tid null: none) paused state is known or changed. */
   constructor({ onChange, onGone }) {
     this.onChange = onChange;
     this.onGone = onGone; // (session, err) -> true if the error meant the thread is gone
@@ -25,9 +25,8 @@ export class PauseControl {
    */
   reset(s, known) {
     this.session = s;
-    this.paused = Boolean(known);
     this.busy = false;
-    this.render();
+    this.set(Boolean(known));
   }
 
   async refresh() {
@@ -46,7 +45,7 @@ export class PauseControl {
   set(paused) {
     this.paused = paused;
     this.render();
-    if (this.session) this.onChange(this.session.tid, paused);
+    this.onChange(this.session ? this.session.tid : null, paused);
   }
 
   async toggle() {

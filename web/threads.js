@@ -232,7 +232,7 @@ export class ThreadsView {
 
   /** Note thread `id`'s paused state (from its header), if it is in the list. */
   setPaused(id, paused) {
-    const thread = this.threads.get(id);
+    const thread = id == null ? undefined : this.threads.get(id);
     if (!thread || Boolean(thread.paused) === paused) return;
     this.threads.set(id, { ...thread, paused });
     this.render();
