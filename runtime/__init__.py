@@ -45,6 +45,7 @@ from runtime.errors import (
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
+    TooManyImmediateRuns,
     TurnFailed,
     TurnInProgress,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "ThreadPage",
     "ThreadState",
     "ThreadStorageError",
+    "TooManyImmediateRuns",
     "ToolCall",
     "ToolDefinition",
     "ToolResult",

@@ -73,6 +73,8 @@ class ThreadActor:
             effect code may schedule on its own thread without deadlocking.
         current_run: The run it executes now, if any.
         effect_task: The task running that effect's code, if any.
+        immediate_runs: ``(window_start, count)``: zero-delay runs its effects scheduled
+            in the current one-second window (the runaway guard, `runtime.runs`).
         users: Callers inside `ActorTable.use` (the actor is not evicted meanwhile).
         state: `ActorState.OPEN` while in the table.
     """
@@ -84,6 +86,7 @@ class ThreadActor:
         self.lock = asyncio.Lock()
         self.current_run: EffectRun | None = None
         self.effect_task: asyncio.Task[None] | None = None
+        self.immediate_runs: tuple[float, int] = (0.0, 0)
         self.users = 0
         self.state = ActorState.OPEN
 

@@ -56,6 +56,15 @@ class Settings(BaseModel):
         model: The pydantic-ai model agents use unless they name their own, e.g.
             ``"openai:gpt-4o-mini"`` (the server reads ``THREAD_EFFECTS_MODEL``). None =
             the offline demo model of `runtime.demo_model`.
+        max_immediate_runs_per_second: The guard against runaway chains: a thread's
+            effects may schedule at most this many zero-delay (due now) runs per second
+            (counted in one-second windows of the clock); the next such schedule raises
+            `runtime.errors.TooManyImmediateRuns`, which fails the run that made it.
+            Schedules from outside effects (HTTP, tools, the app) are not counted.
+            None = no guard.
+        loop_stall_warning_seconds: An event loop blocked this long (seconds) is logged
+            as a warning naming the effect, thread and run that held it (see
+            `runtime.watchdog`); None = no watchdog.
         freeze_gc: Call ``gc.freeze()`` once started, moving every object alive then out
             of the collector's full passes (which otherwise stall the event loop for tens
             of ms in a large process). It changes the whole interpreter, so it is off in a
@@ -83,6 +92,8 @@ class Settings(BaseModel):
     subscriber_queue_size: int = Field(default=1000, ge=1)
     load_packages: bool = True
     model: str | None = None
+    max_immediate_runs_per_second: int | None = Field(default=100, ge=1)
+    loop_stall_warning_seconds: float | None = Field(default=1.0, gt=0)
     freeze_gc: bool = False
     effect_tool_lease_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     effect_tool_wait_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)

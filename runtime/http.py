@@ -2,8 +2,9 @@
 
 `create_app` builds the application; the `runtime.Runtime` is created and started in the
 app's lifespan and closed (with its shutdown grace) when the server stops. `runtime.serve`
-(``server.py``, ``thread-effects serve``) only parses options and runs uvicorn with
-`server_options` (header, keep-alive and WebSocket close timeouts).
+(``server.py``, ``thread-effects serve``) only parses options and runs uvicorn's server
+as `Server` (the runtime closes before the connections, so streams get their last frames)
+with `server_options` (header, keep-alive and WebSocket close timeouts).
 
 Every route lives here in one style: the built-in thread, run, effect and agent routes,
 a thread's messages (`message_routes`) and the app's file-routed thread endpoints
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
@@ -277,9 +279,10 @@ class GuardMiddleware:
 class InterruptedRequestMiddleware:
     """Answer JSON 503 ``shutting_down`` for a request cancelled before it answered.
 
-    On SIGINT/SIGTERM uvicorn gives open requests ``timeout_graceful_shutdown`` seconds
-    (``server.py``: 5), then cancels them; uncaught, the cancellation would reach uvicorn,
-    which logs a traceback and sends a plain-text 500. A request (a long turn, say) that
+    On SIGINT/SIGTERM, after the runtime's grace period (`Server`), uvicorn gives open
+    requests ``timeout_graceful_shutdown`` seconds (``server.py``: 5), then cancels them;
+    uncaught, the cancellation would reach uvicorn, which logs a traceback and sends a
+    plain-text 500. A request (a long turn, say) that
     had not started its answer gets ``{"error": {"code": "shutting_down", ...}}`` with
     ``Retry-After`` instead; what it stored before stays stored.
 
@@ -518,7 +521,7 @@ def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
             400, "invalid_body",
             f"{what}: unknown field(s) {', '.join(cut(u, 40) for u in unknown[:5])}"
             f"{' and more' if len(unknown) > 5 else ''}; "
-            f"allowed: {', '.join(sorted(allowed))}",
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}",
         )
     return value
 
@@ -546,13 +549,14 @@ def _page_params(request: Request, max_limit: int = 500) -> tuple[int, str | Non
 
 
 def thread_json(info: ThreadInfo) -> dict[str, Any]:
-    """A thread's wire form: ``{"id", "createdAt", "agentId", "userId", "tags"}``."""
+    """A thread's wire form: ``{"id", "createdAt", "agentId", "userId", "tags", "paused"}``."""
     return {
         "id": info.id,
         "createdAt": iso(info.created_at_ts),
         "agentId": info.agent_id,
         "userId": info.user_id,
         "tags": list(info.tags),
+        "paused": info.paused,
     }
 
 
@@ -605,8 +609,29 @@ async def _get_thread(request: Request) -> Response:
         agent_id=state.agent_id,
         user_id=state.user_id,
         tags=state.tags,
+        paused=state.paused,
     )
     return JSONResponse(thread_json(info))
+
+
+async def _pause_thread(request: Request) -> Response:
+    return await _set_paused(request, paused=True)
+
+
+async def _resume_thread(request: Request) -> Response:
+    return await _set_paused(request, paused=False)
+
+
+async def _set_paused(request: Request, *, paused: bool) -> Response:
+    tid = request.path_params["tid"]
+    # No fields: an empty body, ``{}`` or none at all.
+    await read_object(
+        request, frozenset(), f"POST /api/threads/{{tid}}/{'pause' if paused else 'resume'}",
+        required=False,
+    )
+    rt = _runtime(request)
+    state = await (rt.pause_thread(tid) if paused else rt.resume_thread(tid))
+    return JSONResponse(thread_json(state.info))
 
 
 async def _delete_thread(request: Request) -> Response:
@@ -1054,6 +1079,10 @@ async def _stream(websocket: WebSocket) -> None:
         return
     # Subscribed before accepting: the client misses nothing from the moment it is open.
     subscription = state.subscribe()
+    streams: set[asyncio.Task[Any]] = websocket.app.state.streams
+    task = asyncio.current_task()
+    assert task is not None
+    streams.add(task)  # `Server.shutdown` lets it deliver its last frames
 
     async def why_closed() -> tuple[int, str]:
         try:
@@ -1072,6 +1101,7 @@ async def _stream(websocket: WebSocket) -> None:
         )
         await stream.run(why_closed)
     finally:
+        streams.discard(task)
         subscription.close()
 
 
@@ -1232,6 +1262,44 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
         self.transport.cancel_abort()  # type: ignore[attr-defined]
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server, shutting the runtime down before the connections (SIGINT/SIGTERM).
+
+    uvicorn, on its own, closes every WebSocket (1012) at once, waits for open requests,
+    and only then runs the lifespan shutdown, where the runtime gives running effects
+    their grace period and re-queues the interrupted ones: their ``requeued`` frames would
+    reach no client. This server stops listening, closes the runtime first (open requests
+    and streams are still served during its grace period), lets every stream deliver its
+    last frames and close itself (1012, "The server is shutting down"), then does uvicorn's
+    own shutdown (open requests get ``timeout_graceful_shutdown``; the lifespan's close
+    of the runtime is then a no-op). Use it as ``uvicorn.Server``.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop listening, close the runtime and its streams, then shut uvicorn down."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        state = getattr(self.config.app, "state", None)
+        rt = getattr(state, "runtime", None)
+        if rt is not None:
+            try:
+                await rt.close()
+            except Exception:
+                log.exception("the runtime failed to close")
+            # Each stream now sends what it still holds, then its close frame.
+            streams: set[asyncio.Task[Any]] = set(getattr(state, "streams", ()))
+            if streams:
+                await asyncio.wait(
+                    streams,
+                    timeout=getattr(
+                        state, "ws_close_timeout_seconds", WS_CLOSE_TIMEOUT_SECONDS
+                    ),
+                )
+        await super().shutdown(sockets)
+
+
 def server_options(
     *,
     header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS,
@@ -1376,6 +1444,8 @@ def create_app(
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
         _route("/api/threads/{tid}", GET=_get_thread, DELETE=_delete_thread),
+        _route("/api/threads/{tid}/pause", POST=_pause_thread),
+        _route("/api/threads/{tid}/resume", POST=_resume_thread),
         _route("/api/threads/{tid}/effects", GET=_list_runs, POST=_schedule),
         _route("/api/threads/{tid}/effects/{run_id}", GET=_get_run),
         _route("/api/threads/{tid}/effects/{run_id}/run", POST=_run_now),
@@ -1418,4 +1488,5 @@ def create_app(
     )
     app.state.max_body_bytes = max_body_bytes
     app.state.ws_close_timeout_seconds = ws_close_timeout_seconds
+    app.state.streams = set()  # the tasks serving open WebSocket streams
     return app

@@ -37,6 +37,7 @@ from runtime.http import (
     DEFAULT_WEB_DIR,
     LOOPBACK_HOSTS,
     ApiError,
+    Server,
     create_app,
     read_json,
     server_options,
@@ -239,12 +240,13 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         port=args.port,
         lifespan="on",
         log_level=args.log_level,
-        # Open HTTP requests get this long on SIGINT/SIGTERM; then the runtime's own grace
-        # period runs (the lifespan shutdown), after which running effects are re-queued.
+        # On SIGINT/SIGTERM the runtime's grace period runs first (`Server`: running
+        # effects finish or are re-queued, streams get their last frames); open HTTP
+        # requests then get this much longer.
         timeout_graceful_shutdown=5,
         **server_options(),
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     with listener:
         server.run(sockets=[listener])
     # uvicorn reports a failed startup (bad effect file, data dir in use) by not starting;

@@ -94,7 +94,7 @@ class ThreadState:
 
     @property
     def info(self) -> ThreadInfo:
-        """The thread's registry entry (id, creation time, agent, user, tags)."""
+        """The thread's registry entry (id, creation time, agent, user, tags, paused)."""
         return self._info
 
     @property
@@ -111,6 +111,19 @@ class ThreadState:
     def tags(self) -> tuple[str, ...]:
         """The thread's tags."""
         return self._info.tags
+
+    @property
+    def paused(self) -> bool:
+        """Whether the thread was paused when this state was made (see `pause`)."""
+        return self._info.paused
+
+    async def pause(self) -> ThreadState:
+        """Pause the thread: see `runtime.Runtime.pause_thread`; returns its new state."""
+        return await self._rt.pause_thread(self.thread_id)
+
+    async def resume(self) -> ThreadState:
+        """Resume the thread: see `runtime.Runtime.resume_thread`; returns its new state."""
+        return await self._rt.resume_thread(self.thread_id)
 
     @property
     def created_at(self) -> datetime:

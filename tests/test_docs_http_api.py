@@ -148,3 +148,18 @@ async def test_effect_record_shapes_and_frames(
             assert set(frame["data"]) == frame_keys == required | {"change"}
         assert [f["data"]["change"] for f in frames] == ["claimed", "applied"]
         assert '"eventType": "effect_record_changed"' in DOC
+
+
+async def test_pause_and_resume_answer_the_thread_as_documented(api: Api) -> None:
+    tid = await api.new_thread()
+    shape = field_list("GET    /api/threads/{tid}      -> ")
+    for route, paused in (("pause", True), ("resume", False)):
+        assert f"POST   /api/threads/{{tid}}/{route}" in DOC
+        assert f'-> the thread, "paused": {str(paused).lower()}' in DOC
+        res = await api.client.post(f"/api/threads/{tid}/{route}")
+        assert res.status_code == 200, res.text
+        assert set(res.json()) == shape and res.json()["paused"] is paused
+        res = await api.client.post(f"/api/threads/{tid}/{route}", json={})
+        assert res.status_code == 200, res.text
+        res = await api.client.post(f"/api/threads/nope/{route}")
+        assert res.status_code == 404

@@ -146,6 +146,9 @@ export const api = {
   // agentId: needed when the app has several agents and none is the default.
   createThread: (agentId) => request("POST", "/api/threads", agentId ? { agent_id: agentId } : {}),
   deleteThread: (tid) => request("DELETE", `/api/threads/${seg(tid)}`),
+  getThread: (tid, opts) => request("GET", `/api/threads/${seg(tid)}`, undefined, opts),
+  pauseThread: (tid, opts) => request("POST", `/api/threads/${seg(tid)}/pause`, undefined, opts),
+  resumeThread: (tid, opts) => request("POST", `/api/threads/${seg(tid)}/resume`, undefined, opts),
 
   listRuns: (tid, { status, name, limit, cursor } = {}, opts) =>
     request("GET", `/api/threads/${seg(tid)}/effects${query({ status, name, limit, cursor })}`, undefined, opts),

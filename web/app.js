@@ -16,6 +16,7 @@ import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
 import { DetailView } from "./detail.js";
 import { RecordsView } from "./records.js";
+import { PauseControl } from "./pause.js";
 import { RunsView } from "./runs.js";
 import { ScheduleForm } from "./schedule.js";
 import { ThreadSession } from "./session.js";
@@ -79,6 +80,14 @@ const threads = new ThreadsView({
   },
 });
 
+const pause = new PauseControl({
+  onChange: (tid, paused) => {
+    threads.setPaused(tid, paused);
+    runs.setPaused(paused);
+  },
+  onGone: (s, err) => handledAsGone(s, err),
+});
+
 const runs = new RunsView({
   handledAsGone,
   detailId: () => detail.id,
@@ -139,6 +148,7 @@ function showSession(s) {
   records.reset(s);
   conversation.reset(s);
   schedule.reset(s);
+  pause.reset(s, s ? threads.threads.get(s.tid)?.paused : false);
   const disabled = Boolean(s && s.gone);
   el.threadView.toggleAttribute("data-gone", disabled);
   for (const control of [el.reloadRuns, ...el.filters.querySelectorAll("button")]) control.disabled = disabled;
@@ -184,7 +194,9 @@ function selectThread(tid) {
       // Frames sent while we were away are gone: reload on every (re)connect, and seq
       // numbering restarts from whatever the first frame says.
       lastSeq = null;
-      runs.reload();
+      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
+      // thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => pause.refresh());
       records.reload();
       conversation.catchUp();
     },
@@ -230,7 +242,9 @@ function onFrame(frame) {
     const gap = lastSeq !== null && frame.seq !== lastSeq + 1;
     lastSeq = frame.seq;
     if (gap) {
-      runs.reload();
+      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
+      // thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => pause.refresh());
       records.reload();
       conversation.catchUp();
     }

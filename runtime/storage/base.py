@@ -68,6 +68,7 @@ class ThreadInfo:
         agent_id: The agent that serves the thread, if any.
         user_id: The user it belongs to, if any.
         tags: Free-form labels.
+        paused: Whether the thread is paused (it runs nothing until resumed).
     """
 
     id: str
@@ -75,6 +76,7 @@ class ThreadInfo:
     agent_id: str | None = None
     user_id: str | None = None
     tags: tuple[str, ...] = ()
+    paused: bool = False
 
 
 class ThreadStore(ABC):
@@ -461,7 +463,18 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def get_thread(self, thread_id: str) -> ThreadInfo | None:
-        """The registry entry, or None."""
+        """The registry entry (``paused`` as last set), or None."""
+
+    @abstractmethod
+    def set_paused(self, thread_id: str, paused: bool) -> bool:
+        """Mark the thread paused or not, durably (one transaction; idempotent).
+
+        `get_thread` and `list_threads` then give its ``paused``; a thread added by
+        `add_thread` is not paused, and `delete_thread` forgets the mark.
+
+        Returns:
+            False (nothing written) if no such thread is registered.
+        """
 
     @abstractmethod
     def list_threads(
@@ -480,7 +493,11 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> bool:
-        """Remove a thread and its alarm in one transaction; False if it did not exist."""
+        """Remove a thread, its alarm and its pause mark in one transaction.
+
+        Returns:
+            False if it did not exist.
+        """
 
     @abstractmethod
     def set_alarm(self, thread_id: str, due_at: float | None) -> None:

@@ -40,7 +40,7 @@ from runtime.storage.records import (
 THREAD_SCHEMA_VERSION = 3
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
-RUNTIME_SCHEMA_VERSION = 1
+RUNTIME_SCHEMA_VERSION = 2
 """The version of the registry and alarm index this code knows."""
 
 
@@ -527,7 +527,7 @@ class MemoryRuntimeStore(RuntimeStore):
             threads = self._check().threads
             if info.id in threads:
                 return False
-            threads[info.id] = info
+            threads[info.id] = replace(info, paused=False)
             return True
 
     def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
@@ -546,6 +546,15 @@ class MemoryRuntimeStore(RuntimeStore):
         page = infos[:limit]
         cursor = (page[-1].created_at_ts, page[-1].id) if len(infos) > limit else None
         return page, cursor
+
+    def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
+        with self._backend.lock:
+            threads = self._check().threads
+            info = threads.get(thread_id)
+            if info is None:
+                return False
+            threads[thread_id] = replace(info, paused=paused)
+            return True
 
     def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
         with self._backend.lock:

@@ -18,7 +18,8 @@ models:
   `MessageRow` (the conversation, from schema version 2), `EffectRecordRow` (effect-tool
   records, from schema version 3);
 - the runtime database (``runtime.sqlite``): `ThreadRow` (the registry), `AlarmRow`
-  (the durable alarm index: one row per thread with pending work).
+  (the durable alarm index: one row per thread with pending work), `PausedThreadRow`
+  (the paused threads, from schema version 2).
 """
 
 from __future__ import annotations
@@ -126,6 +127,14 @@ class ThreadRow(SQLModel, table=True):
     tags: str = "[]"
 
 
+class PausedThreadRow(SQLModel, table=True):
+    """A paused thread (`runtime.Runtime.pause_thread`): it runs nothing until resumed."""
+
+    __tablename__ = "paused_threads"
+
+    thread_id: str = Field(primary_key=True)
+
+
 class AlarmRow(SQLModel, table=True):
     """The durable alarm of a thread: due when its earliest pending run is due."""
 
@@ -156,7 +165,7 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
 THREAD_MODELS: tuple[type[SQLModel], ...] = (
     ThreadMetaRow, EffectRunRow, MessageRow, EffectRecordRow,
 )
-RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow)
+RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow, PausedThreadRow)
 
 THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadMetaRow, EffectRunRow),
@@ -166,7 +175,10 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
 
-RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {0: RUNTIME_MODELS}
+RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
+    0: (ThreadRow, AlarmRow),
+    1: (PausedThreadRow,),
+}
 """The same for ``runtime.sqlite``."""
 
 SCHEMA_PATH = Path(__file__).with_name("schema.py")

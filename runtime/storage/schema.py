@@ -109,6 +109,16 @@ ALARMS_DDL: tuple[str, ...] = (
 )
 """Table ``alarms`` and its indexes (AlarmRow)."""
 
+PAUSED_THREADS_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE paused_threads (\n"
+        "\tthread_id VARCHAR NOT NULL, \n"
+        "\tPRIMARY KEY (thread_id)\n"
+        ")"
+    ),
+)
+"""Table ``paused_threads`` and its indexes (PausedThreadRow)."""
+
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREAD_META_DDL, *EFFECT_RUNS_DDL),
     1: (*MESSAGES_DDL,),
@@ -118,5 +128,6 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREADS_DDL, *ALARMS_DDL),
+    1: (*PAUSED_THREADS_DDL,),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

@@ -50,7 +50,7 @@ THREAD_SCHEMA_VERSION = 3
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
 ``effect_records`` table)."""
 
-RUNTIME_SCHEMA_VERSION = 1
+RUNTIME_SCHEMA_VERSION = 2
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
@@ -764,6 +764,11 @@ class SQLiteThreadStore(ThreadStore):
 
 _MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
 
+_THREAD_COLUMNS = (
+    "id, created_at, agent_id, user_id, tags, "
+    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id)"
+)
+
 
 class SQLiteRuntimeStore(RuntimeStore):
     """``<data_dir>/runtime.sqlite``: the registry and the alarm index."""
@@ -794,6 +799,7 @@ class SQLiteRuntimeStore(RuntimeStore):
             # Tags were once stored unchecked; a lone surrogate would make every thread
             # list unanswerable, so an old row's is shown as U+FFFD.
             tags=tuple(replace_lone_surrogates(t) for t in json.loads(row[4])),
+            paused=bool(row[5]),
         )
 
     def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
@@ -811,7 +817,7 @@ class SQLiteRuntimeStore(RuntimeStore):
     def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
         row = self._tx(
             lambda c: c.execute(
-                "SELECT id, created_at, agent_id, user_id, tags FROM threads WHERE id = ?",
+                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?",
                 (thread_id,),
             ).fetchone(),
             write=False,
@@ -821,7 +827,7 @@ class SQLiteRuntimeStore(RuntimeStore):
     def list_threads(  # noqa: D102
         self, limit: int, after: tuple[float, str] | None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
-        sql = "SELECT id, created_at, agent_id, user_id, tags FROM threads"
+        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
         params: tuple[Any, ...] = ()
         if after is not None:
             sql += " WHERE (created_at, id) < (?, ?)"
@@ -832,9 +838,25 @@ class SQLiteRuntimeStore(RuntimeStore):
         cursor = (infos[-1].created_at_ts, infos[-1].id) if len(rows) > limit else None
         return infos, cursor
 
+    def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
+        def tx(c: sqlite3.Connection) -> bool:
+            if c.execute("SELECT 1 FROM threads WHERE id = ?", (thread_id,)).fetchone() is None:
+                return False
+            if paused:
+                c.execute(
+                    "INSERT INTO paused_threads (thread_id) VALUES (?) ON CONFLICT DO NOTHING",
+                    (thread_id,),
+                )
+            else:
+                c.execute("DELETE FROM paused_threads WHERE thread_id = ?", (thread_id,))
+            return True
+
+        return self._tx(tx)
+
     def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
             c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,))
+            c.execute("DELETE FROM paused_threads WHERE thread_id = ?", (thread_id,))
             return c.execute("DELETE FROM threads WHERE id = ?", (thread_id,)).rowcount == 1
 
         return self._tx(tx)

@@ -252,7 +252,7 @@ def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harn
     harness.make_runtime_newer(99)
     with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
         harness.backend.open()
-    harness.make_runtime_newer(1)
+    harness.make_runtime_newer(2)  # the current version again
     harness.backend.open().close()
 
 
@@ -270,6 +270,40 @@ def test_thread_registry(rtdb: RuntimeStore) -> None:
     assert rtdb.delete_thread("a") is False
     assert rtdb.get_thread("a") is None
     assert rtdb.load_alarms() == []  # the alarm went with the thread
+
+
+def test_a_pause_mark_is_kept_listed_durable_and_goes_with_the_thread(
+    harness: Harness,
+) -> None:
+    rtdb = harness.backend.open()
+    assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0, tags=("x",)))
+    assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0 + 1))
+    assert rtdb.get_thread("a") == ThreadInfo(id="a", created_at_ts=T0, tags=("x",))
+    assert rtdb.set_paused("a", True) is True
+    assert rtdb.set_paused("a", True) is True  # idempotent
+    assert rtdb.set_paused("nope", True) is False
+    assert rtdb.get_thread("nope") is None  # nothing written for an unknown thread
+    assert rtdb.get_thread("a") == ThreadInfo(id="a", created_at_ts=T0, tags=("x",), paused=True)
+    assert [(i.id, i.paused) for i in rtdb.list_threads(10, None)[0]] == [
+        ("b", False), ("a", True)
+    ]
+    rtdb.close()
+    harness.backend.close()
+
+    again = harness.twin()
+    rtdb = again.open()
+    try:
+        assert rtdb.get_thread("a").paused is True  # type: ignore[union-attr]
+        assert rtdb.set_paused("a", False) is True
+        assert rtdb.get_thread("a").paused is False  # type: ignore[union-attr]
+        assert rtdb.set_paused("b", True)
+        # Deleted and created again under the same id: a new thread, not paused.
+        assert rtdb.delete_thread("b")
+        assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0 + 2))
+        assert rtdb.get_thread("b").paused is False  # type: ignore[union-attr]
+    finally:
+        rtdb.close()
+        again.close()
 
 
 def test_thread_pages_are_newest_first_with_ties_by_id(rtdb: RuntimeStore) -> None:

@@ -962,3 +962,42 @@ def test_effect_tool_records_show_live_next_to_the_runs(
         page.reload()
         expect(row).to_have_attribute("data-status", "applied", timeout=WAIT_MS)
         assert pane.errors == []
+
+
+def test_pause_and_resume_a_thread_from_the_pane(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    item = page.locator(f'[data-testid="thread-item"][data-thread-id="{tid}"]')
+    button = page.get_by_test_id("pause-thread")
+    expect(button).to_have_text("Pause", timeout=WAIT_MS)
+    expect(page.get_by_test_id("thread-paused")).to_be_hidden()
+
+    button.click()
+    expect(button).to_have_text("Resume", timeout=WAIT_MS)
+    expect(page.get_by_test_id("thread-paused")).to_be_visible()
+    expect(page.get_by_test_id("paused-note")).to_contain_text("due runs stay pending")
+    expect(item.get_by_test_id("thread-paused-tag")).to_be_visible()
+    assert pane.http.get(f"/api/threads/{tid}").json()["paused"] is True
+
+    # A run due now stays pending while paused, and the state survives a reload.
+    due = pane.schedule(tid, "send_reminder", {"text": "after the pause"})
+    expect(pane.row(due)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
+    # Its row says why it waits (in the due or the "When" column, whichever is shown).
+    paused_note = pane.row(due).locator('[data-testid="run-paused"]:visible')
+    expect(paused_note).to_have_text("· paused")
+    page.reload()
+    expect(page.get_by_test_id("thread-paused")).to_be_visible(timeout=WAIT_MS)
+    expect(item.get_by_test_id("thread-paused-tag")).to_be_visible(timeout=WAIT_MS)
+    expect(paused_note).to_have_text("· paused", timeout=WAIT_MS)
+    snap(page, "thread-paused")
+    assert pane.http.get(f"/api/threads/{tid}/effects/{due}").json()["status"] == "pending"
+
+    button.click()
+    expect(button).to_have_text("Pause", timeout=WAIT_MS)
+    expect(pane.row(due)).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    expect(pane.row(due).get_by_test_id("run-paused")).to_have_count(0)
+    expect(page.get_by_test_id("thread-paused")).to_be_hidden()
+    expect(page.get_by_test_id("paused-note")).to_be_hidden()
+    expect(item.get_by_test_id("thread-paused-tag")).to_have_count(0)
+    assert pane.errors == []
