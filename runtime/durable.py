@@ -67,8 +67,9 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import to_jsonable_python
 
 from runtime.errors import EffectKeyBusy
-from runtime.keys import args_hash, check_effect_key
+from runtime.keys import NO_ARGS_HASH, args_hash, check_effect_key
 from runtime.storage.records import (
+    FINISHED_STATUSES,
     ClockFn,
     EffectRecord,
     EffectRecordStatus,
@@ -76,6 +77,25 @@ from runtime.storage.records import (
     InMemoryEffectStore,
     SqliteEffectStore,
 )
+
+__all__ = [
+    "CROSS_RUN_THREAD",
+    "MODEL_RESPONSE",
+    "NO_ARGS_HASH",
+    "DurableContext",
+    "Idempotency",
+    "IdempotencyWindow",
+    "InMemoryJournal",
+    "Journal",
+    "SqliteJournal",
+    "args_hash",
+    "call_key",
+    "current_durable_context",
+    "durable_tool",
+    "durable_tools",
+    "model_key",
+    "run_durable",
+]
 
 log = logging.getLogger("runtime.durable")
 
@@ -164,6 +184,10 @@ class Journal:
             EffectKeyBusy: another run held the key for ``wait_timeout_seconds``.
         """
         store, thread_id = self._where(window)
+        # A replay finds most keys finished: one read, no write transaction.
+        recorded = await store.get(thread_id, key)
+        if recorded is not None and recorded.status in FINISHED_STATUSES:
+            return recorded
         root = _root_of(owner)
         deadline = time.monotonic() + self.wait_timeout_seconds
         while True:

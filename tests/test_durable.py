@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent, ModelRetry, RunContext, Tool
+from pydantic_ai import (
+    Agent,
+    DeferredToolRequests,
+    DeferredToolResults,
+    ModelRetry,
+    RunContext,
+    Tool,
+    ToolDenied,
+)
 from pydantic_ai.messages import (
     ModelMessage,
     ModelResponse,
@@ -495,3 +503,43 @@ def test_a_process_killed_after_the_charge_resumes_without_charging_again(
     assert second.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == "Done: order 42 charged."
     assert world.read_text().splitlines() == ["charged order 42"]
+
+
+async def test_a_denied_call_is_journaled_and_never_runs_in_that_run(journal: Journal) -> None:
+    refunds = 0
+
+    def refund(order: int) -> str:
+        nonlocal refunds
+        refunds += 1
+        return f"order {order} refunded"
+
+    script = Script([ToolCallPart("refund", {"order": 4}, tool_call_id="r4"),
+                     final_from_returns])
+    agent = Agent(FunctionModel(script), tools=[Tool(refund, requires_approval=True)],
+                  output_type=[str, DeferredToolRequests])
+    asked = await run_durable(agent, "refund", run_id="run-1", journal=journal)
+    assert isinstance(asked.output, DeferredToolRequests)
+    assert [c.tool_call_id for c in asked.output.approvals] == ["r4"]
+
+    history = asked.all_messages()
+    denied = await run_durable(
+        agent, None, run_id="run-2", journal=journal, message_history=history,
+        deferred_tool_results=DeferredToolResults(approvals={"r4": ToolDenied("not today")}),
+    )
+    assert refunds == 0 and denied.output == "Done: not today"
+    record = await journal.get(call_key("run-2", "r4"))
+    assert record is not None and record.status is EffectRecordStatus.DENIED
+
+    # A later attempt of that run that approves the call gets the denial, not a refund.
+    again = await run_durable(
+        agent, None, run_id="run-2", journal=journal, message_history=history,
+        deferred_tool_results=DeferredToolResults(approvals={"r4": True}),
+    )
+    assert refunds == 0 and again.output == "Done: not today"
+
+
+def test_the_module_exports_what_it_names() -> None:
+    import runtime.durable as durable
+
+    assert len(set(durable.__all__)) == len(durable.__all__)
+    assert all(hasattr(durable, name) for name in durable.__all__)
