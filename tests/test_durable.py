@@ -51,7 +51,9 @@ CHILD = Path(__file__).parent / "_durable_child.py"
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-async def journal(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Journal]:
+async def journal(request: pytest.FixtureRequest, tmp_path: Path,
+                  no_blocking: None) -> AsyncIterator[Journal]:
+    """Each journal; nothing a durable run does may block the event loop."""
     backend: Journal = (InMemoryJournal() if request.param == "memory"
                         else SqliteJournal(tmp_path / "journal.sqlite"))
     yield backend
