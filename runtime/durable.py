@@ -52,7 +52,7 @@ from pydantic_ai import (
     ToolDenied,
 )
 from pydantic_ai._function_schema import FunctionSchema
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -617,14 +617,18 @@ class _JournaledModel(WrapperModel):
 # --- run_durable ----------------------------------------------------------------------
 
 
-async def _record_denials(ctx: DurableContext, deferred: Any) -> None:
+async def _record_denials(ctx: DurableContext, deferred: Any,
+                          history: Sequence[ModelMessage] | None) -> None:
     approvals = getattr(deferred, "approvals", None) or {}
+    names = {part.tool_call_id: part.tool_name for message in history or ()
+             if isinstance(message, ModelResponse) for part in message.parts
+             if isinstance(part, ToolCallPart)}
     for call_id, answer in approvals.items():
         if answer is False or isinstance(answer, ToolDenied):
             message = answer.message if isinstance(answer, ToolDenied) else "denied"
             key = call_key(ctx.run_id, call_id)
-            record = await ctx.journal.acquire(key, window="run", name="", run_id=ctx.run_id,
-                                               owner=ctx.owner)
+            record = await ctx.journal.acquire(key, window="run", name=names.get(call_id, ""),
+                                               run_id=ctx.run_id, owner=ctx.owner)
             if record is None:
                 await ctx.journal.finish(key, window="run", owner=ctx.owner,
                                          status=EffectRecordStatus.DENIED,
@@ -683,7 +687,8 @@ async def run_durable(
         raise ValueError(f"run_durable: run {run_id}: the agent has no model; pass model=")
     extra: Sequence[AbstractToolset[Any]] = kwargs.pop("toolsets", None) or ()
     toolsets = [_JournaledToolset(ts, run=ctx) for ts in [*agent.toolsets, *extra]]
-    await _record_denials(ctx, kwargs.get("deferred_tool_results"))
+    await _record_denials(ctx, kwargs.get("deferred_tool_results"),
+                          kwargs.get("message_history"))
     token = _current.set(ctx)
     try:
         with agent.override(model=_JournaledModel(infer_model(model), ctx), toolsets=toolsets,

@@ -531,6 +531,7 @@ async def test_a_denied_call_is_journaled_and_never_runs_in_that_run(journal: Jo
     assert refunds == 0 and denied.output == "Done: not today"
     record = await journal.get(call_key("run-2", "r4"))
     assert record is not None and record.status is EffectRecordStatus.DENIED
+    assert (record.tool_name, record.result) == ("refund", "not today")
 
     # A later attempt of that run that approves the call gets the denial, not a refund.
     again = await run_durable(
