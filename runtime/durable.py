@@ -635,6 +635,15 @@ async def _record_denials(ctx: DurableContext, deferred: Any,
                                          output_json=json.dumps(message))
 
 
+def _overridden_model(agent: Any) -> Any:
+    # An `agent.override(model=...)` around the call (pydantic-ai's testing pattern) wins
+    # over the agent's model in `agent.run`; ours replaces it for the run, so read it first.
+    # pydantic-ai keeps it in a private ContextVar holding an Option (`Some(value)`).
+    override = getattr(agent, "_override_model", None)
+    option = override.get() if isinstance(override, ContextVar) else None
+    return getattr(option, "value", None)
+
+
 async def run_durable(
     agent: Any,
     user_prompt: Any = None,
@@ -682,7 +691,7 @@ async def run_durable(
                              owner=parent.owner)
     else:
         ctx = DurableContext(journal, run_id)
-    model = kwargs.pop("model", None) or agent.model
+    model = kwargs.pop("model", None) or _overridden_model(agent) or agent.model
     if model is None:
         raise ValueError(f"run_durable: run {run_id}: the agent has no model; pass model=")
     extra: Sequence[AbstractToolset[Any]] = kwargs.pop("toolsets", None) or ()

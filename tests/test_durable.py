@@ -546,3 +546,11 @@ def test_the_module_exports_what_it_names() -> None:
 
     assert len(set(durable.__all__)) == len(durable.__all__)
     assert all(hasattr(durable, name) for name in durable.__all__)
+
+
+async def test_a_model_set_with_agent_override_is_the_one_journaled(journal: Journal) -> None:
+    script = Script([TextPart("from the override")])
+    agent = Agent(FunctionModel(Script([TextPart("from the agent")])))
+    with agent.override(model=FunctionModel(script)):
+        result = await run_durable(agent, "hi", run_id="run-1", journal=journal)
+    assert result.output == "from the override" and script.requests == 1
