@@ -45,6 +45,7 @@ import anyio
 from pydantic_ai import (
     ApprovalRequired,
     CallDeferred,
+    CustomEvent,
     ModelMessagesTypeAdapter,
     ModelRetry,
     RunContext,
@@ -88,6 +89,7 @@ __all__ = [
     "InMemoryJournal",
     "Journal",
     "SqliteJournal",
+    "ToolCallReplayed",
     "args_hash",
     "call_key",
     "current_durable_context",
@@ -335,6 +337,25 @@ def _check_run_id(run_id: object, who: str) -> None:
 # --- tool calls -----------------------------------------------------------------------
 
 
+@dataclass(kw_only=True)
+class ToolCallReplayed(CustomEvent):
+    """A tool call answered from the journal: its function did not run.
+
+    An event in the run's event stream (``event_stream_handler``, ``run_stream_events``);
+    pydantic-ai stamps ``tool_call_id`` and ``tool_name`` of the call on the event.
+
+    Attributes:
+        key: The journal key whose record answered.
+        status: ``"succeeded"`` or ``"denied"``.
+        run_id: The run that recorded it (another run's for ``"run"``-window keys of a
+            sub-agent, ``"thread"`` and ``"cross-run"`` keys).
+    """
+
+    key: str = ""
+    status: str = ""
+    run_id: str | None = None
+
+
 @dataclass(frozen=True)
 class _Idempotency:
     mode: Idempotency = "call"
@@ -363,15 +384,17 @@ class _Idempotency:
 
 
 async def _journaled_call(
-    ctx: DurableContext, spec: _Idempotency, name: str, call_id: str | None,
+    ctx: DurableContext, spec: _Idempotency, run_ctx: RunContext[Any], name: str,
     args: dict[str, Any], execute: Callable[[], Awaitable[Any]],
 ) -> Any:
-    window, key = spec.journal_key(ctx, name, call_id, args)
+    window, key = spec.journal_key(ctx, name, run_ctx.tool_call_id, args)
     journal = ctx.journal
     record = await journal.acquire(key, window=window, name=name, run_id=ctx.run_id,
                                    owner=ctx.owner)
     if record is not None:
         log.debug("run %s: %s replayed from the journal (%s)", ctx.run_id, name, key)
+        await run_ctx.emit(ToolCallReplayed(key=key, status=str(record.status),
+                                            run_id=record.run_id))
         return record.result
     try:
         result = await execute()
@@ -414,7 +437,7 @@ class _DurableFunctionSchema(FunctionSchema):
                 f"context; pass context=DurableContext(journal=..., run_id=...) to durable_tool"
             )
         return await _journaled_call(
-            run, self.idempotency, self.tool_name, ctx.tool_call_id, args_dict,
+            run, self.idempotency, ctx, self.tool_name, args_dict,
             lambda: FunctionSchema.call(self, args_dict, ctx),
         )
 
@@ -509,7 +532,8 @@ def _with_schema(base: Tool[Any], spec: _Idempotency, context: DurableContext | 
         args_validator=base.args_validator, strict=base.strict, sequential=base.sequential,
         requires_approval=base.requires_approval,
         metadata={**(base.metadata or {}), _DURABLE_METADATA: spec.describe()},
-        timeout=base.timeout, function_schema=schema,
+        timeout=base.timeout, tool_kind=base.tool_kind, defer_loading=base.defer_loading,
+        include_return_schema=base.include_return_schema, function_schema=schema,
     )
 
 
@@ -524,7 +548,7 @@ class _JournaledToolset(WrapperToolset[Any]):
         if _DURABLE_METADATA in (tool.tool_def.metadata or {}):
             return await super().call_tool(name, tool_args, ctx, tool)
         return await _journaled_call(
-            self.run, _Idempotency(), name, ctx.tool_call_id, tool_args,
+            self.run, _Idempotency(), ctx, name, tool_args,
             lambda: super(_JournaledToolset, self).call_tool(name, tool_args, ctx, tool),
         )
 

@@ -39,6 +39,7 @@ from runtime.durable import (
     InMemoryJournal,
     Journal,
     SqliteJournal,
+    ToolCallReplayed,
     call_key,
     durable_tool,
     durable_tools,
@@ -228,11 +229,15 @@ async def test_a_streamed_run_replays_its_journaled_steps(journal: Journal) -> N
     with pytest.raises(RuntimeError, match="stream broke"):
         await run_durable(agent, "charge", run_id="s1", journal=journal,
                           event_stream_handler=handler)
+    assert not [e for e in events if isinstance(e, ToolCallReplayed)]
     crash = False
     result = await run_durable(agent, "charge", run_id="s1", journal=journal,
                                event_stream_handler=handler)
     assert charges == 1 and stream_requests == 3
     assert result.output == "Done: order 9 charged"
+    replayed = [e for e in events if isinstance(e, ToolCallReplayed)]
+    assert [(e.tool_name, e.tool_call_id, e.status, e.key, e.run_id) for e in replayed] == [
+        ("charge", "c9", "succeeded", call_key("s1", "c9"), "s1")]
 
 
 # --- idempotency="args" and args_hash ---------------------------------------------------
@@ -554,3 +559,22 @@ async def test_a_model_set_with_agent_override_is_the_one_journaled(journal: Jou
     with agent.override(model=FunctionModel(script)):
         result = await run_durable(agent, "hi", run_id="run-1", journal=journal)
     assert result.output == "from the override" and script.requests == 1
+
+
+def test_a_durable_tool_keeps_what_the_model_sees() -> None:
+    def charge(order: int, note: str = "") -> str:
+        """Charges the card.
+
+        Args:
+            order: The order id.
+            note: A note for the statement.
+        """
+        return "ok"
+
+    plain = Tool(charge, strict=True, sequential=True)
+    durable = durable_tool(plain, idempotency="args")
+    before, after = plain.tool_def, durable.tool_def
+    assert (after.name, after.description, after.parameters_json_schema, after.strict,
+            after.sequential) == (before.name, before.description,
+                                  before.parameters_json_schema, True, True)
+    assert after.metadata == {"runtime.durable": {"idempotency": "args"}}
