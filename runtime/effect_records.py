@@ -96,13 +96,15 @@ class EffectRecords(EffectRecordStore):
         return claim
 
     async def complete(  # noqa: D102
-        self, thread_id: str, key: str, *, owner: str, result_json: str
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
         async with self._actors.use(thread_id) as actor:
             store = actor.store
             record: EffectRecord = await self._run_sync(
                 lambda: store.complete_effect_record(
-                    key, owner=owner, result_json=result_json, now=self._now()
+                    key, owner=owner, result_json=result_json, now=self._now(),
+                    status=status,
                 )
             )
         self._publish(thread_id, RecordChange.APPLIED, record)

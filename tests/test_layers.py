@@ -25,7 +25,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "runtime.runs", "runtime.extension", "runtime.supervisor"),
     4: ("runtime.tools", "runtime.hooks", "runtime.agents", "runtime.agent_loop",
         "runtime.turns", "runtime.conversation", "runtime.demo_model",
-        "runtime.effect_tools", "runtime._effect_toolset"),
+        "runtime.effect_tools", "runtime._effect_toolset", "runtime.durable"),
     5: ("runtime.http", "runtime.endpoints", "runtime._http_errors", "runtime.testing",
         "runtime.serve", "runtime.cli", "runtime"),
 }

@@ -377,7 +377,8 @@ class ThreadStore(ABC):
 
     @abstractmethod
     def complete_effect_record(
-        self, key: str, *, owner: str, result_json: str, now: float
+        self, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
         """Record the result ``owner`` applied (the record becomes applied, lease cleared).
 

@@ -377,11 +377,13 @@ class MemoryThreadStore(ThreadStore):
             return claim
 
     def complete_effect_record(  # noqa: D102
-        self, key: str, *, owner: str, result_json: str, now: float
+        self, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
         with self._data.lock:
             return self._open_data().effect_records.complete(
-                self.thread_id, key, owner=owner, result_json=result_json, now=now
+                self.thread_id, key, owner=owner, result_json=result_json, now=now,
+                status=status,
             )
 
     def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102

@@ -5,6 +5,12 @@ under a lease (an owner and an expiry), **applied** once the call stored the JSO
 A call that raised drops its in-progress record (`EffectRecordStore.release`): nothing is
 recorded, so a later call can still apply the effect.
 
+The same store journals durable turns (`runtime.durable`): a journaled tool call or model
+response ends **succeeded** (its output recorded), **denied** (a call the user refused;
+the refusal recorded) or **failed** (the error recorded). Succeeded, denied and applied
+records are *finished*: a call on their key returns what they hold. A failed record is
+not: `EffectRecordStore.begin` claims it again, so the next attempt runs the call again.
+
 - `EffectRecordStore`: the contract (an ABC); its docstrings state what every backend
   guarantees. `tests/storage/test_effect_records.py` runs one suite against every backend.
 - `InMemoryEffectStore`: one process, for tests and custom loops.
@@ -52,6 +58,16 @@ class EffectRecordStatus(StrEnum):
 
     IN_PROGRESS = "in_progress"
     APPLIED = "applied"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DENIED = "denied"
+
+
+FINISHED_STATUSES = frozenset({EffectRecordStatus.APPLIED, EffectRecordStatus.SUCCEEDED,
+                               EffectRecordStatus.DENIED})
+"""Statuses whose record holds an answer: a call on the key returns it and runs nothing."""
+
+_RESULT_STATUSES = FINISHED_STATUSES | {EffectRecordStatus.FAILED}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +79,10 @@ class EffectRecord:
         key: The effect key.
         tool_name: The tool that claimed or applied the key.
         run_id: The turn (run id) that claimed or applied it, if known.
-        status: In progress (a call holds the lease) or applied.
-        result_json: The recorded result as JSON text (applied records only).
+        status: In progress (a call holds the lease), or what the call ended as: applied
+            (effect tools), succeeded, failed or denied (durable turns).
+        result_json: The recorded result as JSON text (the error text of a failed
+            record; None while in progress).
         owner: Who holds the lease (in-progress records only).
         lease_expires_at: When the lease expires, aware UTC (in-progress records only).
         created_at: When the key was first claimed (or last taken over), aware UTC.
@@ -123,6 +141,11 @@ class Claim:
         """Whether the key already has a recorded result."""
         return self.record.status is EffectRecordStatus.APPLIED
 
+    @property
+    def finished(self) -> bool:
+        """Whether the key's record holds an answer (applied, succeeded or denied)."""
+        return self.record.status in FINISHED_STATUSES
+
 
 @dataclass(frozen=True, slots=True)
 class EffectRecordPage:
@@ -162,9 +185,11 @@ class EffectRecordStore(abc.ABC):
         """Claim a key for applying its effect, atomically.
 
         With no record, creates an in-progress record held by ``owner`` until now +
-        ``lease_seconds`` (``claimed``). With an in-progress record whose lease has expired,
-        hands it to ``owner`` (``claimed`` and ``took_over``). With an applied record, or an
-        in-progress record under a live lease, changes nothing (``claimed`` is False).
+        ``lease_seconds`` (``claimed``). With a failed record, makes it in progress under
+        ``owner`` (``claimed``; the call runs again). With an in-progress record whose lease
+        has expired, hands it to ``owner`` (``claimed`` and ``took_over``). With a finished
+        record (applied, succeeded, denied), or an in-progress record under a live lease,
+        changes nothing (``claimed`` is False).
         Of any number of concurrent callers on one key (tasks, threads, processes on one
         store), exactly one gets ``claimed``.
 
@@ -173,14 +198,24 @@ class EffectRecordStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def complete(self, thread_id: str, key: str, *, owner: str, result_json: str) -> (
-        EffectRecord
-    ):
-        """Record the result of the effect ``owner`` applied: the record becomes applied.
+    async def complete(
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        """Record the result of the effect ``owner`` applied: the record becomes ``status``.
 
         The result is stored as given (JSON text); the lease fields are cleared.
 
+        Args:
+            thread_id: The thread the key is scoped to.
+            key: The key.
+            owner: Who holds the in-progress record.
+            result_json: The result (or, for ``failed``, the error) as JSON text.
+            status: What the call ended as: applied (effect tools; the default), or
+                succeeded, failed or denied (durable turns).
+
         Raises:
+            ValueError: ``status`` is ``in_progress``.
             EffectRecordLost: ``owner`` does not hold the key's in-progress record (its
                 lease was taken over after it expired, or the record is gone or applied).
         """
@@ -219,7 +254,8 @@ class EffectRecordStore(abc.ABC):
     async def purge(self, *, older_than: datetime) -> int:
         """Delete records last changed before ``older_than`` (aware UTC), in every thread.
 
-        In-progress records go only when their lease expired before ``older_than`` too.
+        Records in any status but in progress go by that age alone; in-progress records go
+        only when their lease expired before ``older_than`` too.
 
         Returns:
             How many records were deleted.
@@ -291,6 +327,15 @@ def sql_begin(
     ).rowcount
     if inserted:
         return Claim(_require(conn, thread_id, key), claimed=True)
+    retried = conn.execute(
+        "UPDATE effect_records SET status = ?, result = NULL, owner = ?, lease_expires_at = ?, "
+        'tool_name = ?, run_id = ?, created_at = ?, updated_at = ? WHERE thread_id = ? '
+        'AND "key" = ? AND status = ?',
+        (EffectRecordStatus.IN_PROGRESS.value, owner, expires, tool_name, run_id, now, now,
+         thread_id, key, EffectRecordStatus.FAILED.value),
+    ).rowcount
+    if retried:
+        return Claim(_require(conn, thread_id, key), claimed=True)
     taken = conn.execute(
         "UPDATE effect_records SET owner = ?, lease_expires_at = ?, tool_name = ?, run_id = ?, "
         'created_at = ?, updated_at = ? WHERE thread_id = ? AND "key" = ? AND status = ? '
@@ -304,14 +349,15 @@ def sql_begin(
 
 def sql_complete(
     conn: sqlite3.Connection, thread_id: str, key: str, *, owner: str, result_json: str,
-    now: float,
+    now: float, status: EffectRecordStatus = EffectRecordStatus.APPLIED,
 ) -> EffectRecord:
     """`EffectRecordStore.complete` on a connection."""
+    status = _check_result_status(status)
     now = _quantize(now)
     changed = conn.execute(
         "UPDATE effect_records SET status = ?, result = ?, owner = NULL, lease_expires_at = NULL, "
         'updated_at = ? WHERE thread_id = ? AND "key" = ? AND status = ? AND owner = ?',
-        (EffectRecordStatus.APPLIED.value, result_json, now, thread_id, key,
+        (status.value, result_json, now, thread_id, key,
          EffectRecordStatus.IN_PROGRESS.value, owner),
     ).rowcount
     if not changed:
@@ -382,8 +428,8 @@ def sql_purge(conn: sqlite3.Connection, *, older_than: datetime) -> int:
     cutoff = _epoch(older_than)
     return conn.execute(
         "DELETE FROM effect_records WHERE updated_at < ? AND "
-        "(status = ? OR lease_expires_at < ?)",
-        (cutoff, EffectRecordStatus.APPLIED.value, cutoff),
+        "(status != ? OR lease_expires_at < ?)",
+        (cutoff, EffectRecordStatus.IN_PROGRESS.value, cutoff),
     ).rowcount
 
 
@@ -466,6 +512,14 @@ def check_lease(lease_seconds: float) -> None:
         raise ValueError(f"lease_seconds must be positive and finite, got {lease_seconds!r}")
 
 
+def _check_result_status(status: EffectRecordStatus) -> EffectRecordStatus:
+    checked = EffectRecordStatus(status)
+    if checked not in _RESULT_STATUSES:
+        raise ValueError(f"complete: a record ends applied, succeeded, failed or denied, "
+                         f"not {checked.value!r}")
+    return checked
+
+
 def check_limit(limit: int) -> None:
     """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
@@ -507,9 +561,9 @@ class EffectRecordTable:
         now = _quantize(now)
         current = self.records.get((thread_id, key))
         took_over = False
-        if current is not None:
+        if current is not None and current.status is not EffectRecordStatus.FAILED:
             expiry = current.lease_expires_at
-            if current.status is EffectRecordStatus.APPLIED or (
+            if current.status in FINISHED_STATUSES or (
                 expiry is not None and _epoch(expiry) > now
             ):
                 return Claim(current, claimed=False)
@@ -524,15 +578,17 @@ class EffectRecordTable:
         return Claim(record, claimed=True, took_over=took_over)
 
     def complete(
-        self, thread_id: str, key: str, *, owner: str, result_json: str, now: float
+        self, thread_id: str, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
         """`EffectRecordStore.complete` at ``now``."""
+        status = _check_result_status(status)
         current = self.records.get((thread_id, key))
         if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
                 or current.owner != owner):
             raise _lost(thread_id, key, owner)
         record = replace(
-            current, status=EffectRecordStatus.APPLIED, result_json=result_json,
+            current, status=status, result_json=result_json,
             owner=None, lease_expires_at=None, updated_at=_dt(_quantize(now)),
         )
         self.records[(thread_id, key)] = record
@@ -570,7 +626,7 @@ class EffectRecordTable:
         gone = [
             k for k, r in self.records.items()
             if _epoch(r.updated_at) < cutoff and (
-                r.status is EffectRecordStatus.APPLIED
+                r.status is not EffectRecordStatus.IN_PROGRESS
                 or (r.lease_expires_at is not None and _epoch(r.lease_expires_at) < cutoff)
             )
         ]
@@ -629,11 +685,14 @@ class InMemoryEffectStore(EffectRecordStore):
             )
 
     async def complete(  # noqa: D102
-        self, thread_id: str, key: str, *, owner: str, result_json: str
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
+        status = _check_result_status(status)
         with self._lock:
             return self._table.complete(
-                thread_id, key, owner=owner, result_json=result_json, now=self._clock()
+                thread_id, key, owner=owner, result_json=result_json, now=self._clock(),
+                status=status,
             )
 
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
@@ -753,10 +812,13 @@ class SqliteEffectStore(EffectRecordStore):
         return claim
 
     async def complete(  # noqa: D102
-        self, thread_id: str, key: str, *, owner: str, result_json: str
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
+        status = _check_result_status(status)
         record: EffectRecord = await self._run(lambda c: sql_complete(
-            c, thread_id, key, owner=owner, result_json=result_json, now=self._clock()
+            c, thread_id, key, owner=owner, result_json=result_json, now=self._clock(),
+            status=status,
         ))
         return record
 

@@ -618,10 +618,12 @@ class SQLiteThreadStore(ThreadStore):
         return self._tx(tx)
 
     def complete_effect_record(  # noqa: D102
-        self, key: str, *, owner: str, result_json: str, now: float
+        self, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
         return self._tx(lambda c: _records.sql_complete(
-            c, self.thread_id, key, owner=owner, result_json=result_json, now=now
+            c, self.thread_id, key, owner=owner, result_json=result_json, now=now,
+            status=status,
         ))
 
     def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102
