@@ -209,6 +209,9 @@ class EffectRun:
         attempts: How many times it has started (at most three).
         error: Why it failed, or None.
         replay_of: The id of the run this one replays, or None.
+        key: The scheduling key (at most one pending or running run per key in a
+            thread), or None.
+        canceled_by: Who canceled the run (free text, such as ``"http"``), or None.
     """
 
     id: str
@@ -223,6 +226,8 @@ class EffectRun:
     attempts: int = 0
     error: str | None = None
     replay_of: str | None = None
+    key: str | None = None
+    canceled_by: str | None = None
 
     @property
     def run_at(self) -> datetime:
@@ -248,6 +253,8 @@ class EffectRun:
             "attempts": self.attempts,
             "error": self.error,
             "replayOf": self.replay_of,
+            "key": self.key,
+            "canceledBy": self.canceled_by,
         }
         if include_args:
             out["args"] = self.args

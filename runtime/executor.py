@@ -56,6 +56,11 @@ class _EffectAborted(Exception):
 IN_EFFECT: contextvars.ContextVar[bool] = contextvars.ContextVar("in_effect", default=False)
 """True inside effect code, where waiting for the runtime to go idle would wait forever."""
 
+CURRENT_RUN: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "current_run", default=None
+)
+"""``(thread_id, run_id)`` of the run whose effect code is running here, else None."""
+
 
 class EffectExecutor:
     """Drains threads: claims their due runs, calls the effects, records the outcomes.
@@ -175,7 +180,7 @@ class EffectExecutor:
                           f"Invalid args for effect {run.name}: {error_text(exc)}",
                           self._now())
         state = self._make_state(actor.info, defn.package_id)
-        task = asyncio.create_task(_call(defn, state, args), name=f"effect-{run.id}")
+        task = asyncio.create_task(_call(defn, run, state, args), name=f"effect-{run.id}")
         actor.effect_task = task
         try:
             await asyncio.wait({task})
@@ -202,9 +207,10 @@ class EffectExecutor:
         return Finish(run.id, EffectStatus.FAILED, message, now)
 
 
-async def _call(defn: EffectDefinition, state: Any, args: Any) -> None:
+async def _call(defn: EffectDefinition, run: EffectRun, state: Any, args: Any) -> None:
     call_args = (state, args) if defn.schema is not None else (state,)
     IN_EFFECT.set(True)
+    CURRENT_RUN.set((run.thread_id, run.id))
     try:
         async with asyncio.timeout(defn.timeout_seconds):
             if defn.is_async:

@@ -122,7 +122,7 @@ WS_CLOSE_TIMEOUT_SECONDS = 10.0
 _CLOSE = {"Connection": "close"}  # the rest of the body is not read: end the connection
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _THREAD_FIELDS = frozenset({"id", "agent_id", "user_id", "tags"})
-_SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds"})
+_SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds", "key"})
 _MESSAGE_FIELDS = frozenset({"content"})
 
 MAX_MESSAGE_BODY_BYTES = 1 << 20
@@ -651,8 +651,10 @@ async def _schedule(request: Request) -> Response:
         raise ApiError(400, "invalid_body", f"{what}: name must be a non-empty string")
     delay = body.get("delay_seconds")
     seconds = 0.0 if delay is None else delay_seconds(delay, name="delay_seconds")
-    run_id = await state.schedule_effect(name, body.get("args"), seconds)
-    return JSONResponse({"id": run_id}, status_code=201)
+    key = _optional_str(body, "key", what)
+    scheduled = await state.schedule(name, body.get("args"), seconds, key=key)
+    # 200: the key was held by a live run, whose id this is (nothing was stored).
+    return JSONResponse({"id": scheduled.run_id}, status_code=201 if scheduled.created else 200)
 
 
 async def _get_run(request: Request) -> Response:

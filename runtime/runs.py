@@ -21,7 +21,7 @@ from runtime._limits import (
     parse_run_cursor,
     validate_args,
 )
-from runtime._text import find_invalid_text
+from runtime._text import check_text, find_invalid_text
 from runtime.abc import RunSync
 from runtime.actors import ActorTable
 from runtime.alarms import AlarmIndex
@@ -30,22 +30,29 @@ from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
 from runtime.errors import (
     EffectNotFound,
+    InvalidArgument,
     InvalidEffectArgs,
     RunNotFound,
     RunStateError,
     short_repr,
 )
 from runtime.events import RunChange
-from runtime.executor import error_text
+from runtime.executor import CURRENT_RUN, error_text
 from runtime.frames import ChangeHub
 from runtime.ids import new_id
-from runtime.thread import RunPage
+from runtime.thread import RunPage, Scheduled
 
 if TYPE_CHECKING:
     from runtime.thread import ThreadState
 
 MAX_PAGE = 500
 """Largest page of runs or threads."""
+
+MAX_KEY_CHARS = 256
+"""Longest scheduling key, in characters."""
+
+MAX_CANCELED_BY_CHARS = 256
+"""Longest ``canceled_by`` text, in characters."""
 
 def check_limit(limit: int) -> None:
     """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
@@ -142,14 +149,19 @@ class RunOperations:
         args: Any,
         delay: object,
         *,
+        key: str | None = None,
         replay_of: str | None = None,
-    ) -> str:
-        """See `ThreadState.schedule_effect`; ``replay_of`` links a replay to its original."""
+    ) -> Scheduled:
+        """See `ThreadState.schedule`; ``replay_of`` links a replay to its original."""
         self._check_open()
         if not isinstance(name, str):
             raise EffectNotFound(short_repr(name))
         defn = self._registry().resolve(name, package_id=state.package_id)
         seconds = delay_seconds(delay)
+        if key is not None:
+            check_text(key, "key", max_chars=MAX_KEY_CHARS)
+            if not key:
+                raise InvalidArgument("key must not be empty (None means no key)")
         stored_args = self.encode_args(defn, args)
         # A state kept from a deleted thread (an abandoned sync effect, say) must not
         # write into a new thread that reuses the id.
@@ -164,13 +176,20 @@ class RunOperations:
                 run_at_ts=now + seconds,
                 created_at_ts=now,
                 replay_of=replay_of,
+                key=key,
             )
             # The alarm first: a crash between the two writes leaves a spurious alarm,
-            # never a run without one.
+            # never a run without one (and a key already taken, a harmless early wake-up).
             await self._alarms.lower(state.thread_id, run.run_at_ts)
-            await self._run_sync(actor.store.insert_run, run)
+            current = CURRENT_RUN.get()
+            hand_off = current[1] if current and current[0] == state.thread_id else None
+            existing = await self._run_sync(
+                partial(actor.store.insert_run, hand_off_from=hand_off), run
+            )
+        if existing is not None:
+            return Scheduled(existing.id, created=False)
         self._hub.publish(RunChange.SCHEDULED, run)
-        return run.id
+        return Scheduled(run.id, created=True)
 
     async def pending(self, thread_id: str, name: str | None) -> list[EffectRun]:
         """See `ThreadState.get_scheduled_effects`."""
@@ -233,9 +252,10 @@ class RunOperations:
                 f"(completed, failed or canceled) can be replayed"
             )
         plain = state.with_context(execution=state.execution, package_id=None)
-        return await self.schedule(
+        scheduled = await self.schedule(
             plain, original.name, original.args, 0, replay_of=original.id
         )
+        return scheduled.run_id
 
     async def list_runs(
         self,

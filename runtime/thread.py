@@ -56,6 +56,20 @@ class RunPage:
     counts: dict[EffectStatus, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """What `ThreadState.schedule` returns.
+
+    Attributes:
+        run_id: The run id: the new run's, or the live run's that holds the key.
+        created: True if a new run was stored; False if the thread already had a pending
+            or running run with the same key (nothing was stored).
+    """
+
+    run_id: str
+    created: bool
+
+
 class ThreadState:
     """What code running for a thread gets: its id, its context and its effects API.
 
@@ -158,7 +172,12 @@ class ThreadState:
         return f"{self.package_id}/{name}"
 
     async def schedule_effect(
-        self, name: str, args: Any = None, delay: float | timedelta = 0
+        self,
+        name: str,
+        args: Any = None,
+        delay: float | timedelta = 0,
+        *,
+        key: str | None = None,
     ) -> str:
         """Schedule a run of an effect on this thread.
 
@@ -168,19 +187,46 @@ class ThreadState:
             args: JSON-serializable args (a dict, or a pydantic model instance), validated
                 against the effect's schema now and again when the run starts.
             delay: Seconds (int/float) or a `timedelta` from now; 0 = as soon as possible.
+            key: An idempotency key, scoped to this thread (1 to 256 characters): while
+                the thread has a pending or running run with this key, no run is stored
+                and that run's id is returned (concurrent calls store exactly one run).
+                The key is free again once its run finished. `schedule` says whether the
+                run is new.
 
         Returns:
-            The run id.
+            The run id (the existing run's when the key is taken).
 
         Raises:
             EffectNotFound: no effect of that name ("Effect not found: <name>").
             InvalidEffectArgs: args not JSON, over the size limit, or failing the schema.
             InvalidDelay: a delay that is negative, NaN, infinite or over 10 years (a
                 ValueError, as InvalidEffectArgs is).
+            InvalidArgument: a key that is empty, not a string, not valid Unicode or over
+                256 characters (a ValueError).
             ThreadNotFound: the thread was deleted.
             ThreadStorageError: the thread's database cannot be used.
         """
-        return await self._rt.runs.schedule(self, name, args, delay)
+        scheduled = await self._rt.runs.schedule(self, name, args, delay, key=key)
+        return scheduled.run_id
+
+    async def schedule(
+        self,
+        name: str,
+        args: Any = None,
+        delay: float | timedelta = 0,
+        *,
+        key: str | None = None,
+    ) -> Scheduled:
+        """`schedule_effect`, saying whether a new run was stored.
+
+        Returns:
+            ``Scheduled(run_id, created)``: ``created`` is False when ``key`` was held by
+            a pending or running run (whose id is ``run_id``; nothing was stored).
+
+        Raises:
+            The errors of `schedule_effect`.
+        """
+        return await self._rt.runs.schedule(self, name, args, delay, key=key)
 
     async def get_scheduled_effects(self, name: str | None = None) -> list[EffectRun]:
         """Runs that have not started yet, in due order, optionally of one effect name.

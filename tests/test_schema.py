@@ -25,11 +25,15 @@ def test_the_checked_in_schema_is_what_the_models_generate() -> None:
 
 
 def test_the_migrations_are_the_models_ddl_step_by_step() -> None:
-    for generated, steps in (
-        (schema.THREAD_MIGRATIONS, models.THREAD_MIGRATION_MODELS),
-        (schema.RUNTIME_MIGRATIONS, models.RUNTIME_MIGRATION_MODELS),
+    for generated, steps, columns in (
+        (schema.THREAD_MIGRATIONS, models.THREAD_MIGRATION_MODELS,
+         models.THREAD_MIGRATION_COLUMNS),
+        (schema.RUNTIME_MIGRATIONS, models.RUNTIME_MIGRATION_MODELS,
+         models.RUNTIME_MIGRATION_COLUMNS),
     ):
-        assert generated == {n: tuple(models.sqlite_ddl(*m)) for n, m in steps.items()}
+        assert generated == {
+            n: tuple(models.migration_ddl(n, steps, columns)) for n in steps
+        }
     assert sqlite.THREAD_MIGRATIONS is schema.THREAD_MIGRATIONS
     assert sqlite.RUNTIME_MIGRATIONS is schema.RUNTIME_MIGRATIONS
     assert len(schema.THREAD_MIGRATIONS) == sqlite.THREAD_SCHEMA_VERSION
@@ -44,6 +48,27 @@ def test_every_model_is_created_by_a_migration() -> None:
                 conn.execute(statement)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert tables == {m.__tablename__ for m in (*models.THREAD_MODELS, *models.RUNTIME_MODELS)}
+
+
+def test_the_migrated_schema_is_the_models_schema() -> None:
+    """Steps 0..N (tables, then added columns) give exactly the models' tables and indexes."""
+    migrated = sqlite3.connect(":memory:")
+    for statements in schema.THREAD_MIGRATIONS.values():
+        for statement in statements:
+            migrated.execute(statement)
+    fresh = sqlite3.connect(":memory:")
+    for statement in models.sqlite_ddl(*models.THREAD_MODELS):
+        fresh.execute(statement)
+
+    def shape(conn: sqlite3.Connection) -> tuple[object, ...]:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        columns = {t: [r[1:] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+        indexes = sorted(r for r in conn.execute(
+            "SELECT name, tbl_name FROM sqlite_master WHERE type='index' AND sql IS NOT NULL"))
+        return tables, columns, indexes
+
+    assert shape(migrated) == shape(fresh)
 
 
 def test_the_check_command_reports_drift_by_its_exit_status() -> None:

@@ -113,7 +113,11 @@ export class DetailView {
       ["Finished", timeField(run.finishedAt, now)],
       ["Duration", duration ? `${duration}${run.status === "running" ? " so far" : ""}` : "—"],
       ["Attempts", run.attempts == null ? "—" : String(run.attempts)],
+      ["Key", run.key ? html`<code class="mono" data-testid="detail-key">${run.key}</code>` : "—"],
     ];
+    if (run.canceledBy) {
+      fields.push(["Canceled by", html`<span data-testid="detail-canceled-by">${run.canceledBy}</span>`]);
+    }
     if (run.lastChange) fields.push(["Last change", run.lastChange]);
     if (run.replayOf) {
       const of = String(run.replayOf);

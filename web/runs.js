@@ -157,7 +157,11 @@ export class RunsView {
     return html`<tr class="run-row ${run.id === selectedId ? "selected" : ""}" data-testid="run-row"
         data-run-id=${run.id} data-status=${run.status || ""} tabindex="0">
       <td class="mono cell-id" title=${run.id}>${shortId(run.id)}</td>
-      <td class="cell-name" title=${run.name || ""}>${run.name || ""}</td>
+      <td class="cell-name" title=${run.name || ""}>${run.name || ""}${
+        run.key
+          ? html`<span class="run-key muted mono" data-testid="run-key" title=${`Key: ${run.key}`}>key ${run.key}</span>`
+          : nothing
+      }</td>
       <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span></td>
       <td class="cell-due" title=${run.runAt || ""}>${timeText(run.runAt, now)}${
         pending ? html` <span class="rel muted nw">${fmtRelative(run.runAt, now)}</span>` : nothing

@@ -49,6 +49,8 @@ class Finish:
     status: EffectStatus
     error: str | None
     finished_at: float
+    canceled_by: str | None = None
+    """Who canceled the run (status ``canceled`` only), or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +81,29 @@ class ThreadStore(ABC):
     """
 
     @abstractmethod
-    def insert_run(self, run: EffectRun) -> None:
-        """Store a new pending run, last in scheduling order.
+    def insert_run(
+        self, run: EffectRun, *, hand_off_from: str | None = None
+    ) -> EffectRun | None:
+        """Store a new pending run, last in scheduling order, unless its key is taken.
 
         Durable when this returns (SQLite: per ``synchronous``). ``attempts``,
-        ``started_at`` and ``finished_at`` of the given run are ignored (0, None, None).
+        ``started_at``, ``finished_at`` and ``canceled_by`` of the given run are ignored
+        (0, None, None, None).
+
+        When ``run.key`` is set and a ``pending`` or ``running`` run of the store has that
+        key, nothing is written and that run is returned (a pending one first), checked
+        and written in one transaction. One exception, the hand-off of a chain: the
+        ``running`` run whose id is ``hand_off_from`` does not hold the key against a new
+        run (so a run can schedule its own successor under its key), but a pending run
+        with the key still does. So a key has at most one pending run, and a new run only
+        when no other live run has the key. A key is free again once its runs finished.
+
+        Args:
+            run: The run to store.
+            hand_off_from: The id of the running run that schedules this one, or None.
+
+        Returns:
+            None when the run was stored; the live run holding its key otherwise.
 
         Raises:
             ThreadStorageError: the write failed, or a run with that id exists (nothing
@@ -109,8 +129,9 @@ class ThreadStore(ABC):
         finish nor a due run, nothing is written.
 
         Args:
-            finish: The outcome of the run that just ended, or None. Applied only if that
-                run is still ``running`` (a canceled or deleted run stays as it is).
+            finish: The outcome of the run that just ended, or None (its status
+                ``completed``, ``failed`` or ``canceled``, with ``canceled_by``). Applied
+                only if that run is still ``running`` (a deleted run stays gone).
             now: The current time; runs with ``run_at <= now`` are due.
             claim: Whether to claim the next due run at all.
             retention: The policy to prune by; None prunes nothing.
@@ -159,9 +180,17 @@ class ThreadStore(ABC):
 
     @abstractmethod
     def cancel(
-        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+        self,
+        run_id: str,
+        now: float,
+        *,
+        retention: RetentionPolicy | None = None,
+        canceled_by: str | None = None,
     ) -> EffectRun | None:
         """Cancel a pending run (``finished_at = now``), pruning as `finish_and_claim` does.
+
+        ``canceled_by`` is stored with it (who canceled it). A running run is canceled
+        through `finish_and_claim` with a ``canceled`` `Finish` instead.
 
         Returns:
             The canceled run as written; None when no pending run has that id (unknown,

@@ -26,7 +26,7 @@ from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageErro
 from runtime.messages import Message, message_from_row
 from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 
-THREAD_SCHEMA_VERSION = 2
+THREAD_SCHEMA_VERSION = 3
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
 RUNTIME_SCHEMA_VERSION = 1
@@ -149,12 +149,25 @@ class MemoryThreadStore(ThreadStore):
 
     # ------------------------------------------------------------------ runs
 
-    def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
+    def insert_run(  # noqa: D102 - contract in base
+        self, run: EffectRun, *, hand_off_from: str | None = None
+    ) -> EffectRun | None:
         args_json = (
             json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         )
         with self._data.lock:
             data = self._open_data()
+            if run.key is not None:
+                live = [
+                    r for r in data.runs.values()
+                    if r.run.key == run.key
+                    and r.run.status in (EffectStatus.PENDING, EffectStatus.RUNNING)
+                ]
+                # A pending successor wins over the running link that handed the key on.
+                live.sort(key=lambda r: (r.run.status is not EffectStatus.PENDING, r.seq))
+                for held in live:
+                    if held.run.status is EffectStatus.PENDING or held.run.id != hand_off_from:
+                        return self._out(held)
             if run.id in data.seq_of:
                 raise ThreadStorageError(
                     self.thread_id,
@@ -170,9 +183,11 @@ class MemoryThreadStore(ThreadStore):
                 started_at_ts=None,
                 finished_at_ts=None,
                 error=None,
+                canceled_by=None,
             )
             data.runs[seq] = _StoredRun(seq, stored, args_json)
             data.seq_of[run.id] = seq
+            return None
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -190,7 +205,7 @@ class MemoryThreadStore(ThreadStore):
                 if seq is not None:
                     finished = self._update(
                         data, seq, status=finish.status, error=finish.error,
-                        finished_at_ts=finish.finished_at,
+                        finished_at_ts=finish.finished_at, canceled_by=finish.canceled_by,
                     )
                     if retention is not None:
                         self._prune_in(data, now, retention)
@@ -244,14 +259,20 @@ class MemoryThreadStore(ThreadStore):
             return changed
 
     def cancel(  # noqa: D102 - contract in base
-        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+        self,
+        run_id: str,
+        now: float,
+        *,
+        retention: RetentionPolicy | None = None,
+        canceled_by: str | None = None,
     ) -> EffectRun | None:
         with self._data.lock:
             data = self._open_data()
             seq = self._find(data, run_id, EffectStatus.PENDING)
             if seq is None:
                 return None
-            run = self._update(data, seq, status=EffectStatus.CANCELED, finished_at_ts=now)
+            run = self._update(data, seq, status=EffectStatus.CANCELED, finished_at_ts=now,
+                               canceled_by=canceled_by)
             if retention is not None:
                 self._prune_in(data, now, retention)
             return run

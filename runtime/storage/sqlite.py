@@ -44,14 +44,15 @@ from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of a current thread file (2: the ``messages`` table)."""
+THREAD_SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: a
+run's ``key`` and ``canceled_by``)."""
 
 RUNTIME_SCHEMA_VERSION = 1
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
-    "attempts, error, replay_of"
+    "attempts, error, replay_of, \"key\", canceled_by"
 )
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
 
@@ -160,6 +161,8 @@ def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
         attempts=row[9],
         error=row[10],
         replay_of=row[11],
+        key=row[12],
+        canceled_by=row[13],
     )
 
 
@@ -276,16 +279,31 @@ class SQLiteThreadStore(ThreadStore):
             self._finished = int(row[0])
         return self._finished
 
-    def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
+    def insert_run(  # noqa: D102 - contract in base
+        self, run: EffectRun, *, hand_off_from: str | None = None
+    ) -> EffectRun | None:
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
-        self._tx(
-            lambda c: c.execute(
+
+        def tx(c: sqlite3.Connection) -> EffectRun | None:
+            if run.key is not None:
+                rows = c.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE \"key\" = ? "
+                    f"AND status IN ('pending', 'running') ORDER BY status, seq",
+                    (run.key,),
+                ).fetchall()
+                for row in rows:  # 'pending' sorts first: a successor wins over its link
+                    live = _row_to_run(self.thread_id, row)
+                    if live.status is EffectStatus.PENDING or live.id != hand_off_from:
+                        return live
+            c.execute(
                 "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
-                "attempts, replay_of) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
+                "attempts, replay_of, \"key\") VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
                 (run.id, run.name, str(run.status), args, run.run_at_ts, run.created_at_ts,
-                 run.replay_of),
+                 run.replay_of, run.key),
             )
-        )
+            return None
+
+        return self._tx(tx)
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -300,9 +318,11 @@ class SQLiteThreadStore(ThreadStore):
             if finish is not None:
                 finished = self._one(
                     c,
-                    f"UPDATE effect_runs SET status = ?, error = ?, finished_at = ? "
-                    f"WHERE id = ? AND status = 'running' RETURNING {_RUN_COLUMNS}",
-                    (str(finish.status), finish.error, finish.finished_at, finish.run_id),
+                    f"UPDATE effect_runs SET status = ?, error = ?, finished_at = ?, "
+                    f"canceled_by = ? WHERE id = ? AND status = 'running' "
+                    f"RETURNING {_RUN_COLUMNS}",
+                    (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
+                     finish.run_id),
                 )
                 if retention is not None and finished is not None:
                     self._prune_in(c, now, retention, 1)
@@ -391,14 +411,19 @@ class SQLiteThreadStore(ThreadStore):
         return self._tx(tx)
 
     def cancel(  # noqa: D102
-        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+        self,
+        run_id: str,
+        now: float,
+        *,
+        retention: RetentionPolicy | None = None,
+        canceled_by: str | None = None,
     ) -> EffectRun | None:
         def tx(c: sqlite3.Connection) -> EffectRun | None:
             run = self._one(
                 c,
-                f"UPDATE effect_runs SET status = 'canceled', finished_at = ? "
+                f"UPDATE effect_runs SET status = 'canceled', finished_at = ?, canceled_by = ? "
                 f"WHERE id = ? AND status = 'pending' RETURNING {_RUN_COLUMNS}",
-                (now, run_id),
+                (now, canceled_by, run_id),
             )
             if run is not None and retention is not None:
                 self._prune_in(c, now, retention, 1)

@@ -1,0 +1,26 @@
+"""Runs until the test releases it (``GATES[key].set()``), or until it is canceled; records
+``<key> canceled`` in <data_dir>/hold.log when a cancellation reaches it."""
+
+import asyncio
+
+from pydantic import BaseModel
+
+from runtime import ThreadState, define_effect
+
+GATES: dict[str, asyncio.Event] = {}
+
+
+class Hold(BaseModel):
+    key: str
+
+
+async def hold(state: ThreadState, args: Hold) -> None:
+    try:
+        await GATES.setdefault(args.key, asyncio.Event()).wait()
+    except asyncio.CancelledError:
+        with open(state.runtime.settings.data_dir / "hold.log", "a") as f:
+            f.write(f"{args.key} canceled\n")
+        raise
+
+
+effect = define_effect("Waits until released by the test.", Hold, hold)

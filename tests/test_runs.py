@@ -1,0 +1,141 @@
+"""Run operations as a user sees them: scheduling keys, chains, canceling a running run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import EffectStatus, InvalidArgument, Runtime, ThreadState
+from runtime.testing import FakeClock
+from tests.conftest import Api, serve_api
+
+APP = Path(__file__).parent / "apps" / "scheduling"
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    """The server on the scheduling test app and a fake clock."""
+    async with serve_api(tmp_path / "data", clock=FakeClock(), app_dir=APP) as running:
+        yield running
+
+
+def release_link(rt: Runtime, gate: str) -> None:
+    """Let the test app's ``link`` runs waiting on ``gate`` go on."""
+    gates: dict[str, asyncio.Event] = rt.registry.app["link"].fn.__globals__["GATES"]
+    gates.setdefault(gate, asyncio.Event()).set()
+
+
+async def wait_for(thread: ThreadState, run_id: str, status: EffectStatus) -> None:
+    """Wait (bounded, a hang guard) until the run has ``status``."""
+    for _ in range(2000):
+        if (await thread.get_run(run_id)).status is status:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"run {run_id} never became {status}")
+
+
+async def live(thread: ThreadState, key: str) -> list[Any]:
+    page = await thread.list_runs(status=["pending", "running"], limit=500)
+    return [(r.id, r.status) for r in page.runs if r.key == key]
+
+
+# ------------------------------------------------------------------ keys
+
+
+async def test_twenty_concurrent_schedules_with_one_key_store_one_run(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    results = await asyncio.gather(
+        *(thread.schedule("ping", None, 3600, key="daily") for _ in range(20))
+    )
+    created = [r for r in results if r.created]
+    assert len(created) == 1
+    assert {r.run_id for r in results} == {created[0].run_id}
+    page = await thread.list_runs()
+    assert [(r.id, r.key) for r in page.runs] == [(created[0].run_id, "daily")]
+    # schedule_effect returns the same id, and stores nothing either.
+    assert await thread.schedule_effect("ping", None, 5, key="daily") == created[0].run_id
+    assert len((await thread.list_runs()).runs) == 1
+    # Another thread has its own keys.
+    other = await api.rt.create_thread()
+    assert (await other.schedule("ping", key="daily")).created
+
+
+async def test_a_key_is_free_again_once_its_run_finished(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    first = await thread.schedule("ping", key="k")
+    await api.rt.wait_idle()
+    assert (await thread.get_run(first.run_id)).status is EffectStatus.COMPLETED
+    second = await thread.schedule("ping", key="k", delay=60)
+    assert second.created and second.run_id != first.run_id
+    assert await thread.remove_scheduled_effect(second.run_id)
+    third = await thread.schedule("ping", key="k", delay=60)
+    assert third.created and third.run_id not in (first.run_id, second.run_id)
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "key must not be empty"),
+        ("x" * 257, "key is 257 characters; the limit is 256"),
+        (7, "key must be a string, got int"),
+        ("\ud800", "key is not valid Unicode text"),
+    ],
+)
+async def test_a_bad_key_is_refused_naming_it_and_nothing_is_stored(
+    api: Api, key: Any, message: str
+) -> None:
+    thread = await api.rt.create_thread()
+    with pytest.raises(InvalidArgument, match=message):
+        await thread.schedule_effect("ping", key=key)
+    assert (await thread.list_runs()).runs == []
+
+
+async def test_http_answers_201_for_a_new_run_and_200_for_the_keyed_one(api: Api) -> None:
+    tid = await api.new_thread()
+    url = f"/api/threads/{tid}/effects"
+    answers = await asyncio.gather(
+        *(api.client.post(url, json={"name": "ping", "delay_seconds": 60, "key": "k"})
+          for _ in range(20))
+    )
+    assert sorted(a.status_code for a in answers) == [200] * 19 + [201]
+    assert len({a.json()["id"] for a in answers}) == 1
+    run = await api.run(tid, answers[0].json()["id"])
+    assert run["key"] == "k" and run["canceledBy"] is None
+    listed = (await api.client.get(url)).json()["runs"]
+    assert [r["key"] for r in listed] == ["k"]
+    bad = await api.client.post(url, json={"name": "ping", "key": 5})
+    assert bad.status_code == 400 and "key must be a string" in bad.json()["error"]["message"]
+    empty = await api.client.post(url, json={"name": "ping", "key": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "invalid_argument"
+
+
+async def test_ensuring_a_chain_while_a_link_runs_never_makes_two_chains(api: Api) -> None:
+    assert api.clock is not None
+    thread = await api.rt.create_thread()
+    args = {"gate": "first"}
+    ensured = await thread.schedule("link", args, key="chain")
+    assert ensured.created
+    await wait_for(thread, ensured.run_id, EffectStatus.RUNNING)
+    # "Ensure it is scheduled" while the link runs: the running link is the chain.
+    again = await thread.schedule("link", args, key="chain")
+    assert (again.run_id, again.created) == (ensured.run_id, False)
+    release_link(api.rt, "first")
+    await api.rt.wait_idle()
+    # The link handed the key to its successor: one pending link, none running.
+    chain = await live(thread, "chain")
+    assert len(chain) == 1 and chain[0][1] is EffectStatus.PENDING
+    successor = chain[0][0]
+    assert (await thread.schedule("link", args, key="chain")).run_id == successor
+    for _ in range(3):  # links run on time, one chain throughout
+        api.clock.advance(60)
+        await api.rt.wait_idle()
+        assert (await thread.get_run(successor)).status is EffectStatus.COMPLETED
+        chain = await live(thread, "chain")
+        assert len(chain) == 1 and chain[0][1] is EffectStatus.PENDING
+        successor = chain[0][0]
+    completed = await thread.list_runs(status="completed")
+    assert len(completed.runs) == 4
