@@ -31,7 +31,7 @@ from runtime.alarms import AlarmIndex
 from runtime.config import RetentionPolicy
 from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
-from runtime.errors import EffectNotFound
+from runtime.errors import EffectNotFound, RunStateError
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
@@ -98,6 +98,7 @@ class EffectExecutor:
         self._make_state = make_state
         self._stopping = stopping
         self._retention = retention
+        self._cancels: dict[str, str] = {}  # run id -> who asked to cancel it
 
     async def drain(self, actor: ThreadActor) -> bool:
         """Run the thread's due runs, one at a time, up to `DRAIN_BATCH`.
@@ -131,11 +132,10 @@ class EffectExecutor:
                     actor.current_run = None
                     return False
                 if finished is not None:
-                    change = (
-                        RunChange.COMPLETED
-                        if finished.status is EffectStatus.COMPLETED
-                        else RunChange.FAILED
-                    )
+                    change = {
+                        EffectStatus.COMPLETED: RunChange.COMPLETED,
+                        EffectStatus.CANCELED: RunChange.CANCELED,
+                    }.get(finished.status, RunChange.FAILED)
                     self._hub.publish(change, finished)
                 if stop:
                     # Let other due threads go first; come back to this one.
@@ -156,12 +156,53 @@ class EffectExecutor:
             actor.current_run = None
             done += 1
 
+    def cancel_running(
+        self, actor: ThreadActor, run_id: str, canceled_by: str
+    ) -> asyncio.Task[None] | None:
+        """Cancel the thread's running run ``run_id`` cooperatively, if it runs here.
+
+        The effect gets `asyncio.CancelledError` at its next ``await``; if it lets it
+        through, the run ends ``canceled`` with ``canceled_by`` (never re-queued). An effect
+        that swallows it ends as it ends (completed or failed). Call under the actor's lock.
+
+        Returns:
+            The task of the effect's code (done once the effect stopped), or None when the
+            run is not the one running now (it finished meanwhile, or was never running).
+
+        Raises:
+            RunStateError: the run is a sync effect's, which runs in a worker thread that
+                Python cannot stop.
+        """
+        run = actor.current_run
+        if run is None or run.id != run_id:
+            return None
+        try:
+            defn = self._registry().resolve(run.name)
+        except EffectNotFound:
+            return None  # it fails at once anyway
+        if not defn.is_async:
+            raise RunStateError(
+                f"Run {run_id} of effect {run.name} is running a sync function in a worker "
+                f"thread, which cannot be stopped; it can only be left to finish"
+            )
+        self._cancels[run_id] = canceled_by
+        task = actor.effect_task
+        if task is not None:
+            task.cancel()
+        return task
+
     async def execute(self, actor: ThreadActor, run: EffectRun) -> Finish | None:
         """Run one claimed run; its outcome, or None if it was interrupted (delete/shutdown).
 
         Never raises for anything the effect does: whatever goes wrong becomes a failed run,
         so no run is left ``running`` behind a live worker.
         """
+        try:
+            return await self._execute(actor, run)
+        finally:
+            self._cancels.pop(run.id, None)
+
+    async def _execute(self, actor: ThreadActor, run: EffectRun) -> Finish | None:
         try:
             defn = self._registry().resolve(run.name)
         except EffectNotFound as exc:
@@ -182,6 +223,8 @@ class EffectExecutor:
         state = self._make_state(actor.info, defn.package_id)
         task = asyncio.create_task(_call(defn, run, state, args), name=f"effect-{run.id}")
         actor.effect_task = task
+        if run.id in self._cancels:  # canceled between its claim and now
+            task.cancel()
         try:
             await asyncio.wait({task})
         finally:
@@ -193,6 +236,9 @@ class EffectExecutor:
         if actor.deleted:
             return None
         now = self._now()
+        canceled_by = self._cancels.get(run.id)
+        if task.cancelled() and canceled_by is not None:
+            return Finish(run.id, EffectStatus.CANCELED, None, now, canceled_by=canceled_by)
         if task.cancelled():
             # Not by us (deletion returned above, shutdown cancels the worker instead):
             # the effect raised CancelledError itself.

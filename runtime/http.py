@@ -124,6 +124,7 @@ _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _THREAD_FIELDS = frozenset({"id", "agent_id", "user_id", "tags"})
 _SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds", "key"})
 _MESSAGE_FIELDS = frozenset({"content"})
+_CANCEL_FIELDS = frozenset({"by"})
 
 MAX_MESSAGE_BODY_BYTES = 1 << 20
 """Largest ``POST .../messages`` body (1 MiB)."""
@@ -678,7 +679,10 @@ async def _replay(request: Request) -> Response:
 async def _cancel(request: Request) -> Response:
     state = await _thread(request)
     run_id = request.path_params["run_id"]
-    canceled = await state.remove_scheduled_effect(run_id)
+    what = f"POST /api/threads/{request.path_params['tid']}/effects/{cut(run_id, 40)}/cancel"
+    body = await read_object(request, _CANCEL_FIELDS, what, required=False)
+    by = _optional_str(body, "by", what) or "http"
+    canceled = await state.remove_scheduled_effect(run_id, canceled_by=by)
     if not canceled:
         await state.get_run(run_id)  # RunNotFound (404) for an id the thread never had
     return JSONResponse({"canceled": canceled})

@@ -8,6 +8,7 @@ wake-up, never a run without an alarm.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from functools import partial
@@ -37,7 +38,7 @@ from runtime.errors import (
     short_repr,
 )
 from runtime.events import RunChange
-from runtime.executor import CURRENT_RUN, error_text
+from runtime.executor import CURRENT_RUN, EffectExecutor, error_text
 from runtime.frames import ChangeHub
 from runtime.ids import new_id
 from runtime.thread import RunPage, Scheduled
@@ -53,6 +54,9 @@ MAX_KEY_CHARS = 256
 
 MAX_CANCELED_BY_CHARS = 256
 """Longest ``canceled_by`` text, in characters."""
+
+CANCEL_WAIT_SECONDS = 5.0
+"""How long canceling a running run waits for its effect to stop before answering."""
 
 def check_limit(limit: int) -> None:
     """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
@@ -72,6 +76,7 @@ class RunOperations:
         run_sync: Runs a blocking call off the event loop.
         now: The clock's ``now``.
         check_open: Raises `RuntimeClosed` unless the runtime is running.
+        executor: Cancels running runs (None: only pending runs can be canceled).
     """
 
     def __init__(
@@ -84,6 +89,7 @@ class RunOperations:
         run_sync: RunSync,
         now: Callable[[], float],
         check_open: Callable[[], None],
+        executor: EffectExecutor | None = None,
     ) -> None:
         self._settings = settings
         self._registry = registry
@@ -93,6 +99,7 @@ class RunOperations:
         self._run_sync = run_sync
         self._now = now
         self._check_open = check_open
+        self._executor = executor
 
     def encode_args(self, defn: EffectDefinition, args: Any) -> Any:
         """The args as they are stored: JSON, within the size limit, passing the schema.
@@ -198,18 +205,36 @@ class RunOperations:
             runs: list[EffectRun] = await self._run_sync(actor.store.pending_runs, name)
             return runs
 
-    async def cancel(self, thread_id: str, run_id: str) -> bool:
+    async def cancel(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
         """See `ThreadState.remove_scheduled_effect`."""
         self._check_open()
+        check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
+        run_id = str(run_id)
+        task = None
         async with self._actors.writing(thread_id) as actor:
             run = await self._run_sync(
-                partial(actor.store.cancel, retention=self._settings.retention),
-                str(run_id),
+                partial(
+                    actor.store.cancel,
+                    retention=self._settings.retention,
+                    canceled_by=canceled_by,
+                ),
+                run_id,
                 self._now(),
             )
-        if run is None:
+            if run is None and self._executor is not None:
+                task = self._executor.cancel_running(actor, run_id, canceled_by)
+                if task is None and actor.current_run is not None \
+                        and actor.current_run.id == run_id:
+                    return True  # canceled before its code started: it never will
+        if run is not None:
+            self._hub.publish(RunChange.CANCELED, run)
+            return True
+        if task is None:
             return False
-        self._hub.publish(RunChange.CANCELED, run)
+        if task is not asyncio.current_task():  # an effect canceling itself goes on
+            # Give the effect its next await to stop; one that ignores the cancellation
+            # is not waited for longer.
+            await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return True
 
     async def get_run(self, thread_id: str, run_id: str) -> EffectRun:

@@ -202,7 +202,7 @@ class Runtime:
         self.dispatcher = Dispatcher(self.settings.max_concurrent_runs, self._drain)
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
-            self.run_sync, self.clock.now, self._check_open,
+            self.run_sync, self.clock.now, self._check_open, executor=self.executor,
         )
 
     def __getattr__(self, name: str) -> Any:

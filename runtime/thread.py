@@ -236,15 +236,33 @@ class ThreadState:
         """
         return await self._rt.runs.pending(self.thread_id, self._qualified(name))
 
-    async def remove_scheduled_effect(self, run_id: str) -> bool:
-        """Cancel a pending run.
+    async def remove_scheduled_effect(self, run_id: str, *, canceled_by: str = "code") -> bool:
+        """Cancel a pending run, or a running run of an async effect.
+
+        A pending run becomes ``canceled`` at once. A running async run is canceled
+        cooperatively: its effect gets `asyncio.CancelledError` at its next ``await`` and
+        the run ends ``canceled`` (never re-queued); this waits up to 5 s for the effect
+        to stop (an effect that swallows the cancellation ends as it ends). Either way
+        the run keeps ``canceled_by`` and its ``finished_at`` says when.
+
+        Args:
+            run_id: The run.
+            canceled_by: Who cancels it (stored with the run, shown in the pane), 1 to 256
+                characters.
 
         Returns:
-            True if a pending run with that id was canceled; False for an unknown id, a
-            run that already started or finished, or a second cancel. A canceled run stays
-            in the history with status ``canceled``.
+            True if the run was canceled (or, running, was asked to stop); False for an
+            unknown id, a finished run, or a second cancel. A canceled run stays in the
+            history with status ``canceled``.
+
+        Raises:
+            RunStateError: the run is running a sync effect (a worker thread cannot be
+                stopped); the message says so.
+            InvalidArgument: ``canceled_by`` is not a string of 1 to 256 characters.
         """
-        return await self._rt.runs.cancel(self.thread_id, run_id)
+        if canceled_by == "":
+            raise InvalidArgument("canceled_by must not be empty")
+        return await self._rt.runs.cancel(self.thread_id, run_id, canceled_by)
 
     async def list_runs(
         self,

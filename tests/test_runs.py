@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runtime import EffectStatus, InvalidArgument, Runtime, ThreadState
+from runtime import EffectStatus, InvalidArgument, RunStateError, Runtime, ThreadState
 from runtime.testing import FakeClock
 from tests.conftest import Api, serve_api
 
@@ -139,3 +139,96 @@ async def test_ensuring_a_chain_while_a_link_runs_never_makes_two_chains(api: Ap
         successor = chain[0][0]
     completed = await thread.list_runs(status="completed")
     assert len(completed.runs) == 4
+
+
+# ------------------------------------------------------------------ cancel a running run
+
+
+def release_sync(rt: Runtime, key: str) -> None:
+    """Let the test app's ``hold_sync`` run with args ``{"key": key}`` return."""
+    rt.registry.app["hold_sync"].fn.__globals__["gate"](key).set()
+
+
+async def test_canceling_a_running_async_run_stops_it_and_it_never_runs_again(
+    api: Api, tmp_path: Path
+) -> None:
+    thread = await api.rt.create_thread()
+    sub = thread.subscribe()
+    run_id = await thread.schedule_effect("hold", {"key": "long"})
+    await wait_for(thread, run_id, EffectStatus.RUNNING)
+    assert api.clock is not None
+    api.clock.advance(7)
+    assert await thread.remove_scheduled_effect(run_id, canceled_by="ops")
+    await api.rt.wait_idle()
+    run = await thread.get_run(run_id)
+    assert (run.status, run.canceled_by, run.attempts, run.error) == (
+        EffectStatus.CANCELED, "ops", 1, None
+    )
+    assert run.finished_at_ts == api.clock.now()
+    assert (tmp_path / "data" / "hold.log").read_text() == "long canceled\n"
+    changes = []
+    while sub._buffer:
+        changes.append(await sub.__anext__())
+    assert [(e.change, e.run.status) for e in changes if e.run.id == run_id][-1] == (
+        "canceled", EffectStatus.CANCELED
+    )
+    sub.close()
+    # A second cancel does nothing, and nothing runs it again.
+    assert not await thread.remove_scheduled_effect(run_id)
+    api.clock.advance(3600)
+    await api.rt.wait_idle()
+    assert (await thread.get_run(run_id)).status is EffectStatus.CANCELED
+    assert await thread.get_scheduled_effects() == []
+    # The thread goes on with its next run.
+    after = await thread.schedule_effect("ping")
+    await api.rt.wait_idle()
+    assert (await thread.get_run(after)).status is EffectStatus.COMPLETED
+
+
+async def test_http_cancel_of_a_running_async_run_says_who(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "hold", {"key": "h"})
+    thread = await api.rt.get_thread(tid)
+    await wait_for(thread, run_id, EffectStatus.RUNNING)
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects/{run_id}/cancel", json={"by": "pane"}
+    )
+    assert (res.status_code, res.json()) == (200, {"canceled": True})
+    await api.rt.wait_idle()
+    run = await api.run(tid, run_id)
+    assert (run["status"], run["canceledBy"]) == ("canceled", "pane")
+    # Without a body the API says "http".
+    other = await api.schedule(tid, "ping", None, 60)
+    res = await api.client.post(f"/api/threads/{tid}/effects/{other}/cancel")
+    assert (res.status_code, res.json()) == (200, {"canceled": True})
+    assert (await api.run(tid, other))["canceledBy"] == "http"
+    bad = await api.client.post(f"/api/threads/{tid}/effects/{other}/cancel", json={"who": 1})
+    assert bad.status_code == 400 and "unknown field(s) who" in bad.json()["error"]["message"]
+
+
+async def test_a_running_sync_run_cannot_be_canceled_and_says_why(api: Api) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "hold_sync", {"key": "s"})
+    thread = await api.rt.get_thread(tid)
+    await wait_for(thread, run_id, EffectStatus.RUNNING)
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/cancel")
+    assert res.status_code == 409
+    error = res.json()["error"]
+    assert error["code"] == "run_state_conflict"
+    assert f"Run {run_id} of effect hold_sync is running a sync function" in error["message"]
+    assert "cannot be stopped" in error["message"]
+    with pytest.raises(RunStateError, match="cannot be stopped"):
+        await thread.remove_scheduled_effect(run_id)
+    release_sync(api.rt, "s")
+    await api.rt.wait_idle()
+    run = await api.run(tid, run_id)
+    assert (run["status"], run["canceledBy"]) == ("completed", None)
+
+
+async def test_a_canceled_pending_run_keeps_who_canceled_it(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    run_id = await thread.schedule_effect("ping", delay=60)
+    assert await thread.remove_scheduled_effect(run_id)
+    assert (await thread.get_run(run_id)).canceled_by == "code"
+    with pytest.raises(InvalidArgument, match="canceled_by"):
+        await thread.remove_scheduled_effect(run_id, canceled_by="")

@@ -106,6 +106,9 @@ class Pane:
     http: httpx.Client
     page: Page
     errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    """The questions the page asked (confirm()); each is accepted unless `refuse` is set."""
+    refuse: bool = False
 
     def new_thread(self) -> str:
         res = self.http.post("/api/threads", json={})
@@ -113,10 +116,12 @@ class Pane:
         tid: str = res.json()["id"]
         return tid
 
-    def schedule(self, tid: str, name: str, args: Any = None, delay: float = 0) -> str:
+    def schedule(
+        self, tid: str, name: str, args: Any = None, delay: float = 0, key: str | None = None
+    ) -> str:
         res = self.http.post(
             f"/api/threads/{tid}/effects",
-            json={"name": name, "args": args, "delay_seconds": delay},
+            json={"name": name, "args": args, "delay_seconds": delay, "key": key},
         )
         assert res.status_code == 201, res.text
         run_id: str = res.json()["id"]
@@ -173,6 +178,15 @@ def serve_pane(tmp_path: Path, browser: Browser, app_dir: Path) -> Iterator[Pane
                 result.errors.append(msg.text)
 
         page.on("pageerror", lambda exc: result.errors.append(str(exc)))
+
+        def on_dialog(dialog: Any) -> None:
+            result.dialogs.append(dialog.message)
+            if result.refuse:
+                dialog.dismiss()
+            else:
+                dialog.accept()
+
+        page.on("dialog", on_dialog)
         page.on("console", on_console)
         try:
             yield result
@@ -927,4 +941,41 @@ def test_at_420px_the_runs_start_above_the_fold(pane: Pane) -> None:
     page.get_by_test_id("detail-close").click()
     page.get_by_test_id("tab-conversation").click()
     snap(page, "phone-conversation")
+    assert pane.errors == []
+
+
+def test_cancel_asks_first_naming_the_run_and_stops_a_running_one(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    pending = pane.schedule(tid, "send_reminder", {"text": "later"}, delay=3600, key="daily")
+    row = pane.row(pending)
+    expect(row.get_by_test_id("run-key")).to_have_text("key daily", timeout=WAIT_MS)
+
+    # Refused: nothing happens to the run.
+    pane.refuse = True
+    row.get_by_test_id("cancel").click()
+    expect(row.get_by_test_id("cancel")).to_be_enabled(timeout=WAIT_MS)
+    assert len(pane.dialogs) == 1
+    question = pane.dialogs[0]
+    run_at = pane.http.get(f"/api/threads/{tid}/effects/{pending}").json()["runAt"]
+    shown_due = page.evaluate(
+        "async (iso) => (await import('/web/format.js')).fmtLocal(iso, { full: true })", run_at
+    )
+    assert "send_reminder" in question and pending in question and shown_due in question
+    expect(row).to_have_attribute("data-status", "pending")
+
+    # A running async run offers Cancel too, and stops when it is confirmed.
+    pane.refuse = False
+    slow = pane.schedule(tid, "slow_task", {"seconds": 600})
+    slow_row = pane.row(slow)
+    expect(slow_row).to_have_attribute("data-status", "running", timeout=WAIT_MS)
+    slow_row.get_by_test_id("cancel").click()
+    expect(slow_row).to_have_attribute("data-status", "canceled", timeout=WAIT_MS)
+    assert "slow_task" in pane.dialogs[-1] and slow in pane.dialogs[-1]
+    slow_row.click()
+    detail = page.get_by_test_id("run-detail")
+    expect(detail.get_by_test_id("detail-canceled-by")).to_have_text("pane", timeout=WAIT_MS)
+    pane.row(pending).click()
+    expect(detail.get_by_test_id("detail-key")).to_have_text("daily", timeout=WAIT_MS)
     assert pane.errors == []
