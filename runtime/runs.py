@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from runtime._limits import (
 )
 from runtime._text import check_text, find_invalid_text
 from runtime.abc import RunSync
-from runtime.actors import ActorTable
+from runtime.actors import ActorTable, ThreadActor
 from runtime.alarms import AlarmIndex
 from runtime.config import Settings
 from runtime.discovery import EffectRegistry
@@ -195,15 +196,42 @@ class RunOperations:
             )
         if existing is not None:
             return Scheduled(existing.id, created=False)
+        if defn.concurrent and self._executor is not None:
+            self._executor.poke(state.thread_id)  # it need not wait for a running run
         self._hub.publish(RunChange.SCHEDULED, run)
         return Scheduled(run.id, created=True)
+
+    def _waiting(self, actor: ThreadActor, runs: list[EffectRun], now: float) -> list[EffectRun]:
+        """``runs``, each due pending one marked with the running run it waits behind.
+
+        Runs of concurrent effects wait for nothing.
+        """
+        current = actor.current_run
+        if current is None:
+            return runs
+        out = []
+        for run in runs:
+            if (
+                run.status is EffectStatus.PENDING
+                and run.run_at_ts <= now
+                and not self._concurrent(run.name)
+            ):
+                run = replace(run, waiting_for=current.id)
+            out.append(run)
+        return out
+
+    def _concurrent(self, name: str) -> bool:
+        try:
+            return self._registry().resolve(name).concurrent
+        except EffectNotFound:
+            return False
 
     async def pending(self, thread_id: str, name: str | None) -> list[EffectRun]:
         """See `ThreadState.get_scheduled_effects`."""
         self._check_open()
         async with self._actors.use(thread_id) as actor:
             runs: list[EffectRun] = await self._run_sync(actor.store.pending_runs, name)
-            return runs
+            return self._waiting(actor, runs, self._now())
 
     async def cancel(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
         """See `ThreadState.remove_scheduled_effect`."""
@@ -241,12 +269,13 @@ class RunOperations:
         """See `ThreadState.get_run`."""
         self._check_open()
         async with self._actors.use(thread_id) as actor:
+            now = self._now()
             run = await self._run_sync(
-                actor.store.get_run, str(run_id), self._now(), self._settings.retention
+                actor.store.get_run, str(run_id), now, self._settings.retention
             )
-        if run is None:
-            raise RunNotFound(thread_id, str(run_id))
-        return run
+            if run is None:
+                raise RunNotFound(thread_id, str(run_id))
+            return self._waiting(actor, [run], now)[0]
 
     async def run_now(self, thread_id: str, run_id: str) -> EffectRun:
         """See `ThreadState.run_now`."""
@@ -262,9 +291,18 @@ class RunOperations:
                 raise RunStateError(
                     f"Run {run_id} is {current.status}; only a pending run can be run now"
                 )
+            running = actor.current_run
+            if running is not None and not self._concurrent(current.name):
+                raise RunStateError(
+                    f"Run {run_id} cannot run now: it waits for run {running.id} "
+                    f"({running.name}), which is running; this thread runs its runs one "
+                    f"at a time (waitingFor: {running.id})"
+                )
             await self._alarms.lower(thread_id, now)
             run = await self._run_sync(actor.store.run_now, run_id, now)
         assert run is not None  # pending under the lock
+        if self._executor is not None and self._concurrent(run.name):
+            self._executor.poke(thread_id)
         self._hub.publish(RunChange.RESCHEDULED, run)
         return run
 
@@ -318,4 +356,5 @@ class RunOperations:
 
         async with self._actors.use(thread_id) as actor:
             runs, nxt, counts = await self._run_sync(read, actor.store)
+            runs = self._waiting(actor, runs, now)
         return RunPage(runs, str(nxt) if nxt is not None else None, counts)

@@ -232,3 +232,111 @@ async def test_a_canceled_pending_run_keeps_who_canceled_it(api: Api) -> None:
     assert (await thread.get_run(run_id)).canceled_by == "code"
     with pytest.raises(InvalidArgument, match="canceled_by"):
         await thread.remove_scheduled_effect(run_id, canceled_by="")
+
+
+# ------------------------------------------------------------------ long runs beside short ones
+
+
+def release_long(rt: Runtime, key: str) -> None:
+    gates: dict[str, asyncio.Event] = rt.registry.app["long_work"].fn.__globals__["GATES"]
+    gates.setdefault(key, asyncio.Event()).set()
+
+
+async def test_a_concurrent_run_leaves_a_short_one_on_time(api: Api, tmp_path: Path) -> None:
+    assert api.clock is not None
+    thread = await api.rt.create_thread()
+    long = await thread.schedule_effect("long_work", {"key": "report"})
+    await wait_for(thread, long, EffectStatus.RUNNING)
+    reminder = await thread.schedule_effect("ping", delay=5)
+    second_long = await thread.schedule_effect("long_work", {"key": "export"}, delay=5)
+    api.clock.advance(5)
+    await wait_for(thread, reminder, EffectStatus.COMPLETED)
+    short = await thread.get_run(reminder)
+    assert short.started_at_ts == short.run_at_ts  # on time, beside the long run
+    await wait_for(thread, second_long, EffectStatus.RUNNING)  # two long ones at once
+    assert (await thread.get_run(long)).status is EffectStatus.RUNNING
+    release_long(api.rt, "report")
+    release_long(api.rt, "export")
+    await api.rt.wait_idle()
+    assert (await thread.get_run(long)).status is EffectStatus.COMPLETED
+    assert (await thread.get_run(second_long)).status is EffectStatus.COMPLETED
+    log = (tmp_path / "data" / "long_work.log").read_text().splitlines()
+    assert sorted(log) == ["export done", "report done"]
+
+
+async def test_a_due_run_behind_a_running_one_says_what_it_waits_for(api: Api) -> None:
+    tid = await api.new_thread()
+    thread = await api.rt.get_thread(tid)
+    holding = await api.schedule(tid, "hold", {"key": "w"})
+    await wait_for(thread, holding, EffectStatus.RUNNING)
+    waiting = await api.schedule(tid, "ping")
+    later = await api.schedule(tid, "ping", None, 60)
+    beside = await api.schedule(tid, "long_work", {"key": "side"}, 60)
+    assert (await api.run(tid, waiting))["waitingFor"] == holding
+    assert (await api.run(tid, later))["waitingFor"] is None  # not due yet
+    page = (await api.client.get(f"/api/threads/{tid}/effects")).json()
+    listed = {r["id"]: r for r in page["runs"]}
+    assert listed[waiting]["waitingFor"] == holding
+    assert listed[holding]["waitingFor"] is None
+    assert [r.waiting_for for r in await thread.get_scheduled_effects()] == [holding, None, None]
+    # Run now cannot help: 409 with the reason, for a due run and for a later one alike.
+    for run_id in (waiting, later):
+        res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/run")
+        assert res.status_code == 409, res.text
+        message = res.json()["error"]["message"]
+        assert f"waits for run {holding} (hold), which is running" in message
+    # A concurrent effect's run waits for nothing: run now starts it beside the hold.
+    res = await api.client.post(f"/api/threads/{tid}/effects/{beside}/run")
+    assert res.status_code == 200, res.text
+    await wait_for(thread, beside, EffectStatus.RUNNING)
+    release(api.rt, "w")
+    release_long(api.rt, "side")
+    await api.rt.wait_idle()
+    done = await api.run(tid, waiting)
+    assert (done["status"], done["waitingFor"]) == ("completed", None)
+
+
+def release(rt: Runtime, key: str) -> None:
+    gates: dict[str, asyncio.Event] = rt.registry.app["hold"].fn.__globals__["GATES"]
+    gates.setdefault(key, asyncio.Event()).set()
+
+
+async def test_a_concurrent_run_can_be_canceled_and_the_thread_goes_on(
+    api: Api, tmp_path: Path
+) -> None:
+    thread = await api.rt.create_thread()
+    long = await thread.schedule_effect("long_work", {"key": "c"})
+    await wait_for(thread, long, EffectStatus.RUNNING)
+    assert await thread.remove_scheduled_effect(long, canceled_by="ops")
+    await api.rt.wait_idle()
+    run = await thread.get_run(long)
+    assert (run.status, run.canceled_by) == (EffectStatus.CANCELED, "ops")
+    assert (tmp_path / "data" / "long_work.log").read_text() == "c canceled\n"
+
+
+async def test_a_concurrent_run_interrupted_by_shutdown_runs_again_after_restart(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    data = tmp_path / "data"
+    async with Runtime(app_dir=APP, data_dir=data, clock=clock, load_packages=False,
+                       shutdown_grace_seconds=0) as rt:
+        thread = await rt.create_thread("t")
+        long = await thread.schedule_effect("long_work", {"key": "r"})
+        await wait_for(thread, long, EffectStatus.RUNNING)
+    assert (data / "long_work.log").read_text() == "r canceled\n"
+    async with Runtime(app_dir=APP, data_dir=data, clock=clock, load_packages=False) as rt:
+        release_long(rt, "r")
+        thread = await rt.get_thread("t")
+        await rt.wait_idle()
+        run = await thread.get_run(long)
+        assert (run.status, run.attempts) == (EffectStatus.COMPLETED, 2)
+
+
+async def test_deleting_a_thread_stops_its_concurrent_runs(api: Api, tmp_path: Path) -> None:
+    thread = await api.rt.create_thread()
+    long = await thread.schedule_effect("long_work", {"key": "d"})
+    await wait_for(thread, long, EffectStatus.RUNNING)
+    await api.rt.delete_thread(thread.thread_id)
+    await api.rt.wait_idle()
+    assert (tmp_path / "data" / "long_work.log").read_text() == "d canceled\n"

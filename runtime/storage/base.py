@@ -33,7 +33,7 @@ finish runs, see `ThreadStore.finish_and_claim`) and in `ThreadStore.prune`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from runtime.config import RetentionPolicy
@@ -118,6 +118,7 @@ class ThreadStore(ABC):
         *,
         claim: bool = True,
         retention: RetentionPolicy | None = None,
+        only_names: Collection[str] | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         """Record one outcome and claim the next due run, in one transaction.
 
@@ -135,6 +136,8 @@ class ThreadStore(ABC):
             now: The current time; runs with ``run_at <= now`` are due.
             claim: Whether to claim the next due run at all.
             retention: The policy to prune by; None prunes nothing.
+            only_names: Claim only runs of these effect names (the runs that may start
+                beside a running one), and ``next_due`` counts only them; None: any.
 
         Returns:
             ``(finished, claimed, next_due)``: the finished run as written (or None), the

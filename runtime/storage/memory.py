@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from runtime.config import RetentionPolicy
@@ -196,7 +196,9 @@ class MemoryThreadStore(ThreadStore):
         *,
         claim: bool = True,
         retention: RetentionPolicy | None = None,
+        only_names: Collection[str] | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        wanted = None if only_names is None else set(only_names)
         with self._data.lock:
             data = self._open_data()
             finished = None
@@ -211,7 +213,11 @@ class MemoryThreadStore(ThreadStore):
                         self._prune_in(data, now, retention)
             if not claim:
                 return finished, None, None
-            pending = [r for r in data.runs.values() if r.run.status is EffectStatus.PENDING]
+            pending = [
+                r for r in data.runs.values()
+                if r.run.status is EffectStatus.PENDING
+                and (wanted is None or r.run.name in wanted)
+            ]
             due = [r for r in pending if r.run.run_at_ts <= now]
             if due:
                 first = min(due, key=lambda r: (r.run.run_at_ts, r.seq))

@@ -20,7 +20,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -312,7 +312,19 @@ class SQLiteThreadStore(ThreadStore):
         *,
         claim: bool = True,
         retention: RetentionPolicy | None = None,
+        only_names: Collection[str] | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        names: tuple[str, ...] = ()
+        where = ""
+        if only_names is not None:
+            names = tuple(only_names)
+            if not names:
+                # Nothing may be claimed; a finish is still recorded.
+                if finish is None:
+                    return None, None, None
+                claim = False
+            where = f" AND name IN ({','.join('?' * len(names))})"
+
         def tx(c: sqlite3.Connection) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             finished = None
             if finish is not None:
@@ -332,14 +344,15 @@ class SQLiteThreadStore(ThreadStore):
                 c,
                 f"UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
                 f"started_at = ? WHERE seq = (SELECT seq FROM effect_runs "
-                f"WHERE status = 'pending' AND run_at <= ? ORDER BY run_at, seq LIMIT 1) "
+                f"WHERE status = 'pending' AND run_at <= ?{where} ORDER BY run_at, seq LIMIT 1) "
                 f"RETURNING {_RUN_COLUMNS}",
-                (now, now),
+                (now, now, *names),
             )
             next_due = None
             if claimed is None:
                 row = c.execute(
-                    "SELECT min(run_at) FROM effect_runs WHERE status = 'pending'"
+                    f"SELECT min(run_at) FROM effect_runs WHERE status = 'pending'{where}",
+                    names,
                 ).fetchone()
                 next_due = row[0]
             return finished, claimed, next_due
@@ -349,7 +362,8 @@ class SQLiteThreadStore(ThreadStore):
             # write lock (and without a commit, hence no fsync).
             row = self._tx(
                 lambda c: c.execute(
-                    "SELECT min(run_at) FROM effect_runs WHERE status = 'pending'"
+                    f"SELECT min(run_at) FROM effect_runs WHERE status = 'pending'{where}",
+                    names,
                 ).fetchone(),
                 write=False,
             )

@@ -790,3 +790,20 @@ def test_cancel_and_finish_record_who_canceled(store: ThreadStore) -> None:
         EffectStatus.CANCELED, "pane", T0 + 2
     )
     assert store.get_run(busy.id, T0 + 2, KEEP) == done
+
+
+def test_a_claim_can_be_limited_to_some_effect_names(store: ThreadStore) -> None:
+    serial = run("serial", run_at=T0)
+    beside = run("beside", run_at=T0 + 1)
+    later = run("beside", run_at=T0 + 5)
+    for r in (serial, beside, later):
+        store.insert_run(r)
+    _, claimed, _ = store.finish_and_claim(None, T0 + 2, only_names=["beside"])
+    assert claimed is not None and claimed.id == beside.id  # the serial one is passed over
+    _, claimed, next_due = store.finish_and_claim(None, T0 + 2, only_names=["beside"])
+    assert (claimed, next_due) == (None, T0 + 5)  # only runs of those names count
+    assert store.finish_and_claim(None, T0 + 2, only_names=[]) == (None, None, None)
+    done, claimed, _ = store.finish_and_claim(finish(beside.id), T0 + 2, only_names=[])
+    assert done is not None and done.status is EffectStatus.COMPLETED and claimed is None
+    _, claimed, _ = store.finish_and_claim(None, T0 + 2)
+    assert claimed is not None and claimed.id == serial.id
