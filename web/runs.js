@@ -17,6 +17,7 @@ import {
   snapshotModel,
   statusCounts,
   visibleRuns,
+  waitingFor,
 } from "./runs-model.js";
 import { toast, toastApiError } from "./toasts.js";
 
@@ -162,6 +163,7 @@ export class RunsView {
     const err = run.error ? String(run.error) : "";
     const firstLine = err.split("\n", 1)[0].slice(0, 300);
     const pending = run.status === "pending";
+    const waiting = waitingFor(this.model, run, now);
     const badgeTitle = err
       ? firstLine // the error column may be hidden
       : pending
@@ -175,7 +177,12 @@ export class RunsView {
           ? html`<span class="run-key muted mono" data-testid="run-key" title=${`Key: ${run.key}`}>key ${run.key}</span>`
           : nothing
       }</td>
-      <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span></td>
+      <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span>${
+        waiting
+          ? html`<span class="run-waiting" data-testid="run-waiting" data-waiting-for=${waiting}
+              title=${`Due, waiting for run ${waiting} to finish: this thread runs one run at a time`}>waiting for ${shortId(waiting)}</span>`
+          : nothing
+      }</td>
       <td class="cell-due" title=${run.runAt || ""}>${timeText(run.runAt, now)}${
         pending ? html` <span class="rel muted nw">${fmtRelative(run.runAt, now)}</span>` : nothing
       }</td>

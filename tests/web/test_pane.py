@@ -979,3 +979,31 @@ def test_cancel_asks_first_naming_the_run_and_stops_a_running_one(pane: Pane) ->
     pane.row(pending).click()
     expect(detail.get_by_test_id("detail-key")).to_have_text("daily", timeout=WAIT_MS)
     assert pane.errors == []
+
+
+def test_a_run_waiting_behind_a_running_one_says_so(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    slow = pane.schedule(tid, "slow_task", {"seconds": 600})
+    expect(pane.row(slow)).to_have_attribute("data-status", "running", timeout=WAIT_MS)
+    due = pane.schedule(tid, "send_reminder", {"text": "on time?"})
+    row = pane.row(due)
+    expect(row.get_by_test_id("run-waiting")).to_have_attribute(
+        "data-waiting-for", slow, timeout=WAIT_MS
+    )
+    expect(row.get_by_test_id("run-waiting")).to_be_visible()
+    # Run now cannot help: the pane says why.
+    row.get_by_test_id("run-now").click()
+    expect(page.locator(".toast")).to_contain_text(f"waits for run {slow}", timeout=WAIT_MS)
+    row.click()
+    detail = page.get_by_test_id("run-detail")
+    expect(detail.get_by_test_id("detail-waiting")).to_contain_text(slow, timeout=WAIT_MS)
+    # Once the long run is stopped (from its detail), the waiting one runs; the line goes.
+    pane.row(slow).click()
+    expect(detail.get_by_test_id("detail-status")).to_have_text("running", timeout=WAIT_MS)
+    detail.get_by_test_id("cancel").click()
+    expect(row).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    expect(row.get_by_test_id("run-waiting")).to_have_count(0)
+    # The browser logs the refused run-now (409) itself; nothing else went wrong.
+    assert [e for e in pane.errors if "status of 409 (Conflict)" not in e] == []
