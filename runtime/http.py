@@ -45,6 +45,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -122,7 +123,7 @@ WS_CLOSE_TIMEOUT_SECONDS = 10.0
 _CLOSE = {"Connection": "close"}  # the rest of the body is not read: end the connection
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _THREAD_FIELDS = frozenset({"id", "agent_id", "user_id", "tags"})
-_SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds", "key"})
+_SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds", "key", "run_at"})
 _MESSAGE_FIELDS = frozenset({"content"})
 _CANCEL_FIELDS = frozenset({"by"})
 
@@ -530,6 +531,26 @@ def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
     return value
 
 
+def _rfc3339(text: str | None, name: str) -> datetime | None:
+    """An RFC 3339 date-time with its offset (``2026-12-01T09:00:00Z``), or None."""
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(
+            422, "invalid_delay",
+            f"{name} must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z, got "
+            f"{_quoted(text)}",
+        ) from None
+    if value.tzinfo is None:
+        raise ApiError(
+            422, "invalid_delay",
+            f"{name} must carry its offset (Z or +03:00), got {_quoted(text)}",
+        )
+    return value
+
+
 def _page_params(request: Request) -> tuple[int, str | None]:
     raw = request.query_params.get("limit")
     limit = 50
@@ -653,7 +674,10 @@ async def _schedule(request: Request) -> Response:
     delay = body.get("delay_seconds")
     seconds = 0.0 if delay is None else delay_seconds(delay, name="delay_seconds")
     key = _optional_str(body, "key", what)
-    scheduled = await state.schedule(name, body.get("args"), seconds, key=key)
+    at = _rfc3339(_optional_str(body, "run_at", what), "run_at")
+    if at is not None and delay is not None:
+        raise ApiError(400, "invalid_body", f"{what}: give delay_seconds or run_at, not both")
+    scheduled = await state.schedule(name, body.get("args"), seconds, key=key, at=at)
     # 200: the key was held by a live run, whose id this is (nothing was stored).
     return JSONResponse({"id": scheduled.run_id}, status_code=201 if scheduled.created else 200)
 

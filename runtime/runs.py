@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from runtime._limits import (
     check_args_depth,
     delay_seconds,
     parse_run_cursor,
+    run_at_seconds,
     validate_args,
 )
 from runtime._text import check_text, find_invalid_text
@@ -33,6 +35,7 @@ from runtime.effects import EffectDefinition, EffectRun, EffectStatus
 from runtime.errors import (
     EffectNotFound,
     InvalidArgument,
+    InvalidDelay,
     InvalidEffectArgs,
     RunNotFound,
     RunStateError,
@@ -158,6 +161,7 @@ class RunOperations:
         delay: object,
         *,
         key: str | None = None,
+        at: datetime | None = None,
         replay_of: str | None = None,
     ) -> Scheduled:
         """See `ThreadState.schedule`; ``replay_of`` links a replay to its original."""
@@ -166,6 +170,11 @@ class RunOperations:
             raise EffectNotFound(short_repr(name))
         defn = self._registry().resolve(name, package_id=state.package_id)
         seconds = delay_seconds(delay)
+        at_ts: float | None = None
+        if at is not None:
+            if seconds:
+                raise InvalidDelay("give either delay or at, not both")
+            at_ts = run_at_seconds(at, self._now())
         if key is not None:
             check_text(key, "key", max_chars=MAX_KEY_CHARS)
             if not key:
@@ -181,7 +190,7 @@ class RunOperations:
                 name=defn.qualified_name,
                 status=EffectStatus.PENDING,
                 args=stored_args,
-                run_at_ts=now + seconds,
+                run_at_ts=now + seconds if at_ts is None else at_ts,
                 created_at_ts=now,
                 replay_of=replay_of,
                 key=key,

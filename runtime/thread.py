@@ -178,6 +178,7 @@ class ThreadState:
         delay: float | timedelta = 0,
         *,
         key: str | None = None,
+        at: datetime | None = None,
     ) -> str:
         """Schedule a run of an effect on this thread.
 
@@ -187,6 +188,8 @@ class ThreadState:
             args: JSON-serializable args (a dict, or a pydantic model instance), validated
                 against the effect's schema now and again when the run starts.
             delay: Seconds (int/float) or a `timedelta` from now; 0 = as soon as possible.
+            at: Instead of ``delay``, when the run is due: an aware `datetime` (any time
+                zone; a time in the past is due at once and runs once).
             key: An idempotency key, scoped to this thread (1 to 256 characters): while
                 the thread has a pending or running run with this key, no run is stored
                 and that run's id is returned (concurrent calls store exactly one run).
@@ -199,14 +202,15 @@ class ThreadState:
         Raises:
             EffectNotFound: no effect of that name ("Effect not found: <name>").
             InvalidEffectArgs: args not JSON, over the size limit, or failing the schema.
-            InvalidDelay: a delay that is negative, NaN, infinite or over 10 years (a
-                ValueError, as InvalidEffectArgs is).
+            InvalidDelay: a delay that is negative, NaN, infinite or over 10 years, an
+                ``at`` that is naive, not a datetime or over 10 years away, or both a
+                delay and ``at`` (a ValueError, as InvalidEffectArgs is).
             InvalidArgument: a key that is empty, not a string, not valid Unicode or over
                 256 characters (a ValueError).
             ThreadNotFound: the thread was deleted.
             ThreadStorageError: the thread's database cannot be used.
         """
-        scheduled = await self._rt.runs.schedule(self, name, args, delay, key=key)
+        scheduled = await self._rt.runs.schedule(self, name, args, delay, key=key, at=at)
         return scheduled.run_id
 
     async def schedule(
@@ -216,6 +220,7 @@ class ThreadState:
         delay: float | timedelta = 0,
         *,
         key: str | None = None,
+        at: datetime | None = None,
     ) -> Scheduled:
         """`schedule_effect`, saying whether a new run was stored.
 
@@ -226,7 +231,7 @@ class ThreadState:
         Raises:
             The errors of `schedule_effect`.
         """
-        return await self._rt.runs.schedule(self, name, args, delay, key=key)
+        return await self._rt.runs.schedule(self, name, args, delay, key=key, at=at)
 
     async def get_scheduled_effects(self, name: str | None = None) -> list[EffectRun]:
         """Runs that have not started yet, in due order, optionally of one effect name.

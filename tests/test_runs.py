@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
-from runtime import EffectStatus, InvalidArgument, RunStateError, Runtime, ThreadState
+from runtime import (
+    EffectStatus,
+    InvalidArgument,
+    InvalidDelay,
+    RunStateError,
+    Runtime,
+    ThreadState,
+)
 from runtime.testing import FakeClock
 from tests.conftest import Api, serve_api
 
@@ -340,3 +349,66 @@ async def test_deleting_a_thread_stops_its_concurrent_runs(api: Api, tmp_path: P
     await api.rt.delete_thread(thread.thread_id)
     await api.rt.wait_idle()
     assert (tmp_path / "data" / "long_work.log").read_text() == "d canceled\n"
+
+
+# ------------------------------------------------------------------ absolute times
+
+
+async def test_at_schedules_for_an_aware_time_and_a_past_one_runs_once(api: Api) -> None:
+    assert api.clock is not None
+    thread = await api.rt.create_thread()
+    now = datetime.fromtimestamp(api.clock.now(), UTC)
+    istanbul = ZoneInfo("Europe/Istanbul")
+    later = await thread.schedule_effect("ping", at=(now + timedelta(hours=2)).astimezone(istanbul))
+    assert (await thread.get_run(later)).run_at == now + timedelta(hours=2)
+    past = await thread.schedule_effect("ping", at=now - timedelta(days=3))
+    await api.rt.wait_idle()
+    done = await thread.get_run(past)
+    assert (done.status, done.attempts) == (EffectStatus.COMPLETED, 1)
+    assert (await thread.get_run(later)).status is EffectStatus.PENDING
+    api.clock.advance(7200)
+    await api.rt.wait_idle()
+    assert (await thread.get_run(later)).status is EffectStatus.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"at": datetime(2030, 1, 1, 9, 0)}, "aware datetime .* naive 2030-01-01T09:00"),
+        ({"at": "2030-01-01T09:00:00Z"}, "at must be an aware datetime, got '2030"),
+        ({"at": datetime(2099, 1, 1, tzinfo=UTC)}, "at most 315360000 s \\(10 years\\) from now"),
+        ({"at": datetime(2030, 1, 1, tzinfo=UTC), "delay": 5}, "either delay or at"),
+    ],
+)
+async def test_a_bad_at_is_refused_naming_it(
+    api: Api, kwargs: dict[str, Any], message: str
+) -> None:
+    thread = await api.rt.create_thread()
+    with pytest.raises(InvalidDelay, match=message):
+        await thread.schedule_effect("ping", **kwargs)
+    assert (await thread.list_runs()).runs == []
+
+
+async def test_http_run_at_takes_rfc3339_with_an_offset(api: Api) -> None:
+    assert api.clock is not None
+    tid = await api.new_thread()
+    url = f"/api/threads/{tid}/effects"
+    when = datetime.fromtimestamp(api.clock.now() + 3600, UTC).replace(microsecond=0)
+    res = await api.client.post(
+        url, json={"name": "ping", "run_at": when.astimezone(ZoneInfo("Asia/Tokyo")).isoformat()}
+    )
+    assert res.status_code == 201, res.text
+    assert (await api.run(tid, res.json()["id"]))["runAt"] == when.isoformat().replace(
+        "+00:00", "Z"
+    )
+    res = await api.client.post(url, json={"name": "ping", "run_at": "2020-01-01T00:00:00Z"})
+    assert res.status_code == 201
+    for body, status, text in [
+        ({"run_at": "2030-01-01T09:00:00"}, 422, "run_at must carry its offset"),
+        ({"run_at": "tomorrow"}, 422, "run_at must be an RFC 3339 date-time"),
+        ({"run_at": 5}, 400, "run_at must be a string"),
+        ({"run_at": "2030-01-01T09:00:00Z", "delay_seconds": 5}, 400, "not both"),
+    ]:
+        res = await api.client.post(url, json={"name": "ping", **body})
+        assert res.status_code == status, res.text
+        assert text in res.json()["error"]["message"]
