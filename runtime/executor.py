@@ -315,7 +315,7 @@ class EffectExecutor:
 
     def cancel_running(
         self, actor: ThreadActor, run_id: str, canceled_by: str
-    ) -> asyncio.Task[None] | None:
+    ) -> tuple[bool, asyncio.Task[None] | None]:
         """Cancel the thread's running run ``run_id`` cooperatively, if it runs here.
 
         The effect gets `asyncio.CancelledError` at its next ``await``; if it lets it
@@ -323,8 +323,10 @@ class EffectExecutor:
         that swallows it ends as it ends (completed or failed). Call under the actor's lock.
 
         Returns:
-            The task of the effect's code (done once the effect stopped), or None when the
-            run is not the one running now (it finished meanwhile, or was never running).
+            ``(asked, task)``: whether the run was asked to stop (False when it is not
+            running here: it finished meanwhile, or never ran), and the task of its code
+            (done once the effect stopped; None when its code has not started yet, and
+            then it never will).
 
         Raises:
             RunStateError: the run is a sync effect's, which runs in a worker thread that
@@ -333,11 +335,11 @@ class EffectExecutor:
         side = actor.side_runs.get(run_id)
         run = actor.current_run if side is None else side
         if run is None or run.id != run_id:
-            return None
+            return False, None
         try:
             defn = self._registry().resolve(run.name)
         except EffectNotFound:
-            return None  # it fails at once anyway
+            return False, None  # it fails at once anyway
         if not defn.is_async:
             raise RunStateError(
                 f"Run {run_id} of effect {run.name} is running a sync function in a worker "
@@ -347,7 +349,7 @@ class EffectExecutor:
         task = actor.effect_task if side is None else actor.side_tasks.get(run_id)
         if task is not None:
             task.cancel()
-        return task
+        return True, task
 
     async def execute(
         self, actor: ThreadActor, run: EffectRun, *, side: bool = False

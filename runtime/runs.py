@@ -248,6 +248,7 @@ class RunOperations:
         check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
         run_id = str(run_id)
         task = None
+        asked = False
         async with self._actors.writing(thread_id) as actor:
             run = await self._run_sync(
                 partial(
@@ -259,15 +260,12 @@ class RunOperations:
                 self._now(),
             )
             if run is None and self._executor is not None:
-                task = self._executor.cancel_running(actor, run_id, canceled_by)
-                if task is None and actor.current_run is not None \
-                        and actor.current_run.id == run_id:
-                    return True  # canceled before its code started: it never will
+                asked, task = self._executor.cancel_running(actor, run_id, canceled_by)
         if run is not None:
             self._hub.publish(RunChange.CANCELED, run)
             return True
         if task is None:
-            return False
+            return asked  # asked before its code started: it never will
         if task is not asyncio.current_task():  # an effect canceling itself goes on
             # Give the effect its next await to stop; one that ignores the cancellation
             # is not waited for longer.
