@@ -47,6 +47,15 @@ async def wait_for(thread: ThreadState, run_id: str, status: EffectStatus) -> No
     raise AssertionError(f"run {run_id} never became {status}")
 
 
+async def started(log: Path, key: str) -> None:
+    """Wait (bounded, a hang guard) until the effect's code logged ``<key> started``."""
+    for _ in range(2000):
+        if log.exists() and f"{key} started" in log.read_text().splitlines():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{key} never started (see {log})")
+
+
 async def live(thread: ThreadState, key: str) -> list[Any]:
     page = await thread.list_runs(status=["pending", "running"], limit=500)
     return [(r.id, r.status) for r in page.runs if r.key == key]
@@ -164,7 +173,7 @@ async def test_canceling_a_running_async_run_stops_it_and_it_never_runs_again(
     thread = await api.rt.create_thread()
     sub = thread.subscribe()
     run_id = await thread.schedule_effect("hold", {"key": "long"})
-    await wait_for(thread, run_id, EffectStatus.RUNNING)
+    await started(tmp_path / "data" / "hold.log", "long")
     assert api.clock is not None
     api.clock.advance(7)
     assert await thread.remove_scheduled_effect(run_id, canceled_by="ops")
@@ -174,7 +183,7 @@ async def test_canceling_a_running_async_run_stops_it_and_it_never_runs_again(
         EffectStatus.CANCELED, "ops", 1, None
     )
     assert run.finished_at_ts == api.clock.now()
-    assert (tmp_path / "data" / "hold.log").read_text() == "long canceled\n"
+    assert (tmp_path / "data" / "hold.log").read_text() == "long started\nlong canceled\n"
     changes = []
     while sub._buffer:
         changes.append(await sub.__anext__())
@@ -270,7 +279,7 @@ async def test_a_concurrent_run_leaves_a_short_one_on_time(api: Api, tmp_path: P
     assert (await thread.get_run(long)).status is EffectStatus.COMPLETED
     assert (await thread.get_run(second_long)).status is EffectStatus.COMPLETED
     log = (tmp_path / "data" / "long_work.log").read_text().splitlines()
-    assert sorted(log) == ["export done", "report done"]
+    assert sorted(log) == ["export done", "export started", "report done", "report started"]
 
 
 async def test_a_due_run_behind_a_running_one_says_what_it_waits_for(api: Api) -> None:
@@ -315,12 +324,12 @@ async def test_a_concurrent_run_can_be_canceled_and_the_thread_goes_on(
 ) -> None:
     thread = await api.rt.create_thread()
     long = await thread.schedule_effect("long_work", {"key": "c"})
-    await wait_for(thread, long, EffectStatus.RUNNING)
+    await started(tmp_path / "data" / "long_work.log", "c")
     assert await thread.remove_scheduled_effect(long, canceled_by="ops")
     await api.rt.wait_idle()
     run = await thread.get_run(long)
     assert (run.status, run.canceled_by) == (EffectStatus.CANCELED, "ops")
-    assert (tmp_path / "data" / "long_work.log").read_text() == "c canceled\n"
+    assert (tmp_path / "data" / "long_work.log").read_text() == "c started\nc canceled\n"
 
 
 async def test_a_concurrent_run_interrupted_by_shutdown_runs_again_after_restart(
@@ -332,8 +341,8 @@ async def test_a_concurrent_run_interrupted_by_shutdown_runs_again_after_restart
                        shutdown_grace_seconds=0) as rt:
         thread = await rt.create_thread("t")
         long = await thread.schedule_effect("long_work", {"key": "r"})
-        await wait_for(thread, long, EffectStatus.RUNNING)
-    assert (data / "long_work.log").read_text() == "r canceled\n"
+        await started(data / "long_work.log", "r")
+    assert (data / "long_work.log").read_text() == "r started\nr canceled\n"
     async with Runtime(app_dir=APP, data_dir=data, clock=clock, load_packages=False) as rt:
         release_long(rt, "r")
         thread = await rt.get_thread("t")
@@ -344,11 +353,11 @@ async def test_a_concurrent_run_interrupted_by_shutdown_runs_again_after_restart
 
 async def test_deleting_a_thread_stops_its_concurrent_runs(api: Api, tmp_path: Path) -> None:
     thread = await api.rt.create_thread()
-    long = await thread.schedule_effect("long_work", {"key": "d"})
-    await wait_for(thread, long, EffectStatus.RUNNING)
+    await thread.schedule_effect("long_work", {"key": "d"})
+    await started(tmp_path / "data" / "long_work.log", "d")
     await api.rt.delete_thread(thread.thread_id)
     await api.rt.wait_idle()
-    assert (tmp_path / "data" / "long_work.log").read_text() == "d canceled\n"
+    assert (tmp_path / "data" / "long_work.log").read_text() == "d started\nd canceled\n"
 
 
 # ------------------------------------------------------------------ absolute times

@@ -1,5 +1,6 @@
 """Runs until the test releases it (``GATES[key].set()``), or until it is canceled; records
-``<key> canceled`` in <data_dir>/hold.log when a cancellation reaches it."""
+``<key> started`` and, when a cancellation reaches it, ``<key> canceled`` in
+<data_dir>/hold.log."""
 
 import asyncio
 
@@ -15,6 +16,8 @@ class Hold(BaseModel):
 
 
 async def hold(state: ThreadState, args: Hold) -> None:
+    with open(state.runtime.settings.data_dir / "hold.log", "a") as f:
+        f.write(f"{args.key} started\n")
     try:
         await GATES.setdefault(args.key, asyncio.Event()).wait()
     except asyncio.CancelledError:

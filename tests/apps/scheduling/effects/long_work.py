@@ -1,5 +1,6 @@
 """Long work beside the thread's other runs (``concurrent=True``): runs until the test sets
-``GATES[key]``; writes ``<key> done`` or ``<key> canceled`` to <data_dir>/long_work.log."""
+``GATES[key]``; writes ``<key> started``, then ``<key> done`` or ``<key> canceled``, to
+<data_dir>/long_work.log."""
 
 import asyncio
 
@@ -16,6 +17,8 @@ class LongWork(BaseModel):
 
 async def long_work(state: ThreadState, args: LongWork) -> None:
     log = state.runtime.settings.data_dir / "long_work.log"
+    with open(log, "a") as f:
+        f.write(f"{args.key} started\n")
     try:
         await GATES.setdefault(args.key, asyncio.Event()).wait()
     except asyncio.CancelledError:
