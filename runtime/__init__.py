@@ -79,7 +79,7 @@ from runtime.storage.records import (
     SqliteEffectStore,
 )
 from runtime.supervisor import Runtime, ThreadPage
-from runtime.thread import Execution, RunPage, ThreadState
+from runtime.thread import Execution, RunPage, Scheduled, ThreadState
 from runtime.tools import ToolDefinition, define_tool
 
 __all__ = [
@@ -131,6 +131,7 @@ __all__ = [
     "Runtime",
     "RuntimeClosed",
     "RuntimeStorageError",
+    "Scheduled",
     "Settings",
     "SqliteEffectStore",
     "Subscription",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -288,3 +288,34 @@ def unknown_fields(model: BaseModel, given: Any) -> str | None:
         f"unknown field(s) {fields}{more}; "
         f"the schema {type(model).__name__} does not allow extra fields"
     )
+
+
+def run_at_seconds(at: object, now: float, *, name: str = "at") -> float:
+    """An absolute due time as seconds since the epoch (UTC).
+
+    Args:
+        at: An aware `datetime` (any time zone); a time in the past is due at once.
+        now: The current time, seconds since the epoch.
+        name: How the message names the argument (``"run_at"`` over HTTP).
+
+    Returns:
+        ``at`` as a timestamp.
+
+    Raises:
+        InvalidDelay: not a datetime, a naive one (no ``tzinfo``: which zone is meant is
+            unknown), or more than `MAX_DELAY_SECONDS` (10 years) from now.
+    """
+    if not isinstance(at, datetime):
+        raise InvalidDelay(f"{name} must be an aware datetime, got {quoted(at)}")
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise InvalidDelay(
+            f"{name} must be an aware datetime (with a time zone), got the naive "
+            f"{at.isoformat()}"
+        )
+    ts = at.timestamp()
+    if ts - now > MAX_DELAY_SECONDS:
+        raise InvalidDelay(
+            f"{name} must be at most {MAX_DELAY_SECONDS:.0f} s (10 years) from now, "
+            f"got {at.isoformat()}"
+        )
+    return ts

@@ -75,6 +75,8 @@ class ThreadActor:
         effect_task: The task running that effect's code, if any.
         immediate_runs: ``(window_start, count)``: zero-delay runs its effects scheduled
             in the current one-second window (the runaway guard, `runtime.runs`).
+        side_runs: The runs of concurrent effects it executes now, by id (beside
+            ``current_run``), and ``side_tasks`` the tasks of their code.
         users: Callers inside `ActorTable.use` (the actor is not evicted meanwhile).
         state: `ActorState.OPEN` while in the table.
     """
@@ -87,6 +89,8 @@ class ThreadActor:
         self.current_run: EffectRun | None = None
         self.effect_task: asyncio.Task[None] | None = None
         self.immediate_runs: tuple[float, int] = (0.0, 0)
+        self.side_runs: dict[str, EffectRun] = {}
+        self.side_tasks: dict[str, asyncio.Task[None]] = {}
         self.users = 0
         self.state = ActorState.OPEN
 
@@ -98,7 +102,7 @@ class ThreadActor:
     @property
     def busy(self) -> bool:
         """Whether the actor is running effects or holds its lock (not evictable)."""
-        return self.current_run is not None or self.lock.locked()
+        return self.current_run is not None or self.lock.locked() or bool(self.side_runs)
 
 
 @dataclass
@@ -393,10 +397,10 @@ class ActorTable:
             actor = self._open.pop(thread_id, None)
             if actor is not None:
                 actor.state = ActorState.DELETED
-                task = actor.effect_task
                 # An effect may delete its own thread: it finishes, nothing is recorded.
-                if task is not None and task is not asyncio.current_task():
-                    task.cancel()
+                for task in (actor.effect_task, *actor.side_tasks.values()):
+                    if task is not None and task is not asyncio.current_task():
+                        task.cancel()
             yield actor
         finally:
             if self._transitions.get(thread_id) is transition:

@@ -209,6 +209,10 @@ class AlarmIndex:
         self._due: dict[str, float] = {}
         self._row: dict[str, float] = {}
         self._dirty: set[str] = set()
+        # Threads running runs of concurrent effects with no drain: the row stays at or
+        # before the earliest of those runs until they end (a crash then reopens the
+        # thread and re-queues them), whatever the timer waits for.
+        self._held: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._flush_needed = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -273,22 +277,46 @@ class AlarmIndex:
                 if not self._is_draining(thread_id):
                     self._timer.arm(thread_id, due_at)
 
-    async def settle(self, thread_id: str, due_at: float | None) -> None:
+    def arm_timer(self, thread_id: str, due_at: float) -> None:
+        """Arm the in-process timer only (the durable row stays where it is).
+
+        For a drain that runs a run while a run of a concurrent effect comes due later:
+        its row is already at or before the running run, so a crash loses nothing.
+        """
+        assert self._timer is not None
+        self._timer.arm(thread_id, due_at)
+
+    def _target(self, thread_id: str) -> float | None:
+        """Where the thread's row belongs: its next due time, or earlier while held."""
+        due, held = self._due.get(thread_id), self._held.get(thread_id)
+        if held is None:
+            return due
+        return held if due is None else min(due, held)
+
+    async def settle(
+        self, thread_id: str, due_at: float | None, *, hold_row_at: float | None = None
+    ) -> None:
         """After a drain: wake next at ``due_at`` (None: no pending run) (with the actor lock).
 
         The timer moves now; the durable row (still at or before every pending run) is
         raised or removed later by the flusher, in one transaction for many threads, so
-        a drain never waits for a commit to the shared runtime store.
+        a drain never waits for a commit to the shared runtime store. ``hold_row_at``:
+        the row is never raised above it (the earliest run still running beside the
+        drain, so that a crash reopens the thread to re-queue it); None lifts the hold.
         """
         assert self._timer is not None
         async with self._lock:
+            if hold_row_at is None:
+                self._held.pop(thread_id, None)
+            else:
+                self._held[thread_id] = hold_row_at
             if due_at is None:
                 self._due.pop(thread_id, None)
                 self._timer.disarm(thread_id)
             else:
                 self._due[thread_id] = due_at
                 self._timer.arm(thread_id, due_at)
-            if self._row.get(thread_id) != due_at:
+            if self._row.get(thread_id) != self._target(thread_id):
                 self._dirty.add(thread_id)
                 self._flush_needed.set()
 
@@ -297,6 +325,7 @@ class AlarmIndex:
         if self._timer is not None:
             self._timer.disarm(thread_id)
         self._due.pop(thread_id, None)
+        self._held.pop(thread_id, None)
         self._dirty.discard(thread_id)
 
     async def delete_with(self, thread_id: str, delete: Callable[[], T]) -> T:
@@ -309,6 +338,7 @@ class AlarmIndex:
     async def drop(self, thread_id: str) -> None:
         """Remove the alarm of a thread that no longer exists (a row left by a crash)."""
         self._due.pop(thread_id, None)
+        self._held.pop(thread_id, None)
         self._row.pop(thread_id, None)
         self._dirty.discard(thread_id)
         assert self._store is not None
@@ -332,9 +362,9 @@ class AlarmIndex:
         async with self._lock:
             dirty, self._dirty = self._dirty, set()
             changes = [
-                (tid, self._row.get(tid), self._due.get(tid))
+                (tid, self._row.get(tid), self._target(tid))
                 for tid in dirty
-                if self._row.get(tid) != self._due.get(tid)
+                if self._row.get(tid) != self._target(tid)
             ]
             if not changes:
                 return

@@ -58,6 +58,7 @@ class EffectDefinition:
         timeout_seconds: A run that takes longer fails with a timeout error; None = no limit.
         name: Filled in by discovery from the file name (``""`` until then).
         package_id: The package that exports the effect, or None for the app's own.
+        concurrent: Its runs run beside the thread's other runs instead of one at a time.
     """
 
     description: str
@@ -66,6 +67,7 @@ class EffectDefinition:
     timeout_seconds: float | None = None
     name: str = ""
     package_id: str | None = None
+    concurrent: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -93,6 +95,7 @@ def define_effect(
     /,
     *,
     timeout_seconds: float | None = None,
+    concurrent: bool = False,
 ) -> EffectDefinition: ...
 
 
@@ -103,6 +106,7 @@ def define_effect(
     /,
     *,
     timeout_seconds: float | None = None,
+    concurrent: bool = False,
 ) -> EffectDefinition: ...
 
 
@@ -113,6 +117,7 @@ def define_effect(
     /,
     *,
     timeout_seconds: float | None = None,
+    concurrent: bool = False,
 ) -> EffectDefinition:
     """Define an effect; assign the result to a module-level name in ``agents/effects/<name>.py``.
 
@@ -127,6 +132,10 @@ def define_effect(
             without arguments.
         fn: The function when a schema is given: ``fn(state: ThreadState, args: Schema)``.
         timeout_seconds: Optional run time limit in seconds (> 0); an overrunning run fails.
+        concurrent: True for long work that does not depend on ordering: a run of this
+            effect starts when due even while another run of the thread runs, and the
+            thread's next due runs start without waiting for it. Default False: one at a
+            time, in due order (the actor rule).
 
     Returns:
         An `EffectDefinition` (its ``name`` is set when the file is discovered).
@@ -134,7 +143,10 @@ def define_effect(
     Raises:
         TypeError: if the schema is not a pydantic model or the function is not callable.
         ValueError: if the description is empty or the timeout is not a positive number.
+        TypeError: if ``concurrent`` is not a bool.
     """
+    if not isinstance(concurrent, bool):
+        raise TypeError(f"define_effect: concurrent must be True or False, got {concurrent!r}")
     if not isinstance(description, str) or not description.strip():
         raise ValueError("define_effect: description must be a non-empty string")
     schema: type[BaseModel] | None
@@ -163,6 +175,7 @@ def define_effect(
         schema=schema,
         fn=fn,
         timeout_seconds=float(timeout_seconds) if timeout_seconds is not None else None,
+        concurrent=concurrent,
     )
 
 
@@ -209,6 +222,11 @@ class EffectRun:
         attempts: How many times it has started (at most three).
         error: Why it failed, or None.
         replay_of: The id of the run this one replays, or None.
+        key: The scheduling key (at most one pending or running run per key in a
+            thread), or None.
+        canceled_by: Who canceled the run (free text, such as ``"http"``), or None.
+        waiting_for: Not stored: filled in by reads for a due pending run that waits
+            behind the thread's running run (that run's id), else None.
     """
 
     id: str
@@ -223,6 +241,9 @@ class EffectRun:
     attempts: int = 0
     error: str | None = None
     replay_of: str | None = None
+    key: str | None = None
+    canceled_by: str | None = None
+    waiting_for: str | None = None
 
     @property
     def run_at(self) -> datetime:
@@ -248,6 +269,9 @@ class EffectRun:
             "attempts": self.attempts,
             "error": self.error,
             "replayOf": self.replay_of,
+            "key": self.key,
+            "canceledBy": self.canceled_by,
+            "waitingFor": self.waiting_for,
         }
         if include_args:
             out["args"] = self.args

@@ -32,7 +32,7 @@ from runtime.alarms import AlarmIndex
 from runtime.config import RetentionPolicy
 from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
-from runtime.errors import EffectNotFound, RuntimeClosed
+from runtime.errors import EffectNotFound, RunStateError, RuntimeClosed, ThreadStorageError
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
@@ -57,6 +57,11 @@ class _EffectAborted(Exception):
 IN_EFFECT: contextvars.ContextVar[bool] = contextvars.ContextVar("in_effect", default=False)
 """True inside effect code, where waiting for the runtime to go idle would wait forever."""
 
+CURRENT_RUN: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "current_run", default=None
+)
+"""``(thread_id, run_id)`` of the run whose effect code is running here, else None."""
+
 
 class EffectExecutor:
     """Drains threads: claims their due runs, calls the effects, records the outcomes.
@@ -72,6 +77,8 @@ class EffectExecutor:
         stopping: Whether shutdown began (a drain then claims nothing more).
         retention: The policy finished runs are pruned by, in the transaction that
             records an outcome; None prunes nothing.
+        wake: Queues a thread for a drain (called when its last run of a concurrent
+            effect ended, so that its alarm is settled).
     """
 
     def __init__(
@@ -85,6 +92,7 @@ class EffectExecutor:
         stopping: Callable[[], bool],
         *,
         retention: RetentionPolicy | None = None,
+        wake: Callable[[str], None] | None = None,
     ) -> None:
         self._registry = registry
         self._now = now
@@ -94,6 +102,12 @@ class EffectExecutor:
         self._make_state = make_state
         self._stopping = stopping
         self._retention = retention
+        self._wake = wake
+        self._cancels: dict[str, str] = {}  # run id -> who asked to cancel it
+        self._side: set[asyncio.Task[None]] = set()  # concurrent runs executing now
+        self._side_idle = asyncio.Event()
+        self._side_idle.set()
+        self._pokes: dict[str, asyncio.Event] = {}  # threads running a run in line
         # The tasks running effect code now, for `describe_task` (the loop watchdog).
         self._running: dict[asyncio.Task[None], tuple[str, str, str]] = {}
 
@@ -113,6 +127,9 @@ class EffectExecutor:
     async def drain(self, actor: ThreadActor) -> bool:
         """Run the thread's due runs, one at a time, up to `DRAIN_BATCH`.
 
+        A run of a concurrent effect (``define_effect(..., concurrent=True)``) is started
+        in a task of its own, which records its outcome itself; the drain goes on.
+
         Returns:
             True if it stopped at the batch limit with work left (wake it again).
 
@@ -122,6 +139,7 @@ class EffectExecutor:
         thread_id = actor.thread_id
         finish: Finish | None = None
         done = 0
+        beside = bool(self._concurrent_names())  # the app has concurrent effects
         while True:
             async with actor.lock:
                 if actor.deleted:
@@ -145,21 +163,32 @@ class EffectExecutor:
                     actor.current_run = None
                     return False
                 if finished is not None:
-                    change = (
-                        RunChange.COMPLETED
-                        if finished.status is EffectStatus.COMPLETED
-                        else RunChange.FAILED
-                    )
-                    self._hub.publish(change, finished)
+                    self._hub.publish(_change_of(finished), finished)
                 if stop:
                     # Let other due threads go first; come back to this one.
                     return not (stopping or paused)
                 if claimed is None:
-                    await self._alarms.settle(thread_id, next_due)
+                    # Runs of concurrent effects still running hold the durable row
+                    # at or before them; the last to end wakes the thread to lift it.
+                    held = min((r.run_at_ts for r in actor.side_runs.values()), default=None)
+                    await self._alarms.settle(thread_id, next_due, hold_row_at=held)
                     return False
+                side = self._is_concurrent(claimed)
+                if side:
+                    actor.current_run = None
+                    actor.side_runs[claimed.id] = claimed
             self._hub.publish(RunChange.STARTED, claimed)
+            if side:
+                # Beside the others: the drain goes on to the next due run at once.
+                self._start_side(actor, claimed)
+                finish = None
+                done += 1
+                continue
             try:
-                finish = await self.execute(actor, claimed)
+                if beside:
+                    finish = await self._execute_beside(actor, claimed)
+                else:
+                    finish = await self.execute(actor, claimed)
             except Exception as exc:  # a bug of ours: still never leave the run running
                 log.exception("run %s of thread %s: internal error", claimed.id, thread_id)
                 finish = Finish(claimed.id, EffectStatus.FAILED,
@@ -170,12 +199,193 @@ class EffectExecutor:
             actor.current_run = None
             done += 1
 
-    async def execute(self, actor: ThreadActor, run: EffectRun) -> Finish | None:
+    def _concurrent_names(self) -> list[str]:
+        return [d.qualified_name for d in self._registry().all() if d.concurrent]
+
+    def poke(self, thread_id: str) -> None:
+        """Say that a run of a concurrent effect of the thread may be due now.
+
+        A drain running one of the thread's runs in line then starts it beside that run
+        (a no-op otherwise: the next drain starts it).
+        """
+        event = self._pokes.get(thread_id)
+        if event is not None:
+            event.set()
+
+    async def _execute_beside(self, actor: ThreadActor, run: EffectRun) -> Finish | None:
+        """`execute` a run in line, starting due runs of concurrent effects meanwhile."""
+        thread_id = actor.thread_id
+        poked = self._pokes[thread_id] = asyncio.Event()
+        main = asyncio.create_task(self.execute(actor, run), name=f"run-{run.id}")
+        try:
+            while True:
+                poked.clear()
+                await self._start_due_side(actor)
+                if main.done():
+                    break
+                waiter = asyncio.create_task(poked.wait())
+                try:
+                    await asyncio.wait({main, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                if main.done():
+                    break
+        except BaseException:
+            main.cancel()
+            with contextlib.suppress(BaseException):
+                await main
+            raise
+        finally:
+            if self._pokes.get(thread_id) is poked:
+                del self._pokes[thread_id]
+        return main.result()
+
+    async def _start_due_side(self, actor: ThreadActor) -> None:
+        """Claim and start every due run of a concurrent effect; arm the timer for the next."""
+        names = self._concurrent_names()
+        while not self._stopping():
+            async with actor.lock:
+                # A paused thread starts nothing, beside a running run either.
+                if actor.deleted or actor.info.paused:
+                    return
+                _, claimed, next_due = await self._run_sync(
+                    partial(actor.store.finish_and_claim, only_names=names),
+                    None,
+                    self._now(),
+                )
+                if claimed is None:
+                    if next_due is not None:
+                        self._alarms.arm_timer(actor.thread_id, next_due)
+                    return
+                actor.side_runs[claimed.id] = claimed
+            self._hub.publish(RunChange.STARTED, claimed)
+            self._start_side(actor, claimed)
+
+    def _is_concurrent(self, run: EffectRun) -> bool:
+        try:
+            return self._registry().resolve(run.name).concurrent
+        except EffectNotFound:
+            return False  # it fails at once, in line
+
+    def _start_side(self, actor: ThreadActor, run: EffectRun) -> None:
+        task = asyncio.create_task(self._run_side(actor, run), name=f"side-run-{run.id}")
+        self._side.add(task)
+        self._side_idle.clear()
+        task.add_done_callback(self._side_done)
+
+    def _side_done(self, task: asyncio.Task[None]) -> None:
+        self._side.discard(task)
+        if not self._side:
+            self._side_idle.set()
+
+    async def _run_side(self, actor: ThreadActor, run: EffectRun) -> None:
+        """Execute a concurrent effect's run and record its outcome under the lock."""
+        try:
+            try:
+                finish = await self.execute(actor, run, side=True)
+            except Exception as exc:  # a bug of ours: still never leave the run running
+                log.exception("run %s of thread %s: internal error", run.id, actor.thread_id)
+                finish = Finish(run.id, EffectStatus.FAILED,
+                                f"Internal error running the effect: {error_text(exc)}",
+                                self._now())
+            if finish is None:  # interrupted: deletion or shutdown
+                return
+            async with actor.lock:
+                if actor.deleted:
+                    return
+                try:
+                    finished, _, _ = await self._run_sync(
+                        partial(actor.store.finish_and_claim, claim=False,
+                                retention=self._retention),
+                        finish,
+                        self._now(),
+                    )
+                except ThreadStorageError as exc:
+                    log.error("run %s of thread %s: outcome not recorded: %s",
+                              run.id, actor.thread_id, exc)
+                    return
+                actor.side_runs.pop(run.id, None)
+            if finished is not None:
+                self._hub.publish(_change_of(finished), finished)
+            if not actor.side_runs and self._wake is not None:
+                self._wake(actor.thread_id)  # a drain settles the alarm without a hold
+        finally:
+            actor.side_runs.pop(run.id, None)
+
+    @property
+    def side_running(self) -> int:
+        """How many runs of concurrent effects are executing now (all threads)."""
+        return len(self._side)
+
+    async def wait_side_idle(self) -> None:
+        """Wait until no run of a concurrent effect is executing."""
+        await self._side_idle.wait()
+
+    async def stop_side(self, grace_seconds: float) -> None:
+        """Shutdown: give concurrent runs ``grace_seconds``, then cancel them.
+
+        A canceled one is left ``running`` for the caller's recovery (``pending`` again).
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_seconds):
+                await asyncio.gather(*self._side, return_exceptions=True)
+        for task in list(self._side):
+            task.cancel()
+        await asyncio.gather(*self._side, return_exceptions=True)
+
+    def cancel_running(
+        self, actor: ThreadActor, run_id: str, canceled_by: str
+    ) -> tuple[bool, asyncio.Task[None] | None]:
+        """Cancel the thread's running run ``run_id`` cooperatively, if it runs here.
+
+        The effect gets `asyncio.CancelledError` at its next ``await``; if it lets it
+        through, the run ends ``canceled`` with ``canceled_by`` (never re-queued). An effect
+        that swallows it ends as it ends (completed or failed). Call under the actor's lock.
+
+        Returns:
+            ``(asked, task)``: whether the run was asked to stop (False when it is not
+            running here: it finished meanwhile, or never ran), and the task of its code
+            (done once the effect stopped; None when its code has not started yet, and
+            then it never will).
+
+        Raises:
+            RunStateError: the run is a sync effect's, which runs in a worker thread that
+                Python cannot stop.
+        """
+        side = actor.side_runs.get(run_id)
+        run = actor.current_run if side is None else side
+        if run is None or run.id != run_id:
+            return False, None
+        try:
+            defn = self._registry().resolve(run.name)
+        except EffectNotFound:
+            return False, None  # it fails at once anyway
+        if not defn.is_async:
+            raise RunStateError(
+                f"Run {run_id} of effect {run.name} is running a sync function in a worker "
+                f"thread, which cannot be stopped; it can only be left to finish"
+            )
+        self._cancels[run_id] = canceled_by
+        task = actor.effect_task if side is None else actor.side_tasks.get(run_id)
+        if task is not None:
+            task.cancel()
+        return True, task
+
+    async def execute(
+        self, actor: ThreadActor, run: EffectRun, *, side: bool = False
+    ) -> Finish | None:
         """Run one claimed run; its outcome, or None if it was interrupted (delete/shutdown).
 
         Never raises for anything the effect does: whatever goes wrong becomes a failed run,
-        so no run is left ``running`` behind a live worker.
+        so no run is left ``running`` behind a live worker. ``side``: a concurrent
+        effect's run (its task is kept in ``actor.side_tasks``, not ``effect_task``).
         """
+        try:
+            return await self._execute(actor, run, side)
+        finally:
+            self._cancels.pop(run.id, None)
+
+    async def _execute(self, actor: ThreadActor, run: EffectRun, side: bool) -> Finish | None:
         try:
             defn = self._registry().resolve(run.name)
         except EffectNotFound as exc:
@@ -194,13 +404,21 @@ class EffectExecutor:
                           f"Invalid args for effect {run.name}: {error_text(exc)}",
                           self._now())
         state = self._make_state(actor.info, defn.package_id)
-        task = asyncio.create_task(_call(defn, state, args), name=f"effect-{run.id}")
-        actor.effect_task = task
+        task = asyncio.create_task(_call(defn, run, state, args), name=f"effect-{run.id}")
+        if side:
+            actor.side_tasks[run.id] = task
+        else:
+            actor.effect_task = task
         self._running[task] = (run.name, actor.thread_id, run.id)
+        if run.id in self._cancels or (side and actor.deleted):
+            task.cancel()  # canceled (or its thread deleted) between its claim and now
         try:
             await asyncio.wait({task})
         finally:
-            actor.effect_task = None
+            if side:
+                actor.side_tasks.pop(run.id, None)
+            else:
+                actor.effect_task = None
             del self._running[task]
             if not task.done():  # the worker itself was canceled (shutdown)
                 task.cancel()
@@ -209,6 +427,9 @@ class EffectExecutor:
         if actor.deleted:
             return None
         now = self._now()
+        canceled_by = self._cancels.get(run.id)
+        if task.cancelled() and canceled_by is not None:
+            return Finish(run.id, EffectStatus.CANCELED, None, now, canceled_by=canceled_by)
         if task.cancelled():
             # Not by us (deletion returned above, shutdown cancels the worker instead):
             # the effect raised CancelledError itself.
@@ -228,9 +449,17 @@ class EffectExecutor:
         return Finish(run.id, EffectStatus.FAILED, message, now)
 
 
-async def _call(defn: EffectDefinition, state: Any, args: Any) -> None:
+def _change_of(finished: EffectRun) -> RunChange:
+    return {
+        EffectStatus.COMPLETED: RunChange.COMPLETED,
+        EffectStatus.CANCELED: RunChange.CANCELED,
+    }.get(finished.status, RunChange.FAILED)
+
+
+async def _call(defn: EffectDefinition, run: EffectRun, state: Any, args: Any) -> None:
     call_args = (state, args) if defn.schema is not None else (state,)
     IN_EFFECT.set(True)
+    CURRENT_RUN.set((run.thread_id, run.id))
     try:
         async with asyncio.timeout(defn.timeout_seconds):
             if defn.is_async:

@@ -46,6 +46,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -125,8 +126,9 @@ WS_CLOSE_TIMEOUT_SECONDS = 10.0
 _CLOSE = {"Connection": "close"}  # the rest of the body is not read: end the connection
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _THREAD_FIELDS = frozenset({"id", "agent_id", "user_id", "tags"})
-_SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds"})
+_SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds", "key", "run_at"})
 _MESSAGE_FIELDS = frozenset({"content"})
+_CANCEL_FIELDS = frozenset({"by"})
 
 MAX_MESSAGE_BODY_BYTES = 1 << 20
 """Largest ``POST .../messages`` body (1 MiB)."""
@@ -533,6 +535,26 @@ def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
     return value
 
 
+def _rfc3339(text: str | None, name: str) -> datetime | None:
+    """An RFC 3339 date-time with its offset (``2026-12-01T09:00:00Z``), or None."""
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(
+            422, "invalid_delay",
+            f"{name} must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z, got "
+            f"{_quoted(text)}",
+        ) from None
+    if value.tzinfo is None:
+        raise ApiError(
+            422, "invalid_delay",
+            f"{name} must carry its offset (Z or +03:00), got {_quoted(text)}",
+        )
+    return value
+
+
 def _page_params(request: Request, max_limit: int = 500) -> tuple[int, str | None]:
     raw = request.query_params.get("limit")
     limit = 50
@@ -695,8 +717,13 @@ async def _schedule(request: Request) -> Response:
         raise ApiError(400, "invalid_body", f"{what}: name must be a non-empty string")
     delay = body.get("delay_seconds")
     seconds = 0.0 if delay is None else delay_seconds(delay, name="delay_seconds")
-    run_id = await state.schedule_effect(name, body.get("args"), seconds)
-    return JSONResponse({"id": run_id}, status_code=201)
+    key = _optional_str(body, "key", what)
+    at = _rfc3339(_optional_str(body, "run_at", what), "run_at")
+    if at is not None and delay is not None:
+        raise ApiError(400, "invalid_body", f"{what}: give delay_seconds or run_at, not both")
+    scheduled = await state.schedule(name, body.get("args"), seconds, key=key, at=at)
+    # 200: the key was held by a live run, whose id this is (nothing was stored).
+    return JSONResponse({"id": scheduled.run_id}, status_code=201 if scheduled.created else 200)
 
 
 async def _get_run(request: Request) -> Response:
@@ -720,7 +747,10 @@ async def _replay(request: Request) -> Response:
 async def _cancel(request: Request) -> Response:
     state = await _thread(request)
     run_id = request.path_params["run_id"]
-    canceled = await state.remove_scheduled_effect(run_id)
+    what = f"POST /api/threads/{request.path_params['tid']}/effects/{cut(run_id, 40)}/cancel"
+    body = await read_object(request, _CANCEL_FIELDS, what, required=False)
+    by = _optional_str(body, "by", what) or "http"
+    canceled = await state.remove_scheduled_effect(run_id, canceled_by=by)
     if not canceled:
         await state.get_run(run_id)  # RunNotFound (404) for an id the thread never had
     return JSONResponse({"canceled": canceled})

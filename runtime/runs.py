@@ -8,8 +8,11 @@ wake-up, never a run without an alarm.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +22,10 @@ from runtime._limits import (
     check_args_depth,
     delay_seconds,
     parse_run_cursor,
+    run_at_seconds,
     validate_args,
 )
-from runtime._text import find_invalid_text
+from runtime._text import check_text, find_invalid_text
 from runtime.abc import RunSync
 from runtime.actors import ActorTable, ThreadActor
 from runtime.alarms import AlarmIndex
@@ -30,6 +34,8 @@ from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
 from runtime.errors import (
     EffectNotFound,
+    InvalidArgument,
+    InvalidDelay,
     InvalidEffectArgs,
     RunNotFound,
     RunStateError,
@@ -37,16 +43,25 @@ from runtime.errors import (
     short_repr,
 )
 from runtime.events import RunChange
-from runtime.executor import IN_EFFECT, error_text
+from runtime.executor import CURRENT_RUN, IN_EFFECT, EffectExecutor, error_text
 from runtime.frames import ChangeHub
 from runtime.ids import new_id
-from runtime.thread import RunPage
+from runtime.thread import RunPage, Scheduled
 
 if TYPE_CHECKING:
     from runtime.thread import ThreadState
 
 MAX_PAGE = 500
 """Largest page of runs or threads."""
+
+MAX_KEY_CHARS = 256
+"""Longest scheduling key, in characters."""
+
+MAX_CANCELED_BY_CHARS = 256
+"""Longest ``canceled_by`` text, in characters."""
+
+CANCEL_WAIT_SECONDS = 5.0
+"""How long canceling a running run waits for its effect to stop before answering."""
 
 def check_limit(limit: int) -> None:
     """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
@@ -66,6 +81,7 @@ class RunOperations:
         run_sync: Runs a blocking call off the event loop.
         now: The clock's ``now``.
         check_open: Raises `RuntimeClosed` unless the runtime is running.
+        executor: Cancels running runs (None: only pending runs can be canceled).
     """
 
     def __init__(
@@ -78,6 +94,7 @@ class RunOperations:
         run_sync: RunSync,
         now: Callable[[], float],
         check_open: Callable[[], None],
+        executor: EffectExecutor | None = None,
     ) -> None:
         self._settings = settings
         self._registry = registry
@@ -87,6 +104,7 @@ class RunOperations:
         self._run_sync = run_sync
         self._now = now
         self._check_open = check_open
+        self._executor = executor
 
     def encode_args(self, defn: EffectDefinition, args: Any) -> Any:
         """The args as they are stored: JSON, within the size limit, passing the schema.
@@ -143,20 +161,31 @@ class RunOperations:
         args: Any,
         delay: object,
         *,
+        key: str | None = None,
+        at: datetime | None = None,
         replay_of: str | None = None,
-    ) -> str:
-        """See `ThreadState.schedule_effect`; ``replay_of`` links a replay to its original."""
+    ) -> Scheduled:
+        """See `ThreadState.schedule`; ``replay_of`` links a replay to its original."""
         self._check_open()
         if not isinstance(name, str):
             raise EffectNotFound(short_repr(name))
         defn = self._registry().resolve(name, package_id=state.package_id)
         seconds = delay_seconds(delay)
+        at_ts: float | None = None
+        if at is not None:
+            if seconds:
+                raise InvalidDelay("give either delay or at, not both")
+            at_ts = run_at_seconds(at, self._now())
+        if key is not None:
+            check_text(key, "key", max_chars=MAX_KEY_CHARS)
+            if not key:
+                raise InvalidArgument("key must not be empty (None means no key)")
         stored_args = self.encode_args(defn, args)
         # A state kept from a deleted thread (an abandoned sync effect, say) must not
         # write into a new thread that reuses the id.
         async with self._actors.writing(state.thread_id, state.info.created_at_ts) as actor:
             now = self._now()
-            if seconds == 0 and IN_EFFECT.get():
+            if seconds == 0 and at_ts is None and IN_EFFECT.get():
                 self._count_immediate(actor, now)
             run = EffectRun(
                 id=new_id(),
@@ -164,16 +193,50 @@ class RunOperations:
                 name=defn.qualified_name,
                 status=EffectStatus.PENDING,
                 args=stored_args,
-                run_at_ts=now + seconds,
+                run_at_ts=now + seconds if at_ts is None else at_ts,
                 created_at_ts=now,
                 replay_of=replay_of,
+                key=key,
             )
             # The alarm first: a crash between the two writes leaves a spurious alarm,
-            # never a run without one.
+            # never a run without one (and a key already taken, a harmless early wake-up).
             await self._alarms.lower(state.thread_id, run.run_at_ts)
-            await self._run_sync(actor.store.insert_run, run)
+            current = CURRENT_RUN.get()
+            hand_off = current[1] if current and current[0] == state.thread_id else None
+            existing = await self._run_sync(
+                partial(actor.store.insert_run, hand_off_from=hand_off), run
+            )
+        if existing is not None:
+            return Scheduled(existing.id, created=False)
+        if defn.concurrent and self._executor is not None:
+            self._executor.poke(state.thread_id)  # it need not wait for a running run
         self._hub.publish(RunChange.SCHEDULED, run)
-        return run.id
+        return Scheduled(run.id, created=True)
+
+    def _waiting(self, actor: ThreadActor, runs: list[EffectRun], now: float) -> list[EffectRun]:
+        """``runs``, each due pending one marked with the running run it waits behind.
+
+        Runs of concurrent effects wait for nothing.
+        """
+        current = actor.current_run
+        if current is None:
+            return runs
+        out = []
+        for run in runs:
+            if (
+                run.status is EffectStatus.PENDING
+                and run.run_at_ts <= now
+                and not self._concurrent(run.name)
+            ):
+                run = replace(run, waiting_for=current.id)
+            out.append(run)
+        return out
+
+    def _concurrent(self, name: str) -> bool:
+        try:
+            return self._registry().resolve(name).concurrent
+        except EffectNotFound:
+            return False
 
     def _count_immediate(self, actor: ThreadActor, now: float) -> None:
         """Count a zero-delay run scheduled by an effect; refuse one over the guard."""
@@ -197,32 +260,49 @@ class RunOperations:
         self._check_open()
         async with self._actors.use(thread_id) as actor:
             runs: list[EffectRun] = await self._run_sync(actor.store.pending_runs, name)
-            return runs
+            return self._waiting(actor, runs, self._now())
 
-    async def cancel(self, thread_id: str, run_id: str) -> bool:
+    async def cancel(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
         """See `ThreadState.remove_scheduled_effect`."""
         self._check_open()
+        check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
+        run_id = str(run_id)
+        task = None
+        asked = False
         async with self._actors.writing(thread_id) as actor:
             run = await self._run_sync(
-                partial(actor.store.cancel, retention=self._settings.retention),
-                str(run_id),
+                partial(
+                    actor.store.cancel,
+                    retention=self._settings.retention,
+                    canceled_by=canceled_by,
+                ),
+                run_id,
                 self._now(),
             )
-        if run is None:
-            return False
-        self._hub.publish(RunChange.CANCELED, run)
+            if run is None and self._executor is not None:
+                asked, task = self._executor.cancel_running(actor, run_id, canceled_by)
+        if run is not None:
+            self._hub.publish(RunChange.CANCELED, run)
+            return True
+        if task is None:
+            return asked  # asked before its code started: it never will
+        if task is not asyncio.current_task():  # an effect canceling itself goes on
+            # Give the effect its next await to stop; one that ignores the cancellation
+            # is not waited for longer.
+            await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return True
 
     async def get_run(self, thread_id: str, run_id: str) -> EffectRun:
         """See `ThreadState.get_run`."""
         self._check_open()
         async with self._actors.use(thread_id) as actor:
+            now = self._now()
             run = await self._run_sync(
-                actor.store.get_run, str(run_id), self._now(), self._settings.retention
+                actor.store.get_run, str(run_id), now, self._settings.retention
             )
-        if run is None:
-            raise RunNotFound(thread_id, str(run_id))
-        return run
+            if run is None:
+                raise RunNotFound(thread_id, str(run_id))
+            return self._waiting(actor, [run], now)[0]
 
     async def run_now(self, thread_id: str, run_id: str) -> EffectRun:
         """See `ThreadState.run_now`."""
@@ -238,9 +318,18 @@ class RunOperations:
                 raise RunStateError(
                     f"Run {run_id} is {current.status}; only a pending run can be run now"
                 )
+            running = actor.current_run
+            if running is not None and not self._concurrent(current.name):
+                raise RunStateError(
+                    f"Run {run_id} cannot run now: it waits for run {running.id} "
+                    f"({running.name}), which is running; this thread runs its runs one "
+                    f"at a time (waitingFor: {running.id})"
+                )
             await self._alarms.lower(thread_id, now)
             run = await self._run_sync(actor.store.run_now, run_id, now)
         assert run is not None  # pending under the lock
+        if self._executor is not None and self._concurrent(run.name):
+            self._executor.poke(thread_id)
         self._hub.publish(RunChange.RESCHEDULED, run)
         return run
 
@@ -253,9 +342,10 @@ class RunOperations:
                 f"(completed, failed or canceled) can be replayed"
             )
         plain = state.with_context(execution=state.execution, package_id=None)
-        return await self.schedule(
+        scheduled = await self.schedule(
             plain, original.name, original.args, 0, replay_of=original.id
         )
+        return scheduled.run_id
 
     async def list_runs(
         self,
@@ -293,4 +383,5 @@ class RunOperations:
 
         async with self._actors.use(thread_id) as actor:
             runs, nxt, counts = await self._run_sync(read, actor.store)
+            runs = self._waiting(actor, runs, now)
         return RunPage(runs, str(nxt) if nxt is not None else None, counts)

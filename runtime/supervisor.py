@@ -208,6 +208,7 @@ class Runtime:
             lambda: self.registry, self.clock.now, self.hub, self.alarms, self.run_sync,
             self._state_for_effect, lambda: self._closing,
             retention=self.settings.retention,
+            wake=lambda thread_id: self.dispatcher.wake(thread_id),
         )
         self.watchdog: LoopWatchdog | None = (
             LoopWatchdog(self.settings.loop_stall_warning_seconds, self.executor.describe_task)
@@ -216,7 +217,7 @@ class Runtime:
         self.dispatcher = Dispatcher(self.settings.max_concurrent_runs, self._drain)
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
-            self.run_sync, self.clock.now, self._check_open,
+            self.run_sync, self.clock.now, self._check_open, executor=self.executor,
         )
         self.effect_records = EffectRecords(
             self.actors, self.run_sync, self.hub, self.clock.now, self.settings.retention,
@@ -326,6 +327,7 @@ class Runtime:
         assert self._store is not None
         self.alarms.stop_timer()
         await self.dispatcher.stop(self.settings.shutdown_grace_seconds)
+        await self.executor.stop_side(self.settings.shutdown_grace_seconds)
         self._serving = False
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
@@ -404,7 +406,10 @@ class Runtime:
                     for _ in range(3):
                         await asyncio.sleep(0)
                     if self.dispatcher.idle and not self.actors.opening:
-                        return
+                        if not self.executor.side_running:
+                            return
+                        await self.executor.wait_side_idle()
+                        continue
                     await self.dispatcher.wait_for_change()
         except TimeoutError:
             raise TimeoutError(
@@ -602,6 +607,7 @@ class Runtime:
     def _on_alarm(self, thread_id: str) -> None:
         if not self._closing:
             self.dispatcher.wake(thread_id)
+            self.executor.poke(thread_id)
 
     def _is_draining(self, thread_id: str) -> bool:
         return self.dispatcher.is_draining(thread_id)

@@ -57,6 +57,20 @@ class RunPage:
     counts: dict[EffectStatus, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """What `ThreadState.schedule` returns.
+
+    Attributes:
+        run_id: The run id: the new run's, or the live run's that holds the key.
+        created: True if a new run was stored; False if the thread already had a pending
+            or running run with the same key (nothing was stored).
+    """
+
+    run_id: str
+    created: bool
+
+
 class ThreadState:
     """What code running for a thread gets: its id, its context and its effects API.
 
@@ -172,7 +186,13 @@ class ThreadState:
         return f"{self.package_id}/{name}"
 
     async def schedule_effect(
-        self, name: str, args: Any = None, delay: float | timedelta = 0
+        self,
+        name: str,
+        args: Any = None,
+        delay: float | timedelta = 0,
+        *,
+        key: str | None = None,
+        at: datetime | None = None,
     ) -> str:
         """Schedule a run of an effect on this thread.
 
@@ -182,19 +202,50 @@ class ThreadState:
             args: JSON-serializable args (a dict, or a pydantic model instance), validated
                 against the effect's schema now and again when the run starts.
             delay: Seconds (int/float) or a `timedelta` from now; 0 = as soon as possible.
+            at: Instead of ``delay``, when the run is due: an aware `datetime` (any time
+                zone; a time in the past is due at once and runs once).
+            key: An idempotency key, scoped to this thread (1 to 256 characters): while
+                the thread has a pending or running run with this key, no run is stored
+                and that run's id is returned (concurrent calls store exactly one run).
+                The key is free again once its run finished. `schedule` says whether the
+                run is new.
 
         Returns:
-            The run id.
+            The run id (the existing run's when the key is taken).
 
         Raises:
             EffectNotFound: no effect of that name ("Effect not found: <name>").
             InvalidEffectArgs: args not JSON, over the size limit, or failing the schema.
-            InvalidDelay: a delay that is negative, NaN, infinite or over 10 years (a
-                ValueError, as InvalidEffectArgs is).
+            InvalidDelay: a delay that is negative, NaN, infinite or over 10 years, an
+                ``at`` that is naive, not a datetime or over 10 years away, or both a
+                delay and ``at`` (a ValueError, as InvalidEffectArgs is).
+            InvalidArgument: a key that is empty, not a string, not valid Unicode or over
+                256 characters (a ValueError).
             ThreadNotFound: the thread was deleted.
             ThreadStorageError: the thread's database cannot be used.
         """
-        return await self._rt.runs.schedule(self, name, args, delay)
+        scheduled = await self._rt.runs.schedule(self, name, args, delay, key=key, at=at)
+        return scheduled.run_id
+
+    async def schedule(
+        self,
+        name: str,
+        args: Any = None,
+        delay: float | timedelta = 0,
+        *,
+        key: str | None = None,
+        at: datetime | None = None,
+    ) -> Scheduled:
+        """`schedule_effect`, saying whether a new run was stored.
+
+        Returns:
+            ``Scheduled(run_id, created)``: ``created`` is False when ``key`` was held by
+            a pending or running run (whose id is ``run_id``; nothing was stored).
+
+        Raises:
+            The errors of `schedule_effect`.
+        """
+        return await self._rt.runs.schedule(self, name, args, delay, key=key, at=at)
 
     async def get_scheduled_effects(self, name: str | None = None) -> list[EffectRun]:
         """Runs that have not started yet, in due order, optionally of one effect name.
@@ -204,15 +255,33 @@ class ThreadState:
         """
         return await self._rt.runs.pending(self.thread_id, self._qualified(name))
 
-    async def remove_scheduled_effect(self, run_id: str) -> bool:
-        """Cancel a pending run.
+    async def remove_scheduled_effect(self, run_id: str, *, canceled_by: str = "code") -> bool:
+        """Cancel a pending run, or a running run of an async effect.
+
+        A pending run becomes ``canceled`` at once. A running async run is canceled
+        cooperatively: its effect gets `asyncio.CancelledError` at its next ``await`` and
+        the run ends ``canceled`` (never re-queued); this waits up to 5 s for the effect
+        to stop (an effect that swallows the cancellation ends as it ends). Either way
+        the run keeps ``canceled_by`` and its ``finished_at`` says when.
+
+        Args:
+            run_id: The run.
+            canceled_by: Who cancels it (stored with the run, shown in the pane), 1 to 256
+                characters.
 
         Returns:
-            True if a pending run with that id was canceled; False for an unknown id, a
-            run that already started or finished, or a second cancel. A canceled run stays
-            in the history with status ``canceled``.
+            True if the run was canceled (or, running, was asked to stop); False for an
+            unknown id, a finished run, or a second cancel. A canceled run stays in the
+            history with status ``canceled``.
+
+        Raises:
+            RunStateError: the run is running a sync effect (a worker thread cannot be
+                stopped); the message says so.
+            InvalidArgument: ``canceled_by`` is not a string of 1 to 256 characters.
         """
-        return await self._rt.runs.cancel(self.thread_id, run_id)
+        if canceled_by == "":
+            raise InvalidArgument("canceled_by must not be empty")
+        return await self._rt.runs.cancel(self.thread_id, run_id, canceled_by)
 
     async def list_runs(
         self,

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime.storage.sqlite import SQLiteRuntimeStore
+
 CHILD = Path(__file__).parent / "_child.py"
 pytestmark = pytest.mark.slow
 
@@ -77,6 +79,27 @@ def test_sigkill_while_running_requeues_the_run_with_a_second_attempt(tmp_path: 
     assert runs[0]["status"] == "completed"
     assert runs[0]["attempts"] == 2
     assert (tmp_path / "hang_once.done").exists()
+
+
+def test_sigkill_while_a_concurrent_run_runs_requeues_it(tmp_path: Path) -> None:
+    # Its drain ended long before the kill (the run runs beside, in a task of its own):
+    # the alarm row must still bring the thread back to re-queue it.
+    proc = _start(tmp_path, "t1", "hang_once_beside", "null", "0")
+    _wait_line(proc, "SCHEDULED")
+    _wait_file(tmp_path / "hang_once_beside.started")
+    time.sleep(0.5)  # past the alarm flusher's batching delay: the row is written by now
+    _kill(proc)
+    store = SQLiteRuntimeStore(tmp_path / "runtime.sqlite")
+    try:
+        alarms = dict(store.load_alarms())
+    finally:
+        store.close()
+    assert "t1" in alarms  # a restart reopens the thread without anyone asking for it
+
+    runs = _drain(tmp_path, "t1")
+
+    assert [(r["status"], r["attempts"]) for r in runs] == [("completed", 2)]
+    assert (tmp_path / "hang_once_beside.done").exists()
 
 
 def test_effect_that_kills_its_process_fails_after_the_third_attempt(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import anyio.to_thread
 import httpx
 import pytest
 import uvicorn
-from conftest import DEMO_APP, SERVER_APP, Api, make_app, release, serve_api
+from conftest import DEMO_APP, SERVER_APP, Api, make_app, serve_api
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -497,11 +497,14 @@ async def test_actions_on_a_running_run(api: Api) -> None:
     base = f"/api/threads/{tid}/effects/{run_id}"
     assert "running" in error_of(await api.client.post(f"{base}/run"), 409, "run_state_conflict")
     error_of(await api.client.post(f"{base}/replay"), 409, "run_state_conflict")
+    # An async run is canceled cooperatively (a sync one: 409, tests/test_runs.py).
+    res = await api.client.post(f"{base}/cancel")
+    assert res.status_code == 200 and res.json() == {"canceled": True}
+    await api.rt.wait_idle()
+    run = await api.run(tid, run_id)
+    assert (run["status"], run["canceledBy"]) == ("canceled", "http")
     res = await api.client.post(f"{base}/cancel")
     assert res.status_code == 200 and res.json() == {"canceled": False}
-    release(api.rt, "running")
-    await api.rt.wait_idle()
-    assert (await api.run(tid, run_id))["status"] == "completed"
 
 
 async def test_deleting_a_thread_discards_its_runs(api: Api) -> None:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from runtime.effects import EffectRun, EffectStatus
 from runtime.storage import models, schema, sqlite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,11 +29,15 @@ def test_the_checked_in_schema_is_what_the_models_generate() -> None:
 
 
 def test_the_migrations_are_the_models_ddl_step_by_step() -> None:
-    for generated, steps in (
-        (schema.THREAD_MIGRATIONS, models.THREAD_MIGRATION_MODELS),
-        (schema.RUNTIME_MIGRATIONS, models.RUNTIME_MIGRATION_MODELS),
+    for generated, steps, columns in (
+        (schema.THREAD_MIGRATIONS, models.THREAD_MIGRATION_MODELS,
+         models.THREAD_MIGRATION_COLUMNS),
+        (schema.RUNTIME_MIGRATIONS, models.RUNTIME_MIGRATION_MODELS,
+         models.RUNTIME_MIGRATION_COLUMNS),
     ):
-        assert generated == {n: tuple(models.sqlite_ddl(*m)) for n, m in steps.items()}
+        assert generated == {
+            n: tuple(models.migration_ddl(n, steps, columns)) for n in steps
+        }
     assert sqlite.THREAD_MIGRATIONS is schema.THREAD_MIGRATIONS
     assert sqlite.RUNTIME_MIGRATIONS is schema.RUNTIME_MIGRATIONS
     assert len(schema.THREAD_MIGRATIONS) == sqlite.THREAD_SCHEMA_VERSION
@@ -46,9 +54,76 @@ def test_every_model_is_created_by_a_migration() -> None:
     assert tables == {m.__tablename__ for m in (*models.THREAD_MODELS, *models.RUNTIME_MODELS)}
 
 
+def test_the_migrated_schema_is_the_models_schema() -> None:
+    """Steps 0..N (tables, then added columns) give exactly the models' tables and indexes."""
+    migrated = sqlite3.connect(":memory:")
+    for statements in schema.THREAD_MIGRATIONS.values():
+        for statement in statements:
+            migrated.execute(statement)
+    fresh = sqlite3.connect(":memory:")
+    for statement in models.sqlite_ddl(*models.THREAD_MODELS):
+        fresh.execute(statement)
+
+    def shape(conn: sqlite3.Connection) -> tuple[object, ...]:
+        tables = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        columns = {t: [r[1:] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+        indexes = sorted(r for r in conn.execute(
+            "SELECT name, tbl_name FROM sqlite_master WHERE type='index' AND sql IS NOT NULL"))
+        return tables, columns, indexes
+
+    assert shape(migrated) == shape(fresh)
+
+
 def test_the_check_command_reports_drift_by_its_exit_status() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "runtime.storage.models", "--check"],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: int) -> None:
+    """A file written at ``version`` (steps 0..version-1) opens as the current schema.
+
+    Its run is kept (without a key), a key is then held once among pending runs, and from
+    version 3 on its effect-tool record is kept too.
+    """
+    path = tmp_path / "t.sqlite"
+    conn = sqlite3.connect(path)
+    for step in range(version):
+        for statement in schema.THREAD_MIGRATIONS[step]:
+            conn.execute(statement)
+    conn.execute("INSERT INTO thread_meta VALUES ('thread_id', 't')")
+    conn.execute(
+        "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, attempts) "
+        "VALUES ('old', 'a.note', 'pending', NULL, 100.0, 90.0, 0)"
+    )
+    if version >= 3:
+        conn.execute(
+            "INSERT INTO effect_records (thread_id, \"key\", tool_name, status, result, "
+            "created_at, updated_at) VALUES ('t', 'k', 'post_note', 'applied', '1', 90, 90)"
+        )
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.commit()
+    conn.close()
+
+    store = sqlite.SQLiteThreadStore("t", path)
+    try:
+        [old] = store.pending_runs()
+        assert (old.id, old.key, old.canceled_by, old.run_at_ts) == ("old", None, None, 100.0)
+        keyed = EffectRun(id="new", thread_id="t", name="a.note", status=EffectStatus.PENDING,
+                          args=None, run_at_ts=200.0, created_at_ts=190.0, key="daily")
+        assert store.insert_run(keyed) is None
+        held = store.insert_run(replace(keyed, id="again"))
+        assert held is not None and held.id == "new"
+        record = store.get_effect_record("k")
+        assert (record is not None) == (version >= 3)
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite.THREAD_SCHEMA_VERSION
+    finally:
+        conn.close()

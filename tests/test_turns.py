@@ -34,8 +34,12 @@ from runtime import (
     TurnFailed,
     TurnInProgress,
 )
-from runtime.storage import sqlite
-from runtime.storage.models import EffectRunRow, ThreadMetaRow, sqlite_ddl
+from runtime.storage.models import (
+    THREAD_MIGRATION_COLUMNS,
+    THREAD_MIGRATION_MODELS,
+    migration_ddl,
+)
+from runtime.storage.sqlite import THREAD_SCHEMA_VERSION
 from runtime.testing import FakeClock, demo_model, override_model, parse_reminder
 from tests.storage.backends import BACKENDS, make_backend
 
@@ -464,7 +468,7 @@ async def test_a_thread_file_from_before_messages_is_migrated(
         with override_model(rt, Script(text("hi from v2")).model):
             result = await thread.send_message("hello")
         assert [m.content for m in result.messages] == ["hello", "hi from v2"]
-    assert await anyio.to_thread.run_sync(_user_version, path) == sqlite.THREAD_SCHEMA_VERSION
+    assert await anyio.to_thread.run_sync(_user_version, path) == THREAD_SCHEMA_VERSION
 
 
 def _rewrite_as_schema_1(path: Path) -> None:
@@ -477,10 +481,12 @@ def _rewrite_as_schema_1(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     path.unlink()
     conn = sqlite3.connect(path)
-    for statement in sqlite_ddl(ThreadMetaRow, EffectRunRow):
+    for statement in migration_ddl(0, THREAD_MIGRATION_MODELS, THREAD_MIGRATION_COLUMNS):
         conn.execute(statement)
     conn.executemany("INSERT INTO thread_meta VALUES (?, ?)", meta)
-    conn.executemany(f"INSERT INTO effect_runs VALUES ({','.join('?' * len(rows[0]))})", rows)
+    width = len(conn.execute("SELECT * FROM effect_runs").description)
+    conn.executemany(f"INSERT INTO effect_runs VALUES ({','.join('?' * width)})",
+                     [row[:width] for row in rows])
     conn.execute("PRAGMA user_version=1")
     conn.commit()
     conn.close()

@@ -157,7 +157,7 @@ export const api = {
     request("POST", `/api/threads/${seg(tid)}/effects`, { name, args, delay_seconds: delaySeconds }, opts),
   runNow: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/run`, undefined, opts),
   replay: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/replay`, undefined, opts),
-  cancel: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`, undefined, opts),
+  cancel: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`, { by: "pane" }, opts),
 
   // Effect-tool records, newest first (docs/effect-tools.md).
   effectRecords: (tid, { status, limit, cursor } = {}, opts) =>

@@ -4,6 +4,7 @@
 import { html, nothing, render } from "./vendor/lit-html/lit-html.js";
 import { fmtDuration, fmtLocal, fmtRelative, runDuration } from "./format.js";
 import { actionButtons, statusClass } from "./runs.js";
+import { waitingFor } from "./runs-model.js";
 import { toastApiError } from "./toasts.js";
 
 const $ = (id) => document.getElementById(id);
@@ -113,7 +114,20 @@ export class DetailView {
       ["Finished", timeField(run.finishedAt, now)],
       ["Duration", duration ? `${duration}${run.status === "running" ? " so far" : ""}` : "—"],
       ["Attempts", run.attempts == null ? "—" : String(run.attempts)],
+      ["Key", run.key ? html`<code class="mono" data-testid="detail-key">${run.key}</code>` : "—"],
     ];
+    const waiting = waitingFor(this.runs.model, run, now);
+    if (waiting) {
+      fields.push([
+        "Waiting for",
+        html`<span data-testid="detail-waiting">due, waiting for run
+          <button type="button" class="link mono" data-run-id=${waiting} title="Open the running run"
+            @click=${() => this.open(waiting)}>${waiting}</button> to finish (one run at a time)</span>`,
+      ]);
+    }
+    if (run.canceledBy) {
+      fields.push(["Canceled by", html`<span data-testid="detail-canceled-by">${run.canceledBy}</span>`]);
+    }
     if (run.lastChange) fields.push(["Last change", run.lastChange]);
     if (run.replayOf) {
       const of = String(run.replayOf);

@@ -105,11 +105,16 @@ const TRANSITIONS = {
   requeued: ["running", "pending"],
 };
 
-/** The server totals after one change (`data.change` of a frame); null stays null. */
-export function countChange(counts, change) {
+/**
+ * The server totals after one change (`data.change` of a frame); null stays null.
+ * `known`: the run's status before the change, when the model has it (a cancel ends a
+ * pending or a running run).
+ */
+export function countChange(counts, change, known = null) {
   const t = TRANSITIONS[change];
   if (!counts || !t) return counts;
-  const [from, to] = t;
+  let [from, to] = t;
+  if (change === "canceled" && (known === "pending" || known === "running")) from = known;
   const next = { ...counts };
   if (from && next[from] > 0) next[from] -= 1;
   next[to] = (next[to] || 0) + 1;
@@ -125,7 +130,8 @@ export function applyFrame(model, data, now) {
   if (!data || data.id == null) return null;
   const { change, args: _ignored, ...fields } = data;
   if (change) fields.lastChange = change;
-  model.counts = countChange(model.counts, change);
+  const before = model.runs.get(String(data.id));
+  model.counts = countChange(model.counts, change, before && !isStale(before, fields) ? before.status : null);
   mergeRun(model, fields, now);
   return String(data.id);
 }
@@ -190,4 +196,25 @@ export function visibleRuns(model, filter) {
     if (run && (filter === "all" || run.status === filter)) out.push(run);
   }
   return out;
+}
+
+/**
+ * The id of the running run a pending run waits behind, or null: the run is due (by
+ * `now`, ms) and the thread runs another run (one at a time). The server's `waitingFor`
+ * (from a list or a single-run answer) wins while that run still runs; frames carry none,
+ * so between answers the running run of the model stands in.
+ */
+export function waitingFor(model, run, now) {
+  if (!run || run.status !== "pending") return null;
+  const due = Date.parse(run.runAt);
+  if (!Number.isFinite(due) || due > now) return null;
+  if (run.waitingFor) {
+    const named = model.runs.get(String(run.waitingFor));
+    if (!named || named.status === "running") return String(run.waitingFor);
+  }
+  for (const id of model.order) {
+    const other = model.runs.get(id);
+    if (other.status === "running" && id !== String(run.id)) return id;
+  }
+  return null;
 }

@@ -6,7 +6,7 @@
 import { html, nothing, render } from "./vendor/lit-html/lit-html.js";
 import { repeat } from "./vendor/lit-html/directives/repeat.js";
 import { api, ApiError } from "./api.js";
-import { fmtDuration, fmtRelative, runDuration, shortId, timeParts, whenText } from "./format.js";
+import { fmtDuration, fmtLocal, fmtRelative, runDuration, shortId, timeParts, whenText } from "./format.js";
 import {
   STATUSES,
   TERMINAL,
@@ -17,6 +17,7 @@ import {
   snapshotModel,
   statusCounts,
   visibleRuns,
+  waitingFor,
 } from "./runs-model.js";
 import { toast, toastApiError } from "./toasts.js";
 
@@ -40,7 +41,7 @@ export function statusClass(status) {
 
 const ACTION_LABEL = { "run-now": "Run now", cancel: "Cancel", replay: "Replay" };
 
-/** The buttons a run offers: run now and cancel (pending), replay (finished). */
+/** The buttons a run offers: run now and cancel (pending), cancel (running), replay (finished). */
 export function actionButtons(run) {
   const mk = (action, cls) => {
     const label = ACTION_LABEL[action];
@@ -48,8 +49,21 @@ export function actionButtons(run) {
       aria-label=${`${label} ${run.name || ""} ${run.id}`.replace(/\s+/g, " ").trim()}>${label}</button>`;
   };
   if (run.status === "pending") return [mk("run-now", "btn-primary"), mk("cancel", "btn-danger")];
+  if (run.status === "running") return [mk("cancel", "btn-danger")];
   if (TERMINAL.has(run.status)) return [mk("replay", "btn-secondary")];
   return [];
+}
+
+/** The question asked before canceling a run: its name, id and due time. */
+export function cancelQuestion(run, now = Date.now()) {
+  const name = run.name || "this run";
+  const due = run.runAt ? fmtLocal(run.runAt, { full: true, now }) : "unknown";
+  const what = run.status === "running" ? "Stop the running run" : "Cancel the run";
+  const how =
+    run.status === "running"
+      ? " An async effect stops at its next await; a sync one cannot be stopped."
+      : "";
+  return `${what} ${name} (${run.id}), due ${due}?${how}`;
 }
 
 // Date (not today) and time, each unbreakable: a cell too narrow for both wraps between
@@ -158,6 +172,7 @@ export class RunsView {
     const firstLine = err.split("\n", 1)[0].slice(0, 300);
     const pending = run.status === "pending";
     const held = pending && this.paused;
+    const waiting = waitingFor(this.model, run, now);
     const badgeTitle = err
       ? firstLine // the error column may be hidden
       : held
@@ -168,8 +183,17 @@ export class RunsView {
     return html`<tr class="run-row ${run.id === selectedId ? "selected" : ""}" data-testid="run-row"
         data-run-id=${run.id} data-status=${run.status || ""} tabindex="0">
       <td class="mono cell-id" title=${run.id}>${shortId(run.id)}</td>
-      <td class="cell-name" title=${run.name || ""}>${run.name || ""}</td>
-      <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span></td>
+      <td class="cell-name" title=${run.name || ""}>${run.name || ""}${
+        run.key
+          ? html`<span class="run-key muted mono" data-testid="run-key" title=${`Key: ${run.key}`}>key ${run.key}</span>`
+          : nothing
+      }</td>
+      <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span>${
+        waiting
+          ? html`<span class="run-waiting" data-testid="run-waiting" data-waiting-for=${waiting}
+              title=${`Due, waiting for run ${waiting} to finish: this thread runs one run at a time`}>waiting for ${shortId(waiting)}</span>`
+          : nothing
+      }</td>
       <td class="cell-due" title=${run.runAt || ""}>${timeText(run.runAt, now)}${
         pending ? html` <span class="rel muted nw">${fmtRelative(run.runAt, now)}</span>` : nothing
       }${held ? html` <span class="paused-text nw" data-testid="run-paused" title=${badgeTitle}>· paused</span>` : nothing}</td>
@@ -430,13 +454,18 @@ export class RunsView {
           this.changed([id]);
         }
       } else if (action === "cancel") {
+        const run = this.get(id) || { id };
+        if (!window.confirm(cancelQuestion(run))) return;
         const res = await api.cancel(s.tid, id, { signal: s.signal });
         if (s.closed) return;
-        if (res && res.canceled) {
+        if (res && res.canceled && run.status !== "running") {
           mergeRun(this.model, { id, status: "canceled" }, Date.now());
           this.changed([id]);
+        } else if (res && res.canceled) {
+          // The "canceled" frame says when it stopped; fetch it in case the socket is down.
+          await this.refreshRun(id).catch(() => {});
         } else {
-          toast(`Run ${id} was not canceled: it is no longer pending.`);
+          toast(`Run ${id} was not canceled: it is no longer pending or running.`);
           await this.refreshRun(id).catch(() => {});
         }
       } else if (action === "replay") {

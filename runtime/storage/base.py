@@ -39,7 +39,7 @@ finish runs, see `ThreadStore.finish_and_claim`) and in `ThreadStore.prune`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from runtime.config import RetentionPolicy
@@ -56,6 +56,8 @@ class Finish:
     status: EffectStatus
     error: str | None
     finished_at: float
+    canceled_by: str | None = None
+    """Who canceled the run (status ``canceled`` only), or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +90,29 @@ class ThreadStore(ABC):
     """
 
     @abstractmethod
-    def insert_run(self, run: EffectRun) -> None:
-        """Store a new pending run, last in scheduling order.
+    def insert_run(
+        self, run: EffectRun, *, hand_off_from: str | None = None
+    ) -> EffectRun | None:
+        """Store a new pending run, last in scheduling order, unless its key is taken.
 
         Durable when this returns (SQLite: per ``synchronous``). ``attempts``,
-        ``started_at`` and ``finished_at`` of the given run are ignored (0, None, None).
+        ``started_at``, ``finished_at`` and ``canceled_by`` of the given run are ignored
+        (0, None, None, None).
+
+        When ``run.key`` is set and a ``pending`` or ``running`` run of the store has that
+        key, nothing is written and that run is returned (a pending one first), checked
+        and written in one transaction. One exception, the hand-off of a chain: the
+        ``running`` run whose id is ``hand_off_from`` does not hold the key against a new
+        run (so a run can schedule its own successor under its key), but a pending run
+        with the key still does. So a key has at most one pending run, and a new run only
+        when no other live run has the key. A key is free again once its runs finished.
+
+        Args:
+            run: The run to store.
+            hand_off_from: The id of the running run that schedules this one, or None.
+
+        Returns:
+            None when the run was stored; the live run holding its key otherwise.
 
         Raises:
             ThreadStorageError: the write failed, or a run with that id exists (nothing
@@ -107,6 +127,7 @@ class ThreadStore(ABC):
         *,
         claim: bool = True,
         retention: RetentionPolicy | None = None,
+        only_names: Collection[str] | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         """Record one outcome and claim the next due run, in one transaction.
 
@@ -118,11 +139,14 @@ class ThreadStore(ABC):
         finish nor a due run, nothing is written.
 
         Args:
-            finish: The outcome of the run that just ended, or None. Applied only if that
-                run is still ``running`` (a canceled or deleted run stays as it is).
+            finish: The outcome of the run that just ended, or None (its status
+                ``completed``, ``failed`` or ``canceled``, with ``canceled_by``). Applied
+                only if that run is still ``running`` (a deleted run stays gone).
             now: The current time; runs with ``run_at <= now`` are due.
             claim: Whether to claim the next due run at all.
             retention: The policy to prune by; None prunes nothing.
+            only_names: Claim only runs of these effect names (the runs that may start
+                beside a running one), and ``next_due`` counts only them; None: any.
 
         Returns:
             ``(finished, claimed, next_due)``: the finished run as written (or None), the
@@ -168,9 +192,17 @@ class ThreadStore(ABC):
 
     @abstractmethod
     def cancel(
-        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+        self,
+        run_id: str,
+        now: float,
+        *,
+        retention: RetentionPolicy | None = None,
+        canceled_by: str | None = None,
     ) -> EffectRun | None:
         """Cancel a pending run (``finished_at = now``), pruning as `finish_and_claim` does.
+
+        ``canceled_by`` is stored with it (who canceled it). A running run is canceled
+        through `finish_and_claim` with a ``canceled`` `Finish` instead.
 
         Returns:
             The canceled run as written; None when no pending run has that id (unknown,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from runtime.config import RetentionPolicy
@@ -37,7 +37,7 @@ from runtime.storage.records import (
     instant,
 )
 
-THREAD_SCHEMA_VERSION = 3
+THREAD_SCHEMA_VERSION = 4
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
 RUNTIME_SCHEMA_VERSION = 2
@@ -162,12 +162,25 @@ class MemoryThreadStore(ThreadStore):
 
     # ------------------------------------------------------------------ runs
 
-    def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
+    def insert_run(  # noqa: D102 - contract in base
+        self, run: EffectRun, *, hand_off_from: str | None = None
+    ) -> EffectRun | None:
         args_json = (
             json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         )
         with self._data.lock:
             data = self._open_data()
+            if run.key is not None:
+                live = [
+                    r for r in data.runs.values()
+                    if r.run.key == run.key
+                    and r.run.status in (EffectStatus.PENDING, EffectStatus.RUNNING)
+                ]
+                # A pending successor wins over the running link that handed the key on.
+                live.sort(key=lambda r: (r.run.status is not EffectStatus.PENDING, r.seq))
+                for held in live:
+                    if held.run.status is EffectStatus.PENDING or held.run.id != hand_off_from:
+                        return self._out(held)
             if run.id in data.seq_of:
                 raise ThreadStorageError(
                     self.thread_id,
@@ -183,9 +196,11 @@ class MemoryThreadStore(ThreadStore):
                 started_at_ts=None,
                 finished_at_ts=None,
                 error=None,
+                canceled_by=None,
             )
             data.runs[seq] = _StoredRun(seq, stored, args_json)
             data.seq_of[run.id] = seq
+            return None
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -194,7 +209,9 @@ class MemoryThreadStore(ThreadStore):
         *,
         claim: bool = True,
         retention: RetentionPolicy | None = None,
+        only_names: Collection[str] | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        wanted = None if only_names is None else set(only_names)
         with self._data.lock:
             data = self._open_data()
             finished = None
@@ -203,13 +220,17 @@ class MemoryThreadStore(ThreadStore):
                 if seq is not None:
                     finished = self._update(
                         data, seq, status=finish.status, error=finish.error,
-                        finished_at_ts=finish.finished_at,
+                        finished_at_ts=finish.finished_at, canceled_by=finish.canceled_by,
                     )
                     if retention is not None:
                         self._prune_in(data, now, retention)
             if not claim:
                 return finished, None, None
-            pending = [r for r in data.runs.values() if r.run.status is EffectStatus.PENDING]
+            pending = [
+                r for r in data.runs.values()
+                if r.run.status is EffectStatus.PENDING
+                and (wanted is None or r.run.name in wanted)
+            ]
             due = [r for r in pending if r.run.run_at_ts <= now]
             if due:
                 first = min(due, key=lambda r: (r.run.run_at_ts, r.seq))
@@ -257,14 +278,20 @@ class MemoryThreadStore(ThreadStore):
             return changed
 
     def cancel(  # noqa: D102 - contract in base
-        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+        self,
+        run_id: str,
+        now: float,
+        *,
+        retention: RetentionPolicy | None = None,
+        canceled_by: str | None = None,
     ) -> EffectRun | None:
         with self._data.lock:
             data = self._open_data()
             seq = self._find(data, run_id, EffectStatus.PENDING)
             if seq is None:
                 return None
-            run = self._update(data, seq, status=EffectStatus.CANCELED, finished_at_ts=now)
+            run = self._update(data, seq, status=EffectStatus.CANCELED, finished_at_ts=now,
+                               canceled_by=canceled_by)
             if retention is not None:
                 self._prune_in(data, now, retention)
             return run

@@ -16,7 +16,8 @@ models:
 
 - each thread's file (``threads/<id>.sqlite``): `ThreadMetaRow`, `EffectRunRow`,
   `MessageRow` (the conversation, from schema version 2), `EffectRecordRow` (effect-tool
-  records, from schema version 3);
+  records, from schema version 3); a run's ``key`` and ``canceled_by`` columns are added by
+  schema version 4;
 - the runtime database (``runtime.sqlite``): `ThreadRow` (the registry), `AlarmRow`
   (the durable alarm index: one row per thread with pending work), `PausedThreadRow`
   (the paused threads, from schema version 2).
@@ -28,7 +29,7 @@ import json
 import sys
 from pathlib import Path
 
-from sqlalchemy import Index, Table
+from sqlalchemy import Column, Index, MetaData, Table, text
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlmodel import Field, SQLModel
@@ -51,6 +52,15 @@ class EffectRunRow(SQLModel, table=True):
         Index("ix_effect_runs_due", "status", "run_at", "seq"),
         Index("ix_effect_runs_finished", "status", "finished_at"),
         Index("ix_effect_runs_name", "name", "seq"),
+        # At most one pending run per key: the database itself keeps that part of the
+        # promise of `ThreadState.schedule_effect(..., key=...)` (a running run holds its
+        # key too, and may hand it to one pending successor: checked in the transaction).
+        Index(
+            "ix_effect_runs_pending_key",
+            "key",
+            unique=True,
+            sqlite_where=text("status = 'pending'"),
+        ),
     )
 
     seq: int | None = Field(default=None, primary_key=True)
@@ -65,6 +75,8 @@ class EffectRunRow(SQLModel, table=True):
     attempts: int = 0
     error: str | None = None
     replay_of: str | None = None
+    key: str | None = None
+    canceled_by: str | None = None
 
 
 class MessageRow(SQLModel, table=True):
@@ -171,15 +183,75 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadMetaRow, EffectRunRow),
     1: (MessageRow,),
     2: (EffectRecordRow,),
+    3: (),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
+
+THREAD_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {
+    3: ((EffectRunRow, "key"), (EffectRunRow, "canceled_by")),
+}
+"""The columns each migration of a thread file adds to a table an earlier step created
+(nullable ones: ``ALTER TABLE ... ADD COLUMN``). The earlier step creates the table without
+them, and an index over such a column is created by the step that adds it."""
 
 RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadRow, AlarmRow),
     1: (PausedThreadRow,),
 }
 """The same for ``runtime.sqlite``."""
+
+RUNTIME_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {}
+"""The same for ``runtime.sqlite``."""
+
+
+def _added_later(
+    columns: dict[int, tuple[tuple[type[SQLModel], str], ...]], model: type[SQLModel], step: int
+) -> set[str]:
+    return {name for n, cols in columns.items() if n > step for m, name in cols if m is model}
+
+
+def migration_ddl(
+    step: int,
+    models: dict[int, tuple[type[SQLModel], ...]],
+    columns: dict[int, tuple[tuple[type[SQLModel], str], ...]],
+) -> list[str]:
+    """The statements of one migration step, generated from the models.
+
+    The tables the step creates (without the columns later steps add, nor the indexes over
+    them), then the columns it adds (``ALTER TABLE ... ADD COLUMN``) and the indexes that
+    need them. Running steps 0..N in order gives the models' current schema.
+    """
+    dialect = sqlite.dialect()
+    statements: list[str] = []
+    for model in models.get(step, ()):
+        later = _added_later(columns, model, step)
+        table = _table(model)
+        kept = Table(
+            table.name,
+            MetaData(),
+            *(c._copy() for c in table.columns if c.name not in later),
+        )
+        statements.append(str(CreateTable(kept).compile(dialect=dialect)).strip())
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if not {c.name for c in index.columns} & later:
+                statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    added = columns.get(step, ())
+    for model, name in added:
+        table = _table(model)
+        column: Column[object] = table.columns[name]
+        assert column.nullable, f"{table.name}.{name}: an added column must be nullable"
+        quoted = dialect.identifier_preparer.quote(name)
+        kind = column.type.compile(dialect=dialect)
+        statements.append(f"ALTER TABLE {table.name} ADD COLUMN {quoted} {kind}")
+    for model in dict.fromkeys(m for m, _ in added):
+        names = {name for m, name in added if m is model}
+        later = _added_later(columns, model, step)
+        for index in sorted(_table(model).indexes, key=lambda i: str(i.name)):
+            cols = {c.name for c in index.columns}
+            if cols & names and not cols & later:
+                statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    return statements
 
 SCHEMA_PATH = Path(__file__).with_name("schema.py")
 
@@ -191,6 +263,7 @@ differs from what the models generate). The SQLite backend (`runtime.storage.sql
 these statements with plain ``sqlite3``, so SQLModel and SQLAlchemy are not imported at run
 time.
 """
+# ruff: noqa: E501 - one statement per line, as generated
 
 '''
 
@@ -205,11 +278,22 @@ def _constant(model: type[SQLModel]) -> str:
     return f"{_table(model).name.upper()}_DDL"
 
 
-def _migrations(name: str, steps: dict[int, tuple[type[SQLModel], ...]]) -> str:
+def _migrations(
+    name: str,
+    steps: dict[int, tuple[type[SQLModel], ...]],
+    columns: dict[int, tuple[tuple[type[SQLModel], str], ...]],
+) -> str:
     out = [f"{name}: dict[int, tuple[str, ...]] = {{"]
-    for step, models in sorted(steps.items()):
-        items = ", ".join(f"*{_constant(m)}" for m in models)
-        out.append(f"    {step}: ({items}{',' if len(models) == 1 else ''}),")
+    for step in sorted(steps):
+        out.append(f"    {step}: (")
+        for statement in migration_ddl(step, steps, columns):
+            literal = _literal(statement)
+            if len(literal) == 1:
+                out.append(f"        {literal[0]},")
+            else:
+                out.append("        (\n" + "\n".join(f"            {x}" for x in literal)
+                           + "\n        ),")
+        out.append("    ),")
     return "\n".join([*out, "}"]) + "\n"
 
 
@@ -229,9 +313,11 @@ def schema_source() -> str:
                 out.append("    (\n" + "".join(f"        {x}\n" for x in literal) + "    ),\n")
         out.append(")\n")
         out.append(f'"""Table ``{_table(model).name}`` and its indexes ({model.__name__})."""\n\n')
-    out.append(_migrations("THREAD_MIGRATIONS", THREAD_MIGRATION_MODELS))
+    out.append(_migrations("THREAD_MIGRATIONS", THREAD_MIGRATION_MODELS,
+                           THREAD_MIGRATION_COLUMNS))
     out.append('"""Thread file: the statements that take schema version N to N + 1."""\n\n')
-    out.append(_migrations("RUNTIME_MIGRATIONS", RUNTIME_MIGRATION_MODELS))
+    out.append(_migrations("RUNTIME_MIGRATIONS", RUNTIME_MIGRATION_MODELS,
+                           RUNTIME_MIGRATION_COLUMNS))
     out.append('"""``runtime.sqlite``: the statements that take schema version N to N + 1."""\n')
     return "".join(out)
 

@@ -6,6 +6,7 @@ differs from what the models generate). The SQLite backend (`runtime.storage.sql
 these statements with plain ``sqlite3``, so SQLModel and SQLAlchemy are not imported at run
 time.
 """
+# ruff: noqa: E501 - one statement per line, as generated
 
 THREAD_META_DDL: tuple[str, ...] = (
     (
@@ -33,6 +34,8 @@ EFFECT_RUNS_DDL: tuple[str, ...] = (
         "\tattempts INTEGER NOT NULL, \n"
         "\terror VARCHAR, \n"
         "\treplay_of VARCHAR, \n"
+        "\t\"key\" VARCHAR, \n"
+        "\tcanceled_by VARCHAR, \n"
         "\tPRIMARY KEY (seq), \n"
         "\tUNIQUE (id)\n"
         ")"
@@ -40,6 +43,7 @@ EFFECT_RUNS_DDL: tuple[str, ...] = (
     "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq)",
     "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at)",
     "CREATE INDEX ix_effect_runs_name ON effect_runs (name, seq)",
+    "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending'",
 )
 """Table ``effect_runs`` and its indexes (EffectRunRow)."""
 
@@ -120,14 +124,108 @@ PAUSED_THREADS_DDL: tuple[str, ...] = (
 """Table ``paused_threads`` and its indexes (PausedThreadRow)."""
 
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    0: (*THREAD_META_DDL, *EFFECT_RUNS_DDL),
-    1: (*MESSAGES_DDL,),
-    2: (*EFFECT_RECORDS_DDL,),
+    0: (
+        (
+            "CREATE TABLE thread_meta (\n"
+            "\t\"key\" VARCHAR NOT NULL, \n"
+            "\tvalue VARCHAR NOT NULL, \n"
+            "\tPRIMARY KEY (\"key\")\n"
+            ")"
+        ),
+        (
+            "CREATE TABLE effect_runs (\n"
+            "\tseq INTEGER NOT NULL, \n"
+            "\tid VARCHAR NOT NULL, \n"
+            "\tname VARCHAR NOT NULL, \n"
+            "\tstatus VARCHAR NOT NULL, \n"
+            "\targs VARCHAR, \n"
+            "\trun_at FLOAT NOT NULL, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\tstarted_at FLOAT, \n"
+            "\tfinished_at FLOAT, \n"
+            "\tattempts INTEGER NOT NULL, \n"
+            "\terror VARCHAR, \n"
+            "\treplay_of VARCHAR, \n"
+            "\tPRIMARY KEY (seq), \n"
+            "\tUNIQUE (id)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq)",
+        "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at)",
+        "CREATE INDEX ix_effect_runs_name ON effect_runs (name, seq)",
+    ),
+    1: (
+        (
+            "CREATE TABLE messages (\n"
+            "\tseq INTEGER NOT NULL, \n"
+            "\tid VARCHAR NOT NULL, \n"
+            "\trole VARCHAR NOT NULL, \n"
+            "\tcontent VARCHAR NOT NULL, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\trun_id VARCHAR, \n"
+            "\tmeta VARCHAR NOT NULL, \n"
+            "\tdata VARCHAR NOT NULL, \n"
+            "\tPRIMARY KEY (seq), \n"
+            "\tUNIQUE (id)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_messages_run ON messages (run_id, seq)",
+    ),
+    2: (
+        (
+            "CREATE TABLE effect_records (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\t\"key\" VARCHAR NOT NULL, \n"
+            "\ttool_name VARCHAR NOT NULL, \n"
+            "\trun_id VARCHAR, \n"
+            "\tstatus VARCHAR NOT NULL, \n"
+            "\tresult VARCHAR, \n"
+            "\towner VARCHAR, \n"
+            "\tlease_expires_at FLOAT, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\tupdated_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id, \"key\")\n"
+            ")"
+        ),
+        "CREATE INDEX ix_effect_records_created ON effect_records (thread_id, created_at, \"key\")",
+        "CREATE INDEX ix_effect_records_updated ON effect_records (updated_at)",
+    ),
+    3: (
+        "ALTER TABLE effect_runs ADD COLUMN \"key\" VARCHAR",
+        "ALTER TABLE effect_runs ADD COLUMN canceled_by VARCHAR",
+        "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending'",
+    ),
 }
 """Thread file: the statements that take schema version N to N + 1."""
 
 RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    0: (*THREADS_DDL, *ALARMS_DDL),
-    1: (*PAUSED_THREADS_DDL,),
+    0: (
+        (
+            "CREATE TABLE threads (\n"
+            "\tid VARCHAR NOT NULL, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\tagent_id VARCHAR, \n"
+            "\tuser_id VARCHAR, \n"
+            "\ttags VARCHAR NOT NULL, \n"
+            "\tPRIMARY KEY (id)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_threads_created ON threads (created_at, id)",
+        (
+            "CREATE TABLE alarms (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tdue_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id)\n"
+            ")"
+        ),
+    ),
+    1: (
+        (
+            "CREATE TABLE paused_threads (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id)\n"
+            ")"
+        ),
+    ),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

@@ -20,7 +20,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -46,15 +46,15 @@ from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 3
+THREAD_SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
-``effect_records`` table)."""
+``effect_records`` table; 4: a run's ``key`` and ``canceled_by``)."""
 
 RUNTIME_SCHEMA_VERSION = 2
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
-    "attempts, error, replay_of"
+    "attempts, error, replay_of, \"key\", canceled_by"
 )
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
 
@@ -168,6 +168,8 @@ def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
         attempts=row[9],
         error=row[10],
         replay_of=row[11],
+        key=row[12],
+        canceled_by=row[13],
     )
 
 
@@ -289,16 +291,31 @@ class SQLiteThreadStore(ThreadStore):
             self._finished = int(row[0])
         return self._finished
 
-    def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
+    def insert_run(  # noqa: D102 - contract in base
+        self, run: EffectRun, *, hand_off_from: str | None = None
+    ) -> EffectRun | None:
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
-        self._tx(
-            lambda c: c.execute(
+
+        def tx(c: sqlite3.Connection) -> EffectRun | None:
+            if run.key is not None:
+                rows = c.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE \"key\" = ? "
+                    f"AND status IN ('pending', 'running') ORDER BY status, seq",
+                    (run.key,),
+                ).fetchall()
+                for row in rows:  # 'pending' sorts first: a successor wins over its link
+                    live = _row_to_run(self.thread_id, row)
+                    if live.status is EffectStatus.PENDING or live.id != hand_off_from:
+                        return live
+            c.execute(
                 "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
-                "attempts, replay_of) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
+                "attempts, replay_of, \"key\") VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
                 (run.id, run.name, str(run.status), args, run.run_at_ts, run.created_at_ts,
-                 run.replay_of),
+                 run.replay_of, run.key),
             )
-        )
+            return None
+
+        return self._tx(tx)
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -307,15 +324,29 @@ class SQLiteThreadStore(ThreadStore):
         *,
         claim: bool = True,
         retention: RetentionPolicy | None = None,
+        only_names: Collection[str] | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        names: tuple[str, ...] = ()
+        where = ""
+        if only_names is not None:
+            names = tuple(only_names)
+            if not names:
+                # Nothing may be claimed; a finish is still recorded.
+                if finish is None:
+                    return None, None, None
+                claim = False
+            where = f" AND name IN ({','.join('?' * len(names))})"
+
         def tx(c: sqlite3.Connection) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             finished = None
             if finish is not None:
                 finished = self._one(
                     c,
-                    f"UPDATE effect_runs SET status = ?, error = ?, finished_at = ? "
-                    f"WHERE id = ? AND status = 'running' RETURNING {_RUN_COLUMNS}",
-                    (str(finish.status), finish.error, finish.finished_at, finish.run_id),
+                    f"UPDATE effect_runs SET status = ?, error = ?, finished_at = ?, "
+                    f"canceled_by = ? WHERE id = ? AND status = 'running' "
+                    f"RETURNING {_RUN_COLUMNS}",
+                    (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
+                     finish.run_id),
                 )
                 if retention is not None and finished is not None:
                     self._prune_in(c, now, retention, 1)
@@ -325,14 +356,15 @@ class SQLiteThreadStore(ThreadStore):
                 c,
                 f"UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
                 f"started_at = ? WHERE seq = (SELECT seq FROM effect_runs "
-                f"WHERE status = 'pending' AND run_at <= ? ORDER BY run_at, seq LIMIT 1) "
+                f"WHERE status = 'pending' AND run_at <= ?{where} ORDER BY run_at, seq LIMIT 1) "
                 f"RETURNING {_RUN_COLUMNS}",
-                (now, now),
+                (now, now, *names),
             )
             next_due = None
             if claimed is None:
                 row = c.execute(
-                    "SELECT min(run_at) FROM effect_runs WHERE status = 'pending'"
+                    f"SELECT min(run_at) FROM effect_runs WHERE status = 'pending'{where}",
+                    names,
                 ).fetchone()
                 next_due = row[0]
             return finished, claimed, next_due
@@ -342,7 +374,8 @@ class SQLiteThreadStore(ThreadStore):
             # write lock (and without a commit, hence no fsync).
             row = self._tx(
                 lambda c: c.execute(
-                    "SELECT min(run_at) FROM effect_runs WHERE status = 'pending'"
+                    f"SELECT min(run_at) FROM effect_runs WHERE status = 'pending'{where}",
+                    names,
                 ).fetchone(),
                 write=False,
             )
@@ -404,14 +437,19 @@ class SQLiteThreadStore(ThreadStore):
         return self._tx(tx)
 
     def cancel(  # noqa: D102
-        self, run_id: str, now: float, *, retention: RetentionPolicy | None = None
+        self,
+        run_id: str,
+        now: float,
+        *,
+        retention: RetentionPolicy | None = None,
+        canceled_by: str | None = None,
     ) -> EffectRun | None:
         def tx(c: sqlite3.Connection) -> EffectRun | None:
             run = self._one(
                 c,
-                f"UPDATE effect_runs SET status = 'canceled', finished_at = ? "
+                f"UPDATE effect_runs SET status = 'canceled', finished_at = ?, canceled_by = ? "
                 f"WHERE id = ? AND status = 'pending' RETURNING {_RUN_COLUMNS}",
-                (now, run_id),
+                (now, canceled_by, run_id),
             )
             if run is not None and retention is not None:
                 self._prune_in(c, now, retention, 1)

@@ -908,3 +908,84 @@ def test_leases_of_a_gone_process_end_and_the_next_claim_takes_them_over(
     assert not begin(store, "ours", f"{mine}w", T0 + 1).claimed  # a live call of ours
     done = store.get_effect_record("done")
     assert done is not None and done.status is EffectRecordStatus.APPLIED
+
+
+# ------------------------------------------------------------------ keys
+
+
+def test_a_key_holds_one_live_run_and_is_free_once_it_finished(store: ThreadStore) -> None:
+    first = replace(run(), key="daily")
+    assert store.insert_run(first) is None
+    held = store.insert_run(replace(run(), key="daily"))
+    assert held is not None and held.id == first.id and held.key == "daily"
+    assert store.insert_run(replace(run(), key="other")) is None  # another key
+    assert store.insert_run(run()) is None  # no key: never held
+    _, claimed, _ = store.finish_and_claim(None, T0)
+    assert claimed is not None and claimed.id == first.id
+    running = store.insert_run(replace(run(), key="daily"))  # a running run holds it too
+    assert running is not None and running.id == first.id
+    store.finish_and_claim(finish(first.id), T0, claim=False)
+    again = replace(run(), key="daily")
+    assert store.insert_run(again) is None  # finished: the key is free
+    assert [r.id for r in store.pending_runs() if r.key == "daily"] == [again.id]
+    assert store.get_run(first.id, T0, KEEP) == replace(
+        first, status=EffectStatus.COMPLETED, attempts=1, started_at_ts=T0, finished_at_ts=T0
+    )
+
+
+def test_a_running_run_hands_its_key_to_one_successor(store: ThreadStore) -> None:
+    link = replace(run(), key="chain")
+    store.insert_run(link)
+    _, claimed, _ = store.finish_and_claim(None, T0)
+    assert claimed is not None and claimed.id == link.id
+    successor = replace(run(run_at=T0 + 60), key="chain")
+    assert store.insert_run(successor, hand_off_from=link.id) is None
+    # A second hand-off, or anyone else, finds the pending successor.
+    for hand_off in (link.id, None):
+        held = store.insert_run(replace(run(), key="chain"), hand_off_from=hand_off)
+        assert held is not None and held.id == successor.id
+    # Only the run that holds the key can hand it on.
+    other = replace(run(), key="solo")
+    store.insert_run(other)
+    store.finish_and_claim(finish(link.id), T0, claim=False)
+    held = store.insert_run(replace(run(), key="solo"), hand_off_from=link.id)
+    assert held is not None and held.id == other.id
+
+
+def test_cancel_and_finish_record_who_canceled(store: ThreadStore) -> None:
+    pending = run()
+    store.insert_run(pending)
+    canceled = store.cancel(pending.id, T0 + 1, canceled_by="http")
+    assert canceled is not None
+    assert (canceled.status, canceled.canceled_by, canceled.finished_at_ts) == (
+        EffectStatus.CANCELED, "http", T0 + 1
+    )
+    busy = run()
+    store.insert_run(busy)
+    store.finish_and_claim(None, T0)
+    done, _, _ = store.finish_and_claim(
+        Finish(busy.id, EffectStatus.CANCELED, None, T0 + 2, canceled_by="pane"), T0 + 2,
+        claim=False,
+    )
+    assert done is not None
+    assert (done.status, done.canceled_by, done.finished_at_ts) == (
+        EffectStatus.CANCELED, "pane", T0 + 2
+    )
+    assert store.get_run(busy.id, T0 + 2, KEEP) == done
+
+
+def test_a_claim_can_be_limited_to_some_effect_names(store: ThreadStore) -> None:
+    serial = run("serial", run_at=T0)
+    beside = run("beside", run_at=T0 + 1)
+    later = run("beside", run_at=T0 + 5)
+    for r in (serial, beside, later):
+        store.insert_run(r)
+    _, claimed, _ = store.finish_and_claim(None, T0 + 2, only_names=["beside"])
+    assert claimed is not None and claimed.id == beside.id  # the serial one is passed over
+    _, claimed, next_due = store.finish_and_claim(None, T0 + 2, only_names=["beside"])
+    assert (claimed, next_due) == (None, T0 + 5)  # only runs of those names count
+    assert store.finish_and_claim(None, T0 + 2, only_names=[]) == (None, None, None)
+    done, claimed, _ = store.finish_and_claim(finish(beside.id), T0 + 2, only_names=[])
+    assert done is not None and done.status is EffectStatus.COMPLETED and claimed is None
+    _, claimed, _ = store.finish_and_claim(None, T0 + 2)
+    assert claimed is not None and claimed.id == serial.id

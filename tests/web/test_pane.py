@@ -106,6 +106,9 @@ class Pane:
     http: httpx.Client
     page: Page
     errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    """The questions the page asked (confirm()); each is accepted unless `refuse` is set."""
+    refuse: bool = False
 
     def new_thread(self) -> str:
         res = self.http.post("/api/threads", json={})
@@ -113,10 +116,12 @@ class Pane:
         tid: str = res.json()["id"]
         return tid
 
-    def schedule(self, tid: str, name: str, args: Any = None, delay: float = 0) -> str:
+    def schedule(
+        self, tid: str, name: str, args: Any = None, delay: float = 0, key: str | None = None
+    ) -> str:
         res = self.http.post(
             f"/api/threads/{tid}/effects",
-            json={"name": name, "args": args, "delay_seconds": delay},
+            json={"name": name, "args": args, "delay_seconds": delay, "key": key},
         )
         assert res.status_code == 201, res.text
         run_id: str = res.json()["id"]
@@ -173,6 +178,15 @@ def serve_pane(tmp_path: Path, browser: Browser, app_dir: Path) -> Iterator[Pane
                 result.errors.append(msg.text)
 
         page.on("pageerror", lambda exc: result.errors.append(str(exc)))
+
+        def on_dialog(dialog: Any) -> None:
+            result.dialogs.append(dialog.message)
+            if result.refuse:
+                dialog.dismiss()
+            else:
+                dialog.accept()
+
+        page.on("dialog", on_dialog)
         page.on("console", on_console)
         try:
             yield result
@@ -1001,3 +1015,68 @@ def test_pause_and_resume_a_thread_from_the_pane(pane: Pane) -> None:
     expect(page.get_by_test_id("paused-note")).to_be_hidden()
     expect(item.get_by_test_id("thread-paused-tag")).to_have_count(0)
     assert pane.errors == []
+
+
+def test_cancel_asks_first_naming_the_run_and_stops_a_running_one(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    pending = pane.schedule(tid, "send_reminder", {"text": "later"}, delay=3600, key="daily")
+    row = pane.row(pending)
+    expect(row.get_by_test_id("run-key")).to_have_text("key daily", timeout=WAIT_MS)
+
+    # Refused: nothing happens to the run.
+    pane.refuse = True
+    row.get_by_test_id("cancel").click()
+    expect(row.get_by_test_id("cancel")).to_be_enabled(timeout=WAIT_MS)
+    assert len(pane.dialogs) == 1
+    question = pane.dialogs[0]
+    run_at = pane.http.get(f"/api/threads/{tid}/effects/{pending}").json()["runAt"]
+    shown_due = page.evaluate(
+        "async (iso) => (await import('/web/format.js')).fmtLocal(iso, { full: true })", run_at
+    )
+    assert "send_reminder" in question and pending in question and shown_due in question
+    expect(row).to_have_attribute("data-status", "pending")
+
+    # A running async run offers Cancel too, and stops when it is confirmed.
+    pane.refuse = False
+    slow = pane.schedule(tid, "slow_task", {"seconds": 600})
+    slow_row = pane.row(slow)
+    expect(slow_row).to_have_attribute("data-status", "running", timeout=WAIT_MS)
+    slow_row.get_by_test_id("cancel").click()
+    expect(slow_row).to_have_attribute("data-status", "canceled", timeout=WAIT_MS)
+    assert "slow_task" in pane.dialogs[-1] and slow in pane.dialogs[-1]
+    slow_row.click()
+    detail = page.get_by_test_id("run-detail")
+    expect(detail.get_by_test_id("detail-canceled-by")).to_have_text("pane", timeout=WAIT_MS)
+    pane.row(pending).click()
+    expect(detail.get_by_test_id("detail-key")).to_have_text("daily", timeout=WAIT_MS)
+    assert pane.errors == []
+
+
+def test_a_run_waiting_behind_a_running_one_says_so(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    slow = pane.schedule(tid, "slow_task", {"seconds": 600})
+    expect(pane.row(slow)).to_have_attribute("data-status", "running", timeout=WAIT_MS)
+    due = pane.schedule(tid, "send_reminder", {"text": "on time?"})
+    row = pane.row(due)
+    expect(row.get_by_test_id("run-waiting")).to_have_attribute(
+        "data-waiting-for", slow, timeout=WAIT_MS
+    )
+    expect(row.get_by_test_id("run-waiting")).to_be_visible()
+    # Run now cannot help: the pane says why.
+    row.get_by_test_id("run-now").click()
+    expect(page.locator(".toast")).to_contain_text(f"waits for run {slow}", timeout=WAIT_MS)
+    row.click()
+    detail = page.get_by_test_id("run-detail")
+    expect(detail.get_by_test_id("detail-waiting")).to_contain_text(slow, timeout=WAIT_MS)
+    # Once the long run is stopped (from its detail), the waiting one runs; the line goes.
+    pane.row(slow).click()
+    expect(detail.get_by_test_id("detail-status")).to_have_text("running", timeout=WAIT_MS)
+    detail.get_by_test_id("cancel").click()
+    expect(row).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    expect(row.get_by_test_id("run-waiting")).to_have_count(0)
+    # The browser logs the refused run-now (409) itself; nothing else went wrong.
+    assert [e for e in pane.errors if "status of 409 (Conflict)" not in e] == []

@@ -10,6 +10,7 @@ import {
   snapshotModel,
   statusCounts,
   visibleRuns,
+  waitingFor,
 } from "../../../web/runs-model.js";
 
 const NOW = Date.parse("2026-11-30T12:00:00Z");
@@ -111,4 +112,34 @@ test("visible runs follow the filter, in order", () => {
   assert.deepEqual(visibleRuns(m, "all").map((r) => r.id), ["c", "b", "a"]);
   assert.deepEqual(visibleRuns(m, "pending").map((r) => r.id), ["c", "a"]);
   assert.deepEqual(visibleRuns(m, "canceled"), []);
+});
+
+test("a due pending run behind a running one says which run it waits for", () => {
+  const m = emptyModel();
+  mergeRun(m, { id: "long", status: "running", createdAt: at(-10), runAt: at(-10) }, NOW);
+  mergeRun(m, { id: "due", status: "pending", createdAt: at(-5), runAt: at(-1) }, NOW);
+  mergeRun(m, { id: "later", status: "pending", createdAt: at(-4), runAt: at(60) }, NOW);
+  assert.equal(waitingFor(m, m.runs.get("due"), NOW), "long");
+  assert.equal(waitingFor(m, m.runs.get("later"), NOW), null); // not due yet
+  assert.equal(waitingFor(m, m.runs.get("later"), NOW + 61_000), "long");
+  assert.equal(waitingFor(m, m.runs.get("long"), NOW), null); // running runs wait for nothing
+  // The server's answer names the run; once it ended, the model's running run stands in.
+  mergeRun(m, { id: "other", status: "running", createdAt: at(-20) }, NOW);
+  mergeRun(m, { id: "due", waitingFor: "other" }, NOW);
+  assert.equal(waitingFor(m, m.runs.get("due"), NOW), "other");
+  mergeRun(m, { id: "other", status: "completed" }, NOW);
+  assert.equal(waitingFor(m, m.runs.get("due"), NOW), "long");
+  mergeRun(m, { id: "long", status: "completed" }, NOW);
+  assert.equal(waitingFor(m, m.runs.get("due"), NOW), null);
+});
+
+test("canceling a running run moves it out of the running count", () => {
+  const m = emptyModel();
+  m.counts = { pending: 1, running: 1, completed: 0, failed: 0, canceled: 0 };
+  mergeRun(m, { id: "r", status: "running", createdAt: at(-10) }, NOW);
+  applyFrame(m, { id: "r", status: "canceled", change: "canceled", attempts: 1 }, NOW);
+  assert.deepEqual(m.counts, { pending: 1, running: 0, completed: 0, failed: 0, canceled: 1 });
+  assert.deepEqual(countChange(m.counts, "canceled"), {
+    pending: 0, running: 0, completed: 0, failed: 0, canceled: 2,
+  });
 });
