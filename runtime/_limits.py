@@ -57,23 +57,45 @@ def cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
+class CyclicValue(ValueError):
+    """A value holds itself (a list or dict inside itself): it has no JSON form."""
+
+
 def json_depth(value: Any) -> int:
     """How deeply ``value`` nests lists/tuples and dicts: 0 for a scalar, 1 for ``[]``.
 
     Iterative, so it never raises ``RecursionError`` however deep the value; only
-    containers are visited (a 2 MiB list of numbers takes milliseconds).
+    containers are visited, each once (a 2 MiB list of numbers takes milliseconds, and a
+    container shared by many parents is measured once).
+
+    Raises:
+        CyclicValue: a container holds itself (``l = []; l.append(l)``), which would
+            otherwise be walked forever.
     """
     containers = (dict, list, tuple)
     if not isinstance(value, containers):
         return 0
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    heights: dict[int, int] = {}  # id of a finished container -> its depth
+    on_path: set[int] = set()
+    # Post-order walk: a container is entered (False), then left (True) once its children
+    # are measured; one met again while still on the path is a cycle.
+    stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
+        item, leaving = stack.pop()
+        key = id(item)
         children = item.values() if isinstance(item, dict) else item
-        stack.extend([(c, depth + 1) for c in children if isinstance(c, containers)])
-    return deepest
+        if leaving:
+            on_path.discard(key)
+            heights[key] = 1 + max(
+                (heights[id(c)] for c in children if isinstance(c, containers)), default=0
+            )
+        elif key in on_path:
+            raise CyclicValue("it holds itself (a list or object inside itself)")
+        elif key not in heights:
+            on_path.add(key)
+            stack.append((item, True))
+            stack.extend((c, False) for c in children if isinstance(c, containers))
+    return heights[id(value)]
 
 
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
@@ -196,9 +218,14 @@ def check_args_depth(name: str, args: Any) -> None:
     """Refuse args nested deeper than `MAX_ARGS_DEPTH` (before they are encoded).
 
     Raises:
-        InvalidEffectArgs: naming the effect and the limit.
+        InvalidEffectArgs: naming the effect and the limit, or saying the args hold
+            themselves (a cycle).
     """
-    if json_depth(args) > MAX_ARGS_DEPTH:
+    try:
+        depth = json_depth(args)
+    except CyclicValue as exc:
+        raise InvalidEffectArgs(f"Args for effect {name} are not JSON: {exc}") from None
+    if depth > MAX_ARGS_DEPTH:
         raise InvalidEffectArgs(
             f"Args for effect {name} nest arrays/objects deeper than the limit of "
             f"{MAX_ARGS_DEPTH} levels"

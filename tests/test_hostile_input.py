@@ -18,7 +18,7 @@ import httpx
 import pytest
 from conftest import DEMO_APP, Api, live_server, make_app, serve_api
 
-from runtime import InvalidDelay, InvalidEffectArgs, Runtime
+from runtime import InvalidDelay, InvalidEffectArgs, Runtime, canonical_json
 from runtime._limits import MAX_ARGS_DEPTH, MAX_JSON_DEPTH
 from runtime.testing import FakeClock, override_model
 from tests.test_turns import APP, Script, call, text
@@ -121,6 +121,32 @@ async def test_deep_args_are_422_over_http_and_in_python(api: Api) -> None:
             deep = [deep]
         await state.schedule_effect("ping", deep)
     assert await runs_of(api, tid) == []
+
+
+async def test_cyclic_args_are_invalid_args_in_python(api: Api) -> None:
+    state = await api.rt.create_thread()
+    looped: list[Any] = []
+    looped.append(looped)
+    selfish: dict[str, Any] = {}
+    selfish["me"] = selfish
+    for args in ({"payload": {"l": looped}}, selfish):
+        with pytest.raises(InvalidEffectArgs, match="holds itself"):
+            await asyncio.wait_for(
+                state.schedule_effect("note", args, delay=999), GUARD_SECONDS
+            )
+    assert (await state.list_runs()).runs == []
+
+
+def test_canonical_json_refuses_cycles_and_deep_values() -> None:
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(TypeError, match="cycle"):
+        canonical_json({"l": looped})
+    with pytest.raises(TypeError, match=f"limit of {MAX_JSON_DEPTH} levels"):
+        deep: Any = 1
+        for _ in range(5000):
+            deep = [deep]
+        canonical_json(deep)
 
 
 # ---------------------------------------------------------------- odd bodies
