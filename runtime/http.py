@@ -41,6 +41,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -96,6 +97,10 @@ DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 BODY_IDLE_TIMEOUT_SECONDS = 30.0
 """A request body that sends nothing for this long is answered 408 and dropped."""
 
+BODY_TIMEOUT_SECONDS = 60.0
+"""A whole request body must arrive within this long of its first read, else 408 (so a
+client dripping a byte at a time cannot hold a connection open)."""
+
 HEADER_TIMEOUT_SECONDS = 10.0
 """A connection must send a complete request head this soon after it opens (or after its
 previous answer), else it is closed (`server_options`)."""
@@ -127,6 +132,8 @@ _MESSAGE_FIELDS = frozenset({"content"})
 
 MAX_MESSAGE_BODY_BYTES = 1 << 20
 """Largest ``POST .../messages`` body (1 MiB)."""
+
+_MESSAGES_PATH = re.compile(r"^/api/threads/[^/]+/messages/?\Z")
 
 
 class ApiError(Exception):
@@ -327,21 +334,26 @@ class BodyLimitMiddleware:
     A ``Content-Length`` over ``max_body_bytes`` is answered 413 at once, before the route
     runs or a byte of the body is read. A chunked body is counted as the route reads it:
     the read that passes the limit raises 413 ``body_too_large``, so nothing buffers more
-    than the limit. A client that stops sending in the middle of its body for
-    ``body_idle_timeout_seconds`` gets 408 ``request_timeout`` (the connection is closed).
+    than the limit. A route with a smaller limit of its own (``POST .../messages``) is
+    answered with that limit. A client that stops sending in the middle of its body for
+    ``body_idle_timeout_seconds``, or whose whole body takes over ``body_timeout_seconds``
+    from the route's first read, gets 408 ``request_timeout`` (the connection is closed).
 
     Args:
         app: The wrapped ASGI app.
         max_body_bytes: Largest request body, in bytes.
         body_idle_timeout_seconds: Longest wait for the next piece of a body.
+        body_timeout_seconds: Longest time for a whole body to arrive.
     """
 
     def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, body_idle_timeout_seconds: float
+        self, app: ASGIApp, *, max_body_bytes: int, body_idle_timeout_seconds: float,
+        body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.idle_timeout = body_idle_timeout_seconds
+        self.body_timeout = body_timeout_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse an over-long declared body, or pass on a counting ``receive``."""
@@ -349,6 +361,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.max_body_bytes
+        if scope.get("method") == "POST" and _MESSAGES_PATH.match(scope.get("path", "")):
+            limit = min(limit, MAX_MESSAGE_BODY_BYTES)
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             response = error_response(
@@ -360,19 +374,27 @@ class BodyLimitMiddleware:
             return
         total = 0
         body_done = False
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
 
         async def counting_receive() -> ASGIMessage:
-            nonlocal total, body_done
+            nonlocal total, body_done, deadline
             if body_done:  # after the body: waiting for a disconnect has no time limit
                 return await receive()
+            now = loop.time()
+            if deadline is None:
+                deadline = now + self.body_timeout
+            left = deadline - now
             try:
-                async with asyncio.timeout(self.idle_timeout):
+                async with asyncio.timeout(min(self.idle_timeout, max(left, 0.0))):
                     message = await receive()
             except TimeoutError:
+                if left <= self.idle_timeout:
+                    why = f"the whole body did not arrive within {self.body_timeout:g} s"
+                else:
+                    why = f"nothing arrived for {self.idle_timeout:g} s"
                 raise ApiError(
-                    408, "request_timeout",
-                    f"The request body stalled: nothing arrived for {self.idle_timeout:g} s",
-                    _CLOSE,
+                    408, "request_timeout", f"The request body stalled: {why}", _CLOSE
                 ) from None
             if message["type"] == "http.request":
                 total += len(message.get("body", b""))
@@ -517,9 +539,30 @@ def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
             400, "invalid_body",
             f"{what}: unknown field(s) {', '.join(cut(u, 40) for u in unknown[:5])}"
             f"{' and more' if len(unknown) > 5 else ''}; "
-            f"allowed: {', '.join(sorted(allowed))}",
+            + (f"allowed: {', '.join(sorted(allowed))}" if allowed else "it takes no fields"),
         )
     return value
+
+
+async def _no_fields(request: Request) -> None:
+    """Check the optional body of a route that takes none: empty, or ``{}``."""
+    what = f"{request.method} {request.url.path}"
+    await read_object(request, frozenset(), cut(what), required=False)
+
+
+_LIMIT_RE = re.compile(r"^[0-9]{1,19}\Z")  # ASCII digits only: int() also takes "5_0", "+5"
+
+
+def _query_limit(request: Request) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return 50
+    if not _LIMIT_RE.match(raw):
+        raise ApiError(
+            400, "invalid_parameter",
+            f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
+        )
+    return int(raw)
 
 
 def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
@@ -530,16 +573,7 @@ def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
 
 
 def _page_params(request: Request) -> tuple[int, str | None]:
-    raw = request.query_params.get("limit")
-    limit = 50
-    if raw is not None:
-        try:
-            limit = int(raw)
-        except ValueError:
-            raise ApiError(
-                400, "invalid_parameter",
-                f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
-            ) from None
+    limit = _query_limit(request)
     cursor = request.query_params.get("cursor") or None
     return limit, cursor
 
@@ -609,6 +643,7 @@ async def _get_thread(request: Request) -> Response:
 
 
 async def _delete_thread(request: Request) -> Response:
+    await _no_fields(request)
     tid = request.path_params["tid"]
     if not await _runtime(request).delete_thread(tid):
         raise ThreadNotFound(tid)
@@ -662,18 +697,21 @@ async def _get_run(request: Request) -> Response:
 
 
 async def _run_now(request: Request) -> Response:
+    await _no_fields(request)
     state = await _thread(request)
     run = await state.run_now(request.path_params["run_id"])
     return JSONResponse({"id": run.id, "status": str(run.status)})
 
 
 async def _replay(request: Request) -> Response:
+    await _no_fields(request)
     state = await _thread(request)
     new_id = await state.replay(request.path_params["run_id"])
     return JSONResponse({"id": new_id}, status_code=201)
 
 
 async def _cancel(request: Request) -> Response:
+    await _no_fields(request)
     state = await _thread(request)
     run_id = request.path_params["run_id"]
     canceled = await state.remove_scheduled_effect(run_id)
@@ -770,16 +808,7 @@ _MAX_ID_CHARS = 64
 
 
 async def _list_messages(request: Request) -> Response:
-    raw = request.query_params.get("limit", "50")
-    try:
-        if len(raw) > 19:
-            raise ValueError(raw)
-        limit = int(raw)
-    except ValueError:
-        raise ApiError(
-            400, "invalid_parameter",
-            f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
-        ) from None
+    limit = _query_limit(request)
     state = await _thread(request)
     raw_latest = request.query_params.get("latest", "false").lower()
     if raw_latest not in _BOOLEANS:
@@ -1285,6 +1314,7 @@ def create_app(
     web_dir: str | os.PathLike[str] | None = DEFAULT_WEB_DIR,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_idle_timeout_seconds: float = BODY_IDLE_TIMEOUT_SECONDS,
+    body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
     ws_close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
     clock: Clock | None = None,
     extra_routes: Sequence[BaseRoute] = (),
@@ -1306,6 +1336,8 @@ def create_app(
         max_body_bytes: Largest request body of any route, in bytes (over it: 413 at
             once, see `BodyLimitMiddleware`).
         body_idle_timeout_seconds: A request whose body stalls this long gets 408.
+        body_timeout_seconds: A request whose whole body takes longer than this (from
+            the route's first read) gets 408.
         ws_close_timeout_seconds: How long the stream tries to deliver its last frames
             and close frame to a client (see `server_options`).
         clock: The runtime's clock (`runtime.testing.FakeClock` in tests).
@@ -1329,6 +1361,7 @@ def create_app(
         raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
     for name, seconds in (
         ("body_idle_timeout_seconds", body_idle_timeout_seconds),
+        ("body_timeout_seconds", body_timeout_seconds),
         ("ws_close_timeout_seconds", ws_close_timeout_seconds),
     ):
         if not seconds > 0:
@@ -1386,6 +1419,7 @@ def create_app(
                 BodyLimitMiddleware,
                 max_body_bytes=max_body_bytes,
                 body_idle_timeout_seconds=body_idle_timeout_seconds,
+                body_timeout_seconds=body_timeout_seconds,
             ),
         ],
         exception_handlers={

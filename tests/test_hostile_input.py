@@ -163,6 +163,44 @@ async def test_a_body_that_is_not_an_object_creates_nothing(api: Api, body: byte
     assert [t["id"] for t in threads] == [tid]
 
 
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"[]", "invalid_body"), (b"0", "invalid_body"), (b"null", "invalid_body"),
+        (b'{"x": 1}', "invalid_body"), (b"notjson", "invalid_json"),
+        (nested(100_000).encode(), "invalid_json"),
+    ],
+)
+async def test_routes_that_take_no_body_refuse_one(api: Api, body: bytes, code: str) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "ping", delay_seconds=999)
+    for path in ("run", "cancel", "replay"):
+        res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/{path}", content=body)
+        error_of(res, 400, code)
+    res = await api.client.request("DELETE", f"/api/threads/{tid}", content=body)
+    error_of(res, 400, code)
+    assert [r["status"] for r in await runs_of(api, tid)] == ["pending"]  # nothing happened
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/cancel", content=b"")
+    assert res.json() == {"canceled": True}  # an empty body is no body
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/replay", content=b"{}")
+    assert res.status_code == 201, res.text  # and so is {}
+
+
+async def test_a_post_without_content_length_over_the_messages_limit_names_it(
+    api: Api,
+) -> None:
+    tid = await api.new_thread()
+    res = await api.client.post(
+        f"/api/threads/{tid}/messages", content=b"{}",
+        headers={"Content-Length": "268435456"},
+    )
+    assert f"the limit is {1 << 20} bytes" in error_of(res, 413, "body_too_large")
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects", content=b"{}", headers={"Content-Length": "268435456"}
+    )
+    assert f"the limit is {2 << 20} bytes" in error_of(res, 413, "body_too_large")
+
+
 # -------------------------------------------------------------- huge bodies
 
 
@@ -243,6 +281,26 @@ async def test_a_half_sent_request_head_is_dropped(tmp_path: Path) -> None:
             assert (await client.get("/api/threads")).status_code == 200  # others are served
 
 
+async def test_a_dripping_body_gets_408_at_the_body_deadline(tmp_path: Path) -> None:
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(), body_idle_timeout_seconds=5,
+        body_timeout_seconds=0.5,
+    ) as api:
+
+        async def drips() -> AsyncIterator[bytes]:
+            while True:  # never idle for long, never done
+                yield b" "
+                await asyncio.sleep(0.05)
+
+        async with asyncio.timeout(GUARD_SECONDS):
+            res = await api.client.post(
+                "/api/threads", content=drips(), headers={"Content-Length": "1000"}
+            )
+        assert "within 0.5 s" in error_of(res, 408, "request_timeout")
+        assert res.headers["connection"] == "close"
+        assert (await api.client.get("/api/threads")).json()["threads"] == []
+
+
 # ----------------------------------------------------------------------- echo
 
 
@@ -281,6 +339,37 @@ async def test_user_values_in_error_messages_are_cut(api: Api) -> None:
         assert len(message) <= 300, (code, len(message))
         for letter in "abc":
             assert letter * 100 not in message, message
+
+
+async def test_quoted_values_are_spelled_as_json(api: Api) -> None:
+    tid = await api.new_thread()
+    path = f"/api/threads/{tid}/effects"
+    for value, spelled in ((True, "got true"), ({"k": 1}, 'got {"k": 1}'), (None, "")):
+        res = await api.client.post(path, json={"name": "ping", "delay_seconds": value})
+        if value is None:
+            assert res.status_code == 201
+            continue
+        message = error_of(res, 422, "invalid_delay")
+        assert spelled in message, message
+    body = b'{"name": "ping", "delay_seconds": ' + b"1" * 5000 + b"}"
+    message = error_of(await api.client.post(path, content=body), 400, "invalid_json")
+    assert "over the limit of 4300 digits" in message
+    assert "sys." not in message and "set_int_max_str_digits" not in message
+    res = await api.client.post(path, json={"name": "nope/x"})
+    assert 'package "nope"' in error_of(res, 404, "effect_not_found")
+
+
+@pytest.mark.parametrize("limit", ["5_0", "+5", " 5", "\u0665", "1.5", "-1", "0x10"])
+async def test_integer_query_parameters_take_ascii_digits_only(api: Api, limit: str) -> None:
+    tid = await api.new_thread()
+    for path in ("/api/threads", f"/api/threads/{tid}/effects", f"/api/threads/{tid}/messages"):
+        res = await api.client.get(path, params={"limit": limit})
+        assert "limit must be an integer" in error_of(res, 400, "invalid_parameter"), path
+    for cursor in ("1_0", "+1", " 1", "\u0661"):
+        res = await api.client.get(f"/api/threads/{tid}/effects", params={"cursor": cursor})
+        error_of(res, 400, "invalid_parameter")
+        res = await api.client.get("/api/threads", params={"cursor": f"{cursor}~{tid}"})
+        error_of(res, 400, "invalid_parameter")
 
 
 # --------------------------------------------------------- unknown args fields
