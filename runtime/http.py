@@ -54,7 +54,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -79,6 +79,7 @@ from runtime.errors import (
     RuntimeClosed,
     SubscriptionOverflow,
     ThreadNotFound,
+    ThreadStorageError,
 )
 from runtime.frames import Subscription, ThreadEvent
 from runtime.messages import MAX_CONTENT_CHARS
@@ -115,6 +116,7 @@ CLOSE_INVALID_THREAD_ID = 4400
 CLOSE_POLICY = 4403
 CLOSE_TOKEN = 4401
 CLOSE_UNKNOWN_THREAD = 4404
+CLOSE_THREAD_STORAGE = 4500  # the thread's file cannot be used (HTTP: 500 thread_storage_error)
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_SERVICE_RESTART = 1012
 
@@ -408,7 +410,12 @@ class BodyLimitMiddleware:
                 body_done = True
             return message
 
-        await self.app(scope, counting_receive, send)
+        try:
+            await self.app(scope, counting_receive, send)
+        except ClientDisconnect:
+            # The client left in the middle of its body: no one is there to answer.
+            log.info("%s %s: the client disconnected before sending its whole body",
+                     scope.get("method"), cut(scope.get("path", ""), 200))
 
 
 def _bearer(header: str | None) -> str | None:
@@ -1061,6 +1068,16 @@ async def _stream(websocket: WebSocket) -> None:
     except RuntimeClosed:
         await websocket.accept()
         await websocket.close(CLOSE_SERVICE_RESTART, "The server is shutting down")
+        return
+    try:  # a thread whose file cannot be used would accept and then never say anything
+        await state.list_runs(limit=1)
+    except ThreadStorageError:
+        # The reason stays short (a close frame holds 123 bytes); HTTP answers the details.
+        await websocket.accept()
+        await websocket.close(
+            CLOSE_THREAD_STORAGE,
+            _close_reason(f"Thread storage error: thread {tid}'s database cannot be used"),
+        )
         return
     # Subscribed before accepting: the client misses nothing from the moment it is open.
     subscription = state.subscribe()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -299,6 +300,36 @@ async def test_a_dripping_body_gets_408_at_the_body_deadline(tmp_path: Path) -> 
         assert "within 0.5 s" in error_of(res, 408, "request_timeout")
         assert res.headers["connection"] == "close"
         assert (await api.client.get("/api/threads")).json()["threads"] == []
+
+
+async def test_a_client_that_leaves_mid_body_is_a_quiet_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await anyio.to_thread.run_sync(lambda: make_app(tmp_path / "data"))
+    async with live_server(app) as host:
+        address, port = host.split(":")
+        loop = asyncio.get_running_loop()
+        with caplog.at_level(logging.INFO):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, (address, int(port)))
+                await loop.sock_sendall(
+                    sock,
+                    b"POST /api/threads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a",
+                )
+                await asyncio.sleep(0.2)  # the route starts reading the body
+            finally:
+                sock.close()
+            async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+                async with asyncio.timeout(GUARD_SECONDS):
+                    while "disconnected" not in caplog.text:
+                        await asyncio.sleep(0.05)
+                assert (await client.get("/api/threads")).json()["threads"] == []
+    assert "Exception in ASGI application" not in caplog.text
+    assert "Traceback" not in caplog.text and "ClientDisconnect" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 # ----------------------------------------------------------------------- echo

@@ -226,7 +226,8 @@ export class RunsView {
     el.more.disabled = this.loading || this.loadingMore;
     el.more.textContent = this.loadingMore ? "Loading…" : key === "all" ? "Load more" : `Load more ${key} runs`;
     el.empty.hidden = shown > 0;
-    if (this.session.gone) el.empty.textContent = "This thread does not exist.";
+    if (this.session.broken) el.empty.textContent = "This thread's runs cannot be loaded.";
+    else if (this.session.gone) el.empty.textContent = "This thread does not exist.";
     else if (!this.loadedOnce) el.empty.textContent = "Loading runs…";
     else if (this.filter === "all") el.empty.textContent = "No runs in this thread yet.";
     else el.empty.textContent = `No ${this.filter} runs loaded.`;
