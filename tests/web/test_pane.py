@@ -848,7 +848,8 @@ def test_a_new_thread_starts_with_a_fresh_schedule_form(pane: Pane) -> None:
     args = page.get_by_test_id("schedule-args")
     delay = page.get_by_test_id("schedule-delay")
     expect(name.locator("option")).to_have_count(5, timeout=WAIT_MS)
-    name.select_option("fail_on_purpose")
+    fresh_effect = name.input_value()  # what a page starts with
+    assert fresh_effect == "fail_on_purpose"
     default = args.input_value()
     assert json.loads(default) == {"reason": "this effect fails on purpose"}
     args.fill('{"reason": "for the first thread only"}')
@@ -857,9 +858,13 @@ def test_a_new_thread_starts_with_a_fresh_schedule_form(pane: Pane) -> None:
     expect(page.get_by_test_id("schedule-args-restore")).to_be_visible()
     name.select_option("fail_on_purpose")
 
-    # Another thread: nothing typed for the first one is offered, or scheduled, there.
-    page.locator(f'[data-testid="thread-item"][data-thread-id="{second}"]').click()
+    name.select_option("send_reminder")
+
+    # Another thread: nothing chosen or typed for the first one is offered, or scheduled,
+    # there; the effect is the one a fresh page starts with.
+    page.goto(f"{pane.url}/#thread={second}")
     expect(page.get_by_test_id("thread-id")).to_have_text(second, timeout=WAIT_MS)
+    expect(name).to_have_value(fresh_effect)
     expect(args).to_have_value(default)
     expect(delay).to_have_value("0")
     expect(page.get_by_test_id("schedule-args-restore")).to_be_hidden()
@@ -928,3 +933,30 @@ def test_at_420px_the_runs_start_above_the_fold(pane: Pane) -> None:
     page.get_by_test_id("tab-conversation").click()
     snap(page, "phone-conversation")
     assert pane.errors == []
+
+
+def test_a_thread_whose_file_is_corrupt_says_so_once(tmp_path: Path, browser: Browser) -> None:
+    with serve_pane(tmp_path, browser, ROOT / "agents") as pane:
+        pane.http.post("/api/threads", json={"id": "fine1"})
+        pane.http.post("/api/threads", json={"id": "corrupt1"})
+    path = tmp_path / "data" / "threads" / "corrupt1.sqlite"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"this is not a database" * 100)
+
+    with serve_pane(tmp_path, browser, ROOT / "agents") as pane:
+        page = pane.page
+        page.goto(f"{pane.url}/#thread=corrupt1")
+        error = page.get_by_test_id("thread-error")
+        expect(error).to_contain_text("Thread corrupt1 cannot be used", timeout=WAIT_MS)
+        expect(error).to_contain_text("thread storage error")
+        expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
+        expect(page.get_by_test_id("runs-empty")).to_have_text("This thread's runs cannot be loaded.")
+        expect(page.get_by_test_id("schedule-submit")).to_be_disabled()
+        # Still listed: the thread exists, only its file is damaged.
+        expect(page.locator('[data-testid="thread-item"][data-thread-id="corrupt1"]')).to_be_visible()
+        page.wait_for_timeout(2000)  # a retry of the stream would come within a second
+        expect(page.get_by_test_id("toast")).to_have_count(0)
+        expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
+        snap(page, "corrupt-thread")
+        assert all("500" in e for e in pane.errors), pane.errors
