@@ -951,7 +951,9 @@ def test_a_thread_whose_file_is_corrupt_says_so_once(tmp_path: Path, browser: Br
         expect(error).to_contain_text("Thread corrupt1 cannot be used", timeout=WAIT_MS)
         expect(error).to_contain_text("thread storage error")
         expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
-        expect(page.get_by_test_id("runs-empty")).to_have_text("This thread's runs cannot be loaded.")
+        expect(page.get_by_test_id("runs-empty")).to_have_text(
+            "This thread's runs cannot be loaded."
+        )
         expect(page.get_by_test_id("schedule-submit")).to_be_disabled()
         # Still listed: the thread exists, only its file is damaged.
         expect(page.locator('[data-testid="thread-item"][data-thread-id="corrupt1"]')).to_be_visible()
