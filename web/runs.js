@@ -167,8 +167,10 @@ export class RunsView {
       <td class="num cell-dur">${fmtDuration(runDuration(run, now)) || "—"}</td>
       <td class="cell-when" data-testid="run-when">${whenText(run, now)}</td>
       <td class="num cell-att">${run.attempts == null ? "" : String(run.attempts)}</td>
-      <td class="cell-error" title=${err.slice(0, 2000)}>${firstLine}</td>
-      <td class="cell-actions">${actionButtons(run)}</td>
+      <td class="cell-error"><div class="error-line">
+        <span class="error-text" title=${err.slice(0, 2000)}>${firstLine}</span>
+        <span class="cell-actions">${actionButtons(run)}</span>
+      </div></td>
       <td class="cell-open" data-testid="row-open" aria-hidden="true">›</td>
     </tr>`;
   }

@@ -711,6 +711,28 @@ def cut_cells(page: Page) -> list[str]:
     return cells
 
 
+def names_cut(page: Page) -> list[str]:
+    """The run names cut to fit their cell."""
+    cut: list[str] = page.evaluate(
+        """() => [...document.querySelectorAll('#runs-body td.cell-name')]
+            .filter((td) => td.scrollWidth > td.clientWidth).map((td) => td.textContent)"""
+    )
+    return cut
+
+
+def error_room(pane: Pane, run_id: str) -> dict[str, float]:
+    """Where a row's error text is drawn: its width, and the gap between its end and the
+    row's buttons (the room the error could use but does not)."""
+    room: dict[str, float] = pane.row(run_id).evaluate(
+        """(row) => {
+            const text = row.querySelector('.error-text').getBoundingClientRect();
+            const buttons = row.querySelector('.cell-error .cell-actions').getBoundingClientRect();
+            return {width: text.width, gap: buttons.left - text.right};
+        }"""
+    )
+    return room
+
+
 def visible_columns(page: Page) -> list[str]:
     names: list[str] = page.evaluate(
         """() => [...document.querySelectorAll('#runs-table thead th')]
@@ -748,7 +770,7 @@ def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_
     expect(page.get_by_test_id("run-row")).to_have_count(5, timeout=WAIT_MS)
     assert visible_columns(page) == [
         "col-id", "col-name", "col-status", "col-due", "col-started", "col-finished",
-        "col-dur", "col-att", "col-error", "col-act",
+        "col-dur", "col-att", "col-error",
     ]
     done = pane.row(runs["completed"])
     assert re.search(r"\d", done.locator(".cell-started").inner_text())
@@ -756,7 +778,11 @@ def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_
     assert re.fullmatch(r"<1ms|\d+ms|\d\.\ds", done.locator(".cell-dur").inner_text())
     assert pane.row(runs["pending"]).locator(".cell-started").inner_text() == "—"
     assert cut_cells(page) == []
+    assert names_cut(page) == []
+    # The error column takes what the other columns leave, up to the row's buttons.
     snap(page, "wide-runs")
+    room = error_room(pane, runs["failed"])
+    assert room["gap"] <= 12 and room["width"] >= 150, room
 
     # Opening a run keeps ID, attempts and error in the list; times are whole, not cut.
     pane.row(runs["failed"]).click()
@@ -764,9 +790,13 @@ def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_
     expect(detail).to_be_visible(timeout=WAIT_MS)
     expect(detail.get_by_test_id("run-error")).to_contain_text("no network today")
     assert visible_columns(page) == [
-        "col-id", "col-name", "col-status", "col-when", "col-att", "col-error", "col-act",
+        "col-id", "col-name", "col-status", "col-when", "col-att", "col-error",
     ]
     expect(pane.row(runs["failed"]).locator(".cell-error")).to_contain_text("no network")
+    # Names are whole, and the error reaches its Replay button with the detail open too.
+    assert names_cut(page) == []
+    room = error_room(pane, runs["failed"])
+    assert room["gap"] <= 12 and room["width"] >= 120, room
     expect(pane.row(runs["pending"]).get_by_test_id("run-when")).to_have_text(
         re.compile(r"in (28|29)m")
     )
@@ -962,3 +992,19 @@ def test_a_thread_whose_file_is_corrupt_says_so_once(tmp_path: Path, browser: Br
         expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
         snap(page, "corrupt-thread")
         assert all("500" in e for e in pane.errors), pane.errors
+
+
+def test_at_420px_a_thread_opened_by_link_is_scrolled_into_the_thread_list(pane: Pane) -> None:
+    page = pane.page
+    page.set_viewport_size(PHONE)
+    oldest = pane.new_thread()
+    for _ in range(11):  # newer threads push it down, out of the short list
+        pane.new_thread()
+    page.goto(f"{pane.url}/#thread={oldest}")
+    expect(page.get_by_test_id("thread-id")).to_have_text(oldest, timeout=WAIT_MS)
+    item = page.locator(f'[data-testid="thread-item"][data-thread-id="{oldest}"]')
+    expect(item).to_have_attribute("aria-current", "true", timeout=WAIT_MS)
+    expect(item).to_be_in_viewport(ratio=0.95)
+    assert page.evaluate("window.scrollY") == 0  # the list scrolled, not the page
+    snap(page, "phone-linked-thread")
+    assert pane.errors == []
