@@ -429,7 +429,7 @@ def test_usage_errors_are_exit_2(server: ServerProcess) -> None:
     # Any other malformed id is the server's to name.
     odd = te(server.url, "threads", "show", "a.b")
     assert odd.exit_code == 1
-    assert "Invalid thread id 'a.b': must match" in odd.stderr
+    assert 'Invalid thread id "a.b": must match' in odd.stderr
     assert "[HTTP 400 invalid_thread_id]" in odd.stderr
 
 

@@ -388,6 +388,12 @@ async def test_quoted_values_are_spelled_as_json(api: Api) -> None:
     assert "sys." not in message and "set_int_max_str_digits" not in message
     res = await api.client.post(path, json={"name": "nope/x"})
     assert 'package "nope"' in error_of(res, 404, "effect_not_found")
+    res = await api.client.get(path, params={"status": "done"})
+    assert 'Unknown status "done"' in error_of(res, 400, "invalid_parameter")
+    res = await api.client.get("/api/threads/a.b/effects")
+    assert 'Invalid thread id "a.b"' in error_of(res, 400, "invalid_thread_id")
+    res = await api.client.get(path, params={"cursor": "x1"})
+    assert 'Invalid cursor "x1"' in error_of(res, 400, "invalid_parameter")
 
 
 @pytest.mark.parametrize("limit", ["5_0", "+5", " 5", "\u0665", "1.5", "-1", "0x10"])

@@ -250,7 +250,7 @@ async def test_a_malformed_thread_id_is_refused_with_4400(live: Live, tid: str) 
     assert reason.startswith("Invalid thread id ")
     assert len(reason.encode()) <= 123  # what a close frame can carry, even for "é" * 80
     if len(tid) < 20:
-        assert f"Invalid thread id '{tid}': must match" in reason
+        assert f'Invalid thread id "{tid}": must match' in reason
 
 
 async def test_deleting_the_thread_closes_its_stream(live: Live) -> None:
