@@ -10,9 +10,12 @@ in all, ``--per-step`` of them in the one model response of each run, through
 - effect, recorded:    the same calls again in the same run id (each one finds its record
                        and runs nothing);
 
-each with `InMemoryEffectStore` and with `SqliteEffectStore` (WAL, synchronous FULL, on
-``--data-dir``). The tool's function does nothing, so the difference to the plain row is
-the effect tool's overhead. Rows are interleaved and repeated (``--repeat``, medians).
+each with `InMemoryEffectStore`, with `SqliteEffectStore` (WAL, synchronous FULL, on
+``--data-dir``) and with a thread's own store inside a `Runtime` (``rt.effect_records``:
+the records in the thread's SQLite file, synchronous FULL, through the actor table and the
+runtime's storage threads, as effect tools in turns use it). The tool's function does
+nothing, so the difference to the plain row is the effect tool's overhead. Rows are
+interleaved and repeated (``--repeat``, medians).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,6 +41,7 @@ from runtime import (
     EffectRecordStore,
     EffectToolContext,
     InMemoryEffectStore,
+    Runtime,
     SqliteEffectStore,
     ToolRunState,
     define_effect_tool,
@@ -73,7 +78,7 @@ def script(first: int, count: int) -> FunctionModel:
 
 
 async def timed_runs(tool: Any, store: EffectRecordStore, prefix: str, calls: int,
-                     per_step: int) -> tuple[float, float]:
+                     per_step: int, thread_id: str = "") -> tuple[float, float]:
     """Wall-clock and CPU microseconds per tool call, over runs of ``per_step`` calls each.
 
     Short runs keep pydantic-ai's message history (which every step re-reads) small, so
@@ -83,7 +88,8 @@ async def timed_runs(tool: Any, store: EffectRecordStore, prefix: str, calls: in
     tools = [tool]
     elapsed = cpu = 0.0
     for batch, first in enumerate(range(0, calls, per_step)):
-        ctx = EffectToolContext(run_id=f"{prefix}-{batch}", agent="bench", trigger="bench")
+        ctx = EffectToolContext(run_id=f"{prefix}-{batch}", agent="bench", trigger="bench",
+                                thread_id=thread_id)
         agent = Agent(script(first, min(per_step, calls - first)),
                       toolsets=[wrap_tools_for_run(tools, ctx, store)])
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -101,9 +107,26 @@ async def measure(
     def add(name: str, value: tuple[float, float]) -> None:
         samples.setdefault(name, []).append(value)
 
-    stores: list[tuple[str, Callable[[int], EffectRecordStore]]] = [
-        ("memory", lambda i: InMemoryEffectStore()),
-        ("sqlite", lambda i: SqliteEffectStore(data_dir / f"bench-{i}.sqlite")),
+    async def standalone(
+        store: EffectRecordStore,
+    ) -> tuple[EffectRecordStore, str, Callable[[], Awaitable[None]]]:
+        return store, "", store.close
+
+    async def in_thread(i: int) -> tuple[EffectRecordStore, str, Callable[[], Awaitable[None]]]:
+        rt = Runtime(data_dir=data_dir / f"rt-{i}", extensions=[], load_packages=False)
+        await rt.start()
+        thread = await rt.create_thread()
+
+        async def close() -> None:
+            await rt.close()
+            shutil.rmtree(data_dir / f"rt-{i}")
+
+        return rt.effect_records, thread.thread_id, close
+
+    stores: list[tuple[str, Callable[[int], Awaitable[Any]]]] = [
+        ("memory", lambda i: standalone(InMemoryEffectStore())),
+        ("sqlite", lambda i: standalone(SqliteEffectStore(data_dir / f"bench-{i}.sqlite"))),
+        ("thread store", in_thread),
     ]
     # Warm up both paths (imports, first connections) before anything is timed.
     await timed_runs(PLAIN, InMemoryEffectStore(), "warm", min(calls, 20), per_step)
@@ -113,12 +136,12 @@ async def measure(
             # The baseline runs right before each pair, so background load hits both alike.
             add("plain", await timed_runs(PLAIN, InMemoryEffectStore(), f"p{i}{label}", calls,
                                           per_step))
-            store = make(i)
+            store, thread_id, close = await make(i)
             add(f"effect, first application ({label})",
-                await timed_runs(EFFECT, store, f"r{i}", calls, per_step))
+                await timed_runs(EFFECT, store, f"r{i}", calls, per_step, thread_id))
             add(f"effect, recorded hit ({label})",
-                await timed_runs(EFFECT, store, f"r{i}", calls, per_step))
-            await store.close()
+                await timed_runs(EFFECT, store, f"r{i}", calls, per_step, thread_id))
+            await close()
         print(f"repetition {i + 1}/{repeat} done", file=sys.stderr)
     return {
         name: (statistics.median(v[0] for v in values), statistics.median(v[1] for v in values))

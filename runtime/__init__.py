@@ -45,10 +45,17 @@ from runtime.errors import (
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
+    TooManyImmediateRuns,
     TurnFailed,
     TurnInProgress,
 )
-from runtime.events import EffectChanged, MessageCreated, RunChange
+from runtime.events import (
+    EffectChanged,
+    EffectRecordChanged,
+    MessageCreated,
+    RecordChange,
+    RunChange,
+)
 from runtime.extension import Extension
 from runtime.frames import Subscription
 from runtime.hooks import HookDefinition, HookPoint, define_hook
@@ -88,6 +95,7 @@ __all__ = [
     "EffectKeyBusy",
     "EffectNotFound",
     "EffectRecord",
+    "EffectRecordChanged",
     "EffectRecordLost",
     "EffectRecordPage",
     "EffectRecordStatus",
@@ -114,6 +122,7 @@ __all__ = [
     "MessagePage",
     "MessageRole",
     "ModelNotAvailable",
+    "RecordChange",
     "RetentionPolicy",
     "RunChange",
     "RunNotFound",
@@ -133,6 +142,7 @@ __all__ = [
     "ThreadPage",
     "ThreadState",
     "ThreadStorageError",
+    "TooManyImmediateRuns",
     "ToolCall",
     "ToolDefinition",
     "ToolResult",

@@ -23,6 +23,7 @@ from runtime.errors import (
     ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
+    TooManyImmediateRuns,
     TurnFailed,
     TurnInProgress,
 )
@@ -76,6 +77,8 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return 500, "thread_storage_error"
     if isinstance(exc, RuntimeClosed):
         return 503, "runtime_closed"
+    if isinstance(exc, TooManyImmediateRuns):
+        return 429, "too_many_immediate_runs"
     # Conversations (runtime/turns.py, docs/agents.md).
     if isinstance(exc, AgentNotFound):
         return 404, "agent_not_found"

@@ -33,6 +33,7 @@ from runtime.effects import EffectRun
 from runtime.errors import ThreadExists, ThreadNotFound
 from runtime.ids import validate_thread_id
 from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.records import process_owner_prefix
 
 log = logging.getLogger("runtime")
 
@@ -72,6 +73,8 @@ class ThreadActor:
             effect code may schedule on its own thread without deadlocking.
         current_run: The run it executes now, if any.
         effect_task: The task running that effect's code, if any.
+        immediate_runs: ``(window_start, count)``: zero-delay runs its effects scheduled
+            in the current one-second window (the runaway guard, `runtime.runs`).
         users: Callers inside `ActorTable.use` (the actor is not evicted meanwhile).
         state: `ActorState.OPEN` while in the table.
     """
@@ -83,6 +86,7 @@ class ThreadActor:
         self.lock = asyncio.Lock()
         self.current_run: EffectRun | None = None
         self.effect_task: asyncio.Task[None] | None = None
+        self.immediate_runs: tuple[float, int] = (0.0, 0)
         self.users = 0
         self.state = ActorState.OPEN
 
@@ -280,6 +284,16 @@ class ActorTable:
                 self._now(),
                 MAX_ATTEMPTS,
             )
+            if self._backend.exclusive:
+                # Likewise an effect-tool key held in progress by another process: that
+                # process is gone, so its call is taken over at once, not after its lease.
+                ended = await self._run_sync(partial(
+                    store.expire_effect_leases, keep_owner_prefix=process_owner_prefix(),
+                    now=self._now(),
+                ))
+                if ended:
+                    log.info("thread %s: %d effect-tool keys left in progress by a stopped "
+                             "process are reconciled by their next call", thread_id, ended)
         except BaseException:
             await self._run_sync(store.close)
             raise

@@ -22,6 +22,7 @@ from pydantic_ai.messages import ModelMessage
 
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
+from runtime.effect_tools import EffectToolDefinition, EffectToolSettings, call_effect_tool
 from runtime.hooks import HookPoint
 from runtime.messages import ToolCall
 from runtime.thread import Execution, ThreadState
@@ -34,6 +35,27 @@ def _execution(ctx: RunContext[ThreadState]) -> Execution:
     return Execution(run_id=ctx.run_id or "", step=ctx.run_step, tool_call_id=ctx.tool_call_id)
 
 
+def effect_tool_settings(state: ThreadState) -> EffectToolSettings:
+    """The runtime's effect-tool settings (`runtime.config.Settings`), as the call takes them."""
+    settings = state.runtime.settings
+    return EffectToolSettings(
+        lease_seconds=settings.effect_tool_lease_seconds,
+        wait_timeout_seconds=settings.effect_tool_wait_seconds,
+        max_result_bytes=settings.effect_tool_max_result_bytes,
+        retention_seconds=settings.retention.effect_records_seconds,
+    )
+
+
+async def _call(defn: ToolDefinition, state: ThreadState, args: Any) -> Any:
+    """Call a tool; an effect tool applies at most once per key, recorded in the thread."""
+    if isinstance(defn, EffectToolDefinition):
+        return await call_effect_tool(
+            defn, state, args, store=state.runtime.effect_records, thread_id=state.thread_id,
+            settings=effect_tool_settings(state),
+        )
+    return await defn.call(state, args)
+
+
 def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[ThreadState]:
     succeeded = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_SUCCESS)
     failed = app.hooks_for(agent.name, HookPoint.AFTER_TOOL_CALL_FAILURE)
@@ -43,7 +65,7 @@ def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[T
         call = ToolCall(ctx.tool_call_id or "", defn.name, dict(raw))
         try:
             args = defn.validate_args(raw)
-            result = await defn.call(state, args)
+            result = await _call(defn, state, args)
             check_tool_result(defn.name, result)
         except ModelRetry as exc:
             # The tool asks the model to correct its call: pydantic-ai's retry, as is.

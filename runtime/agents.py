@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime.discovery import app_package, load_module_file, single_definition
-from runtime.effect_tools import EffectToolDefinition
 from runtime.effects import EFFECT_NAME_RE
 from runtime.errors import AgentDefinitionError, AgentNotFound
 from runtime.hooks import HookDefinition, HookPoint
@@ -312,14 +311,6 @@ def load_agent_app(app_dir: Path | None) -> AgentApp:
                 raise AgentDefinitionError(
                     f"{path}: agent {agent.name!r} lists tool {tool_name!r}, but there is no "
                     f"tools/{tool_name}.py (tools: {known})"
-                )
-            if isinstance(app.tools[tool_name], EffectToolDefinition):
-                # Inside turns an effect tool needs the thread's own record store, which
-                # is not wired yet; run as a plain tool it would silently apply twice.
-                raise AgentDefinitionError(
-                    f"{path}: agent {agent.name!r} lists the effect tool {tool_name!r}; this "
-                    f"version runs effect tools only through wrap_tools_for_run (outside the "
-                    f"runtime's turns), see docs/effect-tools.md"
                 )
         for hook_id in agent.hooks:
             if hook_id not in app.hooks:

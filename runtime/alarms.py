@@ -26,6 +26,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from apscheduler.executors.asyncio import AsyncIOExecutor
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
@@ -50,6 +51,22 @@ _LATEST_ALARM = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
 
 _PROMOTE_JOB_ID = "promote:far-alarms"
 
+class _QuietAsyncIOExecutor(AsyncIOExecutor):  # type: ignore[misc]
+    """APScheduler's asyncio executor, for which a job cancelled is not an error.
+
+    Its shutdown (or ``asyncio.run`` ending the loop) cancels the jobs in flight, and the
+    stock executor logs each as "Error running job …" with a CancelledError traceback,
+    though nothing went wrong: the durable alarm rows, not these jobs, are what counts.
+    """
+
+    def _run_job_error(self, job_id: str, exc: BaseException, traceback: object = None) -> None:
+        if isinstance(exc, asyncio.CancelledError):
+            log.debug("alarm job %s cancelled (the timer stopped)", job_id)
+            self._run_job_success(job_id, [])  # counts the job's instance down, no events
+            return
+        super()._run_job_error(job_id, exc, traceback)
+
+
 class SchedulerTimer:
     """`AlarmTimer` on APScheduler's ``AsyncIOScheduler`` (memory job store).
 
@@ -71,6 +88,7 @@ class SchedulerTimer:
         self._horizon = horizon_seconds
         self._scheduler = AsyncIOScheduler(
             timezone=UTC,
+            executors={"default": _QuietAsyncIOExecutor()},
             job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},
         )
         self._armed: set[str] = set()

@@ -14,7 +14,7 @@ DAY_SECONDS = 86_400.0
 
 
 class RetentionPolicy(BaseModel):
-    """How long finished runs are kept (docs/design.md, "Retention").
+    """How long finished runs and effect-tool records are kept (docs/design.md, "Retention").
 
     Attributes:
         completed_seconds: Completed and canceled runs are kept this long after they
@@ -22,6 +22,8 @@ class RetentionPolicy(BaseModel):
         failed_seconds: Failed runs are kept this long (default 24 hours).
         max_finished: At most this many of the most recent finished runs are kept per
             thread (default 1,000).
+        effect_records_seconds: Effect-tool records (`runtime.storage.records`) are kept
+            this long after they last changed (default 30 days).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -29,6 +31,7 @@ class RetentionPolicy(BaseModel):
     completed_seconds: float = Field(default=30 * DAY_SECONDS, gt=0)
     failed_seconds: float = Field(default=DAY_SECONDS, gt=0)
     max_finished: int = Field(default=1000, ge=1)
+    effect_records_seconds: float = Field(default=30 * DAY_SECONDS, gt=0)
 
 
 class Settings(BaseModel):
@@ -53,10 +56,27 @@ class Settings(BaseModel):
         model: The pydantic-ai model agents use unless they name their own, e.g.
             ``"openai:gpt-4o-mini"`` (the server reads ``THREAD_EFFECTS_MODEL``). None =
             the offline demo model of `runtime.demo_model`.
+        max_immediate_runs_per_second: The guard against runaway chains: a thread's
+            effects may schedule at most this many zero-delay (due now) runs per second
+            (counted in one-second windows of the clock); the next such schedule raises
+            `runtime.errors.TooManyImmediateRuns`, which fails the run that made it.
+            Schedules from outside effects (HTTP, tools, the app) are not counted.
+            None = no guard.
+        loop_stall_warning_seconds: An event loop blocked this long (seconds) is logged
+            as a warning naming the effect, thread and run that held it (see
+            `runtime.watchdog`); None = no watchdog.
         freeze_gc: Call ``gc.freeze()`` once started, moving every object alive then out
             of the collector's full passes (which otherwise stall the event loop for tens
             of ms in a large process). It changes the whole interpreter, so it is off in a
             library; the server turns it on.
+        effect_tool_lease_seconds: How long an effect tool's in-progress record holds its
+            effect key inside turns (docs/effect-tools.md); a holder that died (a killed
+            process) is taken over after this, through ``already_applied`` first. It must
+            exceed the longest ``execute``.
+        effect_tool_wait_seconds: How long an effect tool call waits for another call
+            holding the same key before it fails with `runtime.errors.EffectKeyBusy`.
+        effect_tool_max_result_bytes: Largest recorded effect-tool result, as UTF-8 JSON
+            bytes (default 1 MiB).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -72,4 +92,9 @@ class Settings(BaseModel):
     subscriber_queue_size: int = Field(default=1000, ge=1)
     load_packages: bool = True
     model: str | None = None
+    max_immediate_runs_per_second: int | None = Field(default=100, ge=1)
+    loop_stall_warning_seconds: float | None = Field(default=1.0, gt=0)
     freeze_gc: bool = False
+    effect_tool_lease_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
+    effect_tool_wait_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    effect_tool_max_result_bytes: int = Field(default=1 << 20, ge=1)

@@ -1,4 +1,4 @@
-"""The demo model: a scripted, offline "model" that understands reminders — a demo, not AI.
+"""The demo model: a scripted, offline "model" that understands reminders and notes — a demo.
 
 Agents use it when no real model is configured (no agent ``model`` and no ``model``
 setting), so the demo app and its tests run without network or keys.
@@ -21,8 +21,21 @@ DEMO_MODEL_NAME = "thread-effects-demo"
 
 DEMO_HELP = (
     "I'm the offline demo model of thread-effects (no real model is configured). "
-    "I understand reminders: try \"remind me in 10 seconds to stretch\"."
+    "I understand reminders: try \"remind me in 10 seconds to stretch\", and notes: "
+    "try \"post a note about release: shipped 1.2\"."
 )
+
+_NOTE_PATTERN = re.compile(
+    r"\bnote (?:about|on) (?P<topic>[^:\n]{1,80}?)\s*:\s*(?P<text>\S.*)", re.I | re.S
+)
+
+
+def parse_note(text: str) -> tuple[str, str] | None:
+    """Read "post a note about release: shipped 1.2" as ``(topic, text)``, or None."""
+    match = _NOTE_PATTERN.search(text.strip())
+    if match is None:
+        return None
+    return match.group("topic").strip(), match.group("text").strip()[:2000]
 
 _UNITS = {
     "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
@@ -93,7 +106,14 @@ def _demo_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
                     continue
                 call = _find_call(messages, part.tool_call_id)
                 args = call.args_as_dict() if call is not None else {}
-                if part.tool_name == "set_reminder" and "text" in args:
+                if part.tool_name == "post_note" and isinstance(part.content, dict):
+                    topic = args.get("topic", "")
+                    texts.append(
+                        f"That note about {topic} was already in the inbox; I posted nothing."
+                        if part.content.get("found") else
+                        f"Posted your note about {topic} to the inbox."
+                    )
+                elif part.tool_name == "set_reminder" and "text" in args:
                     delay = float(args.get("delay_seconds", 0))
                     texts.append(
                         f"OK, I'll remind you to {args['text']} in {_duration_text(delay)}."
@@ -104,6 +124,12 @@ def _demo_reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     prompt = _last_user_text(messages)
     reminder = parse_reminder(prompt) if prompt else None
     tools = {t.name for t in info.function_tools}
+    note = parse_note(prompt) if prompt and reminder is None else None
+    if note is not None and "post_note" in tools:
+        return ModelResponse(
+            parts=[ToolCallPart("post_note", {"topic": note[0], "text": note[1]})],
+            model_name=DEMO_MODEL_NAME,
+        )
     if reminder is not None and "set_reminder" in tools:
         what, delay = reminder
         return ModelResponse(
@@ -144,9 +170,11 @@ def _last_user_text(messages: list[ModelMessage]) -> str:
 def demo_model() -> FunctionModel:
     """The scripted model the demo uses when no real model is configured — a demo, not AI.
 
-    It understands one request, "remind me in <n> seconds|minutes|hours|days to <something>"
-    (or "remind me to <something> in <n> ..."), which it answers by calling the agent's
-    ``set_reminder`` tool with ``{"text", "delay_seconds"}``, then confirming in words.
+    It understands two requests: "remind me in <n> seconds|minutes|hours|days to
+    <something>" (or "remind me to <something> in <n> ..."), which it answers by calling the
+    agent's ``set_reminder`` tool with ``{"text", "delay_seconds"}``, and "post a note about
+    <topic>: <text>", answered by calling its ``post_note`` effect tool with ``{"topic",
+    "text"}``; then it confirms in words.
     Anything else gets a short help text. It needs no network, so the demo (and tests)
     run offline. For scripted models of your own, use pydantic-ai's ``FunctionModel``.
     """

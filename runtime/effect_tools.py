@@ -44,8 +44,6 @@ import inspect
 import json
 import logging
 import math
-import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -61,7 +59,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from runtime.errors import EffectKeyBusy, EffectResultError
 from runtime.keys import check_effect_key, default_effect_key
-from runtime.storage.records import EffectRecordStatus, EffectRecordStore
+from runtime.storage.records import EffectRecordStatus, EffectRecordStore, process_owner_prefix
 from runtime.tools import ToolDefinition, check_tool_parts
 
 if TYPE_CHECKING:
@@ -248,7 +246,7 @@ class ToolRunState:
 
 
 def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{process_owner_prefix()}{uuid.uuid4().hex[:12]}"
 
 
 async def _maybe_await(value: Any) -> Any:

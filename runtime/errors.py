@@ -16,6 +16,7 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── RuntimeStorageError     runtime.sqlite cannot be used (the runtime cannot start)
     ├── RunNotFound             no run with that id in the thread
     ├── RunStateError           the run is in the wrong status for the operation
+    ├── TooManyImmediateRuns    a thread's effects scheduled too many zero-delay runs a second
     ├── RuntimeClosed           the runtime is not running (not started or shut down)
     ├── SubscriptionOverflow    a change subscriber fell behind its bounded queue
     ├── AgentDefinitionError    a file in agents/agents|tools|hooks|api is not valid
@@ -116,6 +117,15 @@ class RunNotFound(EffectsError, LookupError):
 
 class RunStateError(EffectsError):
     """The run's status does not allow the operation (e.g. run-now on a completed run)."""
+
+
+class TooManyImmediateRuns(EffectsError):
+    """A thread's effects scheduled more zero-delay runs within a second than allowed.
+
+    The guard against a runaway chain (an effect that schedules itself with no delay):
+    the setting ``max_immediate_runs_per_second``. The message names the thread, the
+    limit and the setting.
+    """
 
 
 class RuntimeClosed(EffectsError):

@@ -4,7 +4,9 @@ Every event class lives here. A thread has two kinds of event, numbered on one s
 (``seq``) so that a subscriber that sees a gap knows it missed something of either kind:
 
 - `EffectChanged`: a run was scheduled, started, finished, ... (``effect_changed`` frame);
-- `MessageCreated`: a message was stored in the conversation (``message_created`` frame).
+- `MessageCreated`: a message was stored in the conversation (``message_created`` frame);
+- `EffectRecordChanged`: an effect tool claimed, applied or released an effect key
+  (``effect_record_changed`` frame).
 
 Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame()`` as is.
 `runtime.frames.ChangeHub` numbers and delivers them.
@@ -102,5 +104,49 @@ class MessageCreated:
         }
 
 
-ThreadEvent: TypeAlias = EffectChanged | MessageCreated
+class RecordChange(StrEnum):
+    """What happened to an effect record."""
+
+    CLAIMED = "claimed"
+    """A call holds the key (status ``in_progress``), new or taken over from an expired lease."""
+    APPLIED = "applied"
+    """The result is recorded (status ``applied``)."""
+    RELEASED = "released"
+    """The call failed: its in-progress record is gone, nothing is recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecordChanged:
+    """A change of one effect record (`runtime.storage.records`), for the thread's subscribers.
+
+    Attributes:
+        thread_id: The thread.
+        seq: The thread's event number, shared with run changes (see `EffectChanged`).
+        change: What happened.
+        record: The record after the change, as ``GET .../effect-records`` shows it (for
+            ``released``: as it was before it was dropped).
+    """
+
+    thread_id: str
+    seq: int
+    change: RecordChange
+    record: dict[str, Any] = field(repr=False)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The frame payload: the record's wire form plus ``change``."""
+        return {**self.record, "change": str(self.change)}
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``effect_record_changed`` WebSocket frame."""
+        return {
+            "type": "event",
+            "eventType": "effect_record_changed",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+            "data": self.data,
+        }
+
+
+ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged
 """What a `runtime.frames.Subscription` yields."""

@@ -8,7 +8,8 @@ effect's schema as it is now, call the effect (sync ones in a worker thread) wit
 is due, the thread's alarm is set to its next pending run (or removed). An effect that
 raises is ``failed`` with its error text and never run again; a run interrupted by the
 thread's deletion or by shutdown is left for recovery (``pending`` again, at most
-`runtime.config.MAX_ATTEMPTS` attempts).
+`runtime.config.MAX_ATTEMPTS` attempts). So is a run whose effect raised because the
+runtime refused a call while shutting down (`RuntimeClosed`): a shutdown never fails a run.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from runtime.alarms import AlarmIndex
 from runtime.config import RetentionPolicy
 from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
-from runtime.errors import EffectNotFound
+from runtime.errors import EffectNotFound, RuntimeClosed
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
@@ -93,6 +94,21 @@ class EffectExecutor:
         self._make_state = make_state
         self._stopping = stopping
         self._retention = retention
+        # The tasks running effect code now, for `describe_task` (the loop watchdog).
+        self._running: dict[asyncio.Task[None], tuple[str, str, str]] = {}
+
+    def describe_task(self, task: asyncio.Task[Any] | None) -> str:
+        """What ``task`` is: ``"effect f (thread t, run r)"`` for an effect's own task.
+
+        Safe to call from another OS thread (the loop watchdog does).
+        """
+        if task is None:
+            return "a callback of the event loop (not a task)"
+        running = self._running.get(task)
+        if running is None:
+            return f"task {task.get_name()!r}"
+        name, thread_id, run_id = running
+        return f"effect {name} (thread {thread_id}, run {run_id})"
 
     async def drain(self, actor: ThreadActor) -> bool:
         """Run the thread's due runs, one at a time, up to `DRAIN_BATCH`.
@@ -111,7 +127,10 @@ class EffectExecutor:
                 if actor.deleted:
                     return False
                 stopping = self._stopping()
-                stop = stopping or done >= DRAIN_BATCH
+                # A paused thread starts nothing; its alarm row stays, and resuming
+                # wakes it (`runtime.Runtime.resume_thread`).
+                paused = actor.info.paused
+                stop = stopping or paused or done >= DRAIN_BATCH
                 finished, claimed, next_due = await self._run_sync(
                     partial(
                         actor.store.finish_and_claim,
@@ -134,7 +153,7 @@ class EffectExecutor:
                     self._hub.publish(change, finished)
                 if stop:
                     # Let other due threads go first; come back to this one.
-                    return not stopping
+                    return not (stopping or paused)
                 if claimed is None:
                     await self._alarms.settle(thread_id, next_due)
                     return False
@@ -177,10 +196,12 @@ class EffectExecutor:
         state = self._make_state(actor.info, defn.package_id)
         task = asyncio.create_task(_call(defn, state, args), name=f"effect-{run.id}")
         actor.effect_task = task
+        self._running[task] = (run.name, actor.thread_id, run.id)
         try:
             await asyncio.wait({task})
         finally:
             actor.effect_task = None
+            del self._running[task]
             if not task.done():  # the worker itself was canceled (shutdown)
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -196,6 +217,11 @@ class EffectExecutor:
         error = task.exception()
         if error is None:
             return Finish(run.id, EffectStatus.COMPLETED, None, now)
+        if self._stopping() and refused_by_shutdown(error):
+            # Not the effect's fault: like a crash, an interruption (pending again).
+            log.info("effect %s (run %s, thread %s) was refused by the shutdown; it will "
+                     "run again", run.name, run.id, actor.thread_id)
+            return None
         message = error_text(error, bare=isinstance(error, _EffectTimeout))
         log.info("effect %s (run %s, thread %s) failed: %s", run.name, run.id,
                  actor.thread_id, truncate(message, 500))
@@ -229,6 +255,23 @@ async def _call(defn: EffectDefinition, state: Any, args: Any) -> None:
         # with it; for an effect they are just its failure.
         raise _EffectAborted(f"{type(exc).__name__}: {exc}" if str(exc)
                              else type(exc).__name__) from None
+
+
+def refused_by_shutdown(error: BaseException) -> bool:
+    """Whether ``error`` is, was caused by, or groups a `RuntimeClosed`."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        exc = todo.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, RuntimeClosed):
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            todo.extend(exc.exceptions)
+        todo.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+    return False
 
 
 def validation_summary(exc: ValidationError) -> str:

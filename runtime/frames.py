@@ -1,7 +1,7 @@
 """Change events per thread and their subscribers (docs/design.md, "Frames").
 
 The event classes live in `runtime.events`; this module numbers them per thread (one
-``seq`` for both kinds) and delivers them.
+``seq`` for every kind) and delivers them.
 Publishing never awaits a subscriber: each has a bounded buffer, and one that falls
 behind is cut off (`SubscriptionOverflow`) rather than slowing the others or the runtime.
 """
@@ -12,23 +12,31 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from runtime.effects import EffectRun
 from runtime.errors import SubscriptionOverflow
-from runtime.events import EffectChanged, MessageCreated, RunChange, ThreadEvent
+from runtime.events import (
+    EffectChanged,
+    EffectRecordChanged,
+    MessageCreated,
+    RecordChange,
+    RunChange,
+    ThreadEvent,
+)
 from runtime.messages import Message
 
 __all__ = ["ChangeHub", "Subscription", "ThreadEvent"]
 
-_E = TypeVar("_E", EffectChanged, MessageCreated)
+_E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged)
 
 
 class Subscription(AsyncIterator[ThreadEvent]):
     """An async iterator over one thread's events, from the moment it was made.
 
-    It yields `EffectChanged` and `MessageCreated` events in the order they happened;
-    tell them apart with ``isinstance`` (or use ``to_frame()``, which says which it is).
+    It yields `EffectChanged`, `MessageCreated` and `EffectRecordChanged` events in the
+    order they happened; tell them apart with ``isinstance`` (or use ``to_frame()``, which
+    says which it is).
 
     Iteration ends when the subscription is closed (the thread was deleted or the runtime
     shut down) and raises `SubscriptionOverflow` if more than ``maxsize`` events piled up
@@ -126,6 +134,17 @@ class ChangeHub:
         return self._deliver(
             message.thread_id,
             lambda seq: MessageCreated(thread_id=message.thread_id, seq=seq, message=message),
+        )
+
+    def publish_record(
+        self, thread_id: str, change: RecordChange, record: dict[str, Any]
+    ) -> EffectRecordChanged:
+        """Number an effect record's change (its wire form) and hand it to the subscribers."""
+        return self._deliver(
+            thread_id,
+            lambda seq: EffectRecordChanged(
+                thread_id=thread_id, seq=seq, change=change, record=record
+            ),
         )
 
     def _deliver(self, thread_id: str, make: Callable[[int], _E]) -> _E:

@@ -2,8 +2,9 @@
 
 `create_app` builds the application; the `runtime.Runtime` is created and started in the
 app's lifespan and closed (with its shutdown grace) when the server stops. `runtime.serve`
-(``server.py``, ``thread-effects serve``) only parses options and runs uvicorn with
-`server_options` (header, keep-alive and WebSocket close timeouts).
+(``server.py``, ``thread-effects serve``) only parses options and runs uvicorn's server
+as `Server` (the runtime closes before the connections, so streams get their last frames)
+with `server_options` (header, keep-alive and WebSocket close timeouts).
 
 Every route lives here in one style: the built-in thread, run, effect and agent routes,
 a thread's messages (`message_routes`) and the app's file-routed thread endpoints
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
@@ -84,6 +86,7 @@ from runtime.errors import (
 from runtime.frames import Subscription, ThreadEvent
 from runtime.messages import MAX_CONTENT_CHARS
 from runtime.storage.base import ThreadInfo
+from runtime.storage.records import MAX_PAGE as MAX_RECORDS_PAGE
 from runtime.supervisor import Runtime
 from runtime.thread import ThreadState
 
@@ -285,9 +288,10 @@ class GuardMiddleware:
 class InterruptedRequestMiddleware:
     """Answer JSON 503 ``shutting_down`` for a request cancelled before it answered.
 
-    On SIGINT/SIGTERM uvicorn gives open requests ``timeout_graceful_shutdown`` seconds
-    (``server.py``: 5), then cancels them; uncaught, the cancellation would reach uvicorn,
-    which logs a traceback and sends a plain-text 500. A request (a long turn, say) that
+    On SIGINT/SIGTERM, after the runtime's grace period (`Server`), uvicorn gives open
+    requests ``timeout_graceful_shutdown`` seconds (``server.py``: 5), then cancels them;
+    uncaught, the cancellation would reach uvicorn, which logs a traceback and sends a
+    plain-text 500. A request (a long turn, say) that
     had not started its answer gets ``{"error": {"code": "shutting_down", ...}}`` with
     ``Retry-After`` instead; what it stored before stays stored.
 
@@ -546,7 +550,7 @@ def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
             400, "invalid_body",
             f"{what}: unknown field(s) {', '.join(cut(u, 40) for u in unknown[:5])}"
             f"{' and more' if len(unknown) > 5 else ''}; "
-            + (f"allowed: {', '.join(sorted(allowed))}" if allowed else "it takes no fields"),
+            f"allowed: {', '.join(sorted(allowed)) or 'none'}",
         )
     return value
 
@@ -560,14 +564,14 @@ async def _no_fields(request: Request) -> None:
 _LIMIT_RE = re.compile(r"^[0-9]{1,19}\Z")  # ASCII digits only: int() also takes "5_0", "+5"
 
 
-def _query_limit(request: Request) -> int:
+def _query_limit(request: Request, max_limit: int = 500) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return 50
     if not _LIMIT_RE.match(raw):
         raise ApiError(
             400, "invalid_parameter",
-            f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
+            f"limit must be an integer from 1 to {max_limit}, got {_quoted(raw)}",
         )
     return int(raw)
 
@@ -579,20 +583,21 @@ def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
     return value
 
 
-def _page_params(request: Request) -> tuple[int, str | None]:
-    limit = _query_limit(request)
+def _page_params(request: Request, max_limit: int = 500) -> tuple[int, str | None]:
+    limit = _query_limit(request, max_limit)
     cursor = request.query_params.get("cursor") or None
     return limit, cursor
 
 
 def thread_json(info: ThreadInfo) -> dict[str, Any]:
-    """A thread's wire form: ``{"id", "createdAt", "agentId", "userId", "tags"}``."""
+    """A thread's wire form: ``{"id", "createdAt", "agentId", "userId", "tags", "paused"}``."""
     return {
         "id": info.id,
         "createdAt": iso(info.created_at_ts),
         "agentId": info.agent_id,
         "userId": info.user_id,
         "tags": list(info.tags),
+        "paused": info.paused,
     }
 
 
@@ -645,8 +650,29 @@ async def _get_thread(request: Request) -> Response:
         agent_id=state.agent_id,
         user_id=state.user_id,
         tags=state.tags,
+        paused=state.paused,
     )
     return JSONResponse(thread_json(info))
+
+
+async def _pause_thread(request: Request) -> Response:
+    return await _set_paused(request, paused=True)
+
+
+async def _resume_thread(request: Request) -> Response:
+    return await _set_paused(request, paused=False)
+
+
+async def _set_paused(request: Request, *, paused: bool) -> Response:
+    tid = request.path_params["tid"]
+    # No fields: an empty body, ``{}`` or none at all.
+    await read_object(
+        request, frozenset(), f"POST /api/threads/{{tid}}/{'pause' if paused else 'resume'}",
+        required=False,
+    )
+    rt = _runtime(request)
+    state = await (rt.pause_thread(tid) if paused else rt.resume_thread(tid))
+    return JSONResponse(thread_json(state.info))
 
 
 async def _delete_thread(request: Request) -> Response:
@@ -682,6 +708,24 @@ async def _list_runs(request: Request) -> Response:
             "counts": {str(s): n for s, n in page.counts.items()},
         }
     )
+
+
+async def _list_effect_records(request: Request) -> Response:
+    state = await _thread(request)
+    limit, cursor = _page_params(request, MAX_RECORDS_PAGE)
+    status = request.query_params.get("status") or None
+    try:
+        page = await state.list_effect_records(status=status, limit=limit, cursor=cursor)
+    except EffectsError:
+        raise
+    except ValueError as exc:  # unknown status, bad limit, malformed cursor
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+    records = []
+    for record in page.records:
+        wire = record.to_json()
+        wire.pop("threadId", None)
+        records.append(wire)
+    return JSONResponse({"records": records, "nextCursor": page.next_cursor})
 
 
 async def _schedule(request: Request) -> Response:
@@ -1081,6 +1125,10 @@ async def _stream(websocket: WebSocket) -> None:
         return
     # Subscribed before accepting: the client misses nothing from the moment it is open.
     subscription = state.subscribe()
+    streams: set[asyncio.Task[Any]] = websocket.app.state.streams
+    task = asyncio.current_task()
+    assert task is not None
+    streams.add(task)  # `Server.shutdown` lets it deliver its last frames
 
     async def why_closed() -> tuple[int, str]:
         try:
@@ -1099,6 +1147,7 @@ async def _stream(websocket: WebSocket) -> None:
         )
         await stream.run(why_closed)
     finally:
+        streams.discard(task)
         subscription.close()
 
 
@@ -1259,6 +1308,44 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
         self.transport.cancel_abort()  # type: ignore[attr-defined]
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server, shutting the runtime down before the connections (SIGINT/SIGTERM).
+
+    uvicorn, on its own, closes every WebSocket (1012) at once, waits for open requests,
+    and only then runs the lifespan shutdown, where the runtime gives running effects
+    their grace period and re-queues the interrupted ones: their ``requeued`` frames would
+    reach no client. This server stops listening, closes the runtime first (open requests
+    and streams are still served during its grace period), lets every stream deliver its
+    last frames and close itself (1012, "The server is shutting down"), then does uvicorn's
+    own shutdown (open requests get ``timeout_graceful_shutdown``; the lifespan's close
+    of the runtime is then a no-op). Use it as ``uvicorn.Server``.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop listening, close the runtime and its streams, then shut uvicorn down."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        state = getattr(self.config.app, "state", None)
+        rt = getattr(state, "runtime", None)
+        if rt is not None:
+            try:
+                await rt.close()
+            except Exception:
+                log.exception("the runtime failed to close")
+            # Each stream now sends what it still holds, then its close frame.
+            streams: set[asyncio.Task[Any]] = set(getattr(state, "streams", ()))
+            if streams:
+                await asyncio.wait(
+                    streams,
+                    timeout=getattr(
+                        state, "ws_close_timeout_seconds", WS_CLOSE_TIMEOUT_SECONDS
+                    ),
+                )
+        await super().shutdown(sockets)
+
+
 def server_options(
     *,
     header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS,
@@ -1407,11 +1494,14 @@ def create_app(
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
         _route("/api/threads/{tid}", GET=_get_thread, DELETE=_delete_thread),
+        _route("/api/threads/{tid}/pause", POST=_pause_thread),
+        _route("/api/threads/{tid}/resume", POST=_resume_thread),
         _route("/api/threads/{tid}/effects", GET=_list_runs, POST=_schedule),
         _route("/api/threads/{tid}/effects/{run_id}", GET=_get_run),
         _route("/api/threads/{tid}/effects/{run_id}/run", POST=_run_now),
         _route("/api/threads/{tid}/effects/{run_id}/replay", POST=_replay),
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
+        _route("/api/threads/{tid}/effect-records", GET=_list_effect_records),
         _route("/api/effects", GET=_list_effects),
         _route("/api/agents", GET=_list_agents),
         WebSocketRoute("/api/threads/{tid}/stream", _stream),
@@ -1449,4 +1539,5 @@ def create_app(
     )
     app.state.max_body_bytes = max_body_bytes
     app.state.ws_close_timeout_seconds = ws_close_timeout_seconds
+    app.state.streams = set()  # the tasks serving open WebSocket streams
     return app

@@ -25,6 +25,17 @@ tool calls later.
 A pydantic model dumps a ``set`` field in iteration order, which for strings differs
 between processes: declare such fields as lists (sorted) when they feed a key.
 
+**Args hashes** (`args_hash`) key durable tool calls on their arguments
+(``idempotency="args"``, `runtime.durable`). Unlike canonical JSON, the hash is
+**type-tagged**: every value is hashed with its type, so values that print alike never share
+a key — a ``datetime`` and its ISO string, a ``set`` and a ``list``, a ``tuple`` and a
+``list``, ``True`` and ``1``, ``Decimal("1")`` and ``1``, ``bytes`` and ``str``. ``1`` and
+``1.0`` are different keys too (an ``int`` and a ``float``); tools hash their *validated*
+arguments, so a field declared ``float`` turns the model's ``1`` into ``1.0`` before hashing
+and both spellings share a key. Mappings (any keys of supported types) and sets are
+order-free. The empty arguments (``{}`` or ``None``) hash to the reserved token
+`NO_ARGS_HASH`.
+
 **Effect markers** tag what an effect left in the world, so ``already_applied`` can find
 it: ``effect_marker(key)`` is ``<!-- thread-effects:effect=<key> -->``. A key is escaped
 in a marker, never refused: ``%``, ``<``, ``>``, whitespace and control characters, and a
@@ -35,13 +46,16 @@ the comment (``-->``) or contain ``--``; `find_effect_markers` decodes them, so
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import datetime as _dt
 import enum
 import hashlib
+import json
 import math
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote
@@ -57,6 +71,10 @@ MAX_SAFE_INTEGER = 2**53 - 1
 
 MAX_EFFECT_KEY_LENGTH = 1024
 """The longest effect key, in characters."""
+
+NO_ARGS_HASH = "no-args"
+"""What `args_hash` returns for the empty arguments (``{}`` or ``None``): a tool without
+arguments. Never a sha256 hex digest, so it matches no other arguments."""
 
 _MARKER_PREFIX = "<!-- thread-effects:effect="
 _MARKER_SUFFIX = " -->"
@@ -230,3 +248,99 @@ def _normalize(value: Any, path: str, active: set[int], tool_name: str | None) -
         return [_normalize(v, f"{path}[{i}]", inner, tool_name) for i, v in enumerate(value)]
     kind = "a function" if callable(value) else f"a value of type {type(value).__name__}"
     raise _unsupported(tool_name, path, kind)
+
+
+def args_hash(value: Any) -> str:
+    """The type-tagged hash of a tool call's arguments (see the module docstring).
+
+    Args:
+        value: The validated arguments: a mapping (usually ``{parameter: value}``) or any
+            value built from None, bool, int, float, str, bytes, Decimal, datetime, date,
+            time, timedelta, UUID, enums, lists, tuples, sets, frozensets, mappings,
+            pydantic models and dataclass instances.
+
+    Returns:
+        The sha256 hex digest of the tagged value; `NO_ARGS_HASH` for ``{}`` or ``None``.
+
+    Raises:
+        TypeError: an unsupported value (a function, an arbitrary object) or a cycle; the
+            message names ``args_hash``, the type and the path (``args.items[2]``).
+    """
+    if value is None or (isinstance(value, Mapping) and not value):
+        return NO_ARGS_HASH
+    tagged = _tag(value, "args", set())
+    text = json.dumps(tagged, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _tag_text(value: Any, path: str, active: set[int]) -> str:
+    return json.dumps(_tag(value, path, active), ensure_ascii=False, separators=(",", ":"))
+
+
+def _tag(value: Any, path: str, active: set[int]) -> Any:
+    if value is None:
+        return ["none"]
+    if isinstance(value, bool):
+        return ["bool", value]
+    if isinstance(value, enum.Enum):
+        return ["enum", _qualname(value), value.name]
+    if isinstance(value, int):
+        return ["int", str(value)]
+    if isinstance(value, float):
+        return ["float", repr(value)]
+    if isinstance(value, str):
+        return ["str", value]
+    if isinstance(value, bytes | bytearray):
+        return ["bytes", base64.b64encode(bytes(value)).decode("ascii")]
+    if isinstance(value, Decimal):
+        return ["decimal", str(value)]
+    if isinstance(value, _dt.datetime):
+        return ["datetime", value.isoformat()]
+    if isinstance(value, _dt.date):
+        return ["date", value.isoformat()]
+    if isinstance(value, _dt.time):
+        return ["time", value.isoformat()]
+    if isinstance(value, _dt.timedelta):
+        return ["timedelta", value.days, value.seconds, value.microseconds]
+    if isinstance(value, uuid.UUID):
+        return ["uuid", str(value)]
+    if id(value) in active:
+        raise TypeError(f"args_hash: {path} is a cycle ({type(value).__name__} contains "
+                        f"itself)")
+    inner = active | {id(value)}
+    if isinstance(value, BaseModel):
+        fields = {name: getattr(value, name) for name in type(value).model_fields}
+        return ["model", _qualname(value),
+                _tag_mapping(fields, path, inner)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return ["dataclass", _qualname(value),
+                _tag_mapping(fields, path, inner)]
+    if isinstance(value, Mapping):
+        return ["map", _tag_mapping(value, path, inner)]
+    if isinstance(value, list):
+        return ["list", [_tag(v, f"{path}[{i}]", inner) for i, v in enumerate(value)]]
+    if isinstance(value, tuple):
+        return ["tuple", [_tag(v, f"{path}[{i}]", inner) for i, v in enumerate(value)]]
+    if isinstance(value, Set):
+        tag = "frozenset" if isinstance(value, frozenset) else "set"
+        return [tag, sorted(_tag_text(v, f"{path}{{}}", inner) for v in value)]
+    what = "a function" if callable(value) else "a value"
+    raise TypeError(f"args_hash: {path} is {what} of type {type(value).__name__}, which "
+                    f"cannot be hashed as arguments (use data: str, int, float, bool, None, "
+                    f"bytes, Decimal, datetime, date, UUID, enums, lists, tuples, sets, "
+                    f"mappings, pydantic models, dataclasses)")
+
+
+def _qualname(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _tag_mapping(value: Mapping[Any, Any], path: str, active: set[int]) -> list[list[str]]:
+    items = []
+    for k, v in value.items():
+        label = k if isinstance(k, str) else repr(k)
+        items.append([_tag_text(k, f"{path}[{label!r}]", active),
+                      _tag_text(v, f"{path}.{label}", active)])
+    items.sort()
+    return items

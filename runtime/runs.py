@@ -24,7 +24,7 @@ from runtime._limits import (
 )
 from runtime._text import find_invalid_text
 from runtime.abc import RunSync
-from runtime.actors import ActorTable
+from runtime.actors import ActorTable, ThreadActor
 from runtime.alarms import AlarmIndex
 from runtime.config import Settings
 from runtime.discovery import EffectRegistry
@@ -34,10 +34,11 @@ from runtime.errors import (
     InvalidEffectArgs,
     RunNotFound,
     RunStateError,
+    TooManyImmediateRuns,
     short_repr,
 )
 from runtime.events import RunChange
-from runtime.executor import error_text
+from runtime.executor import IN_EFFECT, error_text
 from runtime.frames import ChangeHub
 from runtime.ids import new_id
 from runtime.thread import RunPage
@@ -156,6 +157,8 @@ class RunOperations:
         # write into a new thread that reuses the id.
         async with self._actors.writing(state.thread_id, state.info.created_at_ts) as actor:
             now = self._now()
+            if seconds == 0 and IN_EFFECT.get():
+                self._count_immediate(actor, now)
             run = EffectRun(
                 id=new_id(),
                 thread_id=state.thread_id,
@@ -172,6 +175,23 @@ class RunOperations:
             await self._run_sync(actor.store.insert_run, run)
         self._hub.publish(RunChange.SCHEDULED, run)
         return run.id
+
+    def _count_immediate(self, actor: ThreadActor, now: float) -> None:
+        """Count a zero-delay run scheduled by an effect; refuse one over the guard."""
+        limit = self._settings.max_immediate_runs_per_second
+        if limit is None:
+            return
+        start, count = actor.immediate_runs
+        if not 0 <= now - start < 1.0:
+            start, count = now, 0
+        if count >= limit:
+            raise TooManyImmediateRuns(
+                f"Thread {actor.thread_id}: its effects scheduled more than {limit} "
+                f"zero-delay runs within one second (setting max_immediate_runs_per_second"
+                f"={limit}); a runaway chain? Schedule with a delay, pause the thread, or "
+                f"raise the setting"
+            )
+        actor.immediate_runs = (start, count + 1)
 
     async def pending(self, thread_id: str, name: str | None) -> list[EffectRun]:
         """See `ThreadState.get_scheduled_effects`."""

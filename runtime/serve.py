@@ -5,8 +5,9 @@ One implementation behind ``python server.py`` and ``thread-effects serve``::
     thread-effects serve [--app-dir agents] [--data-dir data] [--host 127.0.0.1] [--port 8000]
 
 Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
-_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _MODEL, _LOAD_PACKAGES=0 for --no-packages,
-_LOG_LEVEL). The server listens on loopback; another address needs an API token.
+_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _EFFECT_TOOL_LEASE_SECONDS, _MODEL,
+_LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL). The server listens on loopback; another
+address needs an API token.
 SIGINT/SIGTERM stop it gracefully: runs still going after the grace period are interrupted
 and re-queued.
 
@@ -37,6 +38,7 @@ from runtime.http import (
     DEFAULT_WEB_DIR,
     LOOPBACK_HOSTS,
     ApiError,
+    Server,
     create_app,
     read_json,
     server_options,
@@ -77,8 +79,8 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
 
     Returns:
         The options: ``app_dir``, ``data_dir`` (Paths), ``host``, ``port`` (int),
-        ``api_token``, ``shutdown_grace_seconds`` (float), ``model``, ``load_packages``,
-        ``log_level``.
+        ``api_token``, ``shutdown_grace_seconds``, ``effect_tool_lease_seconds`` (floats),
+        ``model``, ``load_packages``, ``log_level``.
 
     Raises:
         SystemExit: 2 for a bad option (argparse prints the usage), or a message naming a
@@ -139,6 +141,10 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
     p.add_argument("--shutdown-grace-seconds", type=grace,
                    default=env.get(f"{ENV}SHUTDOWN_GRACE_SECONDS", "10"),
                    help="on shutdown, runs still going after this are re-queued")
+    p.add_argument("--effect-tool-lease-seconds", type=float,
+                   default=env.get(f"{ENV}EFFECT_TOOL_LEASE_SECONDS", "300"),
+                   help="an effect tool's claim on its effect key lasts this long; a claim "
+                        "left by a killed process is taken over after it")
     p.add_argument("--model", default=env.get(f"{ENV}MODEL") or None,
                    help="pydantic-ai model for agents that name none, e.g. openai:gpt-4o-mini "
                         "(default: the offline demo model)")
@@ -172,14 +178,19 @@ def _env_flag(name: str, *, default: bool, prog: str) -> bool:
 
 
 def demo_webhook_route(data_dir: Path, max_body_bytes: int) -> Route:
-    """``POST /demo/webhook``: the demo app's webhook target, appending to a JSONL inbox.
+    """``/demo/webhook``: the demo app's webhook target, a JSONL inbox.
+
+    ``POST`` appends the JSON object it gets and answers ``{"received": true, "inbox":
+    "<path>"}``. ``GET ?contains=<text>`` answers ``{"entries": [...]}``: the received
+    objects (oldest first) whose JSON holds ``text`` (all of them without it) — how the demo
+    effect tool ``post_note`` looks for a note it posted (``already_applied``).
 
     Args:
         data_dir: The server's data directory; the inbox is ``webhook-inbox.jsonl`` in it.
         max_body_bytes: Largest body read, in bytes (413 over it).
 
     Returns:
-        The route; its answer is ``{"received": true, "inbox": "<path>"}``.
+        The route.
     """
     inbox = data_dir / "webhook-inbox.jsonl"
 
@@ -187,14 +198,28 @@ def demo_webhook_route(data_dir: Path, max_body_bytes: int) -> Route:
         with open(inbox, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 
+    def search(needle: str | None) -> list[Any]:
+        try:
+            with open(inbox, encoding="utf-8") as f:
+                found = f.read().splitlines()
+        except FileNotFoundError:
+            return []
+        if needle is not None:
+            escaped = json.dumps(needle)[1:-1]
+            found = [line for line in found if escaped in line]
+        return [json.loads(line) for line in found if line]
+
     async def webhook(request: Request) -> JSONResponse:
+        if request.method == "GET":
+            needle = request.query_params.get("contains")
+            return JSONResponse({"entries": await anyio.to_thread.run_sync(search, needle)})
         payload: Any = await read_json(request, max_body_bytes)
         if not isinstance(payload, dict):
             raise ApiError(400, "invalid_body", "POST /demo/webhook: send a JSON object")
         await anyio.to_thread.run_sync(append, json.dumps(payload, separators=(",", ":")))
         return JSONResponse({"received": True, "inbox": str(inbox)})
 
-    return Route("/demo/webhook", webhook, methods=["POST"])
+    return Route("/demo/webhook", webhook, methods=["GET", "POST"])
 
 
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
@@ -254,6 +279,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         web_dir=DEFAULT_WEB_DIR,
         max_body_bytes=max_body_bytes,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
+        effect_tool_lease_seconds=args.effect_tool_lease_seconds,
         model=args.model,
         load_packages=args.load_packages,
         # A server process is ours: keep its long-lived objects out of full collections.
@@ -266,12 +292,13 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         port=args.port,
         lifespan="on",
         log_level=args.log_level,
-        # Open HTTP requests get this long on SIGINT/SIGTERM; then the runtime's own grace
-        # period runs (the lifespan shutdown), after which running effects are re-queued.
+        # On SIGINT/SIGTERM the runtime's grace period runs first (`Server`: running
+        # effects finish or are re-queued, streams get their last frames); open HTTP
+        # requests then get this much longer.
         timeout_graceful_shutdown=5,
         **server_options(),
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     with listener:
         server.run(sockets=[listener])
     # uvicorn reports a failed startup (bad effect file, data dir in use) by not starting;

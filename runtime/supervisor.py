@@ -35,8 +35,8 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +48,7 @@ from runtime.alarms import AlarmIndex, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
 from runtime.dispatcher import Dispatcher
+from runtime.effect_records import EffectRecords
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import (
     EffectDefinitionError,
@@ -62,10 +63,11 @@ from runtime.executor import IN_EFFECT, EffectExecutor
 from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
-from runtime.runs import RunOperations, check_limit
+from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.thread import ThreadState
+from runtime.watchdog import LoopWatchdog
 
 __all__ = [
     "MAX_DELAY_SECONDS", "MAX_ID_CHARS", "MAX_TAGS", "MAX_TAG_CHARS", "THREAD_ID_RE",
@@ -149,6 +151,11 @@ class Runtime:
         dispatcher: Due threads and the workers (`runtime.dispatcher.Dispatcher`).
         executor: Drains a thread, calls effects (`runtime.executor.EffectExecutor`).
         runs: Schedule, cancel, run now, replay, list (`runtime.runs.RunOperations`).
+        effect_records: The effect-tool records of every thread, in its own store
+            (`runtime.effect_records.EffectRecords`, an ``EffectRecordStore``).
+        watchdog: Warns of event-loop stalls, naming the effect that held the loop
+            (`runtime.watchdog.LoopWatchdog`); None when ``loop_stall_warning_seconds``
+            is None.
 
     An extension's `runtime.extension.Extension.attributes` are attributes too: with the
     conversation layer, ``rt.agents`` (the app's agents, tools and hooks) and ``rt.turns``.
@@ -186,6 +193,9 @@ class Runtime:
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
+        # True from start until the shutdown grace ends: while it is, every call is served,
+        # so a running effect (or turn, or tool) can still schedule, list and write.
+        self._serving = False
         self.alarms = AlarmIndex(
             self.clock, self.run_sync, self._on_alarm, self._is_draining
         )
@@ -199,10 +209,18 @@ class Runtime:
             self._state_for_effect, lambda: self._closing,
             retention=self.settings.retention,
         )
+        self.watchdog: LoopWatchdog | None = (
+            LoopWatchdog(self.settings.loop_stall_warning_seconds, self.executor.describe_task)
+            if self.settings.loop_stall_warning_seconds is not None else None
+        )
         self.dispatcher = Dispatcher(self.settings.max_concurrent_runs, self._drain)
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open,
+        )
+        self.effect_records = EffectRecords(
+            self.actors, self.run_sync, self.hub, self.clock.now, self.settings.retention,
+            self._thread_ids,
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -263,6 +281,9 @@ class Runtime:
         self._store = store
         self.actors.registry = store
         self._started = True
+        self._serving = True
+        if self.watchdog is not None:
+            self.watchdog.start()
         self.dispatcher.start()
         armed = await self.alarms.start(store)
         if self.settings.freeze_gc:
@@ -289,9 +310,12 @@ class Runtime:
     async def close(self) -> None:
         """Stop the runtime; idempotent.
 
-        Running effects get ``shutdown_grace_seconds`` to finish; then they are
-        interrupted and their runs go back to ``pending`` (or fail on a third
-        interruption). Every database is closed.
+        No new run starts. Running effects get ``shutdown_grace_seconds`` to finish, and
+        during that grace period every call keeps being served (an effect may still
+        schedule its follow-up run, list runs, write messages); then they are interrupted
+        and their runs go back to ``pending`` (or fail on a third interruption), their
+        ``requeued`` events published before the subscriptions end. Afterwards calls raise
+        `RuntimeClosed`. Every database is closed.
         """
         if not self._started or self._closing:
             return
@@ -302,6 +326,7 @@ class Runtime:
         assert self._store is not None
         self.alarms.stop_timer()
         await self.dispatcher.stop(self.settings.shutdown_grace_seconds)
+        self._serving = False
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
         now = self.clock.now()
@@ -330,11 +355,13 @@ class Runtime:
         if self._executor_pool is not None:
             self._executor_pool.shutdown(wait=False)
             self._executor_pool = None
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self._started = False
 
     def _check_open(self) -> None:
-        if not self._started or self._closing:
-            raise RuntimeClosed("The runtime is not running (not started, or shutting down)")
+        if not self._serving:
+            raise RuntimeClosed("The runtime is not running (not started, or shut down)")
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking call (storage work) on the runtime's own thread pool, off the loop.
@@ -477,6 +504,53 @@ class Runtime:
         infos, nxt = await self.run_sync(self._store.list_threads, limit, after)
         return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
 
+    async def pause_thread(self, thread_id: str) -> ThreadState:
+        """Pause a thread: it starts no run until resumed; the mark survives restarts.
+
+        Everything is kept: its runs, its alarm row, its messages. It still accepts
+        schedules, cancels and run-nows; due runs stay ``pending``. A run that is
+        running when the thread is paused runs to its end (it is not cancelled; cancel
+        it, or delete the thread, to stop it). Pausing a paused thread changes nothing.
+
+        Returns:
+            The thread's state, ``info.paused`` True.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadNotFound: no such thread.
+        """
+        return await self._set_paused(thread_id, paused=True)
+
+    async def resume_thread(self, thread_id: str) -> ThreadState:
+        """Resume a paused thread: its due runs start, in due order; a no-op if not paused.
+
+        Returns:
+            The thread's state, ``info.paused`` False.
+
+        Raises:
+            InvalidThreadId: a malformed id.
+            ThreadNotFound: no such thread.
+        """
+        return await self._set_paused(thread_id, paused=False)
+
+    async def _set_paused(self, thread_id: str, *, paused: bool) -> ThreadState:
+        self._check_open()
+        validate_thread_id(thread_id)
+        assert self._store is not None
+        store = self._store
+        async with self.actors.writing(thread_id) as actor:
+            if actor.info.paused is not paused:
+                if not await self.run_sync(store.set_paused, thread_id, paused):
+                    raise ThreadNotFound(thread_id)
+                actor.info = replace(actor.info, paused=paused)
+            info = actor.info
+        if not paused:
+            # Its alarm may have fired while it was paused: look at its due runs now
+            # (the drain sets the timer to the next pending one).
+            self._on_alarm(thread_id)
+        log.info("thread %s %s", thread_id, "paused" if paused else "resumed")
+        return ThreadState(self, info)
+
     async def delete_thread(self, thread_id: str) -> bool:
         """Delete a thread: its file, its alarm and every run.
 
@@ -513,6 +587,17 @@ class Runtime:
         return existed
 
     # ------------------------------------------------- wiring between the parts
+
+    async def _thread_ids(self) -> AsyncIterator[str]:
+        """Every registered thread's id, newest first, a page at a time."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_threads(limit=MAX_PAGE, cursor=cursor)
+            for thread in page.threads:
+                yield thread.id
+            cursor = page.next_cursor
+            if cursor is None:
+                return
 
     def _on_alarm(self, thread_id: str) -> None:
         if not self._closing:

@@ -19,6 +19,7 @@ from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import InvalidArgument
 from runtime.frames import Subscription
 from runtime.storage.base import ThreadInfo
+from runtime.storage.records import EffectRecordPage, EffectRecordStatus
 
 if TYPE_CHECKING:
     from runtime.messages import Message, MessagePage, MessageRole, TurnResult
@@ -93,7 +94,7 @@ class ThreadState:
 
     @property
     def info(self) -> ThreadInfo:
-        """The thread's registry entry (id, creation time, agent, user, tags)."""
+        """The thread's registry entry (id, creation time, agent, user, tags, paused)."""
         return self._info
 
     @property
@@ -110,6 +111,19 @@ class ThreadState:
     def tags(self) -> tuple[str, ...]:
         """The thread's tags."""
         return self._info.tags
+
+    @property
+    def paused(self) -> bool:
+        """Whether the thread was paused when this state was made (see `pause`)."""
+        return self._info.paused
+
+    async def pause(self) -> ThreadState:
+        """Pause the thread: see `runtime.Runtime.pause_thread`; returns its new state."""
+        return await self._rt.pause_thread(self.thread_id)
+
+    async def resume(self) -> ThreadState:
+        """Resume the thread: see `runtime.Runtime.resume_thread`; returns its new state."""
+        return await self._rt.resume_thread(self.thread_id)
 
     @property
     def created_at(self) -> datetime:
@@ -222,6 +236,39 @@ class ThreadState:
         """
         return await self._rt.runs.list_runs(
             self.thread_id, status, self._qualified(name), limit, cursor
+        )
+
+    async def list_effect_records(
+        self,
+        *,
+        status: EffectRecordStatus | str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        """The thread's effect-tool records (docs/effect-tools.md), newest first.
+
+        Args:
+            status: Only records in this status (``in_progress`` or ``applied``).
+            limit: Page size, 1 to 1000.
+            cursor: ``next_cursor`` of the previous page.
+
+        Returns:
+            An `EffectRecordPage`: records (key, tool, status, result, run id, times) and
+            the cursor of the next page (None on the last).
+
+        Raises:
+            ValueError: an unknown status, a bad limit or a malformed cursor.
+        """
+        if status is not None:
+            try:
+                status = EffectRecordStatus(status)
+            except ValueError:
+                known = ", ".join(s.value for s in EffectRecordStatus)
+                raise ValueError(
+                    f"Unknown effect record status {str(status)[:40]!r}; one of {known}"
+                ) from None
+        return await self._rt.effect_records.list(
+            self.thread_id, status=status, limit=limit, cursor=cursor
         )
 
     async def get_run(self, run_id: str) -> EffectRun:

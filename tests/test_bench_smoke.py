@@ -38,6 +38,22 @@ def test_bench_effect_tools_quick_runs_and_prints_the_table(tmp_path: Path) -> N
     assert "| tool call | wall µs/call | overhead (wall) | CPU µs/call | overhead (CPU) |" in (
         result.stdout)
     for row in ("| plain |", "| effect, first application (sqlite) |",
-                "| effect, recorded hit (memory) |"):
+                "| effect, recorded hit (memory) |", "| effect, first application (thread store) |",
+                "| effect, recorded hit (thread store) |"):
+        assert row in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_durable_quick_runs_and_prints_the_tables(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_durable.py"), "--quick",
+         "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| turn | wall µs/step | overhead (wall) | CPU µs/step | overhead (CPU) |" in (
+        result.stdout)
+    for row in ("| agent.run (no journal) |", "| run_durable, SqliteJournal |",
+                "| resume (replay 10 steps, 1 model request) |"):
         assert row in result.stdout
     assert list(tmp_path.iterdir()) == []

@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from conftest import DEMO_APP, Api, serve_api
 
 from runtime import EffectChanged, MessageCreated
 from runtime._http_errors import MAX_ERROR_MESSAGE_CHARS
 from runtime._limits import MAX_ARGS_DEPTH, MAX_DELAY_SECONDS, MAX_JSON_DEPTH, MAX_QUOTED_CHARS
+from runtime.events import EffectRecordChanged
 from runtime.http import (
     BODY_IDLE_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
@@ -119,3 +121,45 @@ def test_documented_limits_are_the_servers() -> None:
     }
     missing = [text for text in checks if text not in DOC]
     assert not missing, missing
+
+
+async def test_effect_record_shapes_and_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_effect_tools_runtime import APP, NOTE, scripted, turn
+
+    monkeypatch.setenv("NOTES_WORLD", str(tmp_path / "world.txt"))
+    async with serve_api(tmp_path / "data", clock=FakeClock(), app_dir=APP) as api:
+        tid = await api.new_thread(agent_id="notes")
+        thread = await api.rt.get_thread(tid)
+        async with thread.subscribe() as events:
+            await turn(thread, scripted([NOTE]))
+            events.close()  # what the turn published is still yielded
+            frames = [e.to_frame() async for e in events if isinstance(e, EffectRecordChanged)]
+        listed = (await api.client.get(f"/api/threads/{tid}/effect-records")).json()
+        assert set(listed) == field_list("?status=in_progress|applied&limit=50&cursor=\n     -> ")
+        required, optional = keys_after("A record: ")
+        [record] = listed["records"]
+        assert set(record) == required and not optional
+        frame_keys = field_list(
+            '"eventType": "effect_record_changed", "threadId": "...", "seq": 9,\n "data": '
+        )
+        for frame in frames:
+            assert set(frame["data"]) == frame_keys == required | {"change"}
+        assert [f["data"]["change"] for f in frames] == ["claimed", "applied"]
+        assert '"eventType": "effect_record_changed"' in DOC
+
+
+async def test_pause_and_resume_answer_the_thread_as_documented(api: Api) -> None:
+    tid = await api.new_thread()
+    shape = field_list("GET    /api/threads/{tid}      -> ")
+    for route, paused in (("pause", True), ("resume", False)):
+        assert f"POST   /api/threads/{{tid}}/{route}" in DOC
+        assert f'-> the thread, "paused": {str(paused).lower()}' in DOC
+        res = await api.client.post(f"/api/threads/{tid}/{route}")
+        assert res.status_code == 200, res.text
+        assert set(res.json()) == shape and res.json()["paused"] is paused
+        res = await api.client.post(f"/api/threads/{tid}/{route}", json={})
+        assert res.status_code == 200, res.text
+        res = await api.client.post(f"/api/threads/nope/{route}")
+        assert res.status_code == 404

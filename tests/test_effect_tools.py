@@ -588,20 +588,3 @@ def test_discovery_accepts_an_effect_tool_and_checks_its_name(tmp_path: Path) ->
         "tool = define_tool('Plain.', run, name='poster')\n")
     with pytest.raises(AgentDefinitionError, match="the tool's name is 'poster'"):
         load_agent_app(app)
-
-
-def test_an_agent_listing_an_effect_tool_is_refused_until_turns_record_effects(
-    tmp_path: Path,
-) -> None:
-    from runtime import AgentDefinitionError
-    from runtime.agents import load_agent_app
-
-    app = tmp_path / "app"
-    (app / "tools").mkdir(parents=True)
-    (app / "agents").mkdir()
-    (app / "tools" / "post_note.py").write_text(EFFECT_TOOL_FILE.format(extra=""))
-    (app / "agents" / "notes.py").write_text(
-        "from runtime import define_agent\n"
-        "agent = define_agent('notes', 'Be brief.', tools=['post_note'])\n")
-    with pytest.raises(AgentDefinitionError, match="lists the effect tool 'post_note'"):
-        load_agent_app(app)

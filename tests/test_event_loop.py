@@ -41,6 +41,8 @@ async def test_a_full_workload_makes_no_blocking_call_on_the_loop(tmp_path: Path
                 await t.run_now(await t.schedule_effect("note", {"text": "x"}, delay=60))
                 assert (await t.get_run(replay)).replay_of == page.runs[-1].id
             await rt.wait_idle()
+            assert (await rt.pause_thread("t1")).paused
+            assert not (await rt.resume_thread("t1")).paused
             assert (await rt.list_threads()).threads
             assert await rt.delete_thread("t0")
     log = (tmp_path / "notes.log").read_text().splitlines()

@@ -225,7 +225,9 @@ async def test_agents_lists_ids_descriptions_and_the_default(tmp_path: Path) -> 
                 {
                     "id": "assistant",
                     "default": True,  # the only agent serves threads created without one
-                    "description": "Sets reminders that arrive later in the thread.",
+                    "description": (
+                        "Sets reminders that arrive later in the thread and posts notes."
+                    ),
                 }
             ]
         }

@@ -7,19 +7,24 @@ they never assert how long anything took.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from test_packages import demo_dist  # noqa: F401  (fixture: te-demo-pkg, pip-installed)
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
 
@@ -154,6 +159,95 @@ def test_sigterm_requeues_a_running_run(servers: Callable[..., ServerProcess]) -
         second.url, tid, run_id, lambda r: r["status"] == "running" and r["attempts"] == 2
     )
     assert run["error"] is None
+
+
+CORE_APP = str(ROOT / "tests" / "apps" / "core")
+
+
+def test_a_run_going_at_sigterm_finishes_and_schedules_its_follow_up(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    first = servers("--shutdown-grace-seconds", "10", "--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
+    # Sleeps 2 s, then schedules itself again with a delay of 1 s (the follow-up run).
+    run_id = schedule(first.url, tid, "again", {"seconds": 2, "delay": 1})
+    wait_for_run(first.url, tid, run_id, lambda r: r["status"] == "running")
+    time.sleep(0.5)  # SIGTERM in the middle of the run, not at its start
+    assert first.signal(signal.SIGTERM) in (0, -signal.SIGTERM)
+
+    second = servers("--app-dir", CORE_APP, "--no-packages")
+    run = wait_for_run(second.url, tid, run_id, lambda r: r["status"] != "running")
+    assert (run["status"], run["attempts"], run["error"]) == ("completed", 1, None)
+    runs = httpx.get(f"{second.url}/api/threads/{tid}/effects?name=again").json()["runs"]
+    follow_ups = [r for r in runs if r["id"] != run_id]
+    assert len(follow_ups) >= 1, runs  # scheduled during the grace period, and kept
+
+
+def test_the_requeued_frame_reaches_the_stream_before_it_closes(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    server = servers("--shutdown-grace-seconds", "0.1", "--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    url = f"ws://127.0.0.1:{server.port}/api/threads/{tid}/stream"
+    with ws_connect(url, origin=None, open_timeout=GUARD_SECONDS) as ws:
+        run_id = schedule(server.url, tid, "slow", {"seconds": 60})
+        wait_for_run(server.url, tid, run_id, lambda r: r["status"] == "running")
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        changes: list[tuple[str, str]] = []
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                frame = json.loads(ws.recv(timeout=GUARD_SECONDS))
+                if frame["data"].get("id") == run_id:
+                    changes.append((frame["data"]["status"], frame["data"]["attempts"]))
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    assert changes[-1] == ("pending", 1), changes
+    assert server.proc.wait(timeout=GUARD_SECONDS) in (0, -signal.SIGTERM)
+
+
+def test_the_guard_stops_a_runaway_chain(servers: Callable[..., ServerProcess]) -> None:
+    server = servers("--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    runs_url = f"{server.url}/api/threads/{tid}/effects"
+    schedule(server.url, tid, "runaway", None)  # schedules itself again with no delay
+    deadline = time.monotonic() + GUARD_SECONDS
+    while (counts := httpx.get(runs_url).json()["counts"])["failed"] == 0:
+        assert time.monotonic() < deadline, f"the chain was not stopped: {counts}"
+        time.sleep(0.05)
+    assert counts["pending"] == 0 and counts["running"] == 0 and counts["completed"] >= 100
+    [failed] = httpx.get(runs_url, params={"status": "failed"}).json()["runs"]
+    assert failed["error"].startswith(f"TooManyImmediateRuns: Thread {tid}: ")
+    assert "max_immediate_runs_per_second=100" in failed["error"]
+
+
+def test_a_chain_is_paused_over_http_and_its_next_run_canceled(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    server = servers("--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    runs_url = f"{server.url}/api/threads/{tid}/effects"
+    # A chain with a short delay: never due long enough to be canceled while it runs.
+    schedule(server.url, tid, "again", {"seconds": 0, "delay": 0.01})
+    deadline = time.monotonic() + GUARD_SECONDS
+    while httpx.get(runs_url).json()["counts"]["completed"] < 10:
+        assert time.monotonic() < deadline, "the chain did not run"
+        time.sleep(0.05)
+
+    res = httpx.post(f"{server.url}/api/threads/{tid}/pause")
+    assert res.status_code == 200 and res.json()["paused"] is True
+    # The run going at the pause finishes; its follow-up stays pending, so it can be canceled.
+    while True:
+        counts = httpx.get(runs_url).json()["counts"]
+        if counts["running"] == 0 and counts["pending"] == 1:
+            break
+        assert time.monotonic() < deadline, f"the chain did not stop: {counts}"
+        time.sleep(0.05)
+    [pending] = httpx.get(runs_url, params={"status": "pending"}).json()["runs"]
+    res = httpx.post(f"{runs_url}/{pending['id']}/cancel")
+    assert res.json() == {"canceled": True}
+    counts = httpx.get(runs_url).json()["counts"]
+    assert counts["pending"] == 0 and counts["canceled"] == 1 and counts["failed"] == 0
+    assert httpx.get(f"{server.url}/api/threads/{tid}").json()["paused"] is True
 
 
 def test_demo_webhook_posts_to_the_server_itself(
@@ -314,3 +408,90 @@ def test_a_data_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("server.py: cannot create data directory"), done.stderr
     assert done.stderr.count("\n") == 1
+
+
+EFFECT_TOOLS_APP = ROOT / "tests" / "apps" / "effect_tools"
+
+
+def wait_until(what: str, check: Callable[[], Any]) -> Any:
+    deadline = time.monotonic() + GUARD_SECONDS
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.05)
+
+
+def test_a_server_killed_between_execute_and_record_applies_nothing_on_the_retried_turn(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    world, hang = tmp_path / "world.txt", tmp_path / "hang"
+    hang.touch()
+    env = {"NOTES_WORLD": str(world), "NOTES_HANG_FILE": str(hang)}
+    options = ("--app-dir", str(EFFECT_TOOLS_APP), "--no-packages")
+    # An hour's lease: the restarted server must not wait it out (it knows the holder is
+    # gone: one process per data directory) and would give up waiting after 60 s.
+    first = servers(*options, "--effect-tool-lease-seconds", "3600", **env)
+    tid = httpx.post(f"{first.url}/api/threads", json={"agent_id": "notes"}).json()["id"]
+    ask = {"content": "post a note about release: Shipped 1.2"}
+
+    def send(url: str) -> None:
+        with pytest.raises(httpx.TransportError):  # the server dies under the turn
+            httpx.post(f"{url}/api/threads/{tid}/messages", json=ask, timeout=GUARD_SECONDS)
+
+    sender = threading.Thread(target=send, args=(first.url,))
+    sender.start()
+    # The note is in the world; the call hangs before its result is recorded.
+    wait_until("the note was written", lambda: world.exists() and world.read_text())
+    wait_until("APPLIED", lambda: "APPLIED" in first.output())
+    held = httpx.get(f"{first.url}/api/threads/{tid}/effect-records").json()["records"]
+    assert [(r["key"], r["status"], r["result"]) for r in held] == [
+        ("note:release", "in_progress", None)
+    ]
+    lease = datetime.fromisoformat(held[0]["leaseExpiresAt"]) - datetime.fromisoformat(
+        held[0]["createdAt"])
+    assert lease == timedelta(hours=1)
+    assert first.signal(signal.SIGKILL) == -signal.SIGKILL
+    sender.join(GUARD_SECONDS)
+
+    hang.unlink()
+    second = servers(*options, **env)
+    res = httpx.post(f"{second.url}/api/threads/{tid}/messages", json=ask,
+                     timeout=GUARD_SECONDS)
+    assert res.status_code == 200, res.text
+    # The retried turn took over the dead call's key, asked already_applied, which found
+    # the note by its marker: nothing was applied twice.
+    assert len(world.read_text().splitlines()) == 1
+    records = httpx.get(f"{second.url}/api/threads/{tid}/effect-records").json()["records"]
+    assert [(r["key"], r["status"], r["result"]) for r in records] == [
+        ("note:release", "applied", {"note": 1, "reconciled": True})
+    ]
+    tool_results = [r for m in res.json()["messages"] for r in m.get("toolResults", [])]
+    assert [r["isError"] for r in tool_results] == [False]
+    # Deleting the thread deletes its records.
+    assert httpx.delete(f"{second.url}/api/threads/{tid}").status_code == 200
+    assert httpx.get(f"{second.url}/api/threads/{tid}/effect-records").status_code == 404
+
+
+def test_the_demo_agent_posts_a_note_once_to_the_inbox(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    server = servers("--no-packages")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    res = httpx.post(f"{server.url}/api/threads/{tid}/messages",
+                     json={"content": "post a note about release: Shipped 1.2"},
+                     timeout=GUARD_SECONDS)
+    assert res.status_code == 200, res.text
+    assert res.json()["reply"]["content"] == "Posted your note about release to the inbox."
+    inbox = [json.loads(line) for line in
+             (tmp_path / "data" / "webhook-inbox.jsonl").read_text().splitlines()]
+    [record] = httpx.get(f"{server.url}/api/threads/{tid}/effect-records").json()["records"]
+    assert record["toolName"] == "post_note" and record["status"] == "applied"
+    assert record["key"] == f"{res.json()['runId']}:note:release"
+    assert [(e["threadId"], e["topic"]) for e in inbox] == [(tid, "release")]
+    assert inbox[0]["note"] == f"Shipped 1.2 <!-- thread-effects:effect={record['key']} -->"
+    # The inbox answers the tool's search by marker.
+    found = httpx.get(f"{server.url}/demo/webhook",
+                      params={"contains": f"effect={record['key']}"}).json()
+    assert found == {"entries": inbox}

@@ -146,6 +146,9 @@ export const api = {
   // agentId: needed when the app has several agents and none is the default.
   createThread: (agentId) => request("POST", "/api/threads", agentId ? { agent_id: agentId } : {}),
   deleteThread: (tid) => request("DELETE", `/api/threads/${seg(tid)}`),
+  getThread: (tid, opts) => request("GET", `/api/threads/${seg(tid)}`, undefined, opts),
+  pauseThread: (tid, opts) => request("POST", `/api/threads/${seg(tid)}/pause`, undefined, opts),
+  resumeThread: (tid, opts) => request("POST", `/api/threads/${seg(tid)}/resume`, undefined, opts),
 
   listRuns: (tid, { status, name, limit, cursor } = {}, opts) =>
     request("GET", `/api/threads/${seg(tid)}/effects${query({ status, name, limit, cursor })}`, undefined, opts),
@@ -155,6 +158,10 @@ export const api = {
   runNow: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/run`, undefined, opts),
   replay: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/replay`, undefined, opts),
   cancel: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`, undefined, opts),
+
+  // Effect-tool records, newest first (docs/effect-tools.md).
+  effectRecords: (tid, { status, limit, cursor } = {}, opts) =>
+    request("GET", `/api/threads/${seg(tid)}/effect-records${query({ status, limit, cursor })}`, undefined, opts),
 
   listEffects: () => request("GET", "/api/effects"),
   listAgents: () => request("GET", "/api/agents"),
@@ -179,7 +186,8 @@ const CLOSE_THREAD_STORAGE = 4500; // the thread's database cannot be used
 const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
 
 /**
- * The live stream of one thread's frames (effect_changed, message_created), reconnecting
+ * The live stream of one thread's frames (effect_changed, message_created,
+ * effect_record_changed), reconnecting
  * with backoff.
  *
  * Callbacks: onState("connecting" | "live" | "offline", detail), onOpen() after every

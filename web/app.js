@@ -1,5 +1,6 @@
 // app.js — the Effects pane's entry: threads on the left (threads.js), the selected thread's
-// runs (runs.js) or messages (conversation.js) in the middle, one run's detail on the right
+// runs (runs.js) with its effect-tool records (records.js) or messages (conversation.js) in
+// the middle, one run's detail on the right
 // (detail.js), the schedule form (schedule.js), the header badge (connection.js). This
 // module owns only the selection: which thread is shown, its session (an AbortController
 // that drops answers meant for a thread no longer shown), its stream and the URL hash.
@@ -14,6 +15,8 @@ import { ApiError, RunStream, askForToken, onReach } from "./api.js";
 import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
 import { DetailView } from "./detail.js";
+import { RecordsView } from "./records.js";
+import { PauseControl } from "./pause.js";
 import { RunsView } from "./runs.js";
 import { ScheduleForm } from "./schedule.js";
 import { ThreadSession } from "./session.js";
@@ -83,6 +86,14 @@ const threads = new ThreadsView({
   },
 });
 
+const pause = new PauseControl({
+  onChange: (tid, paused) => {
+    threads.setPaused(tid, paused);
+    runs.setPaused(paused);
+  },
+  onGone: (s, err) => handledAsGone(s, err),
+});
+
 const runs = new RunsView({
   handledAsGone,
   detailId: () => detail.id,
@@ -96,6 +107,8 @@ const detail = new DetailView(runs, {
   handledAsGone,
   onToggle: () => runs.draw(),
 });
+
+const records = new RecordsView({ handledAsGone });
 
 const conversation = new ConversationView({
   handledAsGone,
@@ -138,8 +151,10 @@ function showSession(s) {
   clearTimeout(fallbackTimer);
   detail.close();
   runs.reset(s);
+  records.reset(s);
   conversation.reset(s);
   schedule.reset(s);
+  pause.reset(s, s ? threads.threads.get(s.tid)?.paused : false);
   const disabled = Boolean(s && s.gone);
   el.threadView.toggleAttribute("data-gone", disabled);
   for (const control of [el.reloadRuns, ...el.filters.querySelectorAll("button")]) control.disabled = disabled;
@@ -175,14 +190,20 @@ function selectThread(tid) {
       if (s !== session) return;
       connection.setStreamState(conn, detailText);
       // If the socket cannot be opened at all, still show the list over plain HTTP.
-      if (conn === "offline" && !runs.loadedOnce && !runs.loading) runs.reload();
+      if (conn === "offline" && !runs.loadedOnce && !runs.loading) {
+        runs.reload();
+        records.reload();
+      }
     },
     onOpen: () => {
       if (s !== session) return;
       // Frames sent while we were away are gone: reload on every (re)connect, and seq
       // numbering restarts from whatever the first frame says.
       lastSeq = null;
-      runs.reload();
+      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
+      // thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => pause.refresh());
+      records.reload();
       conversation.catchUp();
     },
     onFrame: (frame) => {
@@ -200,6 +221,7 @@ function selectThread(tid) {
   // The list normally loads when the socket opens; don't leave the page empty if that is slow.
   fallbackTimer = setTimeout(() => {
     if (s === session && !runs.loadedOnce && !runs.loading) runs.reload();
+    if (s === session && !records.loadedOnce && !records.loading) records.reload();
   }, 1500);
 }
 
@@ -241,13 +263,17 @@ function onFrame(frame) {
     const gap = lastSeq !== null && frame.seq !== lastSeq + 1;
     lastSeq = frame.seq;
     if (gap) {
-      runs.reload();
+      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
+      // thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => pause.refresh());
+      records.reload();
       conversation.catchUp();
     }
   }
   if (frame.type !== "event") return;
   if (frame.eventType === "message_created") conversation.onFrame(frame.data);
   else if (frame.eventType === "effect_changed") runs.onFrame(frame.data);
+  else if (frame.eventType === "effect_record_changed") records.onFrame(frame.data);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -275,6 +301,7 @@ function setView(next, { writeHash = true } = {}) {
 // Wiring
 
 function wire() {
+  el.reloadRuns.addEventListener("click", () => records.reload());
   el.tabs.addEventListener("click", (ev) => {
     const tab = ev.target.closest("button[data-view]");
     if (tab) setView(tab.dataset.view);
@@ -304,6 +331,7 @@ function wire() {
     if (document.hidden) return;
     const now = Date.now();
     runs.draw(now);
+    records.draw(now);
     detail.draw(now);
     threads.render(now);
   }, 1000);
@@ -323,7 +351,10 @@ function init() {
       schedule.load();
       threads.loadAgents();
       if (stream) stream.reconnectNow();
-      else if (session) runs.reload();
+      else if (session) {
+        runs.reload();
+        records.reload();
+      }
     },
   });
   wire();

@@ -95,6 +95,14 @@ export class RunsView {
     this.framesDuringLoad = null; // ids changed by frames while a reload was in flight
     this.drawScheduled = false;
     this.notice = null;
+    this.paused = false; // the thread is paused: due runs wait for it to be resumed
+  }
+
+  /** The thread was paused or resumed (pause.js): its due runs say why they wait. */
+  setPaused(paused) {
+    if (this.paused === paused) return;
+    this.paused = paused;
+    this.draw();
   }
 
   /** Show `session`'s thread (null: none): everything of the previous one is dropped. */
@@ -149,11 +157,14 @@ export class RunsView {
     const err = run.error ? String(run.error) : "";
     const firstLine = err.split("\n", 1)[0].slice(0, 300);
     const pending = run.status === "pending";
+    const held = pending && this.paused;
     const badgeTitle = err
       ? firstLine // the error column may be hidden
-      : pending
-        ? "Runs when due, once no other run of this thread is running (one at a time)"
-        : "";
+      : held
+        ? "The thread is paused: this run starts once it is resumed and the run is due"
+        : pending
+          ? "Runs when due, once no other run of this thread is running (one at a time)"
+          : "";
     return html`<tr class="run-row ${run.id === selectedId ? "selected" : ""}" data-testid="run-row"
         data-run-id=${run.id} data-status=${run.status || ""} tabindex="0">
       <td class="mono cell-id" title=${run.id}>${shortId(run.id)}</td>
@@ -161,11 +172,13 @@ export class RunsView {
       <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span></td>
       <td class="cell-due" title=${run.runAt || ""}>${timeText(run.runAt, now)}${
         pending ? html` <span class="rel muted nw">${fmtRelative(run.runAt, now)}</span>` : nothing
-      }</td>
+      }${held ? html` <span class="paused-text nw" data-testid="run-paused" title=${badgeTitle}>· paused</span>` : nothing}</td>
       ${timeCell("cell-started", run.startedAt, now)}
       ${timeCell("cell-finished", run.finishedAt, now)}
       <td class="num cell-dur">${fmtDuration(runDuration(run, now)) || "—"}</td>
-      <td class="cell-when" data-testid="run-when">${whenText(run, now)}</td>
+      <td class="cell-when" data-testid="run-when">${whenText(run, now)}${
+        held ? html` <span class="paused-text nw" data-testid="run-paused" title=${badgeTitle}>· paused</span>` : nothing
+      }</td>
       <td class="num cell-att">${run.attempts == null ? "" : String(run.attempts)}</td>
       <td class="cell-error"><div class="error-line">
         <span class="error-text" title=${err.slice(0, 2000)}>${firstLine}</span>

@@ -1,5 +1,6 @@
 // threads.js — the thread list (left): paging, "New thread" (asking which agent when the
-// app has several and none is the default) and deleting a thread.
+// app has several and none is the default), deleting a thread, and a "paused" tag on
+// paused threads.
 
 import { html, render } from "./vendor/lit-html/lit-html.js";
 import { repeat } from "./vendor/lit-html/directives/repeat.js";
@@ -71,6 +72,8 @@ export class ThreadsView {
   item(thread, now) {
     const id = String(thread.id);
     const tags = [
+      ...(thread.paused ? [html`<span class="thread-tag thread-paused" data-testid="thread-paused-tag"
+          title="Paused: starts no run until resumed">paused</span>`] : []),
       ...[
         ["agent", thread.agentId],
         ["user", thread.userId],
@@ -244,6 +247,14 @@ export class ThreadsView {
       if (err instanceof ApiError && err.status === 404) this.forget(id); // the list was out of date
       toastApiError(`Could not delete thread ${id}`, err);
     }
+  }
+
+  /** Note thread `id`'s paused state (from its header), if it is in the list. */
+  setPaused(id, paused) {
+    const thread = id == null ? undefined : this.threads.get(id);
+    if (!thread || Boolean(thread.paused) === paused) return;
+    this.threads.set(id, { ...thread, paused });
+    this.render();
   }
 
   /** Drop `id` from the list (deleted here or elsewhere). */

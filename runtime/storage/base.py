@@ -5,8 +5,8 @@ from the event loop, and never calls one `ThreadStore` from two threads at once)
 
 - `StorageBackend`: the factory. It owns where data lives (paths, files, the data-dir
   lock of the SQLite backend) and opens the two stores below.
-- `ThreadStore`: one thread's runs, conversation and meta. Every method is one
-  transaction: it either commits whole or changes nothing.
+- `ThreadStore`: one thread's runs, conversation, effect-tool records and meta. Every
+  method is one transaction: it either commits whole or changes nothing.
 - `RuntimeStore`: the thread registry and the durable alarm index.
 
 Backends: `runtime.storage.sqlite.SQLiteBackend` (one file per thread, the default) and
@@ -24,6 +24,12 @@ Ordering rules every backend keeps:
 - Messages keep the order of `ThreadStore.insert_messages` calls (and of each batch).
 - Threads list newest first by ``created_at``, ties broken by id (descending).
 
+Effect records (`runtime.storage.records`) of a thread live in its store, scoped to it:
+the ``*_effect_record(s)`` methods keep the `EffectRecordStore` contract for that thread
+(the runtime's async `runtime.effect_records.EffectRecords` calls them). Records past
+``RetentionPolicy.effect_records_seconds`` are deleted on the write path (a claim, at most
+once a minute, and `ThreadStore.prune`) and with the thread's store.
+
 Retention: a finished run past `RetentionPolicy` (past its age, or older than the
 ``max_finished`` most recent unexpired ones) is never returned by a read, even before it
 is deleted. Reads never write: deletion happens on the write path (the transactions that
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
 from runtime.messages import Message
+from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,7 @@ class ThreadInfo:
         agent_id: The agent that serves the thread, if any.
         user_id: The user it belongs to, if any.
         tags: Free-form labels.
+        paused: Whether the thread is paused (it runs nothing until resumed).
     """
 
     id: str
@@ -68,6 +76,7 @@ class ThreadInfo:
     agent_id: str | None = None
     user_id: str | None = None
     tags: tuple[str, ...] = ()
+    paused: bool = False
 
 
 class ThreadStore(ABC):
@@ -251,10 +260,11 @@ class ThreadStore(ABC):
         Past retention: completed or canceled with ``finished_at`` older than
         ``completed_seconds``, failed older than ``failed_seconds``, and then the oldest
         finished runs (by ``finished_at``, ties by scheduling order) beyond
-        ``max_finished``. Pending and running runs are never deleted.
+        ``max_finished``. Pending and running runs are never deleted. Effect records
+        past ``effect_records_seconds`` go too (see `begin_effect_record`).
 
         Returns:
-            How many runs were deleted.
+            How many runs were deleted (records not counted).
 
         Raises:
             ThreadStorageError: the write failed; nothing was deleted.
@@ -326,6 +336,116 @@ class ThreadStore(ABC):
             ThreadStorageError: the read failed.
         """
 
+    # ----------------------------------------------------------- effect records
+
+    @abstractmethod
+    def get_effect_record(self, key: str) -> EffectRecord | None:
+        """The key's record in this thread, in progress or applied; None when there is none.
+
+        A read: it never writes.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def begin_effect_record(
+        self,
+        key: str,
+        *,
+        tool_name: str,
+        run_id: str | None,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        retention: RetentionPolicy | None = None,
+    ) -> Claim:
+        """Claim a key for applying its effect, as `EffectRecordStore.begin`, at ``now``.
+
+        With no record: a new in-progress record held by ``owner`` until ``now +
+        lease_seconds`` (``claimed``). An in-progress record whose lease expired goes to
+        ``owner`` (``claimed`` and ``took_over``). An applied record or a live lease:
+        nothing changes. Of concurrent callers on one key exactly one gets ``claimed``.
+        With ``retention``, the same transaction may delete records last changed more than
+        ``effect_records_seconds`` before ``now`` (at most once a minute; an in-progress
+        one only once its lease expired that long ago too).
+
+        Raises:
+            ValueError: ``lease_seconds`` is not positive and finite (nothing written).
+            ThreadStorageError: the write failed; nothing was written.
+        """
+
+    @abstractmethod
+    def complete_effect_record(
+        self, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        """Record the result ``owner`` applied (the record becomes applied, lease cleared).
+
+        Raises:
+            EffectRecordLost: ``owner`` does not hold the key's in-progress record.
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
+    def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:
+        """Drop ``owner``'s in-progress record (its execute raised): nothing is recorded.
+
+        Returns:
+            The dropped record; None if ``owner`` did not hold it (nothing changes).
+
+        Raises:
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
+    def list_effect_records(
+        self,
+        *,
+        status: EffectRecordStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        """A page of the thread's records, newest first (``created_at``, then key).
+
+        A read: it never writes.
+
+        Raises:
+            ValueError: a limit outside 1..1000, or a cursor no store produced.
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def expire_effect_leases(self, *, keep_owner_prefix: str, now: float) -> int:
+        """End at ``now`` the live leases of in-progress records held by a gone process.
+
+        A record is taken to be held by a gone process when its owner does not begin with
+        ``keep_owner_prefix`` (`runtime.storage.records.process_owner_prefix`). The runtime
+        calls this when it opens a thread of an exclusive backend (`StorageBackend.exclusive`):
+        no other process can be applying those keys, so the next call takes them over
+        (through ``already_applied``) instead of waiting out the lease.
+
+        Returns:
+            How many leases were ended.
+
+        Raises:
+            ThreadStorageError: the write failed; nothing changed.
+        """
+
+    @abstractmethod
+    def purge_effect_records(self, *, older_than: float | None) -> int:
+        """Delete the thread's records last changed before ``older_than``, or all of them.
+
+        With ``older_than`` (seconds since the epoch), an in-progress record goes only
+        when its lease expired before it too; with None every record goes.
+
+        Returns:
+            How many records were deleted.
+
+        Raises:
+            ThreadStorageError: the write failed; nothing was deleted.
+        """
+
     @abstractmethod
     def close(self) -> None:
         """Release the store (idempotent); any later call raises ThreadStorageError."""
@@ -344,7 +464,18 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def get_thread(self, thread_id: str) -> ThreadInfo | None:
-        """The registry entry, or None."""
+        """The registry entry (``paused`` as last set), or None."""
+
+    @abstractmethod
+    def set_paused(self, thread_id: str, paused: bool) -> bool:
+        """Mark the thread paused or not, durably (one transaction; idempotent).
+
+        `get_thread` and `list_threads` then give its ``paused``; a thread added by
+        `add_thread` is not paused, and `delete_thread` forgets the mark.
+
+        Returns:
+            False (nothing written) if no such thread is registered.
+        """
 
     @abstractmethod
     def list_threads(
@@ -363,7 +494,11 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> bool:
-        """Remove a thread and its alarm in one transaction; False if it did not exist."""
+        """Remove a thread, its alarm and its pause mark in one transaction.
+
+        Returns:
+            False if it did not exist.
+        """
 
     @abstractmethod
     def set_alarm(self, thread_id: str, due_at: float | None) -> None:
@@ -402,7 +537,15 @@ class StorageBackend(ABC):
     """Where a runtime keeps its registry, alarms and every thread's store (a factory).
 
     A runtime calls `open` once at start, then the thread-store methods, then `close`.
+
+    Attributes:
+        exclusive: True when one process at a time uses the backend (`open` takes
+            exclusive use, as the SQLite and memory backends do): what a thread's store holds
+            in progress for another process was left by one that is gone. A backend shared
+            by several live processes sets it False.
     """
+
+    exclusive: bool = True
 
     @abstractmethod
     def open(self) -> RuntimeStore:

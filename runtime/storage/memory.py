@@ -25,11 +25,22 @@ from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
 from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
 from runtime.messages import Message, message_from_row
 from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.records import (
+    Claim,
+    EffectRecord,
+    EffectRecordPage,
+    EffectRecordStatus,
+    EffectRecordTable,
+    check_lease,
+    check_limit,
+    decode_cursor,
+    instant,
+)
 
-THREAD_SCHEMA_VERSION = 2
+THREAD_SCHEMA_VERSION = 3
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
-RUNTIME_SCHEMA_VERSION = 1
+RUNTIME_SCHEMA_VERSION = 2
 """The version of the registry and alarm index this code knows."""
 
 
@@ -63,6 +74,7 @@ class _ThreadData:
     messages: list[_StoredMessage] = field(default_factory=list)
     message_index: dict[str, int] = field(default_factory=dict)  # id -> position
     meta: dict[str, str] = field(default_factory=dict)
+    effect_records: EffectRecordTable = field(default_factory=EffectRecordTable)
     removed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -137,6 +149,7 @@ class MemoryThreadStore(ThreadStore):
         return hidden
 
     def _prune_in(self, data: _ThreadData, now: float, retention: RetentionPolicy) -> int:
+        data.effect_records.purge(older_than=instant(now - retention.effect_records_seconds))
         deleted = self._delete(
             data, [s for s, r in data.runs.items() if _expired(r.run, now, retention)]
         )
@@ -335,6 +348,80 @@ class MemoryThreadStore(ThreadStore):
         with self._data.lock:
             return self._prune_in(self._open_data(), now, retention)
 
+    # -------------------------------------------------------- effect records
+
+    def get_effect_record(self, key: str) -> EffectRecord | None:  # noqa: D102
+        with self._data.lock:
+            return self._open_data().effect_records.get(self.thread_id, key)
+
+    def begin_effect_record(  # noqa: D102
+        self,
+        key: str,
+        *,
+        tool_name: str,
+        run_id: str | None,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        retention: RetentionPolicy | None = None,
+    ) -> Claim:
+        check_lease(lease_seconds)
+        with self._data.lock:
+            table = self._open_data().effect_records
+            claim = table.begin(
+                self.thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
+                lease_seconds=lease_seconds, now=now,
+            )
+            if retention is not None:  # the reference deletes at once
+                table.purge(older_than=instant(now - retention.effect_records_seconds))
+            return claim
+
+    def complete_effect_record(  # noqa: D102
+        self, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        with self._data.lock:
+            return self._open_data().effect_records.complete(
+                self.thread_id, key, owner=owner, result_json=result_json, now=now,
+                status=status,
+            )
+
+    def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102
+        with self._data.lock:
+            table = self._open_data().effect_records
+            record = table.get(self.thread_id, key)
+            if record is None or not table.release(self.thread_id, key, owner=owner):
+                return None
+            return record
+
+    def expire_effect_leases(self, *, keep_owner_prefix: str, now: float) -> int:  # noqa: D102
+        with self._data.lock:
+            return self._open_data().effect_records.expire_leases(
+                self.thread_id, keep_owner_prefix=keep_owner_prefix, now=now
+            )
+
+    def purge_effect_records(self, *, older_than: float | None) -> int:  # noqa: D102
+        with self._data.lock:
+            table = self._open_data().effect_records
+            if older_than is None:
+                return table.purge_thread(self.thread_id)
+            return table.purge(older_than=instant(older_than))
+
+    def list_effect_records(  # noqa: D102
+        self,
+        *,
+        status: EffectRecordStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        check_limit(limit)
+        if cursor is not None:
+            decode_cursor(cursor)
+        with self._data.lock:
+            return self._open_data().effect_records.list(
+                self.thread_id, status=status, limit=limit, cursor=cursor
+            )
+
     # ------------------------------------------------------------------ meta
 
     def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
@@ -442,7 +529,7 @@ class MemoryRuntimeStore(RuntimeStore):
             threads = self._check().threads
             if info.id in threads:
                 return False
-            threads[info.id] = info
+            threads[info.id] = replace(info, paused=False)
             return True
 
     def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
@@ -461,6 +548,15 @@ class MemoryRuntimeStore(RuntimeStore):
         page = infos[:limit]
         cursor = (page[-1].created_at_ts, page[-1].id) if len(infos) > limit else None
         return page, cursor
+
+    def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
+        with self._backend.lock:
+            threads = self._check().threads
+            info = threads.get(thread_id)
+            if info is None:
+                return False
+            threads[thread_id] = replace(info, paused=paused)
+            return True
 
     def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
         with self._backend.lock:

@@ -15,9 +15,11 @@ step below, regenerate that module::
 models:
 
 - each thread's file (``threads/<id>.sqlite``): `ThreadMetaRow`, `EffectRunRow`,
-  `MessageRow` (the conversation, from schema version 2);
+  `MessageRow` (the conversation, from schema version 2), `EffectRecordRow` (effect-tool
+  records, from schema version 3);
 - the runtime database (``runtime.sqlite``): `ThreadRow` (the registry), `AlarmRow`
-  (the durable alarm index: one row per thread with pending work).
+  (the durable alarm index: one row per thread with pending work), `PausedThreadRow`
+  (the paused threads, from schema version 2).
 """
 
 from __future__ import annotations
@@ -86,6 +88,32 @@ class MessageRow(SQLModel, table=True):
     data: str
 
 
+class EffectRecordRow(SQLModel, table=True):
+    """What an effect tool applied, by effect key (`runtime.storage.records`).
+
+    In progress while a call holds the key under a lease (``owner``, ``lease_expires_at``),
+    applied once its JSON ``result`` is stored. Times are seconds since the epoch, UTC.
+    The same table serves a standalone `SqliteEffectStore` file (``EFFECT_RECORDS_DDL``).
+    """
+
+    __tablename__ = "effect_records"
+    __table_args__ = (
+        Index("ix_effect_records_created", "thread_id", "created_at", "key"),
+        Index("ix_effect_records_updated", "updated_at"),
+    )
+
+    thread_id: str = Field(primary_key=True)
+    key: str = Field(primary_key=True)
+    tool_name: str
+    run_id: str | None = None
+    status: str
+    result: str | None = None
+    owner: str | None = None
+    lease_expires_at: float | None = None
+    created_at: float
+    updated_at: float
+
+
 class ThreadRow(SQLModel, table=True):
     """The registry: one row per existing thread."""
 
@@ -97,6 +125,14 @@ class ThreadRow(SQLModel, table=True):
     agent_id: str | None = None
     user_id: str | None = None
     tags: str = "[]"
+
+
+class PausedThreadRow(SQLModel, table=True):
+    """A paused thread (`runtime.Runtime.pause_thread`): it runs nothing until resumed."""
+
+    __tablename__ = "paused_threads"
+
+    thread_id: str = Field(primary_key=True)
 
 
 class AlarmRow(SQLModel, table=True):
@@ -126,17 +162,23 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
     return statements
 
 
-THREAD_MODELS: tuple[type[SQLModel], ...] = (ThreadMetaRow, EffectRunRow, MessageRow)
-RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow)
+THREAD_MODELS: tuple[type[SQLModel], ...] = (
+    ThreadMetaRow, EffectRunRow, MessageRow, EffectRecordRow,
+)
+RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow, PausedThreadRow)
 
 THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadMetaRow, EffectRunRow),
     1: (MessageRow,),
+    2: (EffectRecordRow,),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
 
-RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {0: RUNTIME_MODELS}
+RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
+    0: (ThreadRow, AlarmRow),
+    1: (PausedThreadRow,),
+}
 """The same for ``runtime.sqlite``."""
 
 SCHEMA_PATH = Path(__file__).with_name("schema.py")

@@ -5,6 +5,12 @@ under a lease (an owner and an expiry), **applied** once the call stored the JSO
 A call that raised drops its in-progress record (`EffectRecordStore.release`): nothing is
 recorded, so a later call can still apply the effect.
 
+The same store journals durable turns (`runtime.durable`): a journaled tool call or model
+response ends **succeeded** (its output recorded), **denied** (a call the user refused;
+the refusal recorded) or **failed** (the error recorded). Succeeded, denied and applied
+records are *finished*: a call on their key returns what they hold. A failed record is
+not: `EffectRecordStore.begin` claims it again, so the next attempt runs the call again.
+
 - `EffectRecordStore`: the contract (an ABC); its docstrings state what every backend
   guarantees. `tests/storage/test_effect_records.py` runs one suite against every backend.
 - `InMemoryEffectStore`: one process, for tests and custom loops.
@@ -25,6 +31,9 @@ from __future__ import annotations
 import abc
 import base64
 import json
+import math
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -38,7 +47,9 @@ from typing import Any
 
 import anyio.to_thread
 
+from runtime._limits import parse_json, quoted
 from runtime.errors import EffectRecordLost
+from runtime.storage import schema as _schema
 
 ClockFn = Callable[[], float]
 """Seconds since the Unix epoch (UTC); ``time.time`` or ``FakeClock.now``."""
@@ -49,6 +60,16 @@ class EffectRecordStatus(StrEnum):
 
     IN_PROGRESS = "in_progress"
     APPLIED = "applied"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DENIED = "denied"
+
+
+FINISHED_STATUSES = frozenset({EffectRecordStatus.APPLIED, EffectRecordStatus.SUCCEEDED,
+                               EffectRecordStatus.DENIED})
+"""Statuses whose record holds an answer: a call on the key returns it and runs nothing."""
+
+_RESULT_STATUSES = FINISHED_STATUSES | {EffectRecordStatus.FAILED}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +81,10 @@ class EffectRecord:
         key: The effect key.
         tool_name: The tool that claimed or applied the key.
         run_id: The turn (run id) that claimed or applied it, if known.
-        status: In progress (a call holds the lease) or applied.
-        result_json: The recorded result as JSON text (applied records only).
+        status: In progress (a call holds the lease), or what the call ended as: applied
+            (effect tools), succeeded, failed or denied (durable turns).
+        result_json: The recorded result as JSON text (the error text of a failed
+            record; None while in progress).
         owner: Who holds the lease (in-progress records only).
         lease_expires_at: When the lease expires, aware UTC (in-progress records only).
         created_at: When the key was first claimed (or last taken over), aware UTC.
@@ -120,6 +143,11 @@ class Claim:
         """Whether the key already has a recorded result."""
         return self.record.status is EffectRecordStatus.APPLIED
 
+    @property
+    def finished(self) -> bool:
+        """Whether the key's record holds an answer (applied, succeeded or denied)."""
+        return self.record.status in FINISHED_STATUSES
+
 
 @dataclass(frozen=True, slots=True)
 class EffectRecordPage:
@@ -159,9 +187,11 @@ class EffectRecordStore(abc.ABC):
         """Claim a key for applying its effect, atomically.
 
         With no record, creates an in-progress record held by ``owner`` until now +
-        ``lease_seconds`` (``claimed``). With an in-progress record whose lease has expired,
-        hands it to ``owner`` (``claimed`` and ``took_over``). With an applied record, or an
-        in-progress record under a live lease, changes nothing (``claimed`` is False).
+        ``lease_seconds`` (``claimed``). With a failed record, makes it in progress under
+        ``owner`` (``claimed``; the call runs again). With an in-progress record whose lease
+        has expired, hands it to ``owner`` (``claimed`` and ``took_over``). With a finished
+        record (applied, succeeded, denied), or an in-progress record under a live lease,
+        changes nothing (``claimed`` is False).
         Of any number of concurrent callers on one key (tasks, threads, processes on one
         store), exactly one gets ``claimed``.
 
@@ -170,14 +200,24 @@ class EffectRecordStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def complete(self, thread_id: str, key: str, *, owner: str, result_json: str) -> (
-        EffectRecord
-    ):
-        """Record the result of the effect ``owner`` applied: the record becomes applied.
+    async def complete(
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        """Record the result of the effect ``owner`` applied: the record becomes ``status``.
 
         The result is stored as given (JSON text); the lease fields are cleared.
 
+        Args:
+            thread_id: The thread the key is scoped to.
+            key: The key.
+            owner: Who holds the in-progress record.
+            result_json: The result (or, for ``failed``, the error) as JSON text.
+            status: What the call ended as: applied (effect tools; the default), or
+                succeeded, failed or denied (durable turns).
+
         Raises:
+            ValueError: ``status`` is ``in_progress``.
             EffectRecordLost: ``owner`` does not hold the key's in-progress record (its
                 lease was taken over after it expired, or the record is gone or applied).
         """
@@ -216,7 +256,8 @@ class EffectRecordStore(abc.ABC):
     async def purge(self, *, older_than: datetime) -> int:
         """Delete records last changed before ``older_than`` (aware UTC), in every thread.
 
-        In-progress records go only when their lease expired before ``older_than`` too.
+        Records in any status but in progress go by that age alone; in-progress records go
+        only when their lease expired before ``older_than`` too.
 
         Returns:
             How many records were deleted.
@@ -232,27 +273,14 @@ class EffectRecordStore(abc.ABC):
 
 # --- SQL, usable inside any connection that holds the table ---------------------------
 
-EFFECT_RECORDS_DDL: tuple[str, ...] = (
-    (
-        "CREATE TABLE IF NOT EXISTS effect_records (\n"
-        "\tthread_id VARCHAR NOT NULL, \n"
-        "\t\"key\" VARCHAR NOT NULL, \n"
-        "\ttool_name VARCHAR NOT NULL, \n"
-        "\trun_id VARCHAR, \n"
-        "\tstatus VARCHAR NOT NULL, \n"
-        "\tresult VARCHAR, \n"
-        "\towner VARCHAR, \n"
-        "\tlease_expires_at FLOAT, \n"
-        "\tcreated_at FLOAT NOT NULL, \n"
-        "\tupdated_at FLOAT NOT NULL, \n"
-        "\tPRIMARY KEY (thread_id, \"key\")\n"
-        ")"
-    ),
-    "CREATE INDEX IF NOT EXISTS ix_effect_records_created "
-    "ON effect_records (thread_id, created_at, \"key\")",
-    "CREATE INDEX IF NOT EXISTS ix_effect_records_updated ON effect_records (updated_at)",
+EFFECT_RECORDS_DDL: tuple[str, ...] = tuple(
+    statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1).replace(
+        "CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ", 1
+    )
+    for statement in _schema.EFFECT_RECORDS_DDL
 )
-"""Table ``effect_records`` and its indexes; run each statement once per database."""
+"""Table ``effect_records`` and its indexes (generated from
+`runtime.storage.models.EffectRecordRow`, as in a thread file), each statement idempotent."""
 
 _COLUMNS = ('thread_id, "key", tool_name, run_id, status, result, owner, lease_expires_at, '
             "created_at, updated_at")
@@ -290,7 +318,7 @@ def sql_begin(
     Each statement is atomic on its own (insert if absent, take over if expired), so two
     connections never both claim; the write transaction makes the answer consistent too.
     """
-    _check_lease(lease_seconds)
+    check_lease(lease_seconds)
     now = _quantize(now)
     expires = now + lease_seconds
     inserted = conn.execute(
@@ -300,6 +328,15 @@ def sql_begin(
          expires, now, now),
     ).rowcount
     if inserted:
+        return Claim(_require(conn, thread_id, key), claimed=True)
+    retried = conn.execute(
+        "UPDATE effect_records SET status = ?, result = NULL, owner = ?, lease_expires_at = ?, "
+        'tool_name = ?, run_id = ?, created_at = ?, updated_at = ? WHERE thread_id = ? '
+        'AND "key" = ? AND status = ?',
+        (EffectRecordStatus.IN_PROGRESS.value, owner, expires, tool_name, run_id, now, now,
+         thread_id, key, EffectRecordStatus.FAILED.value),
+    ).rowcount
+    if retried:
         return Claim(_require(conn, thread_id, key), claimed=True)
     taken = conn.execute(
         "UPDATE effect_records SET owner = ?, lease_expires_at = ?, tool_name = ?, run_id = ?, "
@@ -314,14 +351,15 @@ def sql_begin(
 
 def sql_complete(
     conn: sqlite3.Connection, thread_id: str, key: str, *, owner: str, result_json: str,
-    now: float,
+    now: float, status: EffectRecordStatus = EffectRecordStatus.APPLIED,
 ) -> EffectRecord:
     """`EffectRecordStore.complete` on a connection."""
+    status = _check_result_status(status)
     now = _quantize(now)
     changed = conn.execute(
         "UPDATE effect_records SET status = ?, result = ?, owner = NULL, lease_expires_at = NULL, "
         'updated_at = ? WHERE thread_id = ? AND "key" = ? AND status = ? AND owner = ?',
-        (EffectRecordStatus.APPLIED.value, result_json, now, thread_id, key,
+        (status.value, result_json, now, thread_id, key,
          EffectRecordStatus.IN_PROGRESS.value, owner),
     ).rowcount
     if not changed:
@@ -347,7 +385,7 @@ def sql_list(
     cursor: str | None = None,
 ) -> EffectRecordPage:
     """`EffectRecordStore.list` on a connection."""
-    _check_limit(limit)
+    check_limit(limit)
     where, params = ["thread_id = ?"], [thread_id]
     if status is not None:
         where.append("status = ?")
@@ -365,13 +403,35 @@ def sql_list(
     return EffectRecordPage(records, _next_cursor(records) if len(rows) > limit else None)
 
 
+def process_owner_prefix() -> str:
+    """``<host>:<pid>:``: how every lease owner of this process begins (effect tools add an id).
+
+    A backend that one process uses at a time knows, when it opens a thread, that an
+    in-progress record whose owner begins otherwise was held by a process that is gone.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}:"
+
+
+def sql_expire_leases(
+    conn: sqlite3.Connection, thread_id: str, *, keep_owner_prefix: str, now: float
+) -> int:
+    """`EffectRecordTable.expire_leases` on a connection."""
+    now = _quantize(now)
+    return conn.execute(
+        "UPDATE effect_records SET lease_expires_at = ?, updated_at = ? WHERE thread_id = ? "
+        "AND status = ? AND lease_expires_at > ? AND substr(owner, 1, ?) != ?",
+        (now, now, thread_id, EffectRecordStatus.IN_PROGRESS.value, now,
+         len(keep_owner_prefix), keep_owner_prefix),
+    ).rowcount
+
+
 def sql_purge(conn: sqlite3.Connection, *, older_than: datetime) -> int:
     """`EffectRecordStore.purge` on a connection."""
     cutoff = _epoch(older_than)
     return conn.execute(
         "DELETE FROM effect_records WHERE updated_at < ? AND "
-        "(status = ? OR lease_expires_at < ?)",
-        (cutoff, EffectRecordStatus.APPLIED.value, cutoff),
+        "(status != ? OR lease_expires_at < ?)",
+        (cutoff, EffectRecordStatus.IN_PROGRESS.value, cutoff),
     ).rowcount
 
 
@@ -394,12 +454,12 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, key = json.loads(raw)
-        if isinstance(created, int | float) and isinstance(key, str):
+        created, key = parse_json(raw)
+        if isinstance(created, int | float) and isinstance(key, str) and math.isfinite(created):
             return float(created), key
     except (ValueError, TypeError):
         pass
-    raise ValueError(f"Invalid effect-records cursor: {cursor[:80]!r}")
+    raise ValueError(f"Invalid effect-records cursor: {quoted(cursor)}")
 
 
 def _next_cursor(records: list[EffectRecord]) -> str:
@@ -443,12 +503,27 @@ def _iso(instant: datetime | None) -> str | None:
     return None if instant is None else instant.isoformat().replace("+00:00", "Z")
 
 
-def _check_lease(lease_seconds: float) -> None:
+def instant(seconds: float) -> datetime:
+    """Seconds since the epoch as an aware UTC datetime."""
+    return _dt(seconds)
+
+
+def check_lease(lease_seconds: float) -> None:
+    """Raise ValueError unless ``lease_seconds`` is positive and finite."""
     if not (isinstance(lease_seconds, int | float) and 0 < lease_seconds < float("inf")):
         raise ValueError(f"lease_seconds must be positive and finite, got {lease_seconds!r}")
 
 
-def _check_limit(limit: int) -> None:
+def _check_result_status(status: EffectRecordStatus) -> EffectRecordStatus:
+    checked = EffectRecordStatus(status)
+    if checked not in _RESULT_STATUSES:
+        raise ValueError(f"complete: a record ends applied, succeeded, failed or denied, "
+                         f"not {checked.value!r}")
+    return checked
+
+
+def check_limit(limit: int) -> None:
+    """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
 
@@ -464,6 +539,127 @@ def _lost(thread_id: str, key: str, owner: str) -> EffectRecordLost:
 # --- backends -------------------------------------------------------------------------
 
 
+class EffectRecordTable:
+    """Effect records held in a dict: the memory counterpart of the ``sql_*`` functions.
+
+    Not thread-safe on its own: the holder runs each method under its own lock (as
+    `InMemoryEffectStore` and the memory backend's thread store do), so each call is one
+    transaction. Times are seconds since the epoch, given by the caller.
+    """
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, str], EffectRecord] = {}
+
+    def get(self, thread_id: str, key: str) -> EffectRecord | None:
+        """`EffectRecordStore.get`."""
+        return self.records.get((thread_id, key))
+
+    def begin(
+        self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float, now: float,
+    ) -> Claim:
+        """`EffectRecordStore.begin` at ``now``."""
+        check_lease(lease_seconds)
+        now = _quantize(now)
+        current = self.records.get((thread_id, key))
+        took_over = False
+        if current is not None and current.status is not EffectRecordStatus.FAILED:
+            expiry = current.lease_expires_at
+            if current.status in FINISHED_STATUSES or (
+                expiry is not None and _epoch(expiry) > now
+            ):
+                return Claim(current, claimed=False)
+            took_over = True
+        record = EffectRecord(
+            thread_id=thread_id, key=key, tool_name=tool_name, run_id=run_id,
+            status=EffectRecordStatus.IN_PROGRESS, result_json=None, owner=owner,
+            lease_expires_at=_dt(now + lease_seconds), created_at=_dt(now),
+            updated_at=_dt(now),
+        )
+        self.records[(thread_id, key)] = record
+        return Claim(record, claimed=True, took_over=took_over)
+
+    def complete(
+        self, thread_id: str, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        """`EffectRecordStore.complete` at ``now``."""
+        status = _check_result_status(status)
+        current = self.records.get((thread_id, key))
+        if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
+                or current.owner != owner):
+            raise _lost(thread_id, key, owner)
+        record = replace(
+            current, status=status, result_json=result_json,
+            owner=None, lease_expires_at=None, updated_at=_dt(_quantize(now)),
+        )
+        self.records[(thread_id, key)] = record
+        return record
+
+    def release(self, thread_id: str, key: str, *, owner: str) -> bool:
+        """`EffectRecordStore.release`."""
+        current = self.records.get((thread_id, key))
+        if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
+                or current.owner != owner):
+            return False
+        del self.records[(thread_id, key)]
+        return True
+
+    def list(
+        self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        """`EffectRecordStore.list`."""
+        check_limit(limit)
+        after = decode_cursor(cursor) if cursor is not None else None
+        chosen = [
+            r for r in self.records.values()
+            if r.thread_id == thread_id and (status is None or r.status == status)
+        ]
+        chosen.sort(key=lambda r: (_epoch(r.created_at), r.key), reverse=True)
+        if after is not None:
+            chosen = [r for r in chosen if (_epoch(r.created_at), r.key) < after]
+        page = chosen[:limit]
+        return EffectRecordPage(page, _next_cursor(page) if len(chosen) > limit else None)
+
+    def purge(self, *, older_than: datetime) -> int:
+        """`EffectRecordStore.purge`."""
+        cutoff = _epoch(older_than)
+        gone = [
+            k for k, r in self.records.items()
+            if _epoch(r.updated_at) < cutoff and (
+                r.status is not EffectRecordStatus.IN_PROGRESS
+                or (r.lease_expires_at is not None and _epoch(r.lease_expires_at) < cutoff)
+            )
+        ]
+        for k in gone:
+            del self.records[k]
+        return len(gone)
+
+    def expire_leases(self, thread_id: str, *, keep_owner_prefix: str, now: float) -> int:
+        """End at ``now`` the live leases of in-progress records of a gone process.
+
+        Those whose owner does not begin with ``keep_owner_prefix``; the next claim takes
+        them over. Returns how many.
+        """
+        now = _quantize(now)
+        count = 0
+        for k, r in list(self.records.items()):
+            if (k[0] == thread_id and r.status is EffectRecordStatus.IN_PROGRESS
+                    and r.lease_expires_at is not None and _epoch(r.lease_expires_at) > now
+                    and not (r.owner or "").startswith(keep_owner_prefix)):
+                self.records[k] = replace(r, lease_expires_at=_dt(now), updated_at=_dt(now))
+                count += 1
+        return count
+
+    def purge_thread(self, thread_id: str) -> int:
+        """`EffectRecordStore.purge_thread`."""
+        gone = [k for k in self.records if k[0] == thread_id]
+        for k in gone:
+            del self.records[k]
+        return len(gone)
+
+
 class InMemoryEffectStore(EffectRecordStore):
     """Effect records in this process's memory (tests, custom loops); lost on exit.
 
@@ -473,99 +669,52 @@ class InMemoryEffectStore(EffectRecordStore):
 
     def __init__(self, *, clock: ClockFn | None = None) -> None:
         self._clock = clock or time.time
-        self._records: dict[tuple[str, str], EffectRecord] = {}
+        self._table = EffectRecordTable()
         self._lock = threading.Lock()
 
     async def get(self, thread_id: str, key: str) -> EffectRecord | None:  # noqa: D102
         with self._lock:
-            return self._records.get((thread_id, key))
+            return self._table.get(thread_id, key)
 
     async def begin(  # noqa: D102
         self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
         lease_seconds: float,
     ) -> Claim:
-        _check_lease(lease_seconds)
         with self._lock:
-            now = _quantize(self._clock())
-            current = self._records.get((thread_id, key))
-            took_over = False
-            if current is not None:
-                expiry = current.lease_expires_at
-                if current.status is EffectRecordStatus.APPLIED or (
-                    expiry is not None and _epoch(expiry) > now
-                ):
-                    return Claim(current, claimed=False)
-                took_over = True
-            record = EffectRecord(
-                thread_id=thread_id, key=key, tool_name=tool_name, run_id=run_id,
-                status=EffectRecordStatus.IN_PROGRESS, result_json=None, owner=owner,
-                lease_expires_at=_dt(now + lease_seconds), created_at=_dt(now),
-                updated_at=_dt(now),
+            return self._table.begin(
+                thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
+                lease_seconds=lease_seconds, now=self._clock(),
             )
-            self._records[(thread_id, key)] = record
-            return Claim(record, claimed=True, took_over=took_over)
 
     async def complete(  # noqa: D102
-        self, thread_id: str, key: str, *, owner: str, result_json: str
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
+        status = _check_result_status(status)
         with self._lock:
-            current = self._records.get((thread_id, key))
-            if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
-                    or current.owner != owner):
-                raise _lost(thread_id, key, owner)
-            record = replace(
-                current, status=EffectRecordStatus.APPLIED, result_json=result_json,
-                owner=None, lease_expires_at=None, updated_at=_dt(self._clock()),
+            return self._table.complete(
+                thread_id, key, owner=owner, result_json=result_json, now=self._clock(),
+                status=status,
             )
-            self._records[(thread_id, key)] = record
-            return record
 
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
         with self._lock:
-            current = self._records.get((thread_id, key))
-            if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
-                    or current.owner != owner):
-                return False
-            del self._records[(thread_id, key)]
-            return True
+            return self._table.release(thread_id, key, owner=owner)
 
     async def list(  # noqa: D102
         self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
         cursor: str | None = None,
     ) -> EffectRecordPage:
-        _check_limit(limit)
-        after = decode_cursor(cursor) if cursor is not None else None
         with self._lock:
-            chosen = [
-                r for r in self._records.values()
-                if r.thread_id == thread_id and (status is None or r.status == status)
-            ]
-        chosen.sort(key=lambda r: (_epoch(r.created_at), r.key), reverse=True)
-        if after is not None:
-            chosen = [r for r in chosen if (_epoch(r.created_at), r.key) < after]
-        page = chosen[:limit]
-        return EffectRecordPage(page, _next_cursor(page) if len(chosen) > limit else None)
+            return self._table.list(thread_id, status=status, limit=limit, cursor=cursor)
 
     async def purge(self, *, older_than: datetime) -> int:  # noqa: D102
-        cutoff = _epoch(older_than)
         with self._lock:
-            gone = [
-                k for k, r in self._records.items()
-                if _epoch(r.updated_at) < cutoff and (
-                    r.status is EffectRecordStatus.APPLIED
-                    or (r.lease_expires_at is not None and _epoch(r.lease_expires_at) < cutoff)
-                )
-            ]
-            for k in gone:
-                del self._records[k]
-            return len(gone)
+            return self._table.purge(older_than=older_than)
 
     async def purge_thread(self, thread_id: str) -> int:  # noqa: D102
         with self._lock:
-            gone = [k for k in self._records if k[0] == thread_id]
-            for k in gone:
-                del self._records[k]
-            return len(gone)
+            return self._table.purge_thread(thread_id)
 
 
 class SqliteEffectStore(EffectRecordStore):
@@ -657,7 +806,7 @@ class SqliteEffectStore(EffectRecordStore):
         self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
         lease_seconds: float,
     ) -> Claim:
-        _check_lease(lease_seconds)
+        check_lease(lease_seconds)
         claim: Claim = await self._run(lambda c: sql_begin(
             c, thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
             lease_seconds=lease_seconds, now=self._clock(),
@@ -665,10 +814,13 @@ class SqliteEffectStore(EffectRecordStore):
         return claim
 
     async def complete(  # noqa: D102
-        self, thread_id: str, key: str, *, owner: str, result_json: str
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
     ) -> EffectRecord:
+        status = _check_result_status(status)
         record: EffectRecord = await self._run(lambda c: sql_complete(
-            c, thread_id, key, owner=owner, result_json=result_json, now=self._clock()
+            c, thread_id, key, owner=owner, result_json=result_json, now=self._clock(),
+            status=status,
         ))
         return record
 
@@ -680,7 +832,7 @@ class SqliteEffectStore(EffectRecordStore):
         self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
         cursor: str | None = None,
     ) -> EffectRecordPage:
-        _check_limit(limit)
+        check_limit(limit)
         if cursor is not None:
             decode_cursor(cursor)
         page: EffectRecordPage = await self._run(lambda c: sql_list(

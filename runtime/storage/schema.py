@@ -62,6 +62,27 @@ MESSAGES_DDL: tuple[str, ...] = (
 )
 """Table ``messages`` and its indexes (MessageRow)."""
 
+EFFECT_RECORDS_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE effect_records (\n"
+        "\tthread_id VARCHAR NOT NULL, \n"
+        "\t\"key\" VARCHAR NOT NULL, \n"
+        "\ttool_name VARCHAR NOT NULL, \n"
+        "\trun_id VARCHAR, \n"
+        "\tstatus VARCHAR NOT NULL, \n"
+        "\tresult VARCHAR, \n"
+        "\towner VARCHAR, \n"
+        "\tlease_expires_at FLOAT, \n"
+        "\tcreated_at FLOAT NOT NULL, \n"
+        "\tupdated_at FLOAT NOT NULL, \n"
+        "\tPRIMARY KEY (thread_id, \"key\")\n"
+        ")"
+    ),
+    "CREATE INDEX ix_effect_records_created ON effect_records (thread_id, created_at, \"key\")",
+    "CREATE INDEX ix_effect_records_updated ON effect_records (updated_at)",
+)
+"""Table ``effect_records`` and its indexes (EffectRecordRow)."""
+
 THREADS_DDL: tuple[str, ...] = (
     (
         "CREATE TABLE threads (\n"
@@ -88,13 +109,25 @@ ALARMS_DDL: tuple[str, ...] = (
 )
 """Table ``alarms`` and its indexes (AlarmRow)."""
 
+PAUSED_THREADS_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE paused_threads (\n"
+        "\tthread_id VARCHAR NOT NULL, \n"
+        "\tPRIMARY KEY (thread_id)\n"
+        ")"
+    ),
+)
+"""Table ``paused_threads`` and its indexes (PausedThreadRow)."""
+
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREAD_META_DDL, *EFFECT_RUNS_DDL),
     1: (*MESSAGES_DDL,),
+    2: (*EFFECT_RECORDS_DDL,),
 }
 """Thread file: the statements that take schema version N to N + 1."""
 
 RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREADS_DDL, *ALARMS_DDL),
+    1: (*PAUSED_THREADS_DDL,),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

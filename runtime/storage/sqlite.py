@@ -34,7 +34,9 @@ from runtime.errors import (
 )
 from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
+from runtime.storage import records as _records
 from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
 
 # Migrations from version N to N+1, applied in one transaction when an older file is
 # opened. Version 0 is a new, empty file: its "migration" creates the schema. The DDL is
@@ -44,10 +46,11 @@ from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of a current thread file (2: the ``messages`` table)."""
+THREAD_SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
+``effect_records`` table)."""
 
-RUNTIME_SCHEMA_VERSION = 1
+RUNTIME_SCHEMA_VERSION = 2
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
@@ -89,6 +92,11 @@ _EXPIRED = (
     "(status IN ('completed', 'canceled') AND finished_at < ?) "
     "OR (status = 'failed' AND finished_at < ?)"
 )
+
+
+def _sweep_due(swept_at: float | None, now: float) -> bool:
+    """Whether a write-path sweep by age is due (at most every `SWEEP_SECONDS`)."""
+    return swept_at is None or now - swept_at >= SWEEP_SECONDS or now < swept_at
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -184,6 +192,7 @@ class SQLiteThreadStore(ThreadStore):
         # writer of its file (one process holds the data directory).
         self._finished: int | None = None
         self._swept_at: float | None = None
+        self._records_swept_at: float | None = None
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
                 thread_id,
@@ -254,6 +263,10 @@ class SQLiteThreadStore(ThreadStore):
                 (now - retention.completed_seconds, now - retention.failed_seconds),
             ).rowcount
             self._swept_at = now
+            _records.sql_purge(
+                c, older_than=_records.instant(now - retention.effect_records_seconds)
+            )
+            self._records_swept_at = now
         if self._finished is None:
             self._count_finished(c)
         else:
@@ -531,12 +544,25 @@ class SQLiteThreadStore(ThreadStore):
             ).fetchone()
             return row is not None
 
+        records_cutoff = _records.instant(now - retention.effect_records_seconds)
+
+        def old_records(c: sqlite3.Connection) -> bool:
+            row = c.execute(
+                "SELECT 1 FROM effect_records WHERE updated_at < ? LIMIT 1",
+                (records_cutoff.timestamp(),),
+            ).fetchone()
+            return row is not None
+
         # Reads first: the common case deletes nothing and then takes no write lock.
-        if not self._tx(lambda c: count_excess(c) > 0 or expired(c), write=False):
+        if not self._tx(
+            lambda c: count_excess(c) > 0 or expired(c) or old_records(c), write=False
+        ):
             return 0
 
         def tx(c: sqlite3.Connection) -> int:
             self._finished = None  # counted afresh by the next finishing transaction
+            _records.sql_purge(c, older_than=records_cutoff)
+            self._records_swept_at = now
             deleted = c.execute(
                 f"DELETE FROM effect_runs WHERE {_EXPIRED}",
                 (now - retention.completed_seconds, now - retention.failed_seconds),
@@ -558,6 +584,83 @@ class SQLiteThreadStore(ThreadStore):
         """Close and delete the file with its WAL and shared-memory companions."""
         self.close()
         _remove_thread_files(self.path)
+
+    # ------------------------------------------------------------ effect records
+
+    def get_effect_record(self, key: str) -> EffectRecord | None:  # noqa: D102
+        return self._tx(lambda c: _records.sql_get(c, self.thread_id, key), write=False)
+
+    def begin_effect_record(  # noqa: D102
+        self,
+        key: str,
+        *,
+        tool_name: str,
+        run_id: str | None,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        retention: RetentionPolicy | None = None,
+    ) -> Claim:
+        _records.check_lease(lease_seconds)
+
+        def tx(c: sqlite3.Connection) -> Claim:
+            claim = _records.sql_begin(
+                c, self.thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
+                lease_seconds=lease_seconds, now=now,
+            )
+            if retention is not None and _sweep_due(self._records_swept_at, now):
+                _records.sql_purge(
+                    c, older_than=_records.instant(now - retention.effect_records_seconds)
+                )
+                self._records_swept_at = now
+            return claim
+
+        return self._tx(tx)
+
+    def complete_effect_record(  # noqa: D102
+        self, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        return self._tx(lambda c: _records.sql_complete(
+            c, self.thread_id, key, owner=owner, result_json=result_json, now=now,
+            status=status,
+        ))
+
+    def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102
+        def tx(c: sqlite3.Connection) -> EffectRecord | None:
+            record = _records.sql_get(c, self.thread_id, key)
+            if record is None or not _records.sql_release(c, self.thread_id, key, owner=owner):
+                return None
+            return record
+
+        return self._tx(tx)
+
+    def list_effect_records(  # noqa: D102
+        self,
+        *,
+        status: EffectRecordStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        _records.check_limit(limit)
+        if cursor is not None:
+            _records.decode_cursor(cursor)
+        return self._tx(
+            lambda c: _records.sql_list(c, self.thread_id, status=status, limit=limit,
+                                        cursor=cursor),
+            write=False,
+        )
+
+    def expire_effect_leases(self, *, keep_owner_prefix: str, now: float) -> int:  # noqa: D102
+        return self._tx(lambda c: _records.sql_expire_leases(
+            c, self.thread_id, keep_owner_prefix=keep_owner_prefix, now=now
+        ))
+
+    def purge_effect_records(self, *, older_than: float | None) -> int:  # noqa: D102
+        if older_than is None:
+            return self._tx(lambda c: _records.sql_purge_thread(c, self.thread_id))
+        cutoff = _records.instant(older_than)
+        return self._tx(lambda c: _records.sql_purge(c, older_than=cutoff))
 
     # ------------------------------------------------------------ messages
 
@@ -663,6 +766,11 @@ class SQLiteThreadStore(ThreadStore):
 
 _MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
 
+_THREAD_COLUMNS = (
+    "id, created_at, agent_id, user_id, tags, "
+    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id)"
+)
+
 
 class SQLiteRuntimeStore(RuntimeStore):
     """``<data_dir>/runtime.sqlite``: the registry and the alarm index."""
@@ -693,6 +801,7 @@ class SQLiteRuntimeStore(RuntimeStore):
             # Tags were once stored unchecked; a lone surrogate would make every thread
             # list unanswerable, so an old row's is shown as U+FFFD.
             tags=tuple(replace_lone_surrogates(t) for t in json.loads(row[4])),
+            paused=bool(row[5]),
         )
 
     def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
@@ -710,7 +819,7 @@ class SQLiteRuntimeStore(RuntimeStore):
     def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
         row = self._tx(
             lambda c: c.execute(
-                "SELECT id, created_at, agent_id, user_id, tags FROM threads WHERE id = ?",
+                f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = ?",
                 (thread_id,),
             ).fetchone(),
             write=False,
@@ -720,7 +829,7 @@ class SQLiteRuntimeStore(RuntimeStore):
     def list_threads(  # noqa: D102
         self, limit: int, after: tuple[float, str] | None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
-        sql = "SELECT id, created_at, agent_id, user_id, tags FROM threads"
+        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
         params: tuple[Any, ...] = ()
         if after is not None:
             sql += " WHERE (created_at, id) < (?, ?)"
@@ -731,9 +840,25 @@ class SQLiteRuntimeStore(RuntimeStore):
         cursor = (infos[-1].created_at_ts, infos[-1].id) if len(rows) > limit else None
         return infos, cursor
 
+    def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
+        def tx(c: sqlite3.Connection) -> bool:
+            if c.execute("SELECT 1 FROM threads WHERE id = ?", (thread_id,)).fetchone() is None:
+                return False
+            if paused:
+                c.execute(
+                    "INSERT INTO paused_threads (thread_id) VALUES (?) ON CONFLICT DO NOTHING",
+                    (thread_id,),
+                )
+            else:
+                c.execute("DELETE FROM paused_threads WHERE thread_id = ?", (thread_id,))
+            return True
+
+        return self._tx(tx)
+
     def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
             c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,))
+            c.execute("DELETE FROM paused_threads WHERE thread_id = ?", (thread_id,))
             return c.execute("DELETE FROM threads WHERE id = ?", (thread_id,)).rowcount == 1
 
         return self._tx(tx)

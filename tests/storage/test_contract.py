@@ -10,13 +10,19 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from runtime import EffectStatus, RetentionPolicy
 from runtime.effects import EffectRun
-from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
+from runtime.errors import (
+    DataDirLocked,
+    EffectRecordLost,
+    RuntimeStorageError,
+    ThreadStorageError,
+)
 from runtime.messages import Message, MessageRole
 from runtime.storage.base import (
     Finish,
@@ -26,6 +32,7 @@ from runtime.storage.base import (
     ThreadStore,
 )
 from runtime.storage.memory import MemoryBackend
+from runtime.storage.records import Claim, EffectRecordStatus
 from runtime.storage.sqlite import SQLiteBackend
 
 T0 = 1_800_000_000.0
@@ -188,6 +195,8 @@ def test_a_closed_store_refuses_every_call(store: ThreadStore) -> None:
         store.insert_run(run())
     with pytest.raises(ThreadStorageError, match="Thread t"):
         store.list_runs(T0, KEEP)
+    with pytest.raises(ThreadStorageError, match="Thread t"):
+        store.get_effect_record("k")
 
 
 def test_a_missing_store_is_refused(harness: Harness, rtdb: RuntimeStore) -> None:
@@ -243,7 +252,7 @@ def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harn
     harness.make_runtime_newer(99)
     with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
         harness.backend.open()
-    harness.make_runtime_newer(1)
+    harness.make_runtime_newer(2)  # the current version again
     harness.backend.open().close()
 
 
@@ -261,6 +270,40 @@ def test_thread_registry(rtdb: RuntimeStore) -> None:
     assert rtdb.delete_thread("a") is False
     assert rtdb.get_thread("a") is None
     assert rtdb.load_alarms() == []  # the alarm went with the thread
+
+
+def test_a_pause_mark_is_kept_listed_durable_and_goes_with_the_thread(
+    harness: Harness,
+) -> None:
+    rtdb = harness.backend.open()
+    assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0, tags=("x",)))
+    assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0 + 1))
+    assert rtdb.get_thread("a") == ThreadInfo(id="a", created_at_ts=T0, tags=("x",))
+    assert rtdb.set_paused("a", True) is True
+    assert rtdb.set_paused("a", True) is True  # idempotent
+    assert rtdb.set_paused("nope", True) is False
+    assert rtdb.get_thread("nope") is None  # nothing written for an unknown thread
+    assert rtdb.get_thread("a") == ThreadInfo(id="a", created_at_ts=T0, tags=("x",), paused=True)
+    assert [(i.id, i.paused) for i in rtdb.list_threads(10, None)[0]] == [
+        ("b", False), ("a", True)
+    ]
+    rtdb.close()
+    harness.backend.close()
+
+    again = harness.twin()
+    rtdb = again.open()
+    try:
+        assert rtdb.get_thread("a").paused is True  # type: ignore[union-attr]
+        assert rtdb.set_paused("a", False) is True
+        assert rtdb.get_thread("a").paused is False  # type: ignore[union-attr]
+        assert rtdb.set_paused("b", True)
+        # Deleted and created again under the same id: a new thread, not paused.
+        assert rtdb.delete_thread("b")
+        assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0 + 2))
+        assert rtdb.get_thread("b").paused is False  # type: ignore[union-attr]
+    finally:
+        rtdb.close()
+        again.close()
 
 
 def test_thread_pages_are_newest_first_with_ties_by_id(rtdb: RuntimeStore) -> None:
@@ -726,3 +769,142 @@ def test_a_failed_run_past_its_age_does_not_count_toward_max_finished(
     assert ids(store.list_runs(T0 + DAY + 3, policy)[0]) == [done[1].id, done[0].id]
     assert store.prune(T0 + DAY + 3, policy) == 1
     assert ids(store.list_runs(T0 + DAY + 3, KEEP)[0]) == [done[1].id, done[0].id]
+
+
+# ------------------------------------------------------------ effect records
+
+
+def begin(store: ThreadStore, key: str, owner: str, at: float, **kw: object) -> Claim:
+    return store.begin_effect_record(
+        key, tool_name="post_note", run_id="turn-1", owner=owner, lease_seconds=60.0, now=at,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_an_effect_key_is_claimed_once_then_applied(store: ThreadStore) -> None:
+    assert store.get_effect_record("k") is None
+    first = begin(store, "k", "a", T0)
+    assert first.claimed and not first.took_over and not first.applied
+    assert first.record.thread_id == "t" and first.record.run_id == "turn-1"
+    assert first.record.status is EffectRecordStatus.IN_PROGRESS
+    assert first.record.lease_expires_at == datetime.fromtimestamp(T0 + 60, UTC)
+    # Another caller under the live lease: nothing changes.
+    second = begin(store, "k", "b", T0 + 1)
+    assert not second.claimed and second.record.owner == "a"
+    with pytest.raises(EffectRecordLost, match="'k' in thread t"):
+        store.complete_effect_record("k", owner="b", result_json="1", now=T0 + 2)
+    done = store.complete_effect_record("k", owner="a", result_json='{"id":7}', now=T0 + 2)
+    assert done.status is EffectRecordStatus.APPLIED and done.result == {"id": 7}
+    assert done.owner is None and done.lease_expires_at is None
+    assert store.get_effect_record("k") == done
+    # Applied: a later claim, even past the old lease, gets the result.
+    again = begin(store, "k", "c", T0 + 600)
+    assert again.applied and not again.claimed and again.record.result == {"id": 7}
+
+
+def test_an_expired_lease_is_taken_over_and_a_release_records_nothing(
+    store: ThreadStore,
+) -> None:
+    begin(store, "k", "a", T0)
+    taken = begin(store, "k", "b", T0 + 61)
+    assert taken.claimed and taken.took_over and taken.record.owner == "b"
+    assert store.release_effect_record("k", owner="a") is None  # not its claim any more
+    released = store.release_effect_record("k", owner="b")
+    assert released is not None and released.key == "k"
+    assert store.get_effect_record("k") is None
+    assert begin(store, "k", "c", T0 + 62).claimed
+    with pytest.raises(ValueError, match="lease_seconds"):
+        store.begin_effect_record("x", tool_name="t", run_id=None, owner="a",
+                                  lease_seconds=0, now=T0)
+    assert store.get_effect_record("x") is None
+
+
+def test_effect_records_page_newest_first(store: ThreadStore) -> None:
+    for i in range(5):
+        begin(store, f"k{i}", "a", T0 + i)
+    store.complete_effect_record("k1", owner="a", result_json="1", now=T0 + 9)
+    page = store.list_effect_records(limit=2)
+    assert [r.key for r in page.records] == ["k4", "k3"] and page.next_cursor is not None
+    rest = store.list_effect_records(limit=10, cursor=page.next_cursor)
+    assert [r.key for r in rest.records] == ["k2", "k1", "k0"] and rest.next_cursor is None
+    applied = store.list_effect_records(status=EffectRecordStatus.APPLIED)
+    assert [r.key for r in applied.records] == ["k1"]
+    with pytest.raises(ValueError, match="cursor"):
+        store.list_effect_records(cursor="not-a-cursor")
+    with pytest.raises(ValueError, match="limit"):
+        store.list_effect_records(limit=0)
+
+
+def test_effect_records_past_retention_go_on_the_write_path_and_with_the_store(
+    harness: Harness, store: ThreadStore
+) -> None:
+    policy = RetentionPolicy(effect_records_seconds=DAY)
+    begin(store, "old", "a", T0)
+    store.complete_effect_record("old", owner="a", result_json="1", now=T0)
+    begin(store, "held", "a", T0)  # in progress, its lease long expired by then
+    begin(store, "new", "a", T0 + DAY)
+    store.complete_effect_record("new", owner="a", result_json="2", now=T0 + DAY)
+    # A read never deletes.
+    assert len(store.list_effect_records().records) == 3
+    begin(store, "later", "a", T0 + DAY + 120, retention=policy)
+    assert {r.key for r in store.list_effect_records().records} == {"new", "later"}
+    store.prune(T0 + 3 * DAY, policy)
+    assert store.list_effect_records().records == []
+    begin(store, "k", "a", T0 + 3 * DAY)
+    store.close()
+    harness.backend.remove_thread_store("t")
+    info = ThreadInfo(id="t", created_at_ts=T0 + 4 * DAY)
+    fresh = harness.backend.create_thread_store(info)
+    try:
+        assert fresh.get_effect_record("k") is None
+    finally:
+        fresh.close()
+
+
+def test_effect_records_are_the_threads_own(harness: Harness, rtdb: RuntimeStore) -> None:
+    stores = []
+    for tid in ("a", "b"):
+        info = ThreadInfo(id=tid, created_at_ts=T0)
+        assert rtdb.add_thread(info)
+        stores.append(harness.backend.create_thread_store(info))
+    try:
+        begin(stores[0], "k", "x", T0)
+        assert stores[1].get_effect_record("k") is None
+        assert begin(stores[1], "k", "y", T0).claimed
+        assert [r.thread_id for r in stores[1].list_effect_records().records] == ["b"]
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_purging_a_threads_effect_records_by_age_or_all(store: ThreadStore) -> None:
+    begin(store, "old", "a", T0)
+    store.complete_effect_record("old", owner="a", result_json="1", now=T0)
+    begin(store, "held", "a", T0 + 10)  # lease until T0 + 70
+    begin(store, "new", "a", T0 + 100)
+    # Before T0 + 50: "old" (applied) goes; "held" stays, its lease runs to T0 + 70.
+    assert store.purge_effect_records(older_than=T0 + 50) == 1
+    assert {r.key for r in store.list_effect_records().records} == {"held", "new"}
+    assert store.purge_effect_records(older_than=T0 + 80) == 1
+    assert store.purge_effect_records(older_than=None) == 1
+    assert store.list_effect_records().records == []
+
+
+def test_leases_of_a_gone_process_end_and_the_next_claim_takes_them_over(
+    store: ThreadStore,
+) -> None:
+    mine = "host-a:42:"
+    begin(store, "theirs", "host-b:7:x1", T0)
+    begin(store, "ours", f"{mine}y2", T0)
+    begin(store, "done", "host-b:7:x3", T0)
+    store.complete_effect_record("done", owner="host-b:7:x3", result_json="1", now=T0)
+    assert store.expire_effect_leases(keep_owner_prefix=mine, now=T0 + 1) == 1
+    assert store.expire_effect_leases(keep_owner_prefix=mine, now=T0 + 1) == 0
+    theirs = store.get_effect_record("theirs")
+    assert theirs is not None
+    assert theirs.lease_expires_at == datetime.fromtimestamp(T0 + 1, UTC)
+    taken = begin(store, "theirs", f"{mine}z", T0 + 1)
+    assert taken.claimed and taken.took_over
+    assert not begin(store, "ours", f"{mine}w", T0 + 1).claimed  # a live call of ours
+    done = store.get_effect_record("done")
+    assert done is not None and done.status is EffectRecordStatus.APPLIED

@@ -299,3 +299,51 @@ async def test_a_record_as_json_is_what_the_http_api_will_list(store: EffectReco
     done = await store.complete("t1", "k", owner="a", result_json='{"id":1}')
     assert done.to_json()["status"] == "applied" and done.to_json()["result"] == {"id": 1}
     assert done.to_json()["leaseExpiresAt"] is None
+
+
+@pytest.mark.parametrize("status", [EffectRecordStatus.SUCCEEDED, EffectRecordStatus.DENIED])
+async def test_a_succeeded_or_denied_record_is_finished_like_an_applied_one(
+    store: EffectRecordStore, status: EffectRecordStatus
+) -> None:
+    assert await claim(store, "k", "a")
+    done = await store.complete("t1", "k", owner="a", result_json='"ok"', status=status)
+    assert done.status is status and done.result == "ok" and done.owner is None
+    again = await store.begin("t1", "k", tool_name="post", run_id="r2", owner="b",
+                              lease_seconds=30)
+    assert again.finished and not again.claimed and not again.applied
+
+
+async def test_a_failed_record_is_claimed_again_not_taken_over(
+    store: EffectRecordStore, clock: FakeClock
+) -> None:
+    assert await claim(store, "k", "a")
+    failed = await store.complete("t1", "k", owner="a", result_json='{"error": "x"}',
+                                  status=EffectRecordStatus.FAILED)
+    assert failed.status is EffectRecordStatus.FAILED and failed.result == {"error": "x"}
+    clock.advance(5)
+    retry = await store.begin("t1", "k", tool_name="post", run_id="r2", owner="b",
+                              lease_seconds=30)
+    assert retry.claimed and not retry.took_over and not retry.finished
+    assert retry.record.status is EffectRecordStatus.IN_PROGRESS
+    assert retry.record.result_json is None and retry.record.run_id == "r2"
+    assert retry.record.created_at == datetime.fromtimestamp(T0 + 5, UTC)
+    assert not await claim(store, "k", "c")  # the retry holds it now
+
+
+async def test_a_record_cannot_complete_as_in_progress(store: EffectRecordStore) -> None:
+    assert await claim(store, "k", "a")
+    with pytest.raises(ValueError, match="applied, succeeded, failed or denied"):
+        await store.complete("t1", "k", owner="a", result_json="1",
+                             status=EffectRecordStatus.IN_PROGRESS)
+    record = await store.get("t1", "k")
+    assert record is not None and record.status is EffectRecordStatus.IN_PROGRESS
+
+
+async def test_purge_deletes_old_failed_records(store: EffectRecordStore,
+                                                clock: FakeClock) -> None:
+    assert await claim(store, "k", "a")
+    await store.complete("t1", "k", owner="a", result_json="{}",
+                         status=EffectRecordStatus.FAILED)
+    clock.advance(60)
+    assert await store.purge(older_than=datetime.fromtimestamp(T0 + 1, UTC)) == 1
+    assert await store.get("t1", "k") is None

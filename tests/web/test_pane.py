@@ -681,8 +681,8 @@ def test_a_malformed_thread_id_is_refused_once_and_not_retried(pane: Pane) -> No
     expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
     expect(page.get_by_test_id("toast")).to_have_count(0)
     # The server accepts the socket before closing it, so the pane may ask for the runs
-    # once (400 invalid_thread_id), and only once.
-    assert len(pane.errors) <= 1 and all("400" in e for e in pane.errors), pane.errors
+    # and the effect records once each (400 invalid_thread_id), and only once.
+    assert len(pane.errors) <= 2 and all("400" in e for e in pane.errors), pane.errors
 
 
 # ------------------------------------------------------------------ screenshots at 1400 and 420
@@ -1007,4 +1007,76 @@ def test_at_420px_a_thread_opened_by_link_is_scrolled_into_the_thread_list(pane:
     expect(item).to_be_in_viewport(ratio=0.95)
     assert page.evaluate("window.scrollY") == 0  # the list scrolled, not the page
     snap(page, "phone-linked-thread")
+
+
+def test_effect_tool_records_show_live_next_to_the_runs(
+    tmp_path: Path, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTES_WORLD", str(tmp_path / "world.txt"))
+    monkeypatch.delenv("NOTES_HANG_FILE", raising=False)
+    with serve_pane(tmp_path, browser, ROOT / "tests" / "apps" / "effect_tools") as pane:
+        page = pane.page
+        tid = pane.new_thread()
+        pane.open_thread(tid)
+        records = page.get_by_test_id("records")
+        expect(records.get_by_test_id("records-empty")).to_contain_text(
+            "No effect-tool records", timeout=WAIT_MS
+        )
+        page.evaluate("window.__noReload = true")
+        # A turn whose effect tool posts a note (the demo model calls post_note).
+        res = pane.http.post(f"/api/threads/{tid}/messages",
+                             json={"content": "post a note about release: Shipped 1.2"},
+                             timeout=WAIT_MS / 1000)
+        assert res.status_code == 200, res.text
+        row = page.locator('[data-testid="record-row"][data-key="note:release"]')
+        expect(row).to_have_attribute("data-status", "applied", timeout=WAIT_MS)
+        expect(row.get_by_test_id("record-status")).to_have_text("applied")
+        expect(row.get_by_test_id("record-result")).to_have_text('{"note":1,"reconciled":false}')
+        expect(row).to_contain_text("post_note")
+        expect(row.get_by_test_id("record-turn")).to_have_attribute("title", res.json()["runId"])
+        expect(records.get_by_test_id("records-empty")).to_be_hidden()
+        expect(records.get_by_test_id("records-count")).to_have_text("(1)")
+        assert page.evaluate("window.__noReload") is True
+        # After a reload of the page the record comes from GET .../effect-records.
+        page.reload()
+        expect(row).to_have_attribute("data-status", "applied", timeout=WAIT_MS)
+        assert pane.errors == []
+
+
+def test_pause_and_resume_a_thread_from_the_pane(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    item = page.locator(f'[data-testid="thread-item"][data-thread-id="{tid}"]')
+    button = page.get_by_test_id("pause-thread")
+    expect(button).to_have_text("Pause", timeout=WAIT_MS)
+    expect(page.get_by_test_id("thread-paused")).to_be_hidden()
+
+    button.click()
+    expect(button).to_have_text("Resume", timeout=WAIT_MS)
+    expect(page.get_by_test_id("thread-paused")).to_be_visible()
+    expect(page.get_by_test_id("paused-note")).to_contain_text("due runs stay pending")
+    expect(item.get_by_test_id("thread-paused-tag")).to_be_visible()
+    assert pane.http.get(f"/api/threads/{tid}").json()["paused"] is True
+
+    # A run due now stays pending while paused, and the state survives a reload.
+    due = pane.schedule(tid, "send_reminder", {"text": "after the pause"})
+    expect(pane.row(due)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
+    # Its row says why it waits (in the due or the "When" column, whichever is shown).
+    paused_note = pane.row(due).locator('[data-testid="run-paused"]:visible')
+    expect(paused_note).to_have_text("· paused")
+    page.reload()
+    expect(page.get_by_test_id("thread-paused")).to_be_visible(timeout=WAIT_MS)
+    expect(item.get_by_test_id("thread-paused-tag")).to_be_visible(timeout=WAIT_MS)
+    expect(paused_note).to_have_text("· paused", timeout=WAIT_MS)
+    snap(page, "thread-paused")
+    assert pane.http.get(f"/api/threads/{tid}/effects/{due}").json()["status"] == "pending"
+
+    button.click()
+    expect(button).to_have_text("Pause", timeout=WAIT_MS)
+    expect(pane.row(due)).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    expect(pane.row(due).get_by_test_id("run-paused")).to_have_count(0)
+    expect(page.get_by_test_id("thread-paused")).to_be_hidden()
+    expect(page.get_by_test_id("paused-note")).to_be_hidden()
+    expect(item.get_by_test_id("thread-paused-tag")).to_have_count(0)
     assert pane.errors == []

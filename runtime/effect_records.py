@@ -1,0 +1,174 @@
+"""The effect records of every thread, kept in the thread's own store (`EffectRecords`).
+
+An effect tool called inside a turn records what it applied here: `EffectRecords` is an
+`runtime.storage.records.EffectRecordStore` whose ``thread_id`` picks the thread, and whose
+every call runs the thread store's ``*_effect_record(s)`` methods (one transaction each, in
+a worker thread) while holding the thread open (`runtime.actors.ActorTable.use`, never its
+write lock: a tool runs inside a turn that may hold it). Each change is published on the
+thread's stream as an ``effect_record_changed`` frame. Records live and die with the
+thread: deleting it deletes its store, and so its records; records past
+``RetentionPolicy.effect_records_seconds`` are deleted on the write path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+
+from runtime.abc import RunSync
+from runtime.actors import ActorTable
+from runtime.config import RetentionPolicy
+from runtime.errors import ThreadNotFound
+from runtime.events import RecordChange
+from runtime.frames import ChangeHub
+from runtime.storage.records import (
+    Claim,
+    EffectRecord,
+    EffectRecordPage,
+    EffectRecordStatus,
+    EffectRecordStore,
+)
+
+
+class EffectRecords(EffectRecordStore):
+    """Effect records by thread, in each thread's store (``rt.effect_records``).
+
+    Args:
+        actors: The actor table (opens a thread's store, keeps it open during a call).
+        run_sync: Runs a blocking store call off the event loop.
+        hub: Where record changes are published.
+        now: The clock's ``now`` (seconds since the epoch, UTC).
+        retention: The runtime's retention (``effect_records_seconds``).
+        thread_ids: Every registered thread's id (for `purge`).
+
+    Every method raises `runtime.errors.ThreadNotFound` for an unknown thread and
+    `runtime.errors.InvalidThreadId` for a malformed id, besides what the contract says.
+    """
+
+    def __init__(
+        self,
+        actors: ActorTable,
+        run_sync: RunSync,
+        hub: ChangeHub,
+        now: Callable[[], float],
+        retention: RetentionPolicy,
+        thread_ids: Callable[[], AsyncIterator[str]],
+    ) -> None:
+        self._thread_ids = thread_ids
+        self._actors = actors
+        self._run_sync = run_sync
+        self._hub = hub
+        self._now = now
+        self._retention = retention
+
+    def _publish(self, thread_id: str, change: RecordChange, record: EffectRecord) -> None:
+        data = record.to_json()
+        data.pop("threadId", None)
+        self._hub.publish_record(thread_id, change, data)
+
+    async def get(self, thread_id: str, key: str) -> EffectRecord | None:  # noqa: D102
+        async with self._actors.use(thread_id) as actor:
+            record: EffectRecord | None = await self._run_sync(
+                actor.store.get_effect_record, key
+            )
+            return record
+
+    async def begin(  # noqa: D102
+        self,
+        thread_id: str,
+        key: str,
+        *,
+        tool_name: str,
+        run_id: str | None,
+        owner: str,
+        lease_seconds: float,
+    ) -> Claim:
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            claim: Claim = await self._run_sync(
+                lambda: store.begin_effect_record(
+                    key, tool_name=tool_name, run_id=run_id, owner=owner,
+                    lease_seconds=lease_seconds, now=self._now(), retention=self._retention,
+                )
+            )
+        if claim.claimed:
+            self._publish(thread_id, RecordChange.CLAIMED, claim.record)
+        return claim
+
+    async def complete(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            record: EffectRecord = await self._run_sync(
+                lambda: store.complete_effect_record(
+                    key, owner=owner, result_json=result_json, now=self._now(),
+                    status=status,
+                )
+            )
+        self._publish(thread_id, RecordChange.APPLIED, record)
+        return record
+
+    async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            record: EffectRecord | None = await self._run_sync(
+                lambda: store.release_effect_record(key, owner=owner)
+            )
+        if record is None:
+            return False
+        self._publish(thread_id, RecordChange.RELEASED, record)
+        return True
+
+    async def list(  # noqa: D102
+        self,
+        thread_id: str,
+        *,
+        status: EffectRecordStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            page: EffectRecordPage = await self._run_sync(
+                lambda: store.list_effect_records(status=status, limit=limit, cursor=cursor)
+            )
+            return page
+
+    async def purge(self, *, older_than: datetime) -> int:
+        """Delete records last changed before ``older_than`` in every thread (see the contract).
+
+        The runtime does this by itself, per thread, by ``retention.effect_records_seconds``;
+        this opens every thread in turn (through the actor table's LRU), for an earlier
+        clean-up.
+
+        Raises:
+            ValueError: a naive ``older_than``.
+        """
+        if older_than.tzinfo is None:
+            raise ValueError(f"An instant must be timezone-aware (UTC), got naive {older_than}")
+        cutoff = older_than.timestamp()
+        deleted = 0
+        async for thread_id in self._thread_ids():
+            try:
+                deleted += await self._purge_in(thread_id, cutoff)
+            except ThreadNotFound:
+                continue  # deleted meanwhile: its records went with it
+        return deleted
+
+    async def purge_thread(self, thread_id: str) -> int:
+        """Delete every record of a thread (deleting the thread does it too). Returns how many.
+
+        Raises:
+            ThreadNotFound: no such thread.
+        """
+        return await self._purge_in(thread_id, None)
+
+    async def _purge_in(self, thread_id: str, cutoff: float | None) -> int:
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            count: int = await self._run_sync(
+                lambda: store.purge_effect_records(older_than=cutoff)
+            )
+            return count
