@@ -5,6 +5,7 @@ requests, echoed values, unknown args fields, error codes of a corrupt thread)."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import socket
@@ -178,6 +179,8 @@ async def test_routes_that_take_no_body_refuse_one(api: Api, body: bytes, code: 
     for path in ("run", "cancel", "replay"):
         res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/{path}", content=body)
         error_of(res, 400, code)
+    for path in ("pause", "resume"):
+        error_of(await api.client.post(f"/api/threads/{tid}/{path}", content=body), 400, code)
     res = await api.client.request("DELETE", f"/api/threads/{tid}", content=body)
     error_of(res, 400, code)
     assert [r["status"] for r in await runs_of(api, tid)] == ["pending"]  # nothing happened
@@ -394,12 +397,18 @@ async def test_quoted_values_are_spelled_as_json(api: Api) -> None:
     assert 'Invalid thread id "a.b"' in error_of(res, 400, "invalid_thread_id")
     res = await api.client.get(path, params={"cursor": "x1"})
     assert 'Invalid cursor "x1"' in error_of(res, 400, "invalid_parameter")
+    deep = base64.urlsafe_b64encode(b"[" * 5000).decode()  # what a cursor could decode to
+    res = await api.client.get(f"/api/threads/{tid}/effect-records", params={"cursor": deep})
+    assert "Invalid effect-records cursor" in error_of(res, 400, "invalid_parameter")
 
 
 @pytest.mark.parametrize("limit", ["5_0", "+5", " 5", "\u0665", "1.5", "-1", "0x10"])
 async def test_integer_query_parameters_take_ascii_digits_only(api: Api, limit: str) -> None:
     tid = await api.new_thread()
-    for path in ("/api/threads", f"/api/threads/{tid}/effects", f"/api/threads/{tid}/messages"):
+    for path in (
+        "/api/threads", f"/api/threads/{tid}/effects", f"/api/threads/{tid}/messages",
+        f"/api/threads/{tid}/effect-records",
+    ):
         res = await api.client.get(path, params={"limit": limit})
         assert "limit must be an integer" in error_of(res, 400, "invalid_parameter"), path
     for cursor in ("1_0", "+1", " 1", "\u0661"):
