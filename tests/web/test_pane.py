@@ -984,7 +984,11 @@ def test_a_thread_whose_file_is_corrupt_says_so_once(tmp_path: Path, browser: Br
         expect(page.get_by_test_id("runs-empty")).to_have_text(
             "This thread's runs cannot be loaded."
         )
+        expect(page.get_by_test_id("records-empty")).to_have_text(
+            "This thread's effect-tool records cannot be loaded."
+        )
         expect(page.get_by_test_id("schedule-submit")).to_be_disabled()
+        expect(page.get_by_test_id("pause-thread")).to_be_disabled()
         # Still listed: the thread exists, only its file is damaged.
         expect(page.locator('[data-testid="thread-item"][data-thread-id="corrupt1"]')).to_be_visible()
         page.wait_for_timeout(2000)  # a retry of the stream would come within a second
