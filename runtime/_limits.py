@@ -45,11 +45,32 @@ MAX_CURSOR = 2**63 - 1
 
 _THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _DIGITS = re.compile(r"^[0-9]{1,19}\Z")
+_TIMESTAMP = re.compile(r"^-?[0-9]{1,20}(\.[0-9]{1,20})?(e[-+]?[0-9]{1,3})?\Z")
+
+
+MAX_INT_DIGITS = 4300
+"""Longest integer accepted in JSON, in digits (Python's own limit on int/str conversion)."""
 
 
 def quoted(value: object) -> str:
-    """``value`` for an error message: its ``repr``, cut to `MAX_QUOTED_CHARS` characters."""
-    return short_repr(value, MAX_QUOTED_CHARS)
+    """``value`` for an error message, cut to `MAX_QUOTED_CHARS` characters.
+
+    Spelled as JSON (``true``, ``{"k": 1}``, ``"text"``), as HTTP clients wrote it; a
+    value with no JSON form (a ``timedelta``) is spelled by its ``repr``. An integer too
+    long to print is named by its size.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and _too_many_digits(value):
+        return f"an integer of over {MAX_INT_DIGITS} digits"
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return short_repr(value, MAX_QUOTED_CHARS)
+    return cut(text)
+
+
+def _too_many_digits(value: int) -> bool:
+    # bit_length * log10(2) estimates the digits without converting (which would raise).
+    return value.bit_length() * 0.30103 > MAX_INT_DIGITS - 1
 
 
 def cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
@@ -57,23 +78,45 @@ def cut(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
+class CyclicValue(ValueError):
+    """A value holds itself (a list or dict inside itself): it has no JSON form."""
+
+
 def json_depth(value: Any) -> int:
     """How deeply ``value`` nests lists/tuples and dicts: 0 for a scalar, 1 for ``[]``.
 
     Iterative, so it never raises ``RecursionError`` however deep the value; only
-    containers are visited (a 2 MiB list of numbers takes milliseconds).
+    containers are visited, each once (a 2 MiB list of numbers takes milliseconds, and a
+    container shared by many parents is measured once).
+
+    Raises:
+        CyclicValue: a container holds itself (``l = []; l.append(l)``), which would
+            otherwise be walked forever.
     """
     containers = (dict, list, tuple)
     if not isinstance(value, containers):
         return 0
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    heights: dict[int, int] = {}  # id of a finished container -> its depth
+    on_path: set[int] = set()
+    # Post-order walk: a container is entered (False), then left (True) once its children
+    # are measured; one met again while still on the path is a cycle.
+    stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
+        item, leaving = stack.pop()
+        key = id(item)
         children = item.values() if isinstance(item, dict) else item
-        stack.extend([(c, depth + 1) for c in children if isinstance(c, containers)])
-    return deepest
+        if leaving:
+            on_path.discard(key)
+            heights[key] = 1 + max(
+                (heights[id(c)] for c in children if isinstance(c, containers)), default=0
+            )
+        elif key in on_path:
+            raise CyclicValue("it holds itself (a list or object inside itself)")
+        elif key not in heights:
+            on_path.add(key)
+            stack.append((item, True))
+            stack.extend((c, False) for c in children if isinstance(c, containers))
+    return heights[id(value)]
 
 
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
@@ -93,6 +136,15 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"the number {cut(text)} is out of range")
     return value
+
+
+def _checked_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(
+            f"an integer of {digits} digits is over the limit of {MAX_INT_DIGITS} digits"
+        )
+    return int(text)
 
 
 def _reject_constant(name: str) -> Any:
@@ -116,12 +168,21 @@ def parse_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """
     too_deep = f"it nests arrays/objects deeper than the limit of {max_depth} levels"
     try:
-        value = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(
+            data,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            parse_int=_checked_int,
+        )
     except RecursionError:
         raise ValueError(too_deep) from None
     if json_depth(value) > max_depth:
         raise ValueError(too_deep)
     return value
+
+
+def _int_text(value: int, unit: str = "") -> str:
+    return quoted(value) if _too_many_digits(value) else cut(str(value), 40) + unit
 
 
 def delay_seconds(delay: object, *, name: str = "delay") -> float:
@@ -146,10 +207,10 @@ def delay_seconds(delay: object, *, name: str = "delay") -> float:
         # Checked before float(), which overflows for 10**400.
         if delay < 0:
             raise InvalidDelay(
-                f"{name} must be a finite number of seconds >= 0, got {cut(str(delay), 40)}"
+                f"{name} must be a finite number of seconds >= 0, got {_int_text(delay)}"
             )
         if delay > MAX_DELAY_SECONDS:
-            raise InvalidDelay(f"{name} must be {limit}, got {cut(str(delay), 40)} s")
+            raise InvalidDelay(f"{name} must be {limit}, got {_int_text(delay, ' s')}")
         seconds = float(delay)
     elif isinstance(delay, float):
         seconds = delay
@@ -183,10 +244,8 @@ def parse_thread_cursor(cursor: str) -> tuple[float, str]:
         ValueError: anything else, naming the value (cut).
     """
     ts, sep, tid = cursor.partition("~")
-    try:
-        created = float(ts) if len(ts) <= 32 else math.inf
-    except ValueError:
-        created = math.inf
+    # ASCII only: float() also takes "1_0", " 1", "+1" and other scripts' digits.
+    created = float(ts) if _TIMESTAMP.match(ts) else math.inf
     if not sep or not math.isfinite(created) or not _THREAD_ID_RE.match(tid):
         raise ValueError(f"Invalid cursor {quoted(cursor)}: pass nextCursor of the last page")
     return created, tid
@@ -196,9 +255,14 @@ def check_args_depth(name: str, args: Any) -> None:
     """Refuse args nested deeper than `MAX_ARGS_DEPTH` (before they are encoded).
 
     Raises:
-        InvalidEffectArgs: naming the effect and the limit.
+        InvalidEffectArgs: naming the effect and the limit, or saying the args hold
+            themselves (a cycle).
     """
-    if json_depth(args) > MAX_ARGS_DEPTH:
+    try:
+        depth = json_depth(args)
+    except CyclicValue as exc:
+        raise InvalidEffectArgs(f"Args for effect {name} are not JSON: {exc}") from None
+    if depth > MAX_ARGS_DEPTH:
         raise InvalidEffectArgs(
             f"Args for effect {name} nest arrays/objects deeper than the limit of "
             f"{MAX_ARGS_DEPTH} levels"

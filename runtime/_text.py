@@ -43,8 +43,13 @@ def find_invalid_text(value: Any) -> str | None:
         string and key is valid.
     """
     stack: list[tuple[str, Any]] = [("", value)]
+    seen: set[int] = set()  # containers already walked: a cycle or a shared one is walked once
     while stack:
         path, item = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
         if isinstance(item, str):
             bad = lone_surrogate(item)
             if bad:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -116,6 +117,12 @@ class CannotConnect(CliError):
     """No thread-effects server answered at the URL (exit status 3)."""
 
     exit_code = EXIT_CANNOT_CONNECT
+
+
+class BadSetting(CliError):
+    """A setting from the environment is malformed (exit status 2, as for a bad option)."""
+
+    exit_code = EXIT_USAGE
 
 
 # ----------------------------------------------------------------------------- client
@@ -490,12 +497,44 @@ def _page_size(limit: int | None, every: bool) -> int:
 
 
 def _check_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(value)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        httpx.URL(value)  # what the client will parse (it refuses "host:1:2")
+    except (ValueError, httpx.InvalidURL):
+        valid = False
+    if not valid:
         raise click.BadParameter(
-            f"{value!r} is not an http(s) URL such as {DEFAULT_URL}", ctx, param
+            f"{value if len(value) <= 80 else value[:79] + '…'!r} is not an http(s) URL "
+            f"such as {DEFAULT_URL}",
+            ctx, param,
         )
     return value
+
+
+_MAX_TIMEOUT_SECONDS = 86_400.0
+
+
+def _check_timeout(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    # FloatRange lets NaN and infinity through (they compare False), and so "1e400".
+    if not math.isfinite(value) or value > _MAX_TIMEOUT_SECONDS:
+        raise click.BadParameter(
+            f"{value!r} is not a number of seconds from 0 to {_MAX_TIMEOUT_SECONDS:.0f}",
+            ctx, param,
+        )
+    return value
+
+
+def _api_token() -> str | None:
+    """The token of ``THREAD_EFFECTS_API_TOKEN``; never printed, even when malformed."""
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and not all(33 <= ord(c) <= 126 for c in token):
+        raise BadSetting(
+            f"{TOKEN_ENV} is malformed: a token is printable ASCII without spaces or line "
+            f"breaks (its value is not shown)", code="malformed_token",
+        )
+    return token
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -505,7 +544,8 @@ def _check_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
 )
 @click.option(
     "--timeout", "timeout_seconds", type=click.FloatRange(min=0, min_open=True),
-    default=30.0, show_default=True, help="Seconds to wait to connect and for each answer.",
+    callback=_check_timeout, default=30.0, show_default=True,
+    help="Seconds to wait to connect and for each answer.",
 )
 @click.version_option(package_name="thread-effects", prog_name=_PROG)
 @click.pass_context
@@ -515,7 +555,9 @@ def cli(ctx: click.Context, url: str, timeout_seconds: float) -> None:
     Exit status: 0 done; 1 the server refused (its message is printed) or nothing was
     done; 2 usage; 3 no thread-effects server answered at the URL.
     """
-    api = Api(url=url, token=os.environ.get(TOKEN_ENV) or None, timeout_seconds=timeout_seconds)
+    # serve checks the token itself, as the server it runs
+    token = None if ctx.invoked_subcommand == "serve" else _api_token()
+    api = Api(url=url, token=token, timeout_seconds=timeout_seconds)
     ctx.obj = api
     ctx.call_on_close(api.close)
 
@@ -526,7 +568,7 @@ def threads() -> None:
 
 
 @threads.command("list", short_help="List threads.")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
+@click.option("--limit", type=click.IntRange(min=1, max=_MAX_PAGE), default=None,
               help="Threads per page, at most 500 [default: 50; 500 with --all].")
 @click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
 @click.option("--all", "every", is_flag=True, help="Follow the cursors: every thread.")
@@ -637,7 +679,7 @@ def runs() -> None:
 @click.option("--status", "statuses", type=click.Choice(RUN_STATUSES), multiple=True,
               help="Only runs in this status (repeat for several).")
 @click.option("--name", default=None, help="Only runs of this effect.")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
+@click.option("--limit", type=click.IntRange(min=1, max=_MAX_PAGE), default=None,
               help="Runs per page, at most 500 [default: 50; 500 with --all].")
 @click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
 @click.option("--all", "every", is_flag=True, help="Follow the cursors: every matching run.")

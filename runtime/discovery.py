@@ -33,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
+from runtime._limits import quoted
 from runtime.effects import EFFECT_NAME_RE, EffectDefinition
 from runtime.errors import EffectDefinitionError, EffectNotFound
 
@@ -246,10 +247,10 @@ class EffectRegistry:
     def _no_package(self, package_id: str) -> str:
         if not self.packages_loaded:
             return (
-                f"package {package_id!r} cannot be used: packages are not loaded "
+                f"package {quoted(package_id)} cannot be used: packages are not loaded "
                 f"(load_packages=False)"
             )
-        return f"no package {package_id!r} is installed"
+        return f"no package {quoted(package_id)} is installed"
 
     def resolve(self, name: str, *, package_id: str | None = None) -> EffectDefinition:
         """Find an effect by the name a caller used.
@@ -275,7 +276,7 @@ class EffectRegistry:
             if effects is None:
                 raise EffectNotFound(name, self._no_package(pkg))
             if short not in effects:
-                raise EffectNotFound(name, f"package {pkg!r} has no effect {short!r}")
+                raise EffectNotFound(name, f"package {quoted(pkg)} has no effect {quoted(short)}")
             return effects[short]
         if package_id is not None:
             own = self.packages.get(package_id)
@@ -285,13 +286,13 @@ class EffectRegistry:
                     else "but packages are not loaded (load_packages=False)"
                 )
                 raise EffectNotFound(
-                    name, f"the caller belongs to package {package_id!r}, {why}"
+                    name, f"the caller belongs to package {quoted(package_id)}, {why}"
                 )
             if name not in own:
                 raise EffectNotFound(
                     name,
-                    f"package {package_id!r} has no effect {name!r}; inside a package a "
-                    f"short name means the package's own effect",
+                    f"package {quoted(package_id)} has no effect {quoted(name)}; inside a "
+                    f"package a short name means the package's own effect",
                 )
             return own[name]
         if name in self.app:

@@ -42,6 +42,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -56,7 +57,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -81,6 +82,7 @@ from runtime.errors import (
     RuntimeClosed,
     SubscriptionOverflow,
     ThreadNotFound,
+    ThreadStorageError,
 )
 from runtime.frames import Subscription, ThreadEvent
 from runtime.messages import MAX_CONTENT_CHARS
@@ -100,6 +102,10 @@ DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
 BODY_IDLE_TIMEOUT_SECONDS = 30.0
 """A request body that sends nothing for this long is answered 408 and dropped."""
 
+BODY_TIMEOUT_SECONDS = 60.0
+"""A whole request body must arrive within this long of its first read, else 408 (so a
+client dripping a byte at a time cannot hold a connection open)."""
+
 HEADER_TIMEOUT_SECONDS = 10.0
 """A connection must send a complete request head this soon after it opens (or after its
 previous answer), else it is closed (`server_options`)."""
@@ -114,6 +120,7 @@ CLOSE_INVALID_THREAD_ID = 4400
 CLOSE_POLICY = 4403
 CLOSE_TOKEN = 4401
 CLOSE_UNKNOWN_THREAD = 4404
+CLOSE_THREAD_STORAGE = 4500  # the thread's file cannot be used (HTTP: 500 thread_storage_error)
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_SERVICE_RESTART = 1012
 
@@ -132,6 +139,8 @@ _CANCEL_FIELDS = frozenset({"by"})
 
 MAX_MESSAGE_BODY_BYTES = 1 << 20
 """Largest ``POST .../messages`` body (1 MiB)."""
+
+_MESSAGES_PATH = re.compile(r"^/api/threads/[^/]+/messages/?\Z")
 
 
 class ApiError(Exception):
@@ -333,21 +342,26 @@ class BodyLimitMiddleware:
     A ``Content-Length`` over ``max_body_bytes`` is answered 413 at once, before the route
     runs or a byte of the body is read. A chunked body is counted as the route reads it:
     the read that passes the limit raises 413 ``body_too_large``, so nothing buffers more
-    than the limit. A client that stops sending in the middle of its body for
-    ``body_idle_timeout_seconds`` gets 408 ``request_timeout`` (the connection is closed).
+    than the limit. A route with a smaller limit of its own (``POST .../messages``) is
+    answered with that limit. A client that stops sending in the middle of its body for
+    ``body_idle_timeout_seconds``, or whose whole body takes over ``body_timeout_seconds``
+    from the route's first read, gets 408 ``request_timeout`` (the connection is closed).
 
     Args:
         app: The wrapped ASGI app.
         max_body_bytes: Largest request body, in bytes.
         body_idle_timeout_seconds: Longest wait for the next piece of a body.
+        body_timeout_seconds: Longest time for a whole body to arrive.
     """
 
     def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, body_idle_timeout_seconds: float
+        self, app: ASGIApp, *, max_body_bytes: int, body_idle_timeout_seconds: float,
+        body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.idle_timeout = body_idle_timeout_seconds
+        self.body_timeout = body_timeout_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse an over-long declared body, or pass on a counting ``receive``."""
@@ -355,6 +369,8 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.max_body_bytes
+        if scope.get("method") == "POST" and _MESSAGES_PATH.match(scope.get("path", "")):
+            limit = min(limit, MAX_MESSAGE_BODY_BYTES)
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             response = error_response(
@@ -366,19 +382,27 @@ class BodyLimitMiddleware:
             return
         total = 0
         body_done = False
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
 
         async def counting_receive() -> ASGIMessage:
-            nonlocal total, body_done
+            nonlocal total, body_done, deadline
             if body_done:  # after the body: waiting for a disconnect has no time limit
                 return await receive()
+            now = loop.time()
+            if deadline is None:
+                deadline = now + self.body_timeout
+            left = deadline - now
             try:
-                async with asyncio.timeout(self.idle_timeout):
+                async with asyncio.timeout(min(self.idle_timeout, max(left, 0.0))):
                     message = await receive()
             except TimeoutError:
+                if left <= self.idle_timeout:
+                    why = f"the whole body did not arrive within {self.body_timeout:g} s"
+                else:
+                    why = f"nothing arrived for {self.idle_timeout:g} s"
                 raise ApiError(
-                    408, "request_timeout",
-                    f"The request body stalled: nothing arrived for {self.idle_timeout:g} s",
-                    _CLOSE,
+                    408, "request_timeout", f"The request body stalled: {why}", _CLOSE
                 ) from None
             if message["type"] == "http.request":
                 total += len(message.get("body", b""))
@@ -392,7 +416,12 @@ class BodyLimitMiddleware:
                 body_done = True
             return message
 
-        await self.app(scope, counting_receive, send)
+        try:
+            await self.app(scope, counting_receive, send)
+        except ClientDisconnect:
+            # The client left in the middle of its body: no one is there to answer.
+            log.info("%s %s: the client disconnected before sending its whole body",
+                     scope.get("method"), cut(scope.get("path", ""), 200))
 
 
 def _bearer(header: str | None) -> str | None:
@@ -528,6 +557,27 @@ def _object(value: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
     return value
 
 
+async def _no_fields(request: Request) -> None:
+    """Check the optional body of a route that takes none: empty, or ``{}``."""
+    what = f"{request.method} {request.url.path}"
+    await read_object(request, frozenset(), cut(what), required=False)
+
+
+_LIMIT_RE = re.compile(r"^[0-9]{1,19}\Z")  # ASCII digits only: int() also takes "5_0", "+5"
+
+
+def _query_limit(request: Request, max_limit: int = 500) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return 50
+    if not _LIMIT_RE.match(raw):
+        raise ApiError(
+            400, "invalid_parameter",
+            f"limit must be an integer from 1 to {max_limit}, got {_quoted(raw)}",
+        )
+    return int(raw)
+
+
 def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
     value = body.get(key)
     if value is not None and not isinstance(value, str):
@@ -556,16 +606,7 @@ def _rfc3339(text: str | None, name: str) -> datetime | None:
 
 
 def _page_params(request: Request, max_limit: int = 500) -> tuple[int, str | None]:
-    raw = request.query_params.get("limit")
-    limit = 50
-    if raw is not None:
-        try:
-            limit = int(raw)
-        except ValueError:
-            raise ApiError(
-                400, "invalid_parameter",
-                f"limit must be an integer from 1 to {max_limit}, got {_quoted(raw)}",
-            ) from None
+    limit = _query_limit(request, max_limit)
     cursor = request.query_params.get("cursor") or None
     return limit, cursor
 
@@ -657,6 +698,7 @@ async def _set_paused(request: Request, *, paused: bool) -> Response:
 
 
 async def _delete_thread(request: Request) -> Response:
+    await _no_fields(request)
     tid = request.path_params["tid"]
     if not await _runtime(request).delete_thread(tid):
         raise ThreadNotFound(tid)
@@ -733,22 +775,25 @@ async def _get_run(request: Request) -> Response:
 
 
 async def _run_now(request: Request) -> Response:
+    await _no_fields(request)
     state = await _thread(request)
     run = await state.run_now(request.path_params["run_id"])
     return JSONResponse({"id": run.id, "status": str(run.status)})
 
 
 async def _replay(request: Request) -> Response:
+    await _no_fields(request)
     state = await _thread(request)
     new_id = await state.replay(request.path_params["run_id"])
     return JSONResponse({"id": new_id}, status_code=201)
 
 
 async def _cancel(request: Request) -> Response:
-    state = await _thread(request)
     run_id = request.path_params["run_id"]
     what = f"POST /api/threads/{request.path_params['tid']}/effects/{cut(run_id, 40)}/cancel"
+    # The one route of a run that takes a body: an optional {"by": ...}, checked first.
     body = await read_object(request, _CANCEL_FIELDS, what, required=False)
+    state = await _thread(request)
     by = _optional_str(body, "by", what) or "http"
     canceled = await state.remove_scheduled_effect(run_id, canceled_by=by)
     if not canceled:
@@ -844,16 +889,7 @@ _MAX_ID_CHARS = 64
 
 
 async def _list_messages(request: Request) -> Response:
-    raw = request.query_params.get("limit", "50")
-    try:
-        if len(raw) > 19:
-            raise ValueError(raw)
-        limit = int(raw)
-    except ValueError:
-        raise ApiError(
-            400, "invalid_parameter",
-            f"limit must be an integer from 1 to 500, got {_quoted(raw)}",
-        ) from None
+    limit = _query_limit(request)
     state = await _thread(request)
     raw_latest = request.query_params.get("latest", "false").lower()
     if raw_latest not in _BOOLEANS:
@@ -1106,6 +1142,16 @@ async def _stream(websocket: WebSocket) -> None:
     except RuntimeClosed:
         await websocket.accept()
         await websocket.close(CLOSE_SERVICE_RESTART, "The server is shutting down")
+        return
+    try:  # a thread whose file cannot be used would accept and then never say anything
+        await state.list_runs(limit=1)
+    except ThreadStorageError:
+        # The reason stays short (a close frame holds 123 bytes); HTTP answers the details.
+        await websocket.accept()
+        await websocket.close(
+            CLOSE_THREAD_STORAGE,
+            _close_reason(f"Thread storage error: thread {tid}'s database cannot be used"),
+        )
         return
     # Subscribed before accepting: the client misses nothing from the moment it is open.
     subscription = state.subscribe()
@@ -1402,6 +1448,7 @@ def create_app(
     web_dir: str | os.PathLike[str] | None = DEFAULT_WEB_DIR,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_idle_timeout_seconds: float = BODY_IDLE_TIMEOUT_SECONDS,
+    body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
     ws_close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
     clock: Clock | None = None,
     extra_routes: Sequence[BaseRoute] = (),
@@ -1423,6 +1470,8 @@ def create_app(
         max_body_bytes: Largest request body of any route, in bytes (over it: 413 at
             once, see `BodyLimitMiddleware`).
         body_idle_timeout_seconds: A request whose body stalls this long gets 408.
+        body_timeout_seconds: A request whose whole body takes longer than this (from
+            the route's first read) gets 408.
         ws_close_timeout_seconds: How long the stream tries to deliver its last frames
             and close frame to a client (see `server_options`).
         clock: The runtime's clock (`runtime.testing.FakeClock` in tests).
@@ -1446,6 +1495,7 @@ def create_app(
         raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
     for name, seconds in (
         ("body_idle_timeout_seconds", body_idle_timeout_seconds),
+        ("body_timeout_seconds", body_timeout_seconds),
         ("ws_close_timeout_seconds", ws_close_timeout_seconds),
     ):
         if not seconds > 0:
@@ -1506,6 +1556,7 @@ def create_app(
                 BodyLimitMiddleware,
                 max_body_bytes=max_body_bytes,
                 body_idle_timeout_seconds=body_idle_timeout_seconds,
+                body_timeout_seconds=body_timeout_seconds,
             ),
         ],
         exception_handlers={

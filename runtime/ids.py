@@ -7,7 +7,8 @@ import random
 import re
 import time
 
-from runtime.errors import InvalidThreadId, short_repr
+from runtime._limits import quoted
+from runtime.errors import InvalidThreadId
 
 THREAD_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 """Thread ids may become file names, so they are checked before they touch a path."""
@@ -33,7 +34,7 @@ def validate_thread_id(thread_id: object) -> str:
     """
     if not isinstance(thread_id, str) or not THREAD_ID_RE.match(thread_id):
         raise InvalidThreadId(
-            f"Invalid thread id {short_repr(thread_id)}: must match ^[A-Za-z0-9_-]{{1,64}}$ "
+            f"Invalid thread id {quoted(thread_id)}: must match ^[A-Za-z0-9_-]{{1,64}}$ "
             f"(letters, digits, '_' and '-', 1 to 64 characters)"
         )
     return thread_id

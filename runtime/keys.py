@@ -64,6 +64,8 @@ import rfc8785
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from runtime._limits import MAX_JSON_DEPTH, cut
+
 MAX_SAFE_INTEGER = 2**53 - 1
 """The largest integer I-JSON (RFC 7493) carries exactly; larger ones are refused."""
 
@@ -95,7 +97,8 @@ def canonical_json(value: Any, *, tool_name: str | None = None) -> str:
 
     Raises:
         TypeError: a value the normalization does not support, naming the tool and the
-            path of the value (``args.items[2]``).
+            path of the value (``args.items[2]``); a value that holds itself (a cycle); or
+            one nesting containers deeper than `MAX_JSON_DEPTH` levels.
     """
     root = "args" if tool_name is not None else "value"
     normalized = _normalize(value, root, set(), tool_name)
@@ -230,6 +233,9 @@ def _normalize(value: Any, path: str, active: set[int], tool_name: str | None) -
     if isinstance(value, Mapping | list | tuple):
         if id(value) in active:
             raise _unsupported(tool_name, path, "a cycle")
+        if len(active) >= MAX_JSON_DEPTH:  # active holds one id per enclosing container
+            raise TypeError(f"{_who(tool_name)}: {cut(path)} nests arrays/objects deeper than the "
+                            f"limit of {MAX_JSON_DEPTH} levels")
         inner = active | {id(value)}
         if isinstance(value, Mapping):
             result: dict[str, Any] = {}

@@ -22,6 +22,7 @@ from runtime._limits import (
     check_args_depth,
     delay_seconds,
     parse_run_cursor,
+    quoted,
     run_at_seconds,
     validate_args,
 )
@@ -365,7 +366,7 @@ class RunOperations:
             for value in raw:
                 if value not in allowed:
                     raise ValueError(
-                        f"Unknown status {short_repr(value)}; one of: "
+                        f"Unknown status {quoted(value)}; one of: "
                         f"{', '.join(s.value for s in EffectStatus)}"
                     )
             statuses = [EffectStatus(s) for s in raw]

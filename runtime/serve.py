@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import math
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import uvicorn
@@ -45,6 +46,12 @@ from runtime.http import (
 
 ENV = "THREAD_EFFECTS_"
 """Prefix of the environment variables that set the options."""
+
+MAX_SHUTDOWN_GRACE_SECONDS = 3600.0
+"""Longest ``--shutdown-grace-seconds`` accepted (an hour)."""
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+"""The ``--log-level`` values (uvicorn's)."""
 
 DESCRIPTION = (
     "Run the thread-effects server: the HTTP API, the effect_changed stream and the "
@@ -83,12 +90,43 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
     name = prog or "server.py"
 
     def port(text: str) -> int:
+        if not text.strip().isascii() or not text.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"port must be 1..65535, got {text!r}")
         value = int(text)
         if not 1 <= value <= 65535:
             raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
         return value
 
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    def grace(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value <= MAX_SHUTDOWN_GRACE_SECONDS:  # NaN and inf fail too
+            raise argparse.ArgumentTypeError(
+                f"shutdown grace must be a number of seconds from 0 to "
+                f"{MAX_SHUTDOWN_GRACE_SECONDS:.0f}, got {text!r}"
+            )
+        return value
+
+    def token(text: str) -> str | None:
+        if not text:
+            return None
+        if not all(33 <= ord(c) <= 126 for c in text):
+            raise argparse.ArgumentTypeError(
+                "the API token is malformed: a token is printable ASCII without spaces or "
+                "line breaks (its value is not shown)"
+            )
+        return text
+
+    def log_level(text: str) -> str:
+        if text.lower() not in LOG_LEVELS:
+            raise argparse.ArgumentTypeError(
+                f"log level must be one of {', '.join(LOG_LEVELS)}, got {text!r}"
+            )
+        return text.lower()
+
+    p = _Parser(prog=prog, description=DESCRIPTION)
     p.add_argument("--app-dir", type=Path, default=Path(env.get(f"{ENV}APP_DIR", "agents")),
                    help="the application folder (its effects/ holds the effects)")
     p.add_argument("--data-dir", type=Path, default=Path(env.get(f"{ENV}DATA_DIR", "data")),
@@ -97,10 +135,10 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                    help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=env.get(f"{ENV}PORT", "8000"),
                    help="port to listen on (default 8000)")
-    p.add_argument("--api-token", default=env.get(f"{ENV}API_TOKEN") or None,
+    p.add_argument("--api-token", type=token, default=env.get(f"{ENV}API_TOKEN") or None,
                    help="require this token on every API call (prefer the environment "
                         "variable: command lines are visible to other users)")
-    p.add_argument("--shutdown-grace-seconds", type=float,
+    p.add_argument("--shutdown-grace-seconds", type=grace,
                    default=env.get(f"{ENV}SHUTDOWN_GRACE_SECONDS", "10"),
                    help="on shutdown, runs still going after this are re-queued")
     p.add_argument("--effect-tool-lease-seconds", type=float,
@@ -114,8 +152,16 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                    default=_env_flag(f"{ENV}LOAD_PACKAGES", default=True, prog=name),
                    help="do not load effects of installed packages (entry point group "
                         "thread_effects.packages); THREAD_EFFECTS_LOAD_PACKAGES=0 does the same")
-    p.add_argument("--log-level", default=env.get(f"{ENV}LOG_LEVEL", "info"))
+    p.add_argument("--log-level", type=log_level, default=env.get(f"{ENV}LOG_LEVEL", "info"),
+                   help=f"one of {', '.join(LOG_LEVELS)} (default info)")
     return p.parse_args(argv)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad option in one line (naming it and the accepted values), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 def _env_flag(name: str, *, default: bool, prog: str) -> bool:
@@ -206,7 +252,13 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         print(f"{name}: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
-    args.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        listener.close()
+        print(f"{name}: cannot create data directory {args.data_dir}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
 
     # The demo webhook effect posts here by default (see agents/effects/post_webhook.py).
     connect_host = "127.0.0.1" if not is_loopback(args.host) else args.host

@@ -254,7 +254,7 @@ def test_runs_list_with_the_api_filters(server: ServerProcess) -> None:
     assert unknown.exit_code == 1
     assert "Thread not found: nobody [HTTP 404 thread_not_found]" in unknown.stderr
     over = te(server.url, "runs", "list", "-t", tid, "--limit", "501")
-    assert over.exit_code == 1 and "invalid_parameter" in over.stderr and "500" in over.stderr
+    assert over.exit_code == 2 and "1<=x<=500" in over.stderr  # refused before any request
 
 
 def test_runs_show(server: ServerProcess) -> None:
@@ -429,8 +429,46 @@ def test_usage_errors_are_exit_2(server: ServerProcess) -> None:
     # Any other malformed id is the server's to name.
     odd = te(server.url, "threads", "show", "a.b")
     assert odd.exit_code == 1
-    assert "Invalid thread id 'a.b': must match" in odd.stderr
+    assert 'Invalid thread id "a.b": must match' in odd.stderr
     assert "[HTTP 400 invalid_thread_id]" in odd.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--timeout", "nan"), "'--timeout'"),
+        (("--timeout", "inf"), "'--timeout'"),
+        (("--timeout", "1e400"), "'--timeout'"),
+        (("--timeout", "0"), "'--timeout'"),
+        (("--url", "http://[::1"), "is not an http(s) URL"),
+        (("--url", "http://127.0.0.1:8811:1"), "is not an http(s) URL"),
+        (("--url", "http://127.0.0.1:99999"), "is not an http(s) URL"),
+    ],
+)
+def test_bad_global_options_are_usage_errors(args: tuple[str, ...], named: str) -> None:
+    result = te("http://127.0.0.1:9", *args, "effects", "list")
+    assert result.exit_code == 2, result.output
+    assert named in result.stderr
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "501"])
+def test_a_page_size_outside_1_to_500_is_a_usage_error(limit: str) -> None:
+    for args in (("threads", "list"), ("runs", "list", "-t", "t1")):
+        result = te("http://127.0.0.1:9", *args, "--limit", limit)
+        assert result.exit_code == 2, result.output  # refused before any request
+        assert "'--limit'" in result.stderr
+
+
+@pytest.mark.parametrize("token", ["tøken", "bad\ntoken", "two words"])
+def test_a_malformed_token_is_named_but_never_printed(token: str) -> None:
+    for extra in ((), ("--json",)):
+        result = te("http://127.0.0.1:9", "threads", "list", *extra, token=token)
+        assert result.exit_code == 2, result.output
+        assert result.stderr == (
+            "thread-effects: THREAD_EFFECTS_API_TOKEN is malformed: a token is printable "
+            "ASCII without spaces or line breaks (its value is not shown)\n"
+        )
+        assert token not in result.output and "bad" not in result.output
 
 
 def test_the_token_comes_from_the_environment(tmp_path: Path) -> None:

@@ -209,14 +209,14 @@ def test_names_resolve_by_where_the_caller_is(
 @pytest.mark.parametrize(
     ("name", "package_id", "message"),
     [
-        ("nope/ping", None, "Effect not found: nope/ping (no package 'nope' is installed)"),
+        ("nope/ping", None, "Effect not found: nope/ping (no package \"nope\" is installed)"),
         ("billing/note", None,
-         "Effect not found: billing/note (package 'billing' has no effect 'note')"),
+         "Effect not found: billing/note (package \"billing\" has no effect \"note\")"),
         ("note", "billing",
-         "Effect not found: note (package 'billing' has no effect 'note'; inside a package "
+         "Effect not found: note (package \"billing\" has no effect \"note\"; inside a package "
          "a short name means the package's own effect)"),
         ("ping", "nope",
-         "Effect not found: ping (the caller belongs to package 'nope', which is not "
+         "Effect not found: ping (the caller belongs to package \"nope\", which is not "
          "installed)"),
         ("nope", None, "Effect not found: nope"),
     ],

@@ -194,7 +194,7 @@ async def test_a_malformed_thread_id_is_400_on_every_thread_route(tmp_path: Path
         assert res.status_code == 400, (res.request.url, res.text)
         error = res.json()["error"]
         assert error["code"] == "invalid_thread_id"
-        assert "'bad id'" in error["message"] and "^[A-Za-z0-9_-]{1,64}$" in error["message"]
+        assert '"bad id"' in error["message"] and "^[A-Za-z0-9_-]{1,64}$" in error["message"]
 
 
 async def test_message_text_that_is_not_unicode_is_400_and_stores_nothing(

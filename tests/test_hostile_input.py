@@ -5,7 +5,9 @@ requests, echoed values, unknown args fields, error codes of a corrupt thread)."
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import httpx
 import pytest
 from conftest import DEMO_APP, Api, live_server, make_app, serve_api
 
-from runtime import InvalidDelay, InvalidEffectArgs, Runtime
+from runtime import InvalidDelay, InvalidEffectArgs, Runtime, canonical_json
 from runtime._limits import MAX_ARGS_DEPTH, MAX_JSON_DEPTH
 from runtime.testing import FakeClock, override_model
 from tests.test_turns import APP, Script, call, text
@@ -123,6 +125,32 @@ async def test_deep_args_are_422_over_http_and_in_python(api: Api) -> None:
     assert await runs_of(api, tid) == []
 
 
+async def test_cyclic_args_are_invalid_args_in_python(api: Api) -> None:
+    state = await api.rt.create_thread()
+    looped: list[Any] = []
+    looped.append(looped)
+    selfish: dict[str, Any] = {}
+    selfish["me"] = selfish
+    for args in ({"payload": {"l": looped}}, selfish):
+        with pytest.raises(InvalidEffectArgs, match="holds itself"):
+            await asyncio.wait_for(
+                state.schedule_effect("note", args, delay=999), GUARD_SECONDS
+            )
+    assert (await state.list_runs()).runs == []
+
+
+def test_canonical_json_refuses_cycles_and_deep_values() -> None:
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(TypeError, match="cycle"):
+        canonical_json({"l": looped})
+    with pytest.raises(TypeError, match=f"limit of {MAX_JSON_DEPTH} levels"):
+        deep: Any = 1
+        for _ in range(5000):
+            deep = [deep]
+        canonical_json(deep)
+
+
 # ---------------------------------------------------------------- odd bodies
 
 
@@ -135,6 +163,46 @@ async def test_a_body_that_is_not_an_object_creates_nothing(api: Api, body: byte
         error_of(await api.client.post(path, content=body), 400, "invalid_body")
     threads = (await api.client.get("/api/threads")).json()["threads"]
     assert [t["id"] for t in threads] == [tid]
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"[]", "invalid_body"), (b"0", "invalid_body"), (b"null", "invalid_body"),
+        (b'{"x": 1}', "invalid_body"), (b"notjson", "invalid_json"),
+        (nested(100_000).encode(), "invalid_json"),
+    ],
+)
+async def test_routes_that_take_no_body_refuse_one(api: Api, body: bytes, code: str) -> None:
+    tid = await api.new_thread()
+    run_id = await api.schedule(tid, "ping", delay_seconds=999)
+    for path in ("run", "cancel", "replay"):
+        res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/{path}", content=body)
+        error_of(res, 400, code)
+    for path in ("pause", "resume"):
+        error_of(await api.client.post(f"/api/threads/{tid}/{path}", content=body), 400, code)
+    res = await api.client.request("DELETE", f"/api/threads/{tid}", content=body)
+    error_of(res, 400, code)
+    assert [r["status"] for r in await runs_of(api, tid)] == ["pending"]  # nothing happened
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/cancel", content=b"")
+    assert res.json() == {"canceled": True}  # an empty body is no body
+    res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/replay", content=b"{}")
+    assert res.status_code == 201, res.text  # and so is {}
+
+
+async def test_a_post_without_content_length_over_the_messages_limit_names_it(
+    api: Api,
+) -> None:
+    tid = await api.new_thread()
+    res = await api.client.post(
+        f"/api/threads/{tid}/messages", content=b"{}",
+        headers={"Content-Length": "268435456"},
+    )
+    assert f"the limit is {1 << 20} bytes" in error_of(res, 413, "body_too_large")
+    res = await api.client.post(
+        f"/api/threads/{tid}/effects", content=b"{}", headers={"Content-Length": "268435456"}
+    )
+    assert f"the limit is {2 << 20} bytes" in error_of(res, 413, "body_too_large")
 
 
 # -------------------------------------------------------------- huge bodies
@@ -217,6 +285,56 @@ async def test_a_half_sent_request_head_is_dropped(tmp_path: Path) -> None:
             assert (await client.get("/api/threads")).status_code == 200  # others are served
 
 
+async def test_a_dripping_body_gets_408_at_the_body_deadline(tmp_path: Path) -> None:
+    async with serve_api(
+        tmp_path / "data", clock=FakeClock(), body_idle_timeout_seconds=5,
+        body_timeout_seconds=0.5,
+    ) as api:
+
+        async def drips() -> AsyncIterator[bytes]:
+            while True:  # never idle for long, never done
+                yield b" "
+                await asyncio.sleep(0.05)
+
+        async with asyncio.timeout(GUARD_SECONDS):
+            res = await api.client.post(
+                "/api/threads", content=drips(), headers={"Content-Length": "1000"}
+            )
+        assert "within 0.5 s" in error_of(res, 408, "request_timeout")
+        assert res.headers["connection"] == "close"
+        assert (await api.client.get("/api/threads")).json()["threads"] == []
+
+
+async def test_a_client_that_leaves_mid_body_is_a_quiet_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = await anyio.to_thread.run_sync(lambda: make_app(tmp_path / "data"))
+    async with live_server(app) as host:
+        address, port = host.split(":")
+        loop = asyncio.get_running_loop()
+        with caplog.at_level(logging.INFO):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, (address, int(port)))
+                await loop.sock_sendall(
+                    sock,
+                    b"POST /api/threads HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a",
+                )
+                await asyncio.sleep(0.2)  # the route starts reading the body
+            finally:
+                sock.close()
+            async with httpx.AsyncClient(base_url=f"http://{host}") as client:
+                async with asyncio.timeout(GUARD_SECONDS):
+                    while "disconnected" not in caplog.text:
+                        await asyncio.sleep(0.05)
+                assert (await client.get("/api/threads")).json()["threads"] == []
+    assert "Exception in ASGI application" not in caplog.text
+    assert "Traceback" not in caplog.text and "ClientDisconnect" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 # ----------------------------------------------------------------------- echo
 
 
@@ -255,6 +373,49 @@ async def test_user_values_in_error_messages_are_cut(api: Api) -> None:
         assert len(message) <= 300, (code, len(message))
         for letter in "abc":
             assert letter * 100 not in message, message
+
+
+async def test_quoted_values_are_spelled_as_json(api: Api) -> None:
+    tid = await api.new_thread()
+    path = f"/api/threads/{tid}/effects"
+    for value, spelled in ((True, "got true"), ({"k": 1}, 'got {"k": 1}'), (None, "")):
+        res = await api.client.post(path, json={"name": "ping", "delay_seconds": value})
+        if value is None:
+            assert res.status_code == 201
+            continue
+        message = error_of(res, 422, "invalid_delay")
+        assert spelled in message, message
+    body = b'{"name": "ping", "delay_seconds": ' + b"1" * 5000 + b"}"
+    message = error_of(await api.client.post(path, content=body), 400, "invalid_json")
+    assert "over the limit of 4300 digits" in message
+    assert "sys." not in message and "set_int_max_str_digits" not in message
+    res = await api.client.post(path, json={"name": "nope/x"})
+    assert 'package "nope"' in error_of(res, 404, "effect_not_found")
+    res = await api.client.get(path, params={"status": "done"})
+    assert 'Unknown status "done"' in error_of(res, 400, "invalid_parameter")
+    res = await api.client.get("/api/threads/a.b/effects")
+    assert 'Invalid thread id "a.b"' in error_of(res, 400, "invalid_thread_id")
+    res = await api.client.get(path, params={"cursor": "x1"})
+    assert 'Invalid cursor "x1"' in error_of(res, 400, "invalid_parameter")
+    deep = base64.urlsafe_b64encode(b"[" * 5000).decode()  # what a cursor could decode to
+    res = await api.client.get(f"/api/threads/{tid}/effect-records", params={"cursor": deep})
+    assert "Invalid effect-records cursor" in error_of(res, 400, "invalid_parameter")
+
+
+@pytest.mark.parametrize("limit", ["5_0", "+5", " 5", "\u0665", "1.5", "-1", "0x10"])
+async def test_integer_query_parameters_take_ascii_digits_only(api: Api, limit: str) -> None:
+    tid = await api.new_thread()
+    for path in (
+        "/api/threads", f"/api/threads/{tid}/effects", f"/api/threads/{tid}/messages",
+        f"/api/threads/{tid}/effect-records",
+    ):
+        res = await api.client.get(path, params={"limit": limit})
+        assert "limit must be an integer" in error_of(res, 400, "invalid_parameter"), path
+    for cursor in ("1_0", "+1", " 1", "\u0661"):
+        res = await api.client.get(f"/api/threads/{tid}/effects", params={"cursor": cursor})
+        error_of(res, 400, "invalid_parameter")
+        res = await api.client.get("/api/threads", params={"cursor": f"{cursor}~{tid}"})
+        error_of(res, 400, "invalid_parameter")
 
 
 # --------------------------------------------------------- unknown args fields

@@ -327,7 +327,7 @@ async def test_the_api_behind_the_pane_shows_package_effects_by_qualified_name(
         assert missing.status_code == 404
         assert missing.json()["error"] == {
             "code": "effect_not_found",
-            "message": "Effect not found: te_nope/ping (no package 'te_nope' is installed)",
+            "message": "Effect not found: te_nope/ping (no package \"te_nope\" is installed)",
         }
     assert [c[:3] for c in calls] == [("relay", tid, "w"), ("ping", tid, "relayed w")]
 
@@ -338,7 +338,7 @@ async def test_an_unknown_package_is_effect_not_found(rt: Runtime) -> None:
     thread = await rt.create_thread()
     with pytest.raises(EffectNotFound) as info:
         await thread.schedule_effect("te_nope/ping", {"text": "x"})
-    assert str(info.value) == "Effect not found: te_nope/ping (no package 'te_nope' is installed)"
+    assert str(info.value) == "Effect not found: te_nope/ping (no package \"te_nope\" is installed)"
     assert info.value.name == "te_nope/ping"
     assert (await thread.list_runs()).runs == []
 
@@ -348,7 +348,7 @@ async def test_an_unknown_effect_of_a_known_package_is_effect_not_found(rt: Runt
     with pytest.raises(EffectNotFound) as info:
         await thread.schedule_effect("te_demo/note")  # the app has a "note"; te_demo has not
     assert str(info.value) == (
-        "Effect not found: te_demo/note (package 'te_demo' has no effect 'note')"
+        "Effect not found: te_demo/note (package \"te_demo\" has no effect \"note\")"
     )
     assert (await thread.list_runs()).runs == []
 
@@ -357,9 +357,9 @@ async def test_inside_a_package_a_short_name_never_reaches_the_apps_effect(
     rt: Runtime, calls: list[Call]
 ) -> None:
     thread = await rt.create_thread()
-    with pytest.raises(EffectNotFound, match=r"package 'te_demo' has no effect 'note'"):
+    with pytest.raises(EffectNotFound, match=r"package \"te_demo\" has no effect \"note\""):
         await thread.for_package("te_demo").schedule_effect("note")
-    with pytest.raises(EffectNotFound, match=r"package 'te_nope', which is not installed"):
+    with pytest.raises(EffectNotFound, match=r"package \"te_nope\", which is not installed"):
         await thread.for_package("te_nope").schedule_effect("ping", {"text": "x"})
 
     # Back in the app's scope, "note" is the app's effect.
@@ -374,10 +374,10 @@ async def test_with_load_packages_off_no_package_effect_exists(tmp_path: Path) -
         with pytest.raises(EffectNotFound) as info:
             await thread.schedule_effect("te_demo/ping", {"text": "x"})
         assert str(info.value) == (
-            "Effect not found: te_demo/ping (package 'te_demo' cannot be used: packages are "
+            "Effect not found: te_demo/ping (package \"te_demo\" cannot be used: packages are "
             "not loaded (load_packages=False))"
         )
-        with pytest.raises(EffectNotFound, match=r"'te_demo', but packages are not loaded"):
+        with pytest.raises(EffectNotFound, match=r'"te_demo", but packages are not loaded'):
             await thread.for_package("te_demo").schedule_effect("ping", {"text": "x"})
 
 
@@ -405,7 +405,7 @@ async def test_a_bad_effect_file_in_a_package_stops_startup(
     # Nothing was left behind: once the package is gone, the same data dir starts.
     async with Runtime(app_dir=APP, data_dir=tmp_path) as rt:
         thread = await rt.create_thread()
-        with pytest.raises(EffectNotFound, match="no package 'te_broken' is installed"):
+        with pytest.raises(EffectNotFound, match='no package "te_broken" is installed'):
             await thread.schedule_effect("te_broken/fine")
 
 

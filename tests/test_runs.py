@@ -422,7 +422,7 @@ async def test_at_schedules_for_an_aware_time_and_a_past_one_runs_once(api: Api)
     ("kwargs", "message"),
     [
         ({"at": datetime(2030, 1, 1, 9, 0)}, "aware datetime .* naive 2030-01-01T09:00"),
-        ({"at": "2030-01-01T09:00:00Z"}, "at must be an aware datetime, got '2030"),
+        ({"at": "2030-01-01T09:00:00Z"}, "at must be an aware datetime, got \"2030"),
         ({"at": datetime(2099, 1, 1, tzinfo=UTC)}, "at most 315360000 s \\(10 years\\) from now"),
         ({"at": datetime(2030, 1, 1, tzinfo=UTC), "delay": 5}, "either delay or at"),
     ],

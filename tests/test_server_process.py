@@ -365,6 +365,51 @@ def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> 
     assert not data_dir.exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--shutdown-grace-seconds", "-1"], {}, "--shutdown-grace-seconds"),
+        (["--shutdown-grace-seconds", "nan"], {}, "--shutdown-grace-seconds"),
+        (["--shutdown-grace-seconds", "inf"], {}, "--shutdown-grace-seconds"),
+        (["--shutdown-grace-seconds", "1e400"], {}, "--shutdown-grace-seconds"),
+        ([], {"THREAD_EFFECTS_SHUTDOWN_GRACE_SECONDS": "nan"}, "--shutdown-grace-seconds"),
+        (["--log-level", "bogus"], {}, "--log-level"),
+        ([], {"THREAD_EFFECTS_LOG_LEVEL": "bogus"}, "--log-level"),
+        (["--port", "0"], {}, "--port"),
+        (["--port", "\u0665"], {}, "--port"),
+        (["--api-token", "t\u00f8ken"], {}, "--api-token"),
+        ([], {"THREAD_EFFECTS_API_TOKEN": "bad\ntoken"}, "--api-token"),
+    ],
+)
+def test_a_bad_option_is_one_line_before_anything_is_made(
+    tmp_path: Path, args: list[str], env: dict[str, str], named: str
+) -> None:
+    data_dir = tmp_path / "fresh"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("THREAD_EFFECTS_")}
+    done = subprocess.run(
+        [sys.executable, "server.py", "--data-dir", str(data_dir), *args],
+        cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=GUARD_SECONDS,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "tøken" not in done.stderr and "bad\ntoken" not in done.stderr  # never printed
+    assert not data_dir.exists()
+
+
+def test_a_data_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("THREAD_EFFECTS_")}
+    done = subprocess.run(
+        [sys.executable, "server.py", "--data-dir", str(tmp_path / "file" / "data"),
+         "--port", str(free_port())],
+        cwd=ROOT, env=clean, capture_output=True, text=True, timeout=GUARD_SECONDS,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("server.py: cannot create data directory"), done.stderr
+    assert done.stderr.count("\n") == 1
+
+
 EFFECT_TOOLS_APP = ROOT / "tests" / "apps" / "effect_tools"
 
 

@@ -250,7 +250,7 @@ async def test_a_malformed_thread_id_is_refused_with_4400(live: Live, tid: str) 
     assert reason.startswith("Invalid thread id ")
     assert len(reason.encode()) <= 123  # what a close frame can carry, even for "é" * 80
     if len(tid) < 20:
-        assert f"Invalid thread id '{tid}': must match" in reason
+        assert f'Invalid thread id "{tid}": must match' in reason
 
 
 async def test_deleting_the_thread_closes_its_stream(live: Live) -> None:
@@ -372,3 +372,24 @@ async def test_a_client_that_never_reads_is_really_disconnected(tmp_path: Path) 
                     pass
         finally:
             raw.close()
+
+
+async def test_a_thread_whose_file_is_corrupt_is_refused_with_4500(tmp_path: Path) -> None:
+    async with running(tmp_path) as server:
+        await server.api.new_thread(id="corrupt1")
+        path = server.api.rt.settings.data_dir / "threads" / "corrupt1.sqlite"
+
+    def corrupt() -> None:
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        path.write_bytes(b"this is not a database" * 100)
+
+    await anyio.to_thread.run_sync(corrupt)
+    async with running(tmp_path) as server:
+        res = await server.api.client.get("/api/threads/corrupt1/effects")
+        assert res.status_code == 500 and res.json()["error"]["code"] == "thread_storage_error"
+        async with stream(server.url("corrupt1")) as ws:
+            code, reason = await close_frame(ws)
+        assert code == 4500
+        assert reason == "Thread storage error: thread corrupt1's database cannot be used"
+        assert len(reason.encode()) <= 123

@@ -182,6 +182,7 @@ export const api = {
 // Close codes that say "retrying will not help as is".
 const CLOSE_INVALID_THREAD_ID = 4400; // the id is malformed: it never names a thread
 const CLOSE_UNKNOWN_THREAD = 4404; // no such thread (never created, or deleted)
+const CLOSE_THREAD_STORAGE = 4500; // the thread's database cannot be used
 const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
 
 /**
@@ -192,7 +193,8 @@ const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
  * Callbacks: onState("connecting" | "live" | "offline", detail), onOpen() after every
  * (re)connect — the caller reloads over HTTP then, since frames sent while the socket was
  * down are gone — onFrame(frame), onNotFound(code, reason) when the server says the thread
- * does not exist (4404) or its id is malformed (4400): the stream stops for good then —
+ * does not exist (4404), its id is malformed (4400) or its database cannot be used (4500):
+ * the stream stops for good then —
  * and onAuth() (resolve to retry).
  */
 export class RunStream {
@@ -273,7 +275,7 @@ export class RunStream {
       if (this.ws !== ws) return; // replaced or stopped on purpose
       this.ws = null;
       if (this.stopped) return;
-      if (ev.code === CLOSE_UNKNOWN_THREAD || ev.code === CLOSE_INVALID_THREAD_ID) {
+      if ([CLOSE_UNKNOWN_THREAD, CLOSE_INVALID_THREAD_ID, CLOSE_THREAD_STORAGE].includes(ev.code)) {
         this.stop(); // no retry can make it exist
         this.h.onNotFound(ev.code, ev.reason);
         return;

@@ -25,6 +25,7 @@ import { mountToasts } from "./toasts.js";
 import { installTokenDialog, tokenDialogOpen } from "./token.js";
 
 const CLOSE_INVALID_THREAD_ID = 4400; // the stream's close code for a malformed thread id
+const CLOSE_THREAD_STORAGE = 4500; // ... and for a thread whose database cannot be used
 const $ = (id) => document.getElementById(id);
 
 const el = {
@@ -52,15 +53,20 @@ let fallbackTimer = null;
 
 const notFoundText = (tid) => `Thread not found: ${tid}. It may have been deleted.`;
 const invalidIdText = (tid) => `Invalid thread id: ${tid}. Thread ids are 1 to 64 letters, digits, "_" or "-".`;
+const brokenText = (tid) =>
+  `Thread ${tid} cannot be used: its database file is damaged or unreadable (thread storage error). ` +
+  "Its runs and messages cannot be shown; the server log names the file.";
 
 /**
  * When an answer says the session's thread does not exist (404 thread_not_found, or 400
- * invalid_thread_id), treat it as gone and return true; otherwise return false.
+ * invalid_thread_id) or cannot be used (500 thread_storage_error), say so once in the view
+ * and return true; otherwise return false.
  */
 function handledAsGone(s, err) {
   if (!(err instanceof ApiError) || s !== session) return false;
   if (err.status === 404 && err.code === "thread_not_found") threadGone(s.tid, notFoundText(s.tid));
   else if (err.status === 400 && err.code === "invalid_thread_id") threadGone(s.tid, invalidIdText(s.tid));
+  else if (err.status === 500 && err.code === "thread_storage_error") threadBroken(s.tid);
   else return false;
   return true;
 }
@@ -205,7 +211,8 @@ function selectThread(tid) {
     },
     onNotFound: (code) => {
       if (s !== session) return;
-      threadGone(tid, code === CLOSE_INVALID_THREAD_ID ? invalidIdText(tid) : notFoundText(tid));
+      if (code === CLOSE_THREAD_STORAGE) threadBroken(tid);
+      else threadGone(tid, code === CLOSE_INVALID_THREAD_ID ? invalidIdText(tid) : notFoundText(tid));
     },
     onAuth: () => askForToken(true),
   });
@@ -231,6 +238,20 @@ function threadGone(tid, message) {
     connection.setThread(true, false);
   }
   el.threadError.textContent = message;
+  el.threadError.hidden = false;
+}
+
+/**
+ * The selected thread exists but its database cannot be used: like a thread that is gone
+ * (nothing loads or acts on it, one message says why), but it stays in the thread list.
+ */
+function threadBroken(tid) {
+  if (!session || session.tid !== tid) return;
+  if (!session.broken) {
+    showSession(new ThreadSession(tid, { broken: true }));
+    connection.setThread(true, false);
+  }
+  el.threadError.textContent = brokenText(tid);
   el.threadError.hidden = false;
 }
 

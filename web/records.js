@@ -124,9 +124,14 @@ export class RecordsView {
     const list = this.session && !this.session.gone ? this.records : [];
     render(repeat(list, (r) => r.key, (r) => recordRow(r, now)), this.el.tbody);
     this.el.empty.hidden = list.length > 0;
-    this.el.empty.textContent = this.loadedOnce || !this.session
-      ? "No effect-tool records: an agent's effect tools record here what they applied."
-      : "Loading…";
+    const s = this.session;
+    this.el.empty.textContent = s && s.broken
+      ? "This thread's effect-tool records cannot be loaded."
+      : s && s.gone
+        ? "This thread does not exist."
+        : this.loadedOnce || !s
+          ? "No effect-tool records: an agent's effect tools record here what they applied."
+          : "Loading…";
     this.el.more.hidden = !this.cursor;
     this.el.count.textContent = list.length ? `(${list.length}${this.cursor ? "+" : ""})` : "";
   }

@@ -204,8 +204,10 @@ export class RunsView {
         held ? html` <span class="paused-text nw" data-testid="run-paused" title=${badgeTitle}>· paused</span>` : nothing
       }</td>
       <td class="num cell-att">${run.attempts == null ? "" : String(run.attempts)}</td>
-      <td class="cell-error" title=${err.slice(0, 2000)}>${firstLine}</td>
-      <td class="cell-actions">${actionButtons(run)}</td>
+      <td class="cell-error"><div class="error-line">
+        <span class="error-text" title=${err.slice(0, 2000)}>${firstLine}</span>
+        <span class="cell-actions">${actionButtons(run)}</span>
+      </div></td>
       <td class="cell-open" data-testid="row-open" aria-hidden="true">›</td>
     </tr>`;
   }
@@ -263,7 +265,8 @@ export class RunsView {
     el.more.disabled = this.loading || this.loadingMore;
     el.more.textContent = this.loadingMore ? "Loading…" : key === "all" ? "Load more" : `Load more ${key} runs`;
     el.empty.hidden = shown > 0;
-    if (this.session.gone) el.empty.textContent = "This thread does not exist.";
+    if (this.session.broken) el.empty.textContent = "This thread's runs cannot be loaded.";
+    else if (this.session.gone) el.empty.textContent = "This thread does not exist.";
     else if (!this.loadedOnce) el.empty.textContent = "Loading runs…";
     else if (this.filter === "all") el.empty.textContent = "No runs in this thread yet.";
     else el.empty.textContent = `No ${this.filter} runs loaded.`;

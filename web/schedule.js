@@ -38,11 +38,12 @@ export class ScheduleForm {
     this.el.restore.addEventListener("click", () => this.restore());
   }
 
-  /** A new thread (or none): args, delay, drafts and messages start over. */
+  /** A new thread (or none): the effect, args, delay, drafts and messages start over. */
   reset(session) {
     this.session = session;
     this.drafts.clear();
     this.argsFor = null;
+    if (this.el.name.options.length) this.el.name.selectedIndex = 0; // as on a fresh load
     this.el.delay.value = "0";
     this.el.args.value = "";
     this.showError("");

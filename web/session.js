@@ -3,10 +3,14 @@
 // answer for a thread no longer shown never lands in the view.
 
 export class ThreadSession {
-  /** `gone`: the thread does not exist (deleted, or a malformed id); nothing acts on it. */
-  constructor(tid, { gone = false } = {}) {
+  /**
+   * `gone`: the thread does not exist (deleted, or a malformed id), or `broken`: its
+   * database cannot be used (thread_storage_error); either way nothing acts on it.
+   */
+  constructor(tid, { gone = false, broken = false } = {}) {
     this.tid = tid;
-    this.gone = gone;
+    this.gone = gone || broken;
+    this.broken = broken;
     this.controller = new AbortController();
     if (gone) this.controller.abort();
   }

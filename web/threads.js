@@ -109,10 +109,28 @@ export class ThreadsView {
     this.el.empty.hidden = this.threads.size > 0 || this.loading;
   }
 
-  /** Mark `tid` (or none) as the selected thread. */
+  /** Mark `tid` (or none) as the selected thread, and scroll the list to show it. */
   select(tid) {
     this.selected = tid;
     this.render();
+    this.revealSelected();
+  }
+
+  /**
+   * Scroll the thread list (only the list, never the page) so the selected thread is in
+   * view: on a phone the list is a short box, and a thread opened from a link may be
+   * further down.
+   */
+  revealSelected() {
+    if (this.selected === null) return;
+    const item = [...this.el.list.children].find((li) => li.dataset.threadId === this.selected);
+    let box = this.el.list.parentElement;
+    while (box && box.scrollHeight <= box.clientHeight) box = box.parentElement;
+    if (!item || !box || box === document.body || box === document.documentElement) return;
+    const outer = box.getBoundingClientRect();
+    const r = item.getBoundingClientRect();
+    if (r.top < outer.top) box.scrollTop -= Math.ceil(outer.top - r.top);
+    else if (r.bottom > outer.bottom) box.scrollTop += Math.ceil(Math.min(r.bottom - outer.bottom, r.top - outer.top));
   }
 
   async load(more) {
@@ -132,6 +150,7 @@ export class ThreadsView {
     } finally {
       this.loading = false;
       this.render();
+      if (!more) this.revealSelected();
     }
   }
 

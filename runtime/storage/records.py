@@ -31,6 +31,7 @@ from __future__ import annotations
 import abc
 import base64
 import json
+import math
 import os
 import socket
 import sqlite3
@@ -46,6 +47,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from runtime._limits import parse_json, quoted
 from runtime.errors import EffectRecordLost
 from runtime.storage import schema as _schema
 
@@ -452,12 +454,12 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, key = json.loads(raw)
-        if isinstance(created, int | float) and isinstance(key, str):
+        created, key = parse_json(raw)
+        if isinstance(created, int | float) and isinstance(key, str) and math.isfinite(created):
             return float(created), key
     except (ValueError, TypeError):
         pass
-    raise ValueError(f"Invalid effect-records cursor: {cursor[:80]!r}")
+    raise ValueError(f"Invalid effect-records cursor: {quoted(cursor)}")
 
 
 def _next_cursor(records: list[EffectRecord]) -> str:

@@ -725,6 +725,28 @@ def cut_cells(page: Page) -> list[str]:
     return cells
 
 
+def names_cut(page: Page) -> list[str]:
+    """The run names cut to fit their cell."""
+    cut: list[str] = page.evaluate(
+        """() => [...document.querySelectorAll('#runs-body td.cell-name')]
+            .filter((td) => td.scrollWidth > td.clientWidth).map((td) => td.textContent)"""
+    )
+    return cut
+
+
+def error_room(pane: Pane, run_id: str) -> dict[str, float]:
+    """Where a row's error text is drawn: its width, and the gap between its end and the
+    row's buttons (the room the error could use but does not)."""
+    room: dict[str, float] = pane.row(run_id).evaluate(
+        """(row) => {
+            const text = row.querySelector('.error-text').getBoundingClientRect();
+            const buttons = row.querySelector('.cell-error .cell-actions').getBoundingClientRect();
+            return {width: text.width, gap: buttons.left - text.right};
+        }"""
+    )
+    return room
+
+
 def visible_columns(page: Page) -> list[str]:
     names: list[str] = page.evaluate(
         """() => [...document.querySelectorAll('#runs-table thead th')]
@@ -762,7 +784,7 @@ def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_
     expect(page.get_by_test_id("run-row")).to_have_count(5, timeout=WAIT_MS)
     assert visible_columns(page) == [
         "col-id", "col-name", "col-status", "col-due", "col-started", "col-finished",
-        "col-dur", "col-att", "col-error", "col-act",
+        "col-dur", "col-att", "col-error",
     ]
     done = pane.row(runs["completed"])
     assert re.search(r"\d", done.locator(".cell-started").inner_text())
@@ -770,7 +792,11 @@ def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_
     assert re.fullmatch(r"<1ms|\d+ms|\d\.\ds", done.locator(".cell-dur").inner_text())
     assert pane.row(runs["pending"]).locator(".cell-started").inner_text() == "—"
     assert cut_cells(page) == []
+    assert names_cut(page) == []
+    # The error column takes what the other columns leave, up to the row's buttons.
     snap(page, "wide-runs")
+    room = error_room(pane, runs["failed"])
+    assert room["gap"] <= 12 and room["width"] >= 150, room
 
     # Opening a run keeps ID, attempts and error in the list; times are whole, not cut.
     pane.row(runs["failed"]).click()
@@ -778,9 +804,13 @@ def test_at_1400px_runs_show_started_finished_and_duration_and_the_detail_hides_
     expect(detail).to_be_visible(timeout=WAIT_MS)
     expect(detail.get_by_test_id("run-error")).to_contain_text("no network today")
     assert visible_columns(page) == [
-        "col-id", "col-name", "col-status", "col-when", "col-att", "col-error", "col-act",
+        "col-id", "col-name", "col-status", "col-when", "col-att", "col-error",
     ]
     expect(pane.row(runs["failed"]).locator(".cell-error")).to_contain_text("no network")
+    # Names are whole, and the error reaches its Replay button with the detail open too.
+    assert names_cut(page) == []
+    room = error_room(pane, runs["failed"])
+    assert room["gap"] <= 12 and room["width"] >= 120, room
     expect(pane.row(runs["pending"]).get_by_test_id("run-when")).to_have_text(
         re.compile(r"in (28|29)m")
     )
@@ -862,7 +892,8 @@ def test_a_new_thread_starts_with_a_fresh_schedule_form(pane: Pane) -> None:
     args = page.get_by_test_id("schedule-args")
     delay = page.get_by_test_id("schedule-delay")
     expect(name.locator("option")).to_have_count(5, timeout=WAIT_MS)
-    name.select_option("fail_on_purpose")
+    fresh_effect = name.input_value()  # what a page starts with
+    assert fresh_effect == "fail_on_purpose"
     default = args.input_value()
     assert json.loads(default) == {"reason": "this effect fails on purpose"}
     args.fill('{"reason": "for the first thread only"}')
@@ -871,9 +902,13 @@ def test_a_new_thread_starts_with_a_fresh_schedule_form(pane: Pane) -> None:
     expect(page.get_by_test_id("schedule-args-restore")).to_be_visible()
     name.select_option("fail_on_purpose")
 
-    # Another thread: nothing typed for the first one is offered, or scheduled, there.
-    page.locator(f'[data-testid="thread-item"][data-thread-id="{second}"]').click()
+    name.select_option("send_reminder")
+
+    # Another thread: nothing chosen or typed for the first one is offered, or scheduled,
+    # there; the effect is the one a fresh page starts with.
+    page.goto(f"{pane.url}/#thread={second}")
     expect(page.get_by_test_id("thread-id")).to_have_text(second, timeout=WAIT_MS)
+    expect(name).to_have_value(fresh_effect)
     expect(args).to_have_value(default)
     expect(delay).to_have_value("0")
     expect(page.get_by_test_id("schedule-args-restore")).to_be_hidden()
@@ -942,6 +977,54 @@ def test_at_420px_the_runs_start_above_the_fold(pane: Pane) -> None:
     page.get_by_test_id("tab-conversation").click()
     snap(page, "phone-conversation")
     assert pane.errors == []
+
+
+def test_a_thread_whose_file_is_corrupt_says_so_once(tmp_path: Path, browser: Browser) -> None:
+    with serve_pane(tmp_path, browser, ROOT / "agents") as pane:
+        pane.http.post("/api/threads", json={"id": "fine1"})
+        pane.http.post("/api/threads", json={"id": "corrupt1"})
+    path = tmp_path / "data" / "threads" / "corrupt1.sqlite"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"this is not a database" * 100)
+
+    with serve_pane(tmp_path, browser, ROOT / "agents") as pane:
+        page = pane.page
+        page.goto(f"{pane.url}/#thread=corrupt1")
+        error = page.get_by_test_id("thread-error")
+        expect(error).to_contain_text("Thread corrupt1 cannot be used", timeout=WAIT_MS)
+        expect(error).to_contain_text("thread storage error")
+        expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
+        expect(page.get_by_test_id("runs-empty")).to_have_text(
+            "This thread's runs cannot be loaded."
+        )
+        expect(page.get_by_test_id("records-empty")).to_have_text(
+            "This thread's effect-tool records cannot be loaded."
+        )
+        expect(page.get_by_test_id("schedule-submit")).to_be_disabled()
+        expect(page.get_by_test_id("pause-thread")).to_be_disabled()
+        # Still listed: the thread exists, only its file is damaged.
+        expect(page.locator('[data-testid="thread-item"][data-thread-id="corrupt1"]')).to_be_visible()
+        page.wait_for_timeout(2000)  # a retry of the stream would come within a second
+        expect(page.get_by_test_id("toast")).to_have_count(0)
+        expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "connected")
+        snap(page, "corrupt-thread")
+        assert all("500" in e for e in pane.errors), pane.errors
+
+
+def test_at_420px_a_thread_opened_by_link_is_scrolled_into_the_thread_list(pane: Pane) -> None:
+    page = pane.page
+    page.set_viewport_size(PHONE)
+    oldest = pane.new_thread()
+    for _ in range(11):  # newer threads push it down, out of the short list
+        pane.new_thread()
+    page.goto(f"{pane.url}/#thread={oldest}")
+    expect(page.get_by_test_id("thread-id")).to_have_text(oldest, timeout=WAIT_MS)
+    item = page.locator(f'[data-testid="thread-item"][data-thread-id="{oldest}"]')
+    expect(item).to_have_attribute("aria-current", "true", timeout=WAIT_MS)
+    expect(item).to_be_in_viewport(ratio=0.95)
+    assert page.evaluate("window.scrollY") == 0  # the list scrolled, not the page
+    snap(page, "phone-linked-thread")
 
 
 def test_effect_tool_records_show_live_next_to_the_runs(
