@@ -726,6 +726,7 @@ async def run_durable(
     try:
         with agent.override(model=_JournaledModel(infer_model(model), ctx), toolsets=toolsets,
                             tools=[]):
-            return await agent.run(user_prompt, **kwargs)
+            # pydantic-ai's run id (``ctx.run_id``, the messages' ``run_id``) is the run's.
+            return await agent.run(user_prompt, run_id=run_id, **kwargs)
     finally:
         _current.reset(token)

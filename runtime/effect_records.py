@@ -40,6 +40,8 @@ class EffectRecords(EffectRecordStore):
         now: The clock's ``now`` (seconds since the epoch, UTC).
         retention: The runtime's retention (``effect_records_seconds``).
         thread_ids: Every registered thread's id (for `purge`).
+        publish: Publish ``effect_record_changed`` frames (the turns' journal, `journal`,
+            does not).
 
     Every method raises `runtime.errors.ThreadNotFound` for an unknown thread and
     `runtime.errors.InvalidThreadId` for a malformed id, besides what the contract says.
@@ -53,7 +55,10 @@ class EffectRecords(EffectRecordStore):
         now: Callable[[], float],
         retention: RetentionPolicy,
         thread_ids: Callable[[], AsyncIterator[str]],
+        *,
+        publish: bool = True,
     ) -> None:
+        self._publishing = publish
         self._thread_ids = thread_ids
         self._actors = actors
         self._run_sync = run_sync
@@ -61,7 +66,14 @@ class EffectRecords(EffectRecordStore):
         self._now = now
         self._retention = retention
 
+    def journal(self) -> EffectRecords:
+        """The same records, without frames: the store of the turns' journal."""
+        return EffectRecords(self._actors, self._run_sync, self._hub, self._now,
+                             self._retention, self._thread_ids, publish=False)
+
     def _publish(self, thread_id: str, change: RecordChange, record: EffectRecord) -> None:
+        if not self._publishing:
+            return
         data = record.to_json()
         data.pop("threadId", None)
         self._hub.publish_record(thread_id, change, data)

@@ -286,6 +286,11 @@ class Runtime:
             self.watchdog.start()
         self.dispatcher.start()
         armed = await self.alarms.start(store)
+        for extension in self.extensions:
+            try:
+                await extension.serving(self)
+            except Exception:
+                log.exception("extension %s failed when the runtime started", extension.name)
         if self.settings.freeze_gc:
             # Everything imported so far lives as long as the process: keep it out of the
             # collector's full passes, which otherwise stall the loop for tens of ms.

@@ -408,7 +408,8 @@ class ThreadStore(ABC):
     ) -> EffectRecordPage:
         """A page of the thread's records, newest first (``created_at``, then key).
 
-        A read: it never writes.
+        Records of the thread's turn journal (keys beginning with
+        `runtime.storage.records.JOURNAL_PREFIX`) are left out. A read: it never writes.
 
         Raises:
             ValueError: a limit outside 1..1000, or a cursor no store produced.

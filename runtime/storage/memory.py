@@ -419,7 +419,7 @@ class MemoryThreadStore(ThreadStore):
             decode_cursor(cursor)
         with self._data.lock:
             return self._open_data().effect_records.list(
-                self.thread_id, status=status, limit=limit, cursor=cursor
+                self.thread_id, status=status, limit=limit, cursor=cursor, hide_journal=True
             )
 
     # ------------------------------------------------------------------ meta

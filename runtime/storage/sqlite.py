@@ -647,7 +647,7 @@ class SQLiteThreadStore(ThreadStore):
             _records.decode_cursor(cursor)
         return self._tx(
             lambda c: _records.sql_list(c, self.thread_id, status=status, limit=limit,
-                                        cursor=cursor),
+                                        cursor=cursor, hide_journal=True),
             write=False,
         )
 
