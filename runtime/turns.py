@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage
     from pydantic_ai.models import Model
 
+    from runtime.storage.records import EffectRecordStore
     from runtime.supervisor import Runtime
 
 # pydantic-ai is imported where a turn needs it (runtime.agent_loop builds the agents), not
@@ -80,6 +81,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime.turns")
 
 _MAX_PAGE = 500
+
+CROSS_RUN_JOURNAL_FILE = "cross-run-journal.sqlite"
+"""The file in the data directory holding turns' ``"cross-run"`` keys (SQLite backend)."""
 
 _CURRENT_TURN: ContextVar[tuple[str, str] | None] = ContextVar("thread_effects_turn", default=None)
 """``(thread_id, run_id)`` in code running inside a turn (tools, hooks, what they spawn), so
@@ -111,6 +115,32 @@ class TurnTracker:
         self.model_override: Model | None = None  # see runtime.testing.override_model
         self.models: dict[str, Model] = {}  # model names resolved at startup (resolve_models)
         self._resuming: asyncio.Task[int] | None = None
+        self._cross_run: EffectRecordStore | None = None
+
+    def cross_run_store(self, rt: Runtime) -> EffectRecordStore:
+        """Where turns keep ``"cross-run"`` idempotency keys (every thread, until purged).
+
+        With the SQLite backend, ``<data dir>/cross-run-journal.sqlite``; otherwise in
+        memory. Purge it with ``.purge(older_than=...)``.
+        """
+        if self._cross_run is None:
+            from runtime.storage.records import InMemoryEffectStore, SqliteEffectStore
+            from runtime.storage.sqlite import SQLiteBackend
+
+            backend = rt.storage
+            if isinstance(backend, SQLiteBackend):
+                self._cross_run = SqliteEffectStore(
+                    backend.data_dir / CROSS_RUN_JOURNAL_FILE, clock=rt.clock.now
+                )
+            else:
+                self._cross_run = InMemoryEffectStore(clock=rt.clock.now)
+        return self._cross_run
+
+    async def close_stores(self) -> None:
+        """Close the cross-run store (the runtime stopped)."""
+        store, self._cross_run = self._cross_run, None
+        if store is not None:
+            await store.close()
 
     def start_resuming(self, rt: Runtime) -> None:
         """Resume, in the background, the turns an earlier process left running."""
@@ -603,8 +633,10 @@ async def _run_turn(
             if m.run_id == run_id and not m.injected and m.role is not MessageRole.USER
         ]
         pydantic_agent = rt.turns.pydantic_agent(app, agent)
-        journal = Journal(rt.effect_records.journal(), thread_id=tid)
+        journal = Journal(rt.effect_records.journal(), thread_id=tid,
+                          cross_run_store=rt.turns.cross_run_store(rt))
         failure: Exception | None = None
+        replayed: set[str] = set()
         with capture_run_messages() as captured:
             try:
                 result = await run_durable(
@@ -612,6 +644,7 @@ async def _run_turn(
                     None,
                     run_id=run_id,
                     journal=journal,
+                    on_replay=lambda call_id, _event: replayed.add(call_id),
                     message_history=history(stored[: index + 1]),
                     deps=turn_state,
                     model=resolve_model(rt, agent),
@@ -631,7 +664,8 @@ async def _run_turn(
         created: list[Message] = []
         for model_message in new[len(earlier):]:
             message = message_from_model(
-                tid, model_message, id=_new_id(), created_at_ts=rt.clock.now(), run_id=run_id
+                tid, model_message, id=_new_id(), created_at_ts=rt.clock.now(), run_id=run_id,
+                replayed=replayed,
             )
             created.append(await _hooks.before_create_message(before, end_state, message))
         created.extend(turn.injected)

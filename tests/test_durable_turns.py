@@ -205,6 +205,10 @@ async def test_an_interrupted_turn_resumes_by_itself_at_the_next_start(
             MessageRole.USER, MessageRole.ASSISTANT, MessageRole.TOOL, MessageRole.ASSISTANT
         ]
         assert {m.run_id for m in messages} == {"turn-1"}
+        # The charge had finished before the interruption: its result came from the journal.
+        assert [(r.content, r.from_journal) for r in messages[2].tool_results] == [
+            ("order 42 charged", True)
+        ]
 
 
 async def test_the_third_interruption_fails_the_turn_with_a_message(
@@ -292,3 +296,90 @@ async def test_the_same_run_id_posted_twice_over_http_is_one_turn(
                                     json={"content": "hi", "run_id": "x" * 65})
         assert bad.status_code == 400
         assert "run_id must be 1-64 characters" in bad.json()["error"]["message"]
+
+
+def calling(*steps: list[tuple[str, dict[str, Any]]]) -> FunctionModel:
+    """Each step calls the given tools (fresh call ids every time), then answers "ok"."""
+    queue = list(steps)
+    ids = iter(range(1_000_000))
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not queue:
+            return ModelResponse(parts=[TextPart("ok")])
+        return ModelResponse(parts=[
+            ToolCallPart(name, args, tool_call_id=f"call-{next(ids)}")
+            for name, args in queue.pop(0)
+        ])
+
+    return FunctionModel(answer)
+
+
+def results(result: Any) -> list[str]:
+    return [r.content for m in result.messages for r in m.tool_results]
+
+
+async def test_a_tool_with_idempotency_args_runs_once_per_arguments_in_a_turn(
+    tmp_path: Path, backend: StorageBackend, world: Path
+) -> None:
+    receipt = {"order": 42, "email": "a@example.com"}
+    async with running(tmp_path, backend, FakeClock(start=START)) as rt:
+        thread = await rt.create_thread(agent_id="shop")
+        # Fresh call ids, the same arguments (in another key order): one receipt.
+        model = calling([("send_receipt", receipt)],
+                        [("send_receipt", {"email": "a@example.com", "order": 42})],
+                        [("send_receipt", {**receipt, "order": 43})])
+        with override_model(rt, model):
+            result = await thread.send_message("receipts please")
+        assert await charges(world) == ["receipt 42 to a@example.com",
+                                        "receipt 43 to a@example.com"]
+        assert results(result) == ["receipt for order 42 sent"] * 2 + [
+            "receipt for order 43 sent"]
+        assert [r.from_journal for m in result.messages for r in m.tool_results] == [
+            False, True, False
+        ]
+        # A new turn sends it again: the "args" window is the turn.
+        with override_model(rt, calling([("send_receipt", receipt)])):
+            await thread.send_message("again")
+        assert len(await charges(world)) == 3
+
+
+async def test_keyed_tools_run_once_per_window(
+    tmp_path: Path, backend: StorageBackend, world: Path
+) -> None:
+    async with running(tmp_path, backend, FakeClock(start=START)) as rt:
+        first = await rt.create_thread(agent_id="shop")
+        second = await rt.create_thread(agent_id="shop")
+        ship = ("ship", {"order": 7, "note": "fragile"})
+        refund = ("refund", {"order": 7})
+        with override_model(rt, calling([ship, refund], [("ship", {"order": 7})])):
+            await first.send_message("ship and refund")
+        with override_model(rt, calling([ship, refund])):
+            again = await first.send_message("once more")
+        assert results(again) == ["order 7 shipped", "order 7 refunded"]
+        # "thread": once in this thread, again in another; "cross-run": once everywhere.
+        with override_model(rt, calling([ship, refund])):
+            await second.send_message("ship and refund")
+        # (The two calls of a step run concurrently: their lines come in either order.)
+        assert sorted(await charges(world)) == ["refunded order 7", "shipped order 7",
+                                                "shipped order 7"]
+
+
+def test_a_key_without_a_window_is_refused_where_the_tool_is_declared() -> None:
+    from pydantic import BaseModel
+
+    from runtime import define_tool
+
+    class Order(BaseModel):
+        order: int
+
+    def ship_order(state: ThreadState, args: Order) -> str:
+        return "shipped"
+
+    with pytest.raises(TypeError, match="'ship_order' has an idempotency_key but no "
+                                        "idempotency_window; choose a window"):
+        define_tool("Ships.", Order, ship_order, idempotency_key=lambda a: str(a.order))
+    with pytest.raises(ValueError, match="idempotency must be 'call' or 'args'"):
+        define_tool("Ships.", Order, ship_order, idempotency="once")
+    with pytest.raises(ValueError, match="idempotency_window must be"):
+        define_tool("Ships.", Order, ship_order, idempotency_key=lambda a: "k",
+                    idempotency_window="forever")
