@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -423,7 +424,7 @@ async def inject_message(
 TURNS_META = "turns"
 """The thread-store meta key (`ThreadStore.set_meta`) holding the thread's turn rows."""
 
-KEEP_FINISHED_TURNS = 200
+KEEP_FINISHED_TURNS = 100
 """Finished turn rows kept per thread (the newest), to answer a repeated ``run_id``."""
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -447,7 +448,10 @@ class TurnRow:
 
     Attributes:
         run_id: The turn's run id.
-        content: The user's message as sent (before ``before_create_message`` hooks).
+        content: The user's message as sent (before ``before_create_message`` hooks),
+            kept while the turn may run again (running, failed); ``""`` once it succeeded.
+        content_hash: The sha256 of the message as sent (a repeated ``run_id`` must come
+            with the same message).
         status: Running (an interrupted turn stays running until resumed), succeeded or
             failed.
         attempts: How many times the turn started (1, then one more per resume).
@@ -463,6 +467,11 @@ class TurnRow:
     error: str | None
     started_at: float
     updated_at: float
+    content_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.content_hash:
+            self.content_hash = content_hash(self.content)
 
     def to_json(self) -> dict[str, Any]:
         """The wire form (``GET /api/threads/{tid}/turns``; instants as ISO 8601 UTC)."""
@@ -478,10 +487,17 @@ class TurnRow:
 
     def stored(self) -> dict[str, Any]:
         """The form kept in the thread's store (instants as seconds since the epoch)."""
+        keep = self.status is not TurnStatus.SUCCEEDED
         return {
-            "content": self.content, "status": str(self.status), "attempts": self.attempts,
-            "error": self.error, "startedAt": self.started_at, "updatedAt": self.updated_at,
+            "content": self.content if keep else "", "contentHash": self.content_hash,
+            "status": str(self.status), "attempts": self.attempts, "error": self.error,
+            "startedAt": self.started_at, "updatedAt": self.updated_at,
         }
+
+
+def content_hash(content: str) -> str:
+    """The sha256 (hex) of a message's text, as `TurnRow` keeps it."""
+    return hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def check_run_id(run_id: object) -> str:
@@ -511,6 +527,7 @@ async def load_turns(rt: Runtime, thread_id: str) -> dict[str, TurnRow]:
         rows[run_id] = TurnRow(
             run_id, data["content"], TurnStatus(data["status"]), int(data["attempts"]),
             data.get("error"), float(data["startedAt"]), float(data["updatedAt"]),
+            data.get("contentHash", ""),
         )
     return rows
 
@@ -600,7 +617,7 @@ async def _run_turn(
         stored = await _all_messages(plain)
         row = None if fresh else (await load_turns(rt, tid)).get(run_id)
         index = None if fresh else _user_index(stored, run_id)
-        if row is not None and row.content != content:
+        if row is not None and row.content_hash != content_hash(content):
             raise TurnRunIdConflict(tid, run_id)
         if (row is not None and row.status is TurnStatus.SUCCEEDED) or (
             row is None and index is not None

@@ -31,7 +31,7 @@ from runtime import MessageRole, RetentionPolicy, Runtime, ThreadState, TurnFail
 from runtime.errors import TurnRunIdConflict
 from runtime.storage.base import StorageBackend
 from runtime.testing import FakeClock, override_model
-from runtime.turns import interrupted_text, load_turns
+from runtime.turns import content_hash, interrupted_text, load_turns
 from tests.storage.backends import BACKENDS, make_backend
 
 pytestmark = pytest.mark.usefixtures("no_blocking")
@@ -138,6 +138,10 @@ async def test_a_finished_turn_asked_again_answers_from_the_conversation(
         assert await charges(world) == ["charged order 42"]
         assert again.to_json() == first.to_json()
         assert len((await thread.get_messages(limit=500)).messages) == 4
+        # A finished turn's row keeps the message's hash, not its text.
+        [row] = (await load_turns(rt, thread.thread_id)).values()
+        assert (row.status, row.content, row.content_hash) == (
+            "succeeded", "", content_hash("charge order 42"))
         with pytest.raises(TurnRunIdConflict, match=r"turn-1.*another message"):
             await thread.send_message("charge order 43", run_id="turn-1")
         with pytest.raises(ValueError, match="run_id must be 1-64 characters"):
