@@ -103,7 +103,6 @@ class ConversationExtension(Extension):
     async def close(self, runtime: Runtime) -> None:
         """Stop resuming turns (a turn stopped here is resumed at the next start)."""
         await self.turns.stop_resuming()
-        await self.turns.close_stores()
 
 
 register_default_extension(ConversationExtension)

@@ -21,6 +21,7 @@ from runtime.config import RetentionPolicy
 from runtime.errors import ThreadNotFound
 from runtime.events import RecordChange
 from runtime.frames import ChangeHub
+from runtime.storage.base import RuntimeStore
 from runtime.storage.records import (
     Claim,
     EffectRecord,
@@ -184,3 +185,87 @@ class EffectRecords(EffectRecordStore):
                 lambda: store.purge_effect_records(older_than=cutoff)
             )
             return count
+
+
+class RuntimeRecords(EffectRecordStore):
+    """Records in the runtime database (``rt.runtime_records``), by scope.
+
+    The `EffectRecordStore` contract over `runtime.storage.base.RuntimeStore`'s
+    ``*_record(s)`` methods, each one transaction in a worker thread; ``thread_id`` is the
+    record's scope (durable turns keep their ``"cross-run"`` keys under
+    `runtime.durable.CROSS_RUN_THREAD`). No frames are published.
+
+    Args:
+        store: The runtime store, once the runtime has started (a function: it is opened
+            at start).
+        run_sync: Runs a blocking store call off the event loop.
+        now: The clock's ``now`` (seconds since the epoch, UTC).
+    """
+
+    def __init__(
+        self, store: Callable[[], RuntimeStore], run_sync: RunSync, now: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._run_sync = run_sync
+        self._now = now
+
+    async def get(self, thread_id: str, key: str) -> EffectRecord | None:  # noqa: D102
+        store = self._store()
+        record: EffectRecord | None = await self._run_sync(store.get_record, thread_id, key)
+        return record
+
+    async def begin(  # noqa: D102
+        self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float,
+    ) -> Claim:
+        store = self._store()
+        claim: Claim = await self._run_sync(lambda: store.begin_record(
+            thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
+            lease_seconds=lease_seconds, now=self._now(),
+        ))
+        return claim
+
+    async def complete(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        store = self._store()
+        record: EffectRecord = await self._run_sync(lambda: store.complete_record(
+            thread_id, key, owner=owner, result_json=result_json, now=self._now(),
+            status=status,
+        ))
+        return record
+
+    async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
+        store = self._store()
+        released: bool = await self._run_sync(
+            lambda: store.release_record(thread_id, key, owner=owner)
+        )
+        return released
+
+    async def list(  # noqa: D102
+        self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        store = self._store()
+        page: EffectRecordPage = await self._run_sync(lambda: store.list_records(
+            thread_id, status=status, limit=limit, cursor=cursor
+        ))
+        return page
+
+    async def purge(self, *, older_than: datetime) -> int:  # noqa: D102
+        if older_than.tzinfo is None:
+            raise ValueError(f"An instant must be timezone-aware (UTC), got naive {older_than}")
+        store = self._store()
+        count: int = await self._run_sync(
+            lambda: store.purge_records(older_than=older_than.timestamp())
+        )
+        return count
+
+    async def purge_thread(self, thread_id: str) -> int:  # noqa: D102
+        store = self._store()
+        count: int = await self._run_sync(store.delete_records, thread_id)
+        return count
+
+    async def close(self) -> None:
+        """Nothing to close: the runtime closes its store."""

@@ -893,7 +893,7 @@ def message_routes() -> list[BaseRoute]:
     with another message, 409 ``no_agent`` when no agent serves the thread, 502
     ``turn_failed`` when the model fails.
     ``GET /api/threads/{tid}/turns`` lists the thread's turns (running, failed, the
-    latest finished) oldest first: ``{"turns": [{"runId", "status", "attempts",
+    latest finished), least recently changed first: ``{"turns": [{"runId", "status", "attempts",
     "resumed", "error", "startedAt", "updatedAt"}]}``.
     ``GET /api/threads/{tid}/messages?limit=50&after=<message id>`` lists messages oldest
     first: ``{"messages": [...], "nextCursor", "prevCursor"}``; ``before=<message id>``

@@ -72,7 +72,6 @@ if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage
     from pydantic_ai.models import Model
 
-    from runtime.storage.records import EffectRecordStore
     from runtime.supervisor import Runtime
 
 # pydantic-ai is imported where a turn needs it (runtime.agent_loop builds the agents), not
@@ -83,8 +82,6 @@ log = logging.getLogger("runtime.turns")
 
 _MAX_PAGE = 500
 
-CROSS_RUN_JOURNAL_FILE = "cross-run-journal.sqlite"
-"""The file in the data directory holding turns' ``"cross-run"`` keys (SQLite backend)."""
 
 _CURRENT_TURN: ContextVar[tuple[str, str] | None] = ContextVar("thread_effects_turn", default=None)
 """``(thread_id, run_id)`` in code running inside a turn (tools, hooks, what they spawn), so
@@ -116,32 +113,6 @@ class TurnTracker:
         self.model_override: Model | None = None  # see runtime.testing.override_model
         self.models: dict[str, Model] = {}  # model names resolved at startup (resolve_models)
         self._resuming: asyncio.Task[int] | None = None
-        self._cross_run: EffectRecordStore | None = None
-
-    def cross_run_store(self, rt: Runtime) -> EffectRecordStore:
-        """Where turns keep ``"cross-run"`` idempotency keys (every thread, until purged).
-
-        With the SQLite backend, ``<data dir>/cross-run-journal.sqlite``; otherwise in
-        memory. Purge it with ``.purge(older_than=...)``.
-        """
-        if self._cross_run is None:
-            from runtime.storage.records import InMemoryEffectStore, SqliteEffectStore
-            from runtime.storage.sqlite import SQLiteBackend
-
-            backend = rt.storage
-            if isinstance(backend, SQLiteBackend):
-                self._cross_run = SqliteEffectStore(
-                    backend.data_dir / CROSS_RUN_JOURNAL_FILE, clock=rt.clock.now
-                )
-            else:
-                self._cross_run = InMemoryEffectStore(clock=rt.clock.now)
-        return self._cross_run
-
-    async def close_stores(self) -> None:
-        """Close the cross-run store (the runtime stopped)."""
-        store, self._cross_run = self._cross_run, None
-        if store is not None:
-            await store.close()
 
     def start_resuming(self, rt: Runtime) -> None:
         """Resume, in the background, the turns an earlier process left running."""
@@ -515,7 +486,7 @@ def check_run_id(run_id: object) -> str:
 
 
 async def load_turns(rt: Runtime, thread_id: str) -> dict[str, TurnRow]:
-    """The thread's turn rows by run id, oldest first.
+    """The thread's turn rows by run id, least recently changed first.
 
     Raises:
         ThreadNotFound: no such thread.
@@ -651,7 +622,7 @@ async def _run_turn(
         ]
         pydantic_agent = rt.turns.pydantic_agent(app, agent)
         journal = Journal(rt.effect_records.journal(), thread_id=tid,
-                          cross_run_store=rt.turns.cross_run_store(rt))
+                          cross_run_store=rt.runtime_records)
         failure: Exception | None = None
         replayed: set[str] = set()
         with capture_run_messages() as captured:
@@ -744,24 +715,40 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
     Returns:
         How many turns were resumed or failed.
     """
-    rows = await load_turns(rt, thread_id)
-    running = [r for r in rows.values() if r.status is TurnStatus.RUNNING]
-    if not running or rt.turns.running(thread_id) is not None:
-        return 0
-    state = await rt.get_thread(thread_id)
-    for row in running:
-        if row.attempts >= MAX_ATTEMPTS:
-            log.warning("turn %s of thread %s was interrupted %d times: failing it",
-                        row.run_id, thread_id, row.attempts)
-            await _fail_interrupted(state, row)
-            continue
-        log.info("resuming turn %s of thread %s (attempt %d)", row.run_id, thread_id,
-                 row.attempts + 1)
-        try:
-            await run_turn(state, row.content, run_id=row.run_id)
-        except (TurnFailed, TurnInProgress) as exc:
-            log.warning("resumed turn %s of thread %s: %s", row.run_id, thread_id, exc)
-    return len(running)
+    interrupted = [
+        r.run_id for r in (await load_turns(rt, thread_id)).values()
+        if r.status is TurnStatus.RUNNING
+    ]
+    state: ThreadState | None = None
+    done = 0
+    for run_id in interrupted:
+        while True:
+            active = rt.turns.running(thread_id)
+            if active is not None:
+                # A client's turn (maybe this one, sent again with its run id): after it.
+                await active.ended.wait()
+                continue
+            row = (await load_turns(rt, thread_id)).get(run_id)
+            if row is None or row.status is not TurnStatus.RUNNING:
+                break  # a client resumed it meanwhile
+            if state is None:
+                state = await rt.get_thread(thread_id)
+            try:
+                if row.attempts >= MAX_ATTEMPTS:
+                    log.warning("turn %s of thread %s was interrupted %d times: failing it",
+                                run_id, thread_id, row.attempts)
+                    await _fail_interrupted(state, row)
+                else:
+                    log.info("resuming turn %s of thread %s (attempt %d)", run_id, thread_id,
+                             row.attempts + 1)
+                    await run_turn(state, row.content, run_id=run_id)
+            except TurnInProgress:
+                continue  # another turn took the thread first: wait for it
+            except TurnFailed as exc:
+                log.warning("resumed turn %s of thread %s: %s", run_id, thread_id, exc)
+            done += 1
+            break
+    return done
 
 
 async def resume_turns(rt: Runtime, *, concurrency: int = 8) -> int:

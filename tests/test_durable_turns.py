@@ -31,7 +31,7 @@ from runtime import MessageRole, RetentionPolicy, Runtime, ThreadState, TurnFail
 from runtime.errors import TurnRunIdConflict
 from runtime.storage.base import StorageBackend
 from runtime.testing import FakeClock, override_model
-from runtime.turns import content_hash, interrupted_text, load_turns
+from runtime.turns import content_hash, interrupted_text, load_turns, resume_thread_turns
 from tests.storage.backends import BACKENDS, make_backend
 
 pytestmark = pytest.mark.usefixtures("no_blocking")
@@ -366,6 +366,12 @@ async def test_keyed_tools_run_once_per_window(
         # (The two calls of a step run concurrently: their lines come in either order.)
         assert sorted(await charges(world)) == ["refunded order 7", "shipped order 7",
                                                 "shipped order 7"]
+        # The cross-run key is in the runtime database, not in a thread.
+        from runtime.durable import CROSS_RUN_THREAD
+
+        record = await rt.runtime_records.get(CROSS_RUN_THREAD, "durable:key:refund:7")
+        assert record is not None and record.result == "order 7 refunded"
+        assert await rt.runtime_records.get(CROSS_RUN_THREAD, "durable:key:ship:order-7") is None
 
 
 def test_a_key_without_a_window_is_refused_where_the_tool_is_declared() -> None:
@@ -387,3 +393,31 @@ def test_a_key_without_a_window_is_refused_where_the_tool_is_declared() -> None:
     with pytest.raises(ValueError, match="idempotency_window must be"):
         define_tool("Ships.", Order, ship_order, idempotency_key=lambda a: "k",
                     idempotency_window="forever")
+
+
+async def test_resuming_waits_for_a_turn_the_thread_runs(
+    tmp_path: Path, backend: StorageBackend, world: Path
+) -> None:
+    async with running(tmp_path, backend, FakeClock(start=START)) as rt:
+        thread = await rt.create_thread(agent_id="shop")
+        tid = thread.thread_id
+        await interrupt(rt, thread, "t1", world, 1)
+        go = asyncio.Event()
+        with override_model(rt, charging(go.wait)):
+            other = asyncio.create_task(thread.send_message("charge order 42", run_id="t2"))
+            while len(await charges(world)) < 2:
+                await asyncio.sleep(0.01)
+            resuming = asyncio.create_task(resume_thread_turns(rt, tid))
+            await asyncio.sleep(0.05)
+            assert not resuming.done()  # t2 holds the thread
+            go.set()
+            await other
+            assert await resuming == 1
+        rows = await load_turns(rt, tid)
+        # Oldest change first: t2 ended, then t1 was resumed.
+        assert [(r.run_id, r.status, r.attempts) for r in rows.values()] == [
+            ("t2", "succeeded", 1), ("t1", "succeeded", 2)
+        ]
+        assert await charges(world) == ["charged order 42"] * 2  # t1 once, t2 once
+        # Nothing is left to resume.
+        assert await resume_thread_turns(rt, tid) == 0

@@ -129,5 +129,6 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
 RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREADS_DDL, *ALARMS_DDL),
     1: (*PAUSED_THREADS_DDL,),
+    2: (*EFFECT_RECORDS_DDL,),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""
