@@ -48,6 +48,7 @@ from runtime.errors import (
     TooManyImmediateRuns,
     TurnFailed,
     TurnInProgress,
+    TurnRunIdConflict,
 )
 from runtime.events import (
     EffectChanged,
@@ -151,6 +152,7 @@ __all__ = [
     "TurnFailed",
     "TurnInProgress",
     "TurnResult",
+    "TurnRunIdConflict",
     "canonical_json",
     "default_effect_key",
     "define_agent",

@@ -26,6 +26,7 @@ from runtime.errors import (
     TooManyImmediateRuns,
     TurnFailed,
     TurnInProgress,
+    TurnRunIdConflict,
 )
 
 MAX_ERROR_MESSAGE_CHARS = 1000
@@ -86,6 +87,8 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return 404, "message_not_found"
     if isinstance(exc, TurnInProgress):
         return 409, "turn_in_progress"
+    if isinstance(exc, TurnRunIdConflict):
+        return 409, "run_id_conflict"
     if isinstance(exc, TurnFailed):
         return 502, "turn_failed"
     return 500, "runtime_error"

@@ -22,6 +22,7 @@ from pydantic_ai.messages import ModelMessage
 
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
+from runtime.durable import IdempotencyWindow, durable_tool
 from runtime.effect_tools import EffectToolDefinition, EffectToolSettings, call_effect_tool
 from runtime.hooks import HookPoint
 from runtime.messages import ToolCall
@@ -29,6 +30,10 @@ from runtime.thread import Execution, ThreadState
 from runtime.tools import ToolDefinition, check_tool_result
 
 log = logging.getLogger("runtime.turns")
+
+_WINDOWS: dict[str, IdempotencyWindow] = {
+    "run": "run", "thread": "thread", "cross-run": "cross-run"
+}
 
 
 def _execution(ctx: RunContext[ThreadState]) -> Execution:
@@ -80,13 +85,25 @@ def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[T
             raise ToolFailed(error) from exc
         return await _hooks.after_tool_call_success(succeeded, state, call, result)
 
-    return Tool.from_schema(
+    tool = Tool.from_schema(
         run,
         name=defn.name,
         description=defn.description,
         json_schema=defn.json_schema(),
         takes_ctx=True,
     )
+    if defn.idempotency == "call" and defn.idempotency_key is None:
+        return tool  # journaled by call id, like every tool of a turn (run_durable)
+    key = None
+    if defn.idempotency_key is not None:
+        logical = defn.idempotency_key
+
+        def key(raw: dict[str, Any]) -> str:
+            return logical(defn.validate_args(raw))
+
+    return durable_tool(tool, idempotency="args" if defn.idempotency == "args" else "call",
+                        idempotency_key=key,
+                        idempotency_window=_WINDOWS.get(defn.idempotency_window or ""))
 
 
 def build_agent(app: AgentApp, agent: AgentDefinition) -> Agent[ThreadState, str]:

@@ -89,9 +89,20 @@ class ConversationExtension(Extension):
         """See `ThreadState.inject_message`."""
         return await turns.inject_message(state, content, role)
 
-    async def send_message(self, state: ThreadState, content: str) -> TurnResult:
+    async def send_message(
+        self, state: ThreadState, content: str, *, run_id: str | None = None
+    ) -> TurnResult:
         """See `ThreadState.send_message`."""
-        return await turns.run_turn(state, content)
+        return await turns.run_turn(state, content, run_id=run_id)
+
+    async def serving(self, runtime: Runtime) -> None:
+        """Resume the turns an earlier process left running (`runtime.turns.resume_turns`)."""
+        if self.agents.agents:
+            self.turns.start_resuming(runtime)
+
+    async def close(self, runtime: Runtime) -> None:
+        """Stop resuming turns (a turn stopped here is resumed at the next start)."""
+        await self.turns.stop_resuming()
 
 
 register_default_extension(ConversationExtension)

@@ -302,12 +302,15 @@ class DurableContext:
         root_run_id: The outermost run: a sub-agent's run shares its ``"run"`` window.
             Defaults to ``run_id``.
         owner: Who holds the run's claims: ``<root_run_id>#<random>``, one per attempt.
+        on_replay: Called with the model's ``tool_call_id`` and the event when a tool call
+            of this run is answered from the journal (the runtime marks its result).
     """
 
     journal: Journal
     run_id: str
     root_run_id: str = ""
     owner: str = ""
+    on_replay: Callable[[str, ToolCallReplayed], None] | None = None
 
     def __post_init__(self) -> None:
         _check_run_id(self.run_id, "DurableContext")
@@ -393,8 +396,10 @@ async def _journaled_call(
                                    owner=ctx.owner)
     if record is not None:
         log.debug("run %s: %s replayed from the journal (%s)", ctx.run_id, name, key)
-        await run_ctx.emit(ToolCallReplayed(key=key, status=str(record.status),
-                                            run_id=record.run_id))
+        event = ToolCallReplayed(key=key, status=str(record.status), run_id=record.run_id)
+        if ctx.on_replay is not None:
+            ctx.on_replay(run_ctx.tool_call_id or "", event)
+        await run_ctx.emit(event)
         return record.result
     try:
         result = await execute()
@@ -674,6 +679,7 @@ async def run_durable(
     *,
     run_id: str,
     journal: Journal,
+    on_replay: Callable[[str, ToolCallReplayed], None] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``agent`` like ``agent.run``, journaling model responses and tool calls.
@@ -691,6 +697,8 @@ async def run_durable(
             of its own that is stable across attempts (e.g. built from the parent's
             ``tool_call_id``).
         journal: Where the run is journaled (`InMemoryJournal`, `SqliteJournal`, `Journal`).
+        on_replay: ``on_replay(tool_call_id, event)``, called when a tool call of this run
+            is answered from the journal (besides the `ToolCallReplayed` event).
         **kwargs: Anything ``agent.run`` accepts (``model``, ``toolsets``, ``deps``,
             ``message_history``, ``deferred_tool_results``, ``event_stream_handler`` …).
 
@@ -712,9 +720,9 @@ async def run_durable(
             raise ValueError(f"run_durable: a sub-agent run needs its own run_id; "
                              f"{run_id!r} is its parent's")
         ctx = DurableContext(journal, run_id, root_run_id=parent.root_run_id,
-                             owner=parent.owner)
+                             owner=parent.owner, on_replay=on_replay)
     else:
-        ctx = DurableContext(journal, run_id)
+        ctx = DurableContext(journal, run_id, on_replay=on_replay)
     model = kwargs.pop("model", None) or _overridden_model(agent) or agent.model
     if model is None:
         raise ValueError(f"run_durable: run {run_id}: the agent has no model; pass model=")
@@ -726,6 +734,7 @@ async def run_durable(
     try:
         with agent.override(model=_JournaledModel(infer_model(model), ctx), toolsets=toolsets,
                             tools=[]):
-            return await agent.run(user_prompt, **kwargs)
+            # pydantic-ai's run id (``ctx.run_id``, the messages' ``run_id``) is the run's.
+            return await agent.run(user_prompt, run_id=run_id, **kwargs)
     finally:
         _current.reset(token)

@@ -21,6 +21,7 @@ from runtime.config import RetentionPolicy
 from runtime.errors import ThreadNotFound
 from runtime.events import RecordChange
 from runtime.frames import ChangeHub
+from runtime.storage.base import RuntimeStore
 from runtime.storage.records import (
     Claim,
     EffectRecord,
@@ -40,6 +41,8 @@ class EffectRecords(EffectRecordStore):
         now: The clock's ``now`` (seconds since the epoch, UTC).
         retention: The runtime's retention (``effect_records_seconds``).
         thread_ids: Every registered thread's id (for `purge`).
+        publish: Publish ``effect_record_changed`` frames (the turns' journal, `journal`,
+            does not).
 
     Every method raises `runtime.errors.ThreadNotFound` for an unknown thread and
     `runtime.errors.InvalidThreadId` for a malformed id, besides what the contract says.
@@ -53,7 +56,10 @@ class EffectRecords(EffectRecordStore):
         now: Callable[[], float],
         retention: RetentionPolicy,
         thread_ids: Callable[[], AsyncIterator[str]],
+        *,
+        publish: bool = True,
     ) -> None:
+        self._publishing = publish
         self._thread_ids = thread_ids
         self._actors = actors
         self._run_sync = run_sync
@@ -61,7 +67,14 @@ class EffectRecords(EffectRecordStore):
         self._now = now
         self._retention = retention
 
+    def journal(self) -> EffectRecords:
+        """The same records, without frames: the store of the turns' journal."""
+        return EffectRecords(self._actors, self._run_sync, self._hub, self._now,
+                             self._retention, self._thread_ids, publish=False)
+
     def _publish(self, thread_id: str, change: RecordChange, record: EffectRecord) -> None:
+        if not self._publishing:
+            return
         data = record.to_json()
         data.pop("threadId", None)
         self._hub.publish_record(thread_id, change, data)
@@ -172,3 +185,87 @@ class EffectRecords(EffectRecordStore):
                 lambda: store.purge_effect_records(older_than=cutoff)
             )
             return count
+
+
+class RuntimeRecords(EffectRecordStore):
+    """Records in the runtime database (``rt.runtime_records``), by scope.
+
+    The `EffectRecordStore` contract over `runtime.storage.base.RuntimeStore`'s
+    ``*_record(s)`` methods, each one transaction in a worker thread; ``thread_id`` is the
+    record's scope (durable turns keep their ``"cross-run"`` keys under
+    `runtime.durable.CROSS_RUN_THREAD`). No frames are published.
+
+    Args:
+        store: The runtime store, once the runtime has started (a function: it is opened
+            at start).
+        run_sync: Runs a blocking store call off the event loop.
+        now: The clock's ``now`` (seconds since the epoch, UTC).
+    """
+
+    def __init__(
+        self, store: Callable[[], RuntimeStore], run_sync: RunSync, now: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._run_sync = run_sync
+        self._now = now
+
+    async def get(self, thread_id: str, key: str) -> EffectRecord | None:  # noqa: D102
+        store = self._store()
+        record: EffectRecord | None = await self._run_sync(store.get_record, thread_id, key)
+        return record
+
+    async def begin(  # noqa: D102
+        self, thread_id: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float,
+    ) -> Claim:
+        store = self._store()
+        claim: Claim = await self._run_sync(lambda: store.begin_record(
+            thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
+            lease_seconds=lease_seconds, now=self._now(),
+        ))
+        return claim
+
+    async def complete(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, result_json: str,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        store = self._store()
+        record: EffectRecord = await self._run_sync(lambda: store.complete_record(
+            thread_id, key, owner=owner, result_json=result_json, now=self._now(),
+            status=status,
+        ))
+        return record
+
+    async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
+        store = self._store()
+        released: bool = await self._run_sync(
+            lambda: store.release_record(thread_id, key, owner=owner)
+        )
+        return released
+
+    async def list(  # noqa: D102
+        self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        store = self._store()
+        page: EffectRecordPage = await self._run_sync(lambda: store.list_records(
+            thread_id, status=status, limit=limit, cursor=cursor
+        ))
+        return page
+
+    async def purge(self, *, older_than: datetime) -> int:  # noqa: D102
+        if older_than.tzinfo is None:
+            raise ValueError(f"An instant must be timezone-aware (UTC), got naive {older_than}")
+        store = self._store()
+        count: int = await self._run_sync(
+            lambda: store.purge_records(older_than=older_than.timestamp())
+        )
+        return count
+
+    async def purge_thread(self, thread_id: str) -> int:  # noqa: D102
+        store = self._store()
+        count: int = await self._run_sync(store.delete_records, thread_id)
+        return count
+
+    async def close(self) -> None:
+        """Nothing to close: the runtime closes its store."""

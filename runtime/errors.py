@@ -23,6 +23,7 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── AgentNotFound           no agent of that id (or no agent serves the thread)
     ├── MessageNotFound         no message with that id in the thread
     ├── TurnInProgress          a message was sent while the thread's turn runs
+    ├── TurnRunIdConflict       a message reused the run_id of a turn with another message
     ├── TurnFailed              the model (or the agent loop) failed during a turn
     ├── ModelNotAvailable       a configured model cannot be resolved (raised at startup)
     ├── EffectKeyBusy           an effect key stayed in progress (another call) past the wait
@@ -180,6 +181,22 @@ class TurnInProgress(EffectsError):
         super().__init__(
             f"Thread {thread_id} is already running a turn; send the next message when it "
             f"has answered"
+        )
+
+
+class TurnRunIdConflict(EffectsError):
+    """A message was sent with the ``run_id`` of a turn that answered another message.
+
+    Attributes:
+        run_id: The turn's run id.
+    """
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        super().__init__(
+            f"Turn {run_id} of thread {thread_id} was started with another message; a "
+            f"run_id names one message: send a new message with a new run_id"
         )
 
 

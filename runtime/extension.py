@@ -51,7 +51,9 @@ class Conversation(Protocol):
         """`ThreadState.inject_message`."""
         ...
 
-    async def send_message(self, state: ThreadState, content: str) -> TurnResult:
+    async def send_message(
+        self, state: ThreadState, content: str, *, run_id: str | None = None
+    ) -> TurnResult:
         """`ThreadState.send_message`."""
         ...
 
@@ -69,6 +71,13 @@ class Extension:
         """Load what the extension needs (after effects are discovered, before any thread).
 
         Blocking work goes through ``runtime.run_sync``. An exception stops the start.
+        """
+
+    async def serving(self, runtime: Runtime) -> None:
+        """The runtime has started and serves calls (alarms re-armed); resume work here.
+
+        Called at the end of ``Runtime.start``; start long work as a task, do not wait
+        for it. An exception is logged and does not stop the runtime.
         """
 
     async def close(self, runtime: Runtime) -> None:

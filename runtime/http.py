@@ -134,7 +134,7 @@ _CLOSE = {"Connection": "close"}  # the rest of the body is not read: end the co
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _THREAD_FIELDS = frozenset({"id", "agent_id", "user_id", "tags"})
 _SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds", "key", "run_at"})
-_MESSAGE_FIELDS = frozenset({"content"})
+_MESSAGE_FIELDS = frozenset({"content", "run_id"})
 _CANCEL_FIELDS = frozenset({"by"})
 
 MAX_MESSAGE_BODY_BYTES = 1 << 20
@@ -874,9 +874,19 @@ async def _post_message(request: Request) -> Response:
             413, "content_too_large",
             f"content is {len(content)} characters; the limit is {MAX_CONTENT_CHARS}",
         )
+    run_id = body.get("run_id")
+    if run_id is not None:
+        from runtime.turns import RUN_ID_RE
+
+        if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+            raise ApiError(
+                400, "invalid_body",
+                f"{what}: run_id must be 1-64 characters of letters, digits, '_', '-', '.' "
+                f"or ':', got {cut(repr(run_id), 80)}",
+            )
     state = await _thread(request)
     try:
-        result = await state.send_message(content)
+        result = await state.send_message(content, run_id=run_id)
     except AgentNotFound as exc:
         # A thread whose agent is gone cannot take messages: a conflict with the thread's
         # state here (409 no_agent), where elsewhere an unknown agent is a 404.
@@ -930,13 +940,27 @@ async def _get_message(request: Request) -> Response:
     return JSONResponse(message.to_json())
 
 
+async def _list_turns(request: Request) -> Response:
+    from runtime.turns import load_turns
+
+    state = await _thread(request)
+    rows = await load_turns(state.runtime, state.thread_id)
+    return JSONResponse({"turns": [row.to_json() for row in rows.values()]})
+
+
 def message_routes() -> list[BaseRoute]:
     """Starlette routes for a thread's conversation (``docs/http-api.md``, Messages).
 
-    ``POST /api/threads/{tid}/messages`` ``{"content": "..."}`` runs one turn and answers
-    200 ``{"runId", "reply", "messages"}``; 409 ``turn_in_progress`` while a turn of the
-    thread runs (one at a time; the client retries after the answer), 409 ``no_agent``
-    when no agent serves the thread, 502 ``turn_failed`` when the model fails.
+    ``POST /api/threads/{tid}/messages`` ``{"content": "...", "run_id": "..."}`` runs one
+    turn and answers 200 ``{"runId", "reply", "messages"}``; posted again with the same
+    ``run_id``, it is the same turn (resumed if unfinished, its stored answer if finished);
+    409 ``turn_in_progress`` while another turn of the thread runs (one at a time; the
+    client retries after the answer), 409 ``run_id_conflict`` for a ``run_id`` of a turn
+    with another message, 409 ``no_agent`` when no agent serves the thread, 502
+    ``turn_failed`` when the model fails.
+    ``GET /api/threads/{tid}/turns`` lists the thread's turns (running, failed, the
+    latest finished), least recently changed first: ``{"turns": [{"runId", "status", "attempts",
+    "resumed", "error", "startedAt", "updatedAt"}]}``.
     ``GET /api/threads/{tid}/messages?limit=50&after=<message id>`` lists messages oldest
     first: ``{"messages": [...], "nextCursor", "prevCursor"}``; ``before=<message id>``
     gives the page before a message, ``latest=true`` the newest page.
@@ -947,6 +971,7 @@ def message_routes() -> list[BaseRoute]:
     return [
         _route("/api/threads/{tid}/messages", GET=_list_messages, POST=_post_message),
         _route("/api/threads/{tid}/messages/{mid}", GET=_get_message),
+        _route("/api/threads/{tid}/turns", GET=_list_turns),
     ]
 
 

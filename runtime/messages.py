@@ -16,7 +16,7 @@ Roles:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -74,12 +74,16 @@ class ToolResult:
         content: The result as text (JSON text for structured results).
         is_error: True when the tool raised (or its args failed its schema); ``content``
             is then the error message.
+        from_journal: True when the result came from the turn's journal (the call had
+            finished in an earlier attempt of a resumed turn, or an earlier call with the
+            same idempotency key): the tool did not run again.
     """
 
     tool_call_id: str
     tool_name: str
     content: str
     is_error: bool = False
+    from_journal: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The wire form."""
@@ -88,6 +92,7 @@ class ToolResult:
             "toolName": self.tool_name,
             "content": self.content,
             "isError": self.is_error,
+            "fromJournal": self.from_journal,
         }
 
 
@@ -224,7 +229,8 @@ def message_from_row(
             ToolCall(c["id"], c["name"], c["args"]) for c in parsed.get("tool_calls", ())
         ),
         tool_results=tuple(
-            ToolResult(r["toolCallId"], r["toolName"], r["content"], r["isError"])
+            ToolResult(r["toolCallId"], r["toolName"], r["content"], r["isError"],
+                       bool(r.get("fromJournal", False)))
             for r in parsed.get("tool_results", ())
         ),
         injected=bool(parsed.get("injected", False)),
@@ -252,8 +258,12 @@ def message_from_model(
     created_at_ts: float,
     run_id: str | None,
     injected: bool = False,
+    replayed: Collection[str] = (),
 ) -> Message:
-    """Describe a pydantic-ai message as a `Message` (role, text, tool calls or results)."""
+    """Describe a pydantic-ai message as a `Message` (role, text, tool calls or results).
+
+    ``replayed``: the tool call ids whose results came from the journal (`ToolResult`).
+    """
     from pydantic_ai.messages import (
         ModelResponse,
         RetryPromptPart,
@@ -286,6 +296,7 @@ def message_from_model(
                     part.tool_call_id, part.tool_name,
                     part.model_response_str(wrap_if_error=False),
                     part.outcome in ("failed", "retried"),
+                    part.tool_call_id in replayed,
                 )
             )
         elif isinstance(part, RetryPromptPart):

@@ -48,7 +48,7 @@ from runtime.alarms import AlarmIndex, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
 from runtime.dispatcher import Dispatcher
-from runtime.effect_records import EffectRecords
+from runtime.effect_records import EffectRecords, RuntimeRecords
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import (
     EffectDefinitionError,
@@ -223,6 +223,13 @@ class Runtime:
             self.actors, self.run_sync, self.hub, self.clock.now, self.settings.retention,
             self._thread_ids,
         )
+        # Records of the runtime database: durable turns' "cross-run" keys.
+        self.runtime_records = RuntimeRecords(self._runtime_store, self.run_sync, self.clock.now)
+
+    def _runtime_store(self) -> RuntimeStore:
+        self._check_open()
+        assert self._store is not None
+        return self._store
 
     def __getattr__(self, name: str) -> Any:
         # Attributes the extensions expose (``rt.agents``, ``rt.turns``).
@@ -287,6 +294,11 @@ class Runtime:
             self.watchdog.start()
         self.dispatcher.start()
         armed = await self.alarms.start(store)
+        for extension in self.extensions:
+            try:
+                await extension.serving(self)
+            except Exception:
+                log.exception("extension %s failed when the runtime started", extension.name)
         if self.settings.freeze_gc:
             # Everything imported so far lives as long as the process: keep it out of the
             # collector's full passes, which otherwise stall the loop for tens of ms.

@@ -442,13 +442,20 @@ class ThreadState:
         """
         return await self._rt.conversation().inject_message(self, content, role)
 
-    async def send_message(self, content: str) -> TurnResult:
+    async def send_message(self, content: str, *, run_id: str | None = None) -> TurnResult:
         """Send a user message and run one turn of the thread's agent; returns its answer.
 
-        One turn at a time per thread: a message sent while a turn runs is refused.
+        One turn at a time per thread: a message sent while a turn runs is refused. Every
+        turn is durable (docs/durable-turns.md): its model responses and tool calls are
+        journaled in the thread, so a turn interrupted by a crash resumes without running
+        a finished tool call again.
 
         Args:
             content: The user's text (non-empty, at most 100,000 characters).
+            run_id: The turn's run id (1-64 characters: letters, digits, ``_ - . :``);
+                default: a new one. Sent again with the same content, it is the same turn:
+                resumed if it was interrupted or failed, its stored answer if it finished
+                (waiting for it if it runs now), never a second user message.
 
         Returns:
             The turn's run id, the reply and every message the turn stored.
@@ -456,8 +463,9 @@ class ThreadState:
         Raises:
             ValueError: empty or too long content.
             AgentNotFound: no agent serves the thread.
-            TurnInProgress: a turn of this thread is running.
+            TurnInProgress: another turn of this thread is running.
+            TurnRunIdConflict: ``run_id`` names a turn of this thread with another message.
             TurnFailed: the model or the agent loop failed (the user message stays stored).
             ThreadNotFound: the thread was deleted.
         """
-        return await self._rt.conversation().send_message(self, content)
+        return await self._rt.conversation().send_message(self, content, run_id=run_id)

@@ -55,12 +55,19 @@ class ToolDefinition:
             sync (then run in a worker thread, and unable to await the state's methods).
         name: The ``name=`` given to `define_tool` (``""`` if none); discovery sets it
             to the file name (and refuses a ``name=`` that differs from it).
+        idempotency: ``"call"`` (one run per model tool call) or ``"args"`` (one run per
+            arguments in the turn); see `define_tool`.
+        idempotency_key: ``key(args) -> str`` (the validated arguments), or None.
+        idempotency_window: ``"run"``, ``"thread"`` or ``"cross-run"`` with a key.
     """
 
     description: str
     args_schema: type[BaseModel] | None
     execute: ToolFn
     name: str = ""
+    idempotency: str = "call"
+    idempotency_key: Callable[[Any], str] | None = None
+    idempotency_window: str | None = None
 
     @property
     def tool_name(self) -> str:
@@ -143,6 +150,9 @@ def define_tool(
     /,
     *,
     name: str | None = None,
+    idempotency: str = "call",
+    idempotency_key: Callable[[Any], str] | None = None,
+    idempotency_window: str | None = None,
 ) -> ToolDefinition: ...
 
 
@@ -153,11 +163,22 @@ def define_tool(
     /,
     *,
     name: str | None = None,
+    idempotency: str = "call",
+    idempotency_key: Callable[[Any], str] | None = None,
+    idempotency_window: str | None = None,
 ) -> ToolDefinition: ...
 
 
 def define_tool(
-    description: str, schema_or_execute: Any, execute: Any = None, /, *, name: str | None = None
+    description: str,
+    schema_or_execute: Any,
+    execute: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    idempotency: str = "call",
+    idempotency_key: Callable[[Any], str] | None = None,
+    idempotency_window: str | None = None,
 ) -> ToolDefinition:
     """Define a tool; assign the result to a module-level name in ``agents/tools/<name>.py``.
 
@@ -174,18 +195,63 @@ def define_tool(
             text or a JSON-serializable value, or raising to report a failure.
         name: The tool's name where no file names it (`runtime.wrap_tools_for_run`);
             default: the function's name. In ``agents/tools/`` it must equal the file name.
+        idempotency: What "the same call" is inside a turn, which is durable
+            (docs/durable-turns.md): ``"call"`` (default) — one run per model tool call;
+            ``"args"`` — one run per arguments in the turn: a second call with the same
+            arguments (`runtime.keys.args_hash` of the model's JSON arguments) gets the
+            first's result without running.
+        idempotency_key: ``key(args) -> str``: a logical id (an order id, a date) from the
+            validated arguments (the schema's model; None without a schema); calls with
+            one key run once per ``idempotency_window``.
+        idempotency_window: With a key: ``"run"`` (this turn and its sub-agent runs),
+            ``"thread"`` (this thread) or ``"cross-run"`` (every thread, until purged).
 
     Returns:
         A `ToolDefinition` (its ``name`` is set when the file is discovered).
 
     Raises:
-        TypeError: the schema is not a pydantic model, or the function is not callable.
-        ValueError: the description is empty, or the name is not snake_case.
+        TypeError: the schema is not a pydantic model, the function is not callable, or
+            an ``idempotency_key`` without an ``idempotency_window`` (or the reverse),
+            naming the tool.
+        ValueError: the description is empty, the name is not snake_case, or an unknown
+            idempotency or window.
     """
     schema, execute = check_tool_parts("define_tool", description, schema_or_execute, execute,
                                        name)
+    check_idempotency(name or str(getattr(execute, "__name__", "")), idempotency,
+                      idempotency_key, idempotency_window)
     return ToolDefinition(description=description.strip(), args_schema=schema, execute=execute,
-                          name=name or "")
+                          name=name or "", idempotency=idempotency,
+                          idempotency_key=idempotency_key, idempotency_window=idempotency_window)
+
+
+def check_idempotency(
+    tool: str, idempotency: object, key: object, window: object
+) -> None:
+    """Check `define_tool`'s idempotency options (as `runtime.durable.durable_tool` does).
+
+    Raises:
+        TypeError: a key without a window, or a window without a key, naming the tool.
+        ValueError: an unknown idempotency or window, or a key with ``idempotency="args"``.
+    """
+    if idempotency not in ("call", "args"):
+        raise ValueError(f"define_tool: tool {tool!r}: idempotency must be 'call' or 'args', "
+                         f"got {idempotency!r}")
+    if key is not None and not callable(key):
+        raise TypeError(f"define_tool: tool {tool!r}: idempotency_key must be a function "
+                        f"key(args) -> str, got {key!r}")
+    if key is not None and window is None:
+        raise TypeError(f"define_tool: tool {tool!r} has an idempotency_key but no "
+                        f"idempotency_window; choose a window: 'run', 'thread' or 'cross-run'")
+    if key is None and window is not None:
+        raise TypeError(f"define_tool: tool {tool!r} has an idempotency_window but no "
+                        f"idempotency_key; pass the key function the window applies to")
+    if window is not None and window not in ("run", "thread", "cross-run"):
+        raise ValueError(f"define_tool: tool {tool!r}: idempotency_window must be 'run', "
+                         f"'thread' or 'cross-run', got {window!r}")
+    if key is not None and idempotency == "args":
+        raise ValueError(f"define_tool: tool {tool!r}: choose idempotency='args' or an "
+                         f"idempotency_key, not both")
 
 
 TOOL_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -3,11 +3,19 @@
 Life of a turn (`run_turn`, or ``await state.send_message(text)``)::
 
     the thread's turn slot is taken (one turn at a time: a second message raises
-    TurnInProgress, HTTP 409) ─► the user message is stored (before/after_create_message
-    hooks) ─► the history is rebuilt from the stored messages ─► pydantic-ai runs the
-    agent: model requests (filter_messages hooks as a history processor), tool calls with
-    the ThreadState as dependencies (after_tool_call_success/failure hooks) ─► the turn's
-    new messages are stored, then messages injected during the turn ─► the slot is freed
+    TurnInProgress, HTTP 409) ─► the turn's row is stored (`TurnRow`, running, attempt 1)
+    ─► the user message is stored (before/after_create_message hooks) ─► the history is
+    rebuilt from the stored messages ─► pydantic-ai runs the agent through
+    `runtime.durable.run_durable`, journaled in the thread's store: model requests
+    (filter_messages hooks as a history processor), tool calls with the ThreadState as
+    dependencies (after_tool_call_success/failure hooks) ─► the turn's new messages are
+    stored, then messages injected during the turn ─► the row says succeeded or failed
+    ─► the slot is freed
+
+Every turn is durable (docs/durable-turns.md): a turn sent again with its run id answers
+from the conversation if it finished, or resumes from its journal; at start, the runtime
+resumes every turn an earlier process left running (`resume_turns`), at most
+`MAX_ATTEMPTS` starts per turn.
 
 Effects scheduled by tools or hooks run after the turn, on the thread's own schedule. They
 are durable the moment ``schedule_effect`` returns: a turn that fails afterwards (the model
@@ -22,19 +30,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
+from runtime.config import MAX_ATTEMPTS
+from runtime.effects import iso
 from runtime.errors import (
     MessageNotFound,
     ModelNotAvailable,
+    RuntimeClosed,
+    ThreadNotFound,
     TurnFailed,
     TurnInProgress,
+    TurnRunIdConflict,
 )
 from runtime.hooks import HookPoint
 from runtime.ids import new_id
@@ -65,6 +82,7 @@ log = logging.getLogger("runtime.turns")
 
 _MAX_PAGE = 500
 
+
 _CURRENT_TURN: ContextVar[tuple[str, str] | None] = ContextVar("thread_effects_turn", default=None)
 """``(thread_id, run_id)`` in code running inside a turn (tools, hooks, what they spawn), so
 that code injecting into its own thread never waits for the turn it is part of."""
@@ -76,6 +94,7 @@ class ActiveTurn:
 
     run_id: str
     injected: list[Message] = field(default_factory=list)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -93,6 +112,20 @@ class TurnTracker:
         self._agents: dict[int, Agent[ThreadState, str]] = {}
         self.model_override: Model | None = None  # see runtime.testing.override_model
         self.models: dict[str, Model] = {}  # model names resolved at startup (resolve_models)
+        self._resuming: asyncio.Task[int] | None = None
+
+    def start_resuming(self, rt: Runtime) -> None:
+        """Resume, in the background, the turns an earlier process left running."""
+        self._resuming = asyncio.create_task(resume_turns(rt), name="resume turns")
+
+    async def stop_resuming(self) -> None:
+        """Stop resuming turns (those not resumed yet are resumed at the next start)."""
+        task, self._resuming = self._resuming, None
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            with contextlib.suppress(BaseException):
+                await task
 
     def running(self, thread_id: str) -> ActiveTurn | None:
         """The turn the thread runs now, if any."""
@@ -356,21 +389,178 @@ async def inject_message(
     return message
 
 
-async def run_turn(state: ThreadState, content: str) -> TurnResult:
+# ------------------------------------------------------------------ turn rows
+
+
+TURNS_META = "turns"
+"""The thread-store meta key (`ThreadStore.set_meta`) holding the thread's turn rows."""
+
+KEEP_FINISHED_TURNS = 100
+"""Finished turn rows kept per thread (the newest), to answer a repeated ``run_id``."""
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class TurnStatus(StrEnum):
+    """Where a turn is.
+
+    ``running`` (an interrupted turn stays running until it is resumed at the next
+    start), ``succeeded`` or ``failed``.
+    """
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass
+class TurnRow:
+    """A turn of a thread, kept in the thread's store.
+
+    Attributes:
+        run_id: The turn's run id.
+        content: The user's message as sent (before ``before_create_message`` hooks),
+            kept while the turn may run again (running, failed); ``""`` once it succeeded.
+        content_hash: The sha256 of the message as sent (a repeated ``run_id`` must come
+            with the same message).
+        status: Running (an interrupted turn stays running until resumed), succeeded or
+            failed.
+        attempts: How many times the turn started (1, then one more per resume).
+        error: Why it failed.
+        started_at: When it was first started (seconds since the epoch, UTC).
+        updated_at: When its row last changed (seconds since the epoch, UTC).
+    """
+
+    run_id: str
+    content: str
+    status: TurnStatus
+    attempts: int
+    error: str | None
+    started_at: float
+    updated_at: float
+    content_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.content_hash:
+            self.content_hash = content_hash(self.content)
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form (``GET /api/threads/{tid}/turns``; instants as ISO 8601 UTC)."""
+        return {
+            "runId": self.run_id,
+            "status": str(self.status),
+            "attempts": self.attempts,
+            "resumed": self.attempts > 1,
+            "error": self.error,
+            "startedAt": iso(self.started_at),
+            "updatedAt": iso(self.updated_at),
+        }
+
+    def stored(self) -> dict[str, Any]:
+        """The form kept in the thread's store (instants as seconds since the epoch)."""
+        keep = self.status is not TurnStatus.SUCCEEDED
+        return {
+            "content": self.content if keep else "", "contentHash": self.content_hash,
+            "status": str(self.status), "attempts": self.attempts, "error": self.error,
+            "startedAt": self.started_at, "updatedAt": self.updated_at,
+        }
+
+
+def content_hash(content: str) -> str:
+    """The sha256 (hex) of a message's text, as `TurnRow` keeps it."""
+    return hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_run_id(run_id: object) -> str:
+    """A turn's run id as given by a client.
+
+    Raises:
+        ValueError: not 1-64 characters of letters, digits, ``_ - . :``.
+    """
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+        raise ValueError(
+            f"run_id must be 1-64 characters of letters, digits, '_', '-', '.' or ':', "
+            f"got {run_id!r}"
+        )
+    return run_id
+
+
+async def load_turns(rt: Runtime, thread_id: str) -> dict[str, TurnRow]:
+    """The thread's turn rows by run id, least recently changed first.
+
+    Raises:
+        ThreadNotFound: no such thread.
+    """
+    async with rt.actors.use(thread_id) as actor:
+        raw = await rt.run_sync(actor.store.get_meta, TURNS_META)
+    rows: dict[str, TurnRow] = {}
+    for run_id, data in (json.loads(raw) if raw else {}).items():
+        rows[run_id] = TurnRow(
+            run_id, data["content"], TurnStatus(data["status"]), int(data["attempts"]),
+            data.get("error"), float(data["startedAt"]), float(data["updatedAt"]),
+            data.get("contentHash", ""),
+        )
+    return rows
+
+
+async def _save_turn(rt: Runtime, thread_id: str, row: TurnRow,
+                     created_at_ts: float | None = None) -> None:
+    # Turn rows change only inside the thread's turn slot, so read-modify-write is safe.
+    rows = await load_turns(rt, thread_id)
+    rows.pop(row.run_id, None)
+    rows[row.run_id] = row
+    finished = [r for r in rows.values() if r.status is not TurnStatus.RUNNING]
+    for old in finished[: max(0, len(finished) - KEEP_FINISHED_TURNS)]:
+        del rows[old.run_id]
+    text = json.dumps({r.run_id: r.stored() for r in rows.values()})
+    async with rt.actors.writing(thread_id, created_at_ts) as actor:
+        await rt.run_sync(actor.store.set_meta, TURNS_META, text)
+
+
+# ------------------------------------------------------------------- the turn
+
+
+async def run_turn(
+    state: ThreadState, content: str, *, run_id: str | None = None
+) -> TurnResult:
     """See `ThreadState.send_message`."""
     content = check_content(content)
     rt = state.runtime
     tid = state.thread_id
     app = rt.agents
     agent = app.agent(state.agent_id)
-    run_id = _new_id()
+    fresh = run_id is None
+    if run_id is None:
+        run_id = _new_id()
+    else:
+        run_id = check_run_id(run_id)
+        running = rt.turns.running(tid)
+        if running is not None and running.run_id == run_id:
+            # The client lost the answer of a turn that still runs: wait for its end.
+            await running.ended.wait()
     turn = ActiveTurn(run_id)
     plain = state.with_context(execution=None, package_id=state.package_id)
     token = _CURRENT_TURN.set((tid, run_id))
     try:
-        return await _run_turn(state, content, agent, turn, plain)
+        return await _run_turn(state, content, agent, turn, plain, fresh=fresh)
     finally:
         _CURRENT_TURN.reset(token)
+        turn.ended.set()
+
+
+def _answer(run_id: str, messages: list[Message]) -> TurnResult:
+    replies = [
+        m for m in messages
+        if m.role is MessageRole.ASSISTANT and m.content and not m.injected
+    ]
+    return TurnResult(run_id, replies[-1] if replies else None, messages)
+
+
+def _user_index(stored: list[Message], run_id: str) -> int | None:
+    for i, message in enumerate(stored):
+        if message.run_id == run_id and message.role is MessageRole.USER and not message.injected:
+            return i
+    return None
 
 
 async def _run_turn(
@@ -379,6 +569,8 @@ async def _run_turn(
     agent: AgentDefinition,
     turn: ActiveTurn,
     plain: ThreadState,
+    *,
+    fresh: bool,
 ) -> TurnResult:
     rt = state.runtime
     tid = state.thread_id
@@ -389,26 +581,60 @@ async def _run_turn(
     from pydantic_ai import capture_run_messages
     from pydantic_ai.messages import ModelResponse
 
+    from runtime.durable import Journal, run_durable
+
     async with rt.turns.exclusive(tid, turn=turn):
         turn_state = plain.with_context(execution=Execution(run_id=run_id, step=0))
-        user = message_from_model(
-            tid, text_model_message(MessageRole.USER, content), id=_new_id(),
-            created_at_ts=rt.clock.now(), run_id=run_id,
-        )
-        user = await _hooks.before_create_message(before, turn_state, user)
-        await _store(rt, tid, [user])
-        await _hooks.after_create_message(after, turn_state, user)
-
         stored = await _all_messages(plain)
+        row = None if fresh else (await load_turns(rt, tid)).get(run_id)
+        index = None if fresh else _user_index(stored, run_id)
+        if row is not None and row.content_hash != content_hash(content):
+            raise TurnRunIdConflict(tid, run_id)
+        if (row is not None and row.status is TurnStatus.SUCCEEDED) or (
+            row is None and index is not None
+        ):
+            # A finished turn: its stored answer, nothing runs again.
+            return _answer(run_id, [m for m in stored if m.run_id == run_id])
+        now = rt.clock.now()
+        if row is None:
+            row = TurnRow(run_id, content, TurnStatus.RUNNING, 1, None, now, now)
+        else:
+            row = replace(row, status=TurnStatus.RUNNING, attempts=row.attempts + 1,
+                          error=None, updated_at=now)
+        # The row first: a crash from here on leaves a turn to resume at the next start.
+        await _save_turn(rt, tid, row, state.info.created_at_ts)
+        if index is None:
+            user = message_from_model(
+                tid, text_model_message(MessageRole.USER, content), id=_new_id(),
+                created_at_ts=rt.clock.now(), run_id=run_id,
+            )
+            user = await _hooks.before_create_message(before, turn_state, user)
+            await _store(rt, tid, [user])
+            await _hooks.after_create_message(after, turn_state, user)
+            stored.append(user)
+            index = len(stored) - 1
+        user = stored[index]
+        # A resumed turn sees the history its first attempt saw; what an earlier attempt
+        # stored of its steps (a failed turn keeps its completed steps) is not stored again.
+        earlier = [
+            m for m in stored[index + 1:]
+            if m.run_id == run_id and not m.injected and m.role is not MessageRole.USER
+        ]
         pydantic_agent = rt.turns.pydantic_agent(app, agent)
+        journal = Journal(rt.effect_records.journal(), thread_id=tid,
+                          cross_run_store=rt.runtime_records)
         failure: Exception | None = None
+        replayed: set[str] = set()
         with capture_run_messages() as captured:
             try:
-                result = await pydantic_agent.run(
+                result = await run_durable(
+                    pydantic_agent,
                     None,
-                    message_history=history(stored),
-                    deps=turn_state,
                     run_id=run_id,
+                    journal=journal,
+                    on_replay=lambda call_id, _event: replayed.add(call_id),
+                    message_history=history(stored[: index + 1]),
+                    deps=turn_state,
                     model=resolve_model(rt, agent),
                 )
             except Exception as exc:
@@ -424,21 +650,138 @@ async def _run_turn(
         steps = sum(1 for m in new if isinstance(m, ModelResponse))
         end_state = plain.with_context(execution=Execution(run_id=run_id, step=steps))
         created: list[Message] = []
-        for model_message in new:
+        for model_message in new[len(earlier):]:
             message = message_from_model(
-                tid, model_message, id=_new_id(), created_at_ts=rt.clock.now(), run_id=run_id
+                tid, model_message, id=_new_id(), created_at_ts=rt.clock.now(), run_id=run_id,
+                replayed=replayed,
             )
             created.append(await _hooks.before_create_message(before, end_state, message))
         created.extend(turn.injected)
         await _store(rt, tid, created)
+        if failure is None:
+            row = replace(row, status=TurnStatus.SUCCEEDED, updated_at=rt.clock.now())
+        else:
+            row = replace(row, status=TurnStatus.FAILED, error=_reason(failure),
+                          updated_at=rt.clock.now())
+        await _save_turn(rt, tid, row)
     # Outside the slot: a hook here may inject (it then waits for the slot like any caller).
     for message in created:
         await _hooks.after_create_message(after, end_state, message)
     if failure is not None:
-        reason = f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
-        why = f"Turn {run_id} of thread {tid} failed: {reason}"
+        why = f"Turn {run_id} of thread {tid} failed: {_reason(failure)}"
         raise TurnFailed(tid, run_id, why) from failure
-    replies = [
-        m for m in created if m.role is MessageRole.ASSISTANT and m.content and not m.injected
+    return _answer(run_id, [user, *earlier, *created])
+
+
+def _reason(failure: BaseException) -> str:
+    return f"{type(failure).__name__}: {failure}" if str(failure) else type(failure).__name__
+
+
+# --------------------------------------------------------- resuming at start
+
+
+def interrupted_text(attempts: int) -> str:
+    """The message a turn stopped after ``attempts`` interruptions leaves in the thread."""
+    return (
+        f"This turn was interrupted {attempts} times (the server stopped or crashed while "
+        f"it ran) and was stopped; send the message again to retry it."
+    )
+
+
+async def _fail_interrupted(state: ThreadState, row: TurnRow) -> None:
+    rt = state.runtime
+    tid = state.thread_id
+    turn = ActiveTurn(row.run_id)
+    try:
+        async with rt.turns.exclusive(tid, turn=turn):
+            message = message_from_model(
+                tid, text_model_message(MessageRole.ASSISTANT, interrupted_text(row.attempts)),
+                id=_new_id(), created_at_ts=rt.clock.now(), run_id=row.run_id, injected=True,
+            )
+            await _store(rt, tid, [message])
+            failed = replace(row, status=TurnStatus.FAILED, updated_at=rt.clock.now(),
+                             error=f"interrupted {row.attempts} times")
+            await _save_turn(rt, tid, failed)
+    finally:
+        turn.ended.set()
+
+
+async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
+    """Resume the turns of a thread left running by an earlier process.
+
+    A turn that already started `MAX_ATTEMPTS` times fails instead, with a message in the
+    conversation saying so (`interrupted_text`).
+
+    Returns:
+        How many turns were resumed or failed.
+    """
+    interrupted = [
+        r.run_id for r in (await load_turns(rt, thread_id)).values()
+        if r.status is TurnStatus.RUNNING
     ]
-    return TurnResult(run_id, replies[-1] if replies else None, [user, *created])
+    state: ThreadState | None = None
+    done = 0
+    for run_id in interrupted:
+        while True:
+            active = rt.turns.running(thread_id)
+            if active is not None:
+                # A client's turn (maybe this one, sent again with its run id): after it.
+                await active.ended.wait()
+                continue
+            row = (await load_turns(rt, thread_id)).get(run_id)
+            if row is None or row.status is not TurnStatus.RUNNING:
+                break  # a client resumed it meanwhile
+            if state is None:
+                state = await rt.get_thread(thread_id)
+            try:
+                if row.attempts >= MAX_ATTEMPTS:
+                    log.warning("turn %s of thread %s was interrupted %d times: failing it",
+                                run_id, thread_id, row.attempts)
+                    await _fail_interrupted(state, row)
+                else:
+                    log.info("resuming turn %s of thread %s (attempt %d)", run_id, thread_id,
+                             row.attempts + 1)
+                    await run_turn(state, row.content, run_id=run_id)
+            except TurnInProgress:
+                continue  # another turn took the thread first: wait for it
+            except TurnFailed as exc:
+                log.warning("resumed turn %s of thread %s: %s", run_id, thread_id, exc)
+            done += 1
+            break
+    return done
+
+
+async def resume_turns(rt: Runtime, *, concurrency: int = 8) -> int:
+    """Resume every thread's interrupted turns (the runtime does it at start).
+
+    Opens every thread's store in turn to read its turn rows; runs at most
+    ``concurrency`` turns at once.
+
+    Returns:
+        How many turns were resumed or failed.
+    """
+    limit = asyncio.Semaphore(concurrency)
+    count = 0
+
+    async def one(thread_id: str) -> None:
+        nonlocal count
+        async with limit:
+            try:
+                count += await resume_thread_turns(rt, thread_id)
+            except (ThreadNotFound, RuntimeClosed):
+                pass
+            except Exception:
+                log.exception("could not resume the turns of thread %s", thread_id)
+
+    async with asyncio.TaskGroup() as group:
+        cursor: str | None = None
+        while True:
+            page = await rt.list_threads(limit=_MAX_PAGE, cursor=cursor)
+            for thread in page.threads:
+                await limit.acquire()  # do not read ahead of the running turns
+                limit.release()
+                group.create_task(one(thread.id))
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    return count

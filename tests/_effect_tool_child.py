@@ -83,7 +83,10 @@ def main(db: str, world_path: str, run_id: str, mode: str, go: str | None) -> No
 
     async def run() -> list[Any]:
         store = SqliteEffectStore(db)
-        settings = EffectToolSettings(lease_seconds=1.0, poll_interval_seconds=0.02)
+        # A crashed holder's lease must run out quickly for the retry ("hang"); racing live
+        # processes must not lose theirs to a slow disk while they apply ("race").
+        lease = 30.0 if mode == "race" else 1.0
+        settings = EffectToolSettings(lease_seconds=lease, poll_interval_seconds=0.02)
         ctx = EffectToolContext(run_id=run_id, agent="notes", trigger="test", settings=settings)
         agent = Agent(FunctionModel(answer), toolsets=[wrap_tools_for_run([tool], ctx, store)])
         if go is not None:

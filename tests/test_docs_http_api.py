@@ -97,12 +97,17 @@ async def test_message_shapes(tmp_path: Path) -> None:
         res = await api.client.post(f"/api/threads/{tid}/messages", json={"content": "hello"})
         assert res.status_code == 200, res.text
         answer = res.json()
-        assert set(answer) == field_list('{"content": "..."} -> ')
+        assert set(answer) == field_list('"run_id"?: "..."} -> ')
         required, optional = keys_after("A message: ")
         for message in answer["messages"]:
             assert required <= set(message) <= required | optional
         listed = (await api.client.get(f"/api/threads/{tid}/messages")).json()
         assert set(listed) == field_list("before=<message id>, latest=true\n     -> ")
+        turns = (await api.client.get(f"/api/threads/{tid}/turns")).json()
+        assert set(turns) == field_list("/turns          -> ")
+        required, optional = keys_after("A turn: ")
+        assert [set(t) for t in turns["turns"]] == [required]
+        assert turns["turns"][0]["runId"] == answer["runId"]
 
 
 def test_documented_limits_are_the_servers() -> None:

@@ -274,10 +274,12 @@ async def test_the_runtime_store_purges_by_age_across_threads_and_per_thread(
     clock.advance(10)
     await turn(second, scripted([{"topic": "later", "text": "Later"}]))
     cutoff = datetime.fromtimestamp(clock.now() - 5, UTC)
-    assert await rt.effect_records.purge(older_than=cutoff) == 2
+    # Two effect records, and the journal of the two turns (two model steps and one tool
+    # call each: docs/durable-turns.md), which lives and is purged beside them.
+    assert await rt.effect_records.purge(older_than=cutoff) == 2 + 2 * 3
     assert (await first.list_effect_records()).records == []
     assert [r.key for r in (await second.list_effect_records()).records] == ["note:later"]
-    assert await rt.effect_records.purge_thread(second.thread_id) == 1
+    assert await rt.effect_records.purge_thread(second.thread_id) == 1 + 3
     assert (await second.list_effect_records()).records == []
     with pytest.raises(ValueError, match="timezone-aware"):
         await rt.effect_records.purge(older_than=datetime(2026, 1, 1))

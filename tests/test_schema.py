@@ -45,13 +45,16 @@ def test_the_migrations_are_the_models_ddl_step_by_step() -> None:
 
 
 def test_every_model_is_created_by_a_migration() -> None:
-    conn = sqlite3.connect(":memory:")
-    for steps in (schema.THREAD_MIGRATIONS, schema.RUNTIME_MIGRATIONS):
+    for steps, wanted in (
+        (schema.THREAD_MIGRATIONS, models.THREAD_MODELS),
+        (schema.RUNTIME_MIGRATIONS, models.RUNTIME_MODELS),
+    ):  # two files: a thread's and runtime.sqlite
+        conn = sqlite3.connect(":memory:")
         for statements in steps.values():
             for statement in statements:
                 conn.execute(statement)
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert tables == {m.__tablename__ for m in (*models.THREAD_MODELS, *models.RUNTIME_MODELS)}
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert tables == {m.__tablename__ for m in wanted}
 
 
 def test_the_migrated_schema_is_the_models_schema() -> None:

@@ -457,10 +457,13 @@ def test_a_server_killed_between_execute_and_record_applies_nothing_on_the_retri
 
     hang.unlink()
     second = servers(*options, **env)
-    res = httpx.post(f"{second.url}/api/threads/{tid}/messages", json=ask,
-                     timeout=GUARD_SECONDS)
+    # The restarted server resumes the interrupted turn by itself; the client sends the
+    # message again under the turn's run id and gets that turn's answer.
+    [interrupted] = httpx.get(f"{second.url}/api/threads/{tid}/turns").json()["turns"]
+    res = httpx.post(f"{second.url}/api/threads/{tid}/messages",
+                     json={**ask, "run_id": interrupted["runId"]}, timeout=GUARD_SECONDS)
     assert res.status_code == 200, res.text
-    # The retried turn took over the dead call's key, asked already_applied, which found
+    # The resumed turn took over the dead call's key, asked already_applied, which found
     # the note by its marker: nothing was applied twice.
     assert len(world.read_text().splitlines()) == 1
     records = httpx.get(f"{second.url}/api/threads/{tid}/effect-records").json()["records"]
@@ -495,3 +498,55 @@ def test_the_demo_agent_posts_a_note_once_to_the_inbox(
     found = httpx.get(f"{server.url}/demo/webhook",
                       params={"contains": f"effect={record['key']}"}).json()
     assert found == {"entries": inbox}
+
+
+DURABLE_APP = ROOT / "tests" / "apps" / "durable_turns"
+
+
+def test_a_turn_killed_after_its_tool_completes_by_itself_after_restart(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    world, hang = tmp_path / "world.txt", tmp_path / "hang"
+    hang.touch()
+    env = {"SHOP_WORLD": str(world), "SHOP_HANG_FILE": str(hang)}
+    options = ("--app-dir", str(DURABLE_APP), "--no-packages")
+    first = servers(*options, **env)
+    tid = httpx.post(f"{first.url}/api/threads", json={"agent_id": "shop"}).json()["id"]
+    ask = {"content": "charge order 42", "run_id": "order-42"}
+
+    def send() -> None:
+        with pytest.raises(httpx.TransportError):  # the server dies under the turn
+            httpx.post(f"{first.url}/api/threads/{tid}/messages", json=ask,
+                       timeout=GUARD_SECONDS)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    # The card is charged and the call journaled; the model's next step hangs.
+    wait_until("CHARGED", lambda: "CHARGED" in first.output())
+    assert world.read_text().splitlines() == ["charged order 42"]
+    assert first.signal(signal.SIGKILL) == -signal.SIGKILL
+    sender.join(GUARD_SECONDS)
+
+    hang.unlink()
+    second = servers(*options, **env)
+
+    def turn() -> dict[str, Any] | None:
+        turns = httpx.get(f"{second.url}/api/threads/{tid}/turns").json()["turns"]
+        return turns[0] if turns and turns[0]["status"] != "running" else None
+
+    # Nobody posts again: the restarted server resumes the turn by itself.
+    done = wait_until("the turn was resumed", turn)
+    assert (done["runId"], done["status"], done["attempts"], done["resumed"]) == (
+        "order-42", "succeeded", 2, True
+    )
+    assert world.read_text().splitlines() == ["charged order 42"]
+    messages = httpx.get(f"{second.url}/api/threads/{tid}/messages").json()["messages"]
+    said = [(m["role"], m["content"]) for m in messages if m["role"] != "tool" and m["content"]]
+    assert said == [("user", "charge order 42"), ("assistant", "Done: order 42 charged.")]
+    # Posted again (the client lost the answer): the same turn, its stored answer.
+    again = httpx.post(f"{second.url}/api/threads/{tid}/messages", json=ask,
+                       timeout=GUARD_SECONDS)
+    assert again.status_code == 200, again.text
+    assert again.json()["reply"]["content"] == "Done: order 42 charged."
+    assert [m["id"] for m in again.json()["messages"]] == [m["id"] for m in messages]
+    assert world.read_text().splitlines() == ["charged order 42"]

@@ -174,9 +174,12 @@ export const api = {
       undefined,
       opts,
     ),
-  // Runs one turn of the thread's agent; resolves when it has answered.
-  sendMessage: (tid, content, opts) =>
-    request("POST", `/api/threads/${seg(tid)}/messages`, { content }, opts),
+  // Runs one turn of the thread's agent; resolves when it has answered. Sent again with the
+  // same runId, it is the same turn (its stored answer, or resumed), never a second one.
+  sendMessage: (tid, content, opts, runId) =>
+    request("POST", `/api/threads/${seg(tid)}/messages`, runId ? { content, run_id: runId } : { content }, opts),
+  // The thread's turns: {turns: [{runId, status, attempts, resumed, error, ...}]}.
+  listTurns: (tid, opts) => request("GET", `/api/threads/${seg(tid)}/turns`, undefined, opts),
 };
 
 // Close codes that say "retrying will not help as is".

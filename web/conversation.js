@@ -26,16 +26,47 @@ function jsonText(value) {
   }
 }
 
-function messageItem(m) {
+/**
+ * What a turn's state says next to its user message (null: nothing to say). Every turn is
+ * durable: one interrupted by a crash or a shutdown is resumed at the next start, and fails
+ * after its third interruption.
+ */
+export function turnState(turn) {
+  if (!turn) return null;
+  const attempts = Number(turn.attempts) || 1;
+  const error = String(turn.error || "");
+  if (turn.status === "running") {
+    return attempts > 1
+      ? { state: "resumed", text: `resumed · attempt ${attempts}`, title: "Interrupted, resumed from its journal; running" }
+      : { state: "running", text: "running", title: "The agent is answering" };
+  }
+  if (turn.status === "failed") {
+    const interrupted = /^interrupted (\d+) times/.exec(error);
+    return interrupted
+      ? { state: "failed", text: `failed after ${interrupted[1]} interruptions`, title: error }
+      : { state: "failed", text: "failed", title: error || "The turn failed" };
+  }
+  if (turn.status === "succeeded" && attempts > 1) {
+    return { state: "resumed", text: "resumed", title: `Finished after ${attempts} attempts; finished tool calls did not run again` };
+  }
+  return null;
+}
+
+function messageItem(m, turn) {
   const role = String(m.role || "");
   const known = role in ROLE_LABEL;
   const results = Array.isArray(m.toolResults) ? m.toolResults : [];
   const calls = Array.isArray(m.toolCalls) ? m.toolCalls : [];
+  const state = role === "user" && !m.injected ? turnState(turn) : null;
   const tools = [
     ...calls.map((c) => html`<li class="msg-tool-call" title="Tool call">→ ${c.name}(${clip(jsonText(c.args))})</li>`),
     ...results.map(
-      (r) => html`<li class=${r.isError ? "msg-tool-result is-error" : "msg-tool-result"}
-        title=${r.isError ? "Tool error" : "Tool result"}>← ${r.toolName}: ${clip(r.content)}</li>`,
+      (r) => html`<li class=${r.isError ? "msg-tool-result is-error" : "msg-tool-result"} data-testid="tool-result"
+        data-from-journal=${r.fromJournal ? "true" : "false"}
+        title=${r.isError ? "Tool error" : "Tool result"}>← ${r.toolName}: ${clip(r.content)}${r.fromJournal
+          ? html` <span class="msg-tag" data-testid="from-journal"
+              title="The call had already run: its result came from the turn's journal and the tool did not run again">from journal</span>`
+          : null}</li>`,
     ),
   ];
   return html`<li class="msg msg-${known ? role : "other"} ${m.injected ? "msg-injected" : ""}" data-testid="message-item"
@@ -44,6 +75,10 @@ function messageItem(m) {
       <span class="msg-role">${known ? ROLE_LABEL[role] : role || "?"}</span>
       ${m.injected
         ? html`<span class="msg-tag" title="Added by code (an effect, a hook, an endpoint), not by a turn">injected</span>`
+        : null}
+      ${state
+        ? html`<span class="msg-tag turn-state turn-${state.state}" data-testid="turn-state" data-state=${state.state}
+            title=${state.title}>${state.text}</span>`
         : null}
       <time class="msg-time" datetime=${m.createdAt || ""} title=${m.createdAt || ""}>${m.createdAt ? fmtLocal(m.createdAt) : ""}</time>
     </div>
@@ -76,6 +111,8 @@ export class ConversationView {
 
   resetState() {
     this.messages = new Map(); // id -> message
+    this.turns = new Map(); // runId -> turn (GET .../turns)
+    this.turnsTimer = null;
     this.order = []; // message ids, oldest first
     this.prevCursor = null; // set when older messages exist before order[0]
     this.loadedOnce = false;
@@ -139,7 +176,10 @@ export class ConversationView {
       repeat(
         this.order,
         (id) => id,
-        (id) => messageItem(this.messages.get(id)),
+        (id) => {
+          const m = this.messages.get(id);
+          return messageItem(m, m.runId ? this.turns.get(String(m.runId)) : undefined);
+        },
       ),
       el.list,
     );
@@ -223,6 +263,7 @@ export class ConversationView {
         }
       }
       this.loadedOnce = true;
+      this.refreshTurns();
     } catch (err) {
       if (s.closed) return;
       if (!this.ctx.handledAsGone(s, err)) toastApiError("Could not load the messages", err);
@@ -236,6 +277,23 @@ export class ConversationView {
         }
       }
     }
+  }
+
+  /** Reload the turns' states soon (a frame of a turn arrived; several make one request). */
+  refreshTurns(delayMs = 0) {
+    const s = this.session;
+    if (!s || s.gone || this.turnsTimer !== null) return;
+    this.turnsTimer = setTimeout(async () => {
+      this.turnsTimer = null;
+      try {
+        const res = await api.listTurns(s.tid, { signal: s.signal });
+        if (s.closed || s !== this.session) return;
+        this.turns = new Map((Array.isArray(res.turns) ? res.turns : []).map((t) => [String(t.runId), t]));
+        this.draw({ scroll: false });
+      } catch {
+        // The states are a hint; the messages stay right without them.
+      }
+    }, delayMs);
   }
 
   /** After a reconnect or a seq gap: catch up if the messages were ever shown. */
@@ -280,6 +338,7 @@ export class ConversationView {
     const stick = this.stick || this.atEnd();
     if (!this.add(data)) return;
     this.order.push(String(data.id));
+    if (data.runId) this.refreshTurns(100);
     this.draw({ scroll: false });
     if (stick && this.ctx.visible()) this.scrollToEnd();
   }
@@ -312,7 +371,10 @@ export class ConversationView {
     this.showStatus("The agent is answering…");
     input.value = "";
     try {
-      const res = await api.sendMessage(s.tid, text, { signal: s.signal });
+      // A run id of our own: a turn whose answer got lost can be asked for again.
+      const runId = globalThis.crypto?.randomUUID ? crypto.randomUUID() : undefined;
+      const res = await api.sendMessage(s.tid, text, { signal: s.signal }, runId);
+      this.refreshTurns();
       // The frames normally brought these in already; this covers a socket that is down.
       const last = this.order[this.order.length - 1] ?? null;
       const fresh = (Array.isArray(res.messages) ? res.messages : []).filter((m) => !this.messages.has(String(m.id)));
@@ -324,6 +386,7 @@ export class ConversationView {
     } catch (err) {
       if (s.closed) return;
       this.showStatus("");
+      this.refreshTurns();
       if (this.ctx.handledAsGone(s, err)) return;
       // Nothing was stored, except for a turn whose model failed (502): its message stays.
       const stored = err instanceof ApiError && err.code === "turn_failed";

@@ -440,7 +440,8 @@ class ThreadStore(ABC):
     ) -> EffectRecordPage:
         """A page of the thread's records, newest first (``created_at``, then key).
 
-        A read: it never writes.
+        Records of the thread's turn journal (keys beginning with
+        `runtime.storage.records.JOURNAL_PREFIX`) are left out. A read: it never writes.
 
         Raises:
             ValueError: a limit outside 1..1000, or a cursor no store produced.
@@ -559,6 +560,55 @@ class RuntimeStore(ABC):
     @abstractmethod
     def load_alarms(self) -> list[tuple[str, float]]:
         """Every alarm as ``(thread_id, due_at)``, in no particular order."""
+
+    # Runtime-level records: the `runtime.storage.records.EffectRecordStore` contract, in
+    # the runtime database (durable turns' "cross-run" keys, `runtime.durable`). ``scope``
+    # plays the part of the thread id; every method is one transaction.
+
+    @abstractmethod
+    def get_record(self, scope: str, key: str) -> EffectRecord | None:
+        """The record under ``(scope, key)``, or None (a read)."""
+
+    @abstractmethod
+    def begin_record(
+        self, scope: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float, now: float,
+    ) -> Claim:
+        """Claim a key, as `EffectRecordStore.begin` (``now``: seconds since the epoch)."""
+
+    @abstractmethod
+    def complete_record(
+        self, scope: str, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus,
+    ) -> EffectRecord:
+        """Record how a claimed call ended, as `EffectRecordStore.complete`.
+
+        Raises:
+            EffectRecordLost: ``owner`` no longer holds the key.
+        """
+
+    @abstractmethod
+    def release_record(self, scope: str, key: str, *, owner: str) -> bool:
+        """Drop ``owner``'s claim without a record, as `EffectRecordStore.release`."""
+
+    @abstractmethod
+    def list_records(
+        self, scope: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        """A page of a scope's records, newest first, as `EffectRecordStore.list` (a read)."""
+
+    @abstractmethod
+    def delete_records(self, scope: str) -> int:
+        """Delete every record of a scope. Returns how many."""
+
+    @abstractmethod
+    def purge_records(self, *, older_than: float) -> int:
+        """Delete records last changed before ``older_than`` (seconds since the epoch).
+
+        An in-progress record goes only once its lease expired before it too. Returns how
+        many were deleted.
+        """
 
     @abstractmethod
     def close(self) -> None:

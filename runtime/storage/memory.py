@@ -40,7 +40,7 @@ from runtime.storage.records import (
 THREAD_SCHEMA_VERSION = 4
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
-RUNTIME_SCHEMA_VERSION = 2
+RUNTIME_SCHEMA_VERSION = 3
 """The version of the registry and alarm index this code knows."""
 
 
@@ -446,7 +446,7 @@ class MemoryThreadStore(ThreadStore):
             decode_cursor(cursor)
         with self._data.lock:
             return self._open_data().effect_records.list(
-                self.thread_id, status=status, limit=limit, cursor=cursor
+                self.thread_id, status=status, limit=limit, cursor=cursor, hide_journal=True
             )
 
     # ------------------------------------------------------------------ meta
@@ -624,6 +624,48 @@ class MemoryRuntimeStore(RuntimeStore):
                 applied.append((thread_id, target))
             return applied
 
+    def get_record(self, scope: str, key: str) -> EffectRecord | None:  # noqa: D102
+        with self._backend.lock:
+            return self._check().records.get(scope, key)
+
+    def begin_record(  # noqa: D102
+        self, scope: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float, now: float,
+    ) -> Claim:
+        with self._backend.lock:
+            return self._check().records.begin(
+                scope, key, tool_name=tool_name, run_id=run_id, owner=owner,
+                lease_seconds=lease_seconds, now=now,
+            )
+
+    def complete_record(  # noqa: D102
+        self, scope: str, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus,
+    ) -> EffectRecord:
+        with self._backend.lock:
+            return self._check().records.complete(
+                scope, key, owner=owner, result_json=result_json, now=now, status=status,
+            )
+
+    def release_record(self, scope: str, key: str, *, owner: str) -> bool:  # noqa: D102
+        with self._backend.lock:
+            return self._check().records.release(scope, key, owner=owner)
+
+    def list_records(  # noqa: D102
+        self, scope: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        with self._backend.lock:
+            return self._check().records.list(scope, status=status, limit=limit, cursor=cursor)
+
+    def delete_records(self, scope: str) -> int:  # noqa: D102
+        with self._backend.lock:
+            return self._check().records.purge_thread(scope)
+
+    def purge_records(self, *, older_than: float) -> int:  # noqa: D102
+        with self._backend.lock:
+            return self._check().records.purge(older_than=instant(older_than))
+
     def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
         with self._backend.lock:
             return list(self._check().alarms.items())
@@ -643,6 +685,7 @@ class MemoryBackend(StorageBackend):
         self.lock = threading.Lock()
         self.threads: dict[str, ThreadInfo] = {}
         self.alarms: dict[str, float] = {}
+        self.records = EffectRecordTable()  # runtime-level records (RuntimeStore.*_record)
         self.schema_version = RUNTIME_SCHEMA_VERSION
         self._thread_data: dict[str, _ThreadData] = {}
         self._in_use = False

@@ -177,7 +177,9 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
 THREAD_MODELS: tuple[type[SQLModel], ...] = (
     ThreadMetaRow, EffectRunRow, MessageRow, EffectRecordRow,
 )
-RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow, PausedThreadRow)
+RUNTIME_MODELS: tuple[type[SQLModel], ...] = (
+    ThreadRow, AlarmRow, PausedThreadRow, EffectRecordRow,
+)
 
 THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadMetaRow, EffectRunRow),
@@ -198,6 +200,7 @@ them, and an index over such a column is created by the step that adds it."""
 RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadRow, AlarmRow),
     1: (PausedThreadRow,),
+    2: (EffectRecordRow,),  # runtime-level records: durable turns' "cross-run" keys
 }
 """The same for ``runtime.sqlite``."""
 
@@ -299,7 +302,7 @@ def _migrations(
 
 def schema_source() -> str:
     """The text of `runtime.storage.schema`: each table's DDL and the migration steps."""
-    tables = (*THREAD_MODELS, *RUNTIME_MODELS)
+    tables = tuple(dict.fromkeys((*THREAD_MODELS, *RUNTIME_MODELS)))  # a table in both: once
     for steps in (THREAD_MIGRATION_MODELS, RUNTIME_MIGRATION_MODELS):
         assert all(m in tables for models in steps.values() for m in models)
     out = [_SCHEMA_HEADER]

@@ -69,6 +69,11 @@ FINISHED_STATUSES = frozenset({EffectRecordStatus.APPLIED, EffectRecordStatus.SU
                                EffectRecordStatus.DENIED})
 """Statuses whose record holds an answer: a call on the key returns it and runs nothing."""
 
+JOURNAL_PREFIX = "durable:"
+"""How the keys of durable runs' journal records begin (`runtime.durable`). A thread's
+effect-record listing (`ThreadStore.list_effect_records`) leaves them out: they are the
+thread's turn journal, not effect tools' records."""
+
 _RESULT_STATUSES = FINISHED_STATUSES | {EffectRecordStatus.FAILED}
 
 
@@ -383,10 +388,14 @@ def sql_list(
     status: EffectRecordStatus | None = None,
     limit: int = 50,
     cursor: str | None = None,
+    hide_journal: bool = False,
 ) -> EffectRecordPage:
-    """`EffectRecordStore.list` on a connection."""
+    """`EffectRecordStore.list` on a connection (``hide_journal``: no `JOURNAL_PREFIX` keys)."""
     check_limit(limit)
     where, params = ["thread_id = ?"], [thread_id]
+    if hide_journal:
+        where.append('substr("key", 1, ?) != ?')
+        params.extend([len(JOURNAL_PREFIX), JOURNAL_PREFIX])  # type: ignore[list-item]
     if status is not None:
         where.append("status = ?")
         params.append(EffectRecordStatus(status).value)
@@ -607,14 +616,15 @@ class EffectRecordTable:
 
     def list(
         self, thread_id: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
-        cursor: str | None = None,
+        cursor: str | None = None, hide_journal: bool = False,
     ) -> EffectRecordPage:
-        """`EffectRecordStore.list`."""
+        """`EffectRecordStore.list` (``hide_journal``: without `JOURNAL_PREFIX` keys)."""
         check_limit(limit)
         after = decode_cursor(cursor) if cursor is not None else None
         chosen = [
             r for r in self.records.values()
             if r.thread_id == thread_id and (status is None or r.status == status)
+            and not (hide_journal and r.key.startswith(JOURNAL_PREFIX))
         ]
         chosen.sort(key=lambda r: (_epoch(r.created_at), r.key), reverse=True)
         if after is not None:

@@ -227,5 +227,24 @@ RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
             ")"
         ),
     ),
+    2: (
+        (
+            "CREATE TABLE effect_records (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\t\"key\" VARCHAR NOT NULL, \n"
+            "\ttool_name VARCHAR NOT NULL, \n"
+            "\trun_id VARCHAR, \n"
+            "\tstatus VARCHAR NOT NULL, \n"
+            "\tresult VARCHAR, \n"
+            "\towner VARCHAR, \n"
+            "\tlease_expires_at FLOAT, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\tupdated_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id, \"key\")\n"
+            ")"
+        ),
+        "CREATE INDEX ix_effect_records_created ON effect_records (thread_id, created_at, \"key\")",
+        "CREATE INDEX ix_effect_records_updated ON effect_records (updated_at)",
+    ),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

@@ -50,7 +50,9 @@ THREAD_SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
 ``effect_records`` table; 4: a run's ``key`` and ``canceled_by``)."""
 
-RUNTIME_SCHEMA_VERSION = 2
+RUNTIME_SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
+runtime-level ``effect_records`` table, `RuntimeStore.begin_record`)."""
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
@@ -685,7 +687,7 @@ class SQLiteThreadStore(ThreadStore):
             _records.decode_cursor(cursor)
         return self._tx(
             lambda c: _records.sql_list(c, self.thread_id, status=status, limit=limit,
-                                        cursor=cursor),
+                                        cursor=cursor, hide_journal=True),
             write=False,
         )
 
@@ -954,6 +956,45 @@ class SQLiteRuntimeStore(RuntimeStore):
             return applied
 
         return self._tx(tx)
+
+    def get_record(self, scope: str, key: str) -> EffectRecord | None:  # noqa: D102
+        return self._tx(lambda c: _records.sql_get(c, scope, key), write=False)
+
+    def begin_record(  # noqa: D102
+        self, scope: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float, now: float,
+    ) -> Claim:
+        return self._tx(lambda c: _records.sql_begin(
+            c, scope, key, tool_name=tool_name, run_id=run_id, owner=owner,
+            lease_seconds=lease_seconds, now=now,
+        ))
+
+    def complete_record(  # noqa: D102
+        self, scope: str, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus,
+    ) -> EffectRecord:
+        return self._tx(lambda c: _records.sql_complete(
+            c, scope, key, owner=owner, result_json=result_json, now=now, status=status,
+        ))
+
+    def release_record(self, scope: str, key: str, *, owner: str) -> bool:  # noqa: D102
+        return self._tx(lambda c: _records.sql_release(c, scope, key, owner=owner))
+
+    def list_records(  # noqa: D102
+        self, scope: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        _records.check_limit(limit)
+        if cursor is not None:
+            _records.decode_cursor(cursor)
+        return self._tx(lambda c: _records.sql_list(c, scope, status=status, limit=limit,
+                                                    cursor=cursor), write=False)
+
+    def delete_records(self, scope: str) -> int:  # noqa: D102
+        return self._tx(lambda c: _records.sql_purge_thread(c, scope))
+
+    def purge_records(self, *, older_than: float) -> int:  # noqa: D102
+        return self._tx(lambda c: _records.sql_purge(c, older_than=_records.instant(older_than)))
 
     def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
         rows = self._tx(

@@ -252,7 +252,9 @@ def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harn
     harness.make_runtime_newer(99)
     with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
         harness.backend.open()
-    harness.make_runtime_newer(2)  # the current version again
+    from runtime.storage.sqlite import RUNTIME_SCHEMA_VERSION
+
+    harness.make_runtime_newer(RUNTIME_SCHEMA_VERSION)  # the current version again
     harness.backend.open().close()
 
 
@@ -989,3 +991,64 @@ def test_a_claim_can_be_limited_to_some_effect_names(store: ThreadStore) -> None
     assert done is not None and done.status is EffectStatus.COMPLETED and claimed is None
     _, claimed, _ = store.finish_and_claim(None, T0 + 2)
     assert claimed is not None and claimed.id == serial.id
+
+
+# ------------------------------------------------------------- runtime-level records
+
+
+def test_runtime_records_keep_the_record_contract_by_scope(rtdb: RuntimeStore) -> None:
+    from runtime.errors import EffectRecordLost
+    from runtime.storage.records import EffectRecordStatus
+
+    claim = rtdb.begin_record("s", "k", tool_name="ship", run_id="r1", owner="o1",
+                              lease_seconds=60, now=T0)
+    assert claim.claimed and claim.record.status is EffectRecordStatus.IN_PROGRESS
+    # Another owner waits while the lease lasts, takes over once it expired.
+    assert not rtdb.begin_record("s", "k", tool_name="ship", run_id="r2", owner="o2",
+                                 lease_seconds=60, now=T0 + 1).claimed
+    with pytest.raises(EffectRecordLost):
+        rtdb.complete_record("s", "k", owner="o2", result_json="1", now=T0 + 2,
+                             status=EffectRecordStatus.SUCCEEDED)
+    done = rtdb.complete_record("s", "k", owner="o1", result_json='"shipped"', now=T0 + 2,
+                                status=EffectRecordStatus.SUCCEEDED)
+    assert (done.status, done.result) == (EffectRecordStatus.SUCCEEDED, "shipped")
+    again = rtdb.begin_record("s", "k", tool_name="ship", run_id="r3", owner="o3",
+                              lease_seconds=60, now=T0 + 3)
+    assert again.finished and again.record.result == "shipped"
+    got = rtdb.get_record("s", "k")
+    assert got is not None and got.run_id == "r1"
+    # Scopes are apart; release drops an unfinished claim only.
+    assert rtdb.get_record("other", "k") is None
+    assert rtdb.begin_record("other", "k", tool_name="ship", run_id=None, owner="o4",
+                             lease_seconds=60, now=T0 + 3).claimed
+    assert not rtdb.release_record("s", "k", owner="o1")
+    assert rtdb.release_record("other", "k", owner="o4")
+    assert [r.key for r in rtdb.list_records("s").records] == ["k"]
+    assert rtdb.list_records("other").records == []
+    # Purge by age, and a whole scope.
+    rtdb.begin_record("t", "x", tool_name="ship", run_id=None, owner="o5",
+                      lease_seconds=60, now=T0 + 100)
+    assert rtdb.purge_records(older_than=T0 + 50) == 1
+    assert rtdb.get_record("s", "k") is None
+    assert rtdb.delete_records("t") == 1
+    assert rtdb.get_record("t", "x") is None
+
+
+def test_runtime_records_outlive_a_close(harness: Harness) -> None:
+    from runtime.storage.records import EffectRecordStatus
+
+    rtdb = harness.backend.open()
+    rtdb.begin_record("s", "k", tool_name="ship", run_id="r1", owner="o1",
+                      lease_seconds=60, now=T0)
+    rtdb.complete_record("s", "k", owner="o1", result_json="1", now=T0,
+                         status=EffectRecordStatus.SUCCEEDED)
+    rtdb.close()
+    harness.backend.close()
+    again = harness.twin()
+    rtdb = again.open()
+    try:
+        record = rtdb.get_record("s", "k")
+        assert record is not None and record.result == 1
+    finally:
+        rtdb.close()
+        again.close()

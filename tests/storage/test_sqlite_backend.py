@@ -73,3 +73,39 @@ def test_reads_never_write_to_the_file(tmp_path: Path) -> None:
         store.close()
         rtdb.close()
         backend.close()
+
+
+def test_a_runtime_database_from_before_runtime_records_is_migrated(tmp_path: Path) -> None:
+    from runtime.storage.records import EffectRecordStatus
+    from runtime.storage.schema import RUNTIME_MIGRATIONS
+    from runtime.storage.sqlite import RUNTIME_SCHEMA_VERSION
+
+    # A runtime.sqlite at version 2 (threads, alarms, pause marks).
+    path = tmp_path / "runtime.sqlite"
+    conn = sqlite3.connect(path)
+    for step in (0, 1):
+        for statement in RUNTIME_MIGRATIONS[step]:
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version=2")
+    conn.commit()
+    conn.close()
+    backend = SQLiteBackend(tmp_path)
+    rtdb = backend.open()
+    try:
+        assert rtdb.list_threads(10, None)[0] == []
+        claim = rtdb.begin_record("s", "k", tool_name="t", run_id=None, owner="o",
+                                  lease_seconds=60, now=T0)
+        assert claim.claimed
+        rtdb.complete_record("s", "k", owner="o", result_json="2", now=T0,
+                             status=EffectRecordStatus.SUCCEEDED)
+    finally:
+        rtdb.close()
+        backend.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == RUNTIME_SCHEMA_VERSION == 3
+        assert conn.execute("SELECT thread_id, key, result FROM effect_records").fetchall() == [
+            ("s", "k", "2")
+        ]
+    finally:
+        conn.close()

@@ -1163,3 +1163,64 @@ def test_a_run_waiting_behind_a_running_one_says_so(pane: Pane) -> None:
     expect(row.get_by_test_id("run-waiting")).to_have_count(0)
     # The browser logs the refused run-now (409) itself; nothing else went wrong.
     assert [e for e in pane.errors if "status of 409 (Conflict)" not in e] == []
+
+
+def test_the_conversation_shows_a_turns_state_and_results_from_the_journal(
+    tmp_path: Path, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world, hang, fail = tmp_path / "world.txt", tmp_path / "hang", tmp_path / "fail"
+    monkeypatch.setenv("SHOP_WORLD", str(world))
+    monkeypatch.setenv("SHOP_HANG_FILE", str(hang))
+    monkeypatch.setenv("SHOP_FAIL_FILE", str(fail))
+    with serve_pane(tmp_path, browser, ROOT / "tests" / "apps" / "durable_turns") as pane:
+        page = pane.page
+        tid = pane.http.post("/api/threads", json={"agent_id": "shop"}).json()["id"]
+        pane.open_thread(tid)
+        page.get_by_test_id("tab-conversation").click()
+        expect(page.get_by_test_id("messages-empty")).to_contain_text("No messages yet",
+                                                                      timeout=WAIT_MS)
+        users = page.locator('[data-testid="message-item"][data-role="user"]')
+
+        def post(content: str, run_id: str) -> httpx.Response:
+            return pane.http.post(f"/api/threads/{tid}/messages",
+                                  json={"content": content, "run_id": run_id},
+                                  timeout=WAIT_MS / 1000)
+
+        # A turn whose model fails after the charge: failed.
+        fail.touch()
+        assert post("charge order 42", "t1").status_code == 502
+        state = users.nth(0).get_by_test_id("turn-state")
+        expect(state).to_have_attribute("data-state", "failed", timeout=WAIT_MS)
+        expect(state).to_have_text("failed")
+        # Sent again under its run id once the model works: resumed, charged once.
+        fail.unlink()
+        assert post("charge order 42", "t1").status_code == 200
+        expect(state).to_have_attribute("data-state", "resumed", timeout=WAIT_MS)
+        expect(state).to_have_text("resumed")
+        assert world.read_text().splitlines() == ["charged order 42"]
+
+        # The same receipt asked twice in a turn: the second result came from the journal.
+        assert post("send the receipt of order 5", "t2").status_code == 200
+        results = page.get_by_test_id("tool-result").filter(has_text="send_receipt")
+        expect(results).to_have_count(2, timeout=WAIT_MS)
+        expect(results.nth(0)).to_have_attribute("data-from-journal", "false")
+        expect(results.nth(1)).to_have_attribute("data-from-journal", "true")
+        expect(results.nth(1).get_by_test_id("from-journal")).to_have_text("from journal")
+        expect(page.get_by_test_id("from-journal")).to_have_count(1)
+        assert world.read_text().splitlines() == ["charged order 42",
+                                                  "receipt 5 to a@example.com"]
+
+        # A turn that runs says so until it has answered.
+        hang.touch()
+        answered: list[int] = []
+        sender = threading.Thread(target=lambda: answered.append(
+            post("charge order 7", "t3").status_code))
+        sender.start()
+        running = users.nth(2).get_by_test_id("turn-state")
+        expect(running).to_have_attribute("data-state", "running", timeout=WAIT_MS)
+        hang.unlink()
+        sender.join(WAIT_MS / 1000)
+        assert answered == [200]
+        expect(running).to_have_count(0, timeout=WAIT_MS)  # succeeded at once: no tag
+        expect(state).to_have_text("resumed")
+        assert pane.errors == []
