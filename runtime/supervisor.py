@@ -607,10 +607,17 @@ class Runtime:
         validate_thread_id(thread_id)
         if self.actors.lifecycle(thread_id) is ThreadLifecycle.CREATING:
             return False  # not registered yet: nothing of it may be removed mid-create
-        async with self.actors.deleting(thread_id) as actor:
-            self.alarms.forget(thread_id)
-            # Shielded: a caller that gives up midway must not leave half a thread behind.
-            return await asyncio.shield(self._remove_thread(thread_id, actor))
+        try:
+            async with self.actors.deleting(thread_id) as actor:
+                self.alarms.forget(thread_id)
+                # Shielded: a caller that gives up midway must not leave half a thread
+                # behind.
+                return await asyncio.shield(self._remove_thread(thread_id, actor))
+        except BaseException:
+            # Re-armed once the thread is usable again (no longer being deleted), if its
+            # registry entry and alarm row are still there (a no-op once they are gone).
+            self.alarms.restore(thread_id)
+            raise
 
     async def _remove_thread(self, thread_id: str, actor: ThreadActor | None) -> bool:
         assert self._store is not None
@@ -626,9 +633,9 @@ class Runtime:
             )
         except BaseException:
             # Nothing was deleted (the registry entry and its alarm row go in one
-            # transaction): the thread lives on, its timer armed again; its actor's store
-            # is closed, so its next use opens it afresh and re-queues an interrupted run.
-            self.alarms.restore(thread_id)
+            # transaction): the thread lives on (`delete_thread` re-arms its timer); its
+            # actor's store is closed, so its next use opens it afresh and re-queues an
+            # interrupted run.
             if actor is not None:
                 await self.run_sync(actor.store.close)
             raise
