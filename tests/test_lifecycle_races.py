@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +123,38 @@ async def test_wait_idle_pending_at_close_raises_runtime_closed_at_once(
         await waiting  # not TimeoutError after 60 s
     with pytest.raises(RuntimeClosed):
         await rt.wait_idle(60)
+
+
+async def test_close_never_closes_a_store_under_its_own_recovery_walk(
+    tmp_path: Path, backend_name: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Two actors over max_open_threads=1 (both in use) when close() walks the open ones;
+    # the uses end while it re-queues the first: nothing may be evicted under the walk.
+    rt = Runtime(
+        app_dir=APP, data_dir=tmp_path, load_packages=False,
+        storage=make_backend(backend_name, tmp_path), max_open_threads=1,
+    )
+    await rt.start()
+    await rt.create_thread("a")
+    await rt.create_thread("b")
+    entered, go = threading.Event(), threading.Event()
+    async with rt.actors.use("a") as a, rt.actors.use("b") as b:
+        assert rt.actors.open_count == 2
+        recover = a.store.recover_interrupted
+
+        def held_recover(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            go.wait(30)
+            return recover(*args, **kwargs)
+
+        monkeypatch.setattr(a.store, "recover_interrupted", held_recover)
+        closing = asyncio.create_task(rt.close())
+        async with asyncio.timeout(30):
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+    go.set()  # the uses ended (their eviction attempts ran) before the walk went on
+    await closing
+
+    assert b.state.value == "evicted"  # closed by close(), after its recovery
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
