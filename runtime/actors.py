@@ -154,6 +154,21 @@ class ActorTable:
         self.registry: RuntimeStore | None = None
         self._open: OrderedDict[str, ThreadActor] = OrderedDict()
         self._transitions: dict[str, _Transition] = {}
+        self._no_transitions = asyncio.Event()
+        self._no_transitions.set()
+        self._closing = False
+
+    # ------------------------------------------------------------- transitions
+
+    def _begin(self, thread_id: str, transition: _Transition) -> None:
+        self._transitions[thread_id] = transition
+        self._no_transitions.clear()
+
+    def _end(self, thread_id: str, transition: _Transition) -> None:
+        if self._transitions.get(thread_id) is transition:
+            del self._transitions[thread_id]
+        if not self._transitions:
+            self._no_transitions.set()
 
     # ----------------------------------------------------------------- reading
 
@@ -210,10 +225,11 @@ class ActorTable:
         tid = info.id
         # Claimed before the first await, so a concurrent create of the same id is refused
         # instead of removing this one's store as a leftover.
+        self._check_open()
         if self.lifecycle(tid) is not ThreadLifecycle.CLOSED:
             raise ThreadExists(tid)
         transition = _Transition(ThreadLifecycle.CREATING)
-        self._transitions[tid] = transition
+        self._begin(tid, transition)
         try:
             if await self._run_sync(self.registry.get_thread, tid) is not None:
                 raise ThreadExists(tid)
@@ -225,8 +241,7 @@ class ActorTable:
                 await self._run_sync(self._discard_store, store, tid)
                 raise
         finally:
-            if self._transitions.get(tid) is transition:
-                del self._transitions[tid]
+            self._end(tid, transition)
         if not added:
             await self._run_sync(store.close)
             raise ThreadExists(tid)
@@ -264,7 +279,7 @@ class ActorTable:
             raise ThreadNotFound(thread_id)  # deleting (or creating: not registered yet)
         future: asyncio.Future[ThreadActor] = asyncio.get_running_loop().create_future()
         transition = _Transition(ThreadLifecycle.OPENING, future)
-        self._transitions[thread_id] = transition
+        self._begin(thread_id, transition)
         try:
             actor = await self._open_actor(thread_id, transition)
         except BaseException as exc:
@@ -272,8 +287,7 @@ class ActorTable:
             future.exception()  # mark retrieved: waiters re-raise it themselves
             raise
         finally:
-            if self._transitions.get(thread_id) is transition:
-                del self._transitions[thread_id]
+            self._end(thread_id, transition)
         future.set_result(actor)
         return actor
 
@@ -360,7 +374,7 @@ class ActorTable:
     async def evict(self) -> None:
         """Close idle actors beyond ``max_open``, least recently used first."""
         excess = len(self._open) - self._max_open
-        if excess <= 0:
+        if excess <= 0 or self._closing:
             return
         victims = [
             actor for actor in self._open.values()
@@ -389,7 +403,7 @@ class ActorTable:
         previous = self._transitions.get(thread_id)
         transition = _Transition(ThreadLifecycle.DELETING)
         # Replacing an opener's entry makes it close what it opened and refuse.
-        self._transitions[thread_id] = transition
+        self._begin(thread_id, transition)
         try:
             if previous is not None and previous.opened is not None:
                 with contextlib.suppress(Exception):
@@ -403,8 +417,7 @@ class ActorTable:
                         task.cancel()
             yield actor
         finally:
-            if self._transitions.get(thread_id) is transition:
-                del self._transitions[thread_id]
+            self._end(thread_id, transition)
 
     async def remove_store(self, thread_id: str, actor: ThreadActor | None) -> None:
         """Delete a thread's store (after its registry entry is gone)."""
@@ -414,8 +427,20 @@ class ActorTable:
 
     # ----------------------------------------------------------------- closing
 
+    async def stop(self) -> None:
+        """Shutdown begins: evict nothing more, and wait for creates, opens and deletes.
+
+        Call it once the runtime refuses new calls (`check_open` raises): every
+        transition in flight then ends (completes, or fails) before this returns, so
+        no store is opened or made after `close_all`.
+        """
+        self._closing = True
+        while self._transitions:
+            await self._no_transitions.wait()
+
     async def close_all(self) -> None:
         """Close every open actor's store (shutdown)."""
+        self._closing = True
         actors = list(self._open.values())
         self._open.clear()
         for actor in actors:

@@ -335,15 +335,40 @@ class AlarmIndex:
             self._row.pop(thread_id, None)
             return result
 
+    def restore(self, thread_id: str) -> None:
+        """A deletion failed (its registry entry and alarm row stay): re-arm the timer.
+
+        The timer goes to the row as known (at or before every pending run; a spurious
+        wake-up at worst), so the thread's runs are not left waiting for a restart.
+        """
+        row = self._row.get(thread_id)
+        if row is not None and self._timer is not None:
+            self._due[thread_id] = row
+            self._timer.arm(thread_id, row)
+
     async def drop(self, thread_id: str) -> None:
-        """Remove the alarm of a thread that no longer exists (a row left by a crash)."""
-        self._due.pop(thread_id, None)
-        self._held.pop(thread_id, None)
-        self._row.pop(thread_id, None)
-        self._dirty.discard(thread_id)
+        """Remove the alarm row of a thread that is not registered (a row left by a crash).
+
+        Under the index lock, and only if the registry has no entry for the thread: a
+        thread being deleted keeps its row until its registry entry goes with it (one
+        transaction), so a crash in between never leaves a registered thread without
+        one. Errors are logged (the row stays; a spurious wake-up at the next start).
+        """
         assert self._store is not None
-        with contextlib.suppress(Exception):
-            await self._run_sync(self._store.set_alarm, thread_id, None)
+        store = self._store
+        async with self._lock:
+            try:
+                if await self._run_sync(store.get_thread, thread_id) is not None:
+                    return
+                await self._run_sync(store.set_alarm, thread_id, None)
+            except Exception:
+                log.exception("could not remove the alarm row of unregistered thread %s",
+                              thread_id)
+                return
+            self._due.pop(thread_id, None)
+            self._held.pop(thread_id, None)
+            self._row.pop(thread_id, None)
+            self._dirty.discard(thread_id)
 
     async def _flush_loop(self) -> None:
         while True:

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from runtime._limits import MAX_DELAY_SECONDS, delay_seconds, parse_thread_cursor
 from runtime._text import check_text
-from runtime.actors import ActorTable, ThreadActor, ThreadLifecycle
+from runtime.actors import ActorState, ActorTable, ThreadActor, ThreadLifecycle
 from runtime.alarms import AlarmIndex, Clock, SystemClock
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
@@ -193,6 +193,10 @@ class Runtime:
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
+        self._closing_started = asyncio.Event()
+        # Set once the stores start closing: a store call that fails from then on failed
+        # because of the shutdown, and raises RuntimeClosed.
+        self._stores_closing = False
         # True from start until the shutdown grace ends: while it is, every call is served,
         # so a running effect (or turn, or tool) can still schedule, list and write.
         self._serving = False
@@ -336,15 +340,21 @@ class Runtime:
             raise RuntimeError("Runtime.close() cannot be called from an effect: shutdown "
                                "waits for running effects, this one included")
         self._closing = True
+        self._closing_started.set()
         assert self._store is not None
         self.alarms.stop_timer()
         await self.dispatcher.stop(self.settings.shutdown_grace_seconds)
         await self.executor.stop_side(self.settings.shutdown_grace_seconds)
         self._serving = False
+        # New calls are refused now; creates, opens and deletes in flight end first, and
+        # nothing is evicted any more, so the actors walked below stay open.
+        await self.actors.stop()
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
         now = self.clock.now()
         for actor in self.actors.open_actors():
+            if actor.state is not ActorState.OPEN:
+                continue  # closed meanwhile (deleted): nothing of it to re-queue
             try:
                 changed = await self.run_sync(
                     partial(actor.store.recover_interrupted, retention=self.settings.retention),
@@ -358,6 +368,7 @@ class Runtime:
                 self._publish_recovered(run)
         self.hub.close_all()
         await self.alarms.close()
+        self._stores_closing = True
         await self.actors.close_all()
         for extension in self.extensions:
             try:
@@ -391,7 +402,15 @@ class Runtime:
             for _ in range(_STORAGE_THREADS):
                 self._executor_pool.submit(time.sleep, 0)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor_pool, partial(fn, *args))
+        try:
+            return await loop.run_in_executor(self._executor_pool, partial(fn, *args))
+        except (ThreadStorageError, RuntimeClosed) as exc:
+            if self._stores_closing and not isinstance(exc, RuntimeClosed):
+                # A call in flight met a store that close() just closed.
+                raise RuntimeClosed(
+                    "The runtime was shut down while this call was in flight"
+                ) from exc
+            raise
 
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).
@@ -404,6 +423,9 @@ class Runtime:
 
         Raises:
             TimeoutError: still busy after ``timeout_seconds``.
+            RuntimeClosed: the runtime is not started, or its shutdown began before it
+                was idle (raised as soon as `close` starts): a shutdown interrupts
+                runs, which are then pending, not done, so it never counts as idle.
             ValueError: a timeout that is not a positive number.
             RuntimeError: called from effect code (it would wait for itself).
         """
@@ -412,17 +434,31 @@ class Runtime:
         if IN_EFFECT.get():
             raise RuntimeError("wait_idle() cannot be called from an effect: it would wait "
                                "for its own run to end")
+        closed = RuntimeClosed("The runtime is not running (not started, or shut down)")
+        if not self._started or self._closing:
+            raise closed
         try:
             async with asyncio.timeout(timeout_seconds):
                 while True:
                     for _ in range(3):
                         await asyncio.sleep(0)
+                    if self._closing:
+                        raise closed
                     if self.dispatcher.idle and not self.actors.opening:
                         if not self.executor.side_running:
                             return
-                        await self.executor.wait_side_idle()
-                        continue
-                    await self.dispatcher.wait_for_change()
+                        waiting = self.executor.wait_side_idle()
+                    else:
+                        waiting = self.dispatcher.wait_for_change()
+                    changed = asyncio.ensure_future(waiting)
+                    closing = asyncio.ensure_future(self._closing_started.wait())
+                    try:
+                        await asyncio.wait(
+                            (changed, closing), return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        changed.cancel()
+                        closing.cancel()
         except TimeoutError:
             raise TimeoutError(
                 f"the runtime was still running effects after {timeout_seconds:g} s "
@@ -580,15 +616,26 @@ class Runtime:
 
         Raises:
             InvalidThreadId: a malformed id.
+            RuntimeClosed: the runtime is not running.
+            sqlite3.Error: (or the backend's own error) the runtime store could not
+                delete it: nothing was deleted, the thread keeps its runs and its alarm
+                (a running effect of it was interrupted, and is re-queued).
         """
         self._check_open()
         validate_thread_id(thread_id)
         if self.actors.lifecycle(thread_id) is ThreadLifecycle.CREATING:
             return False  # not registered yet: nothing of it may be removed mid-create
-        async with self.actors.deleting(thread_id) as actor:
-            self.alarms.forget(thread_id)
-            # Shielded: a caller that gives up midway must not leave half a thread behind.
-            return await asyncio.shield(self._remove_thread(thread_id, actor))
+        try:
+            async with self.actors.deleting(thread_id) as actor:
+                self.alarms.forget(thread_id)
+                # Shielded: a caller that gives up midway must not leave half a thread
+                # behind.
+                return await asyncio.shield(self._remove_thread(thread_id, actor))
+        except BaseException:
+            # Re-armed once the thread is usable again (no longer being deleted), if its
+            # registry entry and alarm row are still there (a no-op once they are gone).
+            self.alarms.restore(thread_id)
+            raise
 
     async def _remove_thread(self, thread_id: str, actor: ThreadActor | None) -> bool:
         assert self._store is not None
@@ -598,7 +645,18 @@ class Runtime:
             # (an alarm row among them); later ones see it deleted and write nothing.
             async with actor.lock:
                 pass
-        existed = await self.alarms.delete_with(thread_id, partial(store.delete_thread, thread_id))
+        try:
+            existed = await self.alarms.delete_with(
+                thread_id, partial(store.delete_thread, thread_id)
+            )
+        except BaseException:
+            # Nothing was deleted (the registry entry and its alarm row go in one
+            # transaction): the thread lives on (`delete_thread` re-arms its timer); its
+            # actor's store is closed, so its next use opens it afresh and re-queues an
+            # interrupted run.
+            if actor is not None:
+                await self.run_sync(actor.store.close)
+            raise
         self.hub.close_thread(thread_id)
         await self.actors.remove_store(thread_id, actor)
         return existed
@@ -633,8 +691,11 @@ class Runtime:
             async with self.actors.use(thread_id) as actor:
                 return await self.executor.drain(actor)
         except (ThreadNotFound, InvalidThreadId):
-            # Deleted meanwhile, or an alarm row left by a crash mid-delete.
-            await self.alarms.drop(thread_id)
+            # Being deleted (its row goes with its registry entry, in the deletion's own
+            # transaction), being created (not registered yet), or an alarm row with no
+            # thread: only that last one is dropped, and only if still unregistered.
+            if self.actors.lifecycle(thread_id) is ThreadLifecycle.CLOSED:
+                await self.alarms.drop(thread_id)
         except ThreadStorageError as exc:
             # One bad store never stops the others: log, and leave the alarm row so the
             # thread's runs are tried again after it is repaired and the runtime restarted.

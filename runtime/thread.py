@@ -74,6 +74,12 @@ class Scheduled:
 class ThreadState:
     """What code running for a thread gets: its id, its context and its effects API.
 
+    A handle kept past its thread's deletion: `schedule_effect` (the call that adds work)
+    raises `ThreadNotFound`, even once a new thread has the same id, for it knows the
+    creation time of the thread it was made for; every other call addresses the thread
+    by id, as the HTTP API does, so it reads (or cancels in) whatever thread has that id
+    now, and raises `ThreadNotFound` while none has.
+
     Attributes:
         thread_id: The thread's id.
         execution: The turn context inside a tool or hook; None inside an effect, an

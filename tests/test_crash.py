@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -152,3 +153,29 @@ def test_second_process_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     finally:
         _kill(proc)
     assert os.path.exists(tmp_path / "runtime.sqlite")
+
+
+def test_sigkill_mid_delete_never_leaves_a_registered_thread_without_its_alarm(
+    tmp_path: Path,
+) -> None:
+    # x's drain meets x being deleted, and the deletion is stuck behind another one: a
+    # kill there keeps x registered, so its alarm row must still be there with it.
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(tmp_path), "delete-while-opening"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    _wait_line(proc, "READY")
+    _kill(proc)
+
+    conn = sqlite3.connect(tmp_path / "runtime.sqlite")
+    try:
+        registered = {r[0] for r in conn.execute("SELECT id FROM threads")}
+        alarms = {r[0] for r in conn.execute("SELECT thread_id FROM alarms")}
+    finally:
+        conn.close()
+    assert registered == {"x", "y"}
+    assert "x" in alarms
+
+    runs = _drain(tmp_path, "x")  # after the restart, its run is not lost
+
+    assert [(r["status"], r["attempts"]) for r in runs] == [("completed", 1)]

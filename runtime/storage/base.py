@@ -488,7 +488,8 @@ class RuntimeStore(ABC):
     """The thread registry and the durable alarm index (one alarm per thread at most).
 
     Every method is one transaction. Failures raise the backend's own database error
-    (SQLite: `sqlite3.Error`); the runtime cannot go on without this store.
+    (SQLite: `sqlite3.Error`); the runtime cannot go on without this store. Once closed,
+    every call raises `runtime.errors.RuntimeClosed` (on every backend).
     """
 
     @abstractmethod
@@ -612,7 +613,7 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Close the store (idempotent)."""
+        """Close the store (idempotent); any later call raises RuntimeClosed."""
 
 
 class StorageBackend(ABC):
@@ -633,7 +634,10 @@ class StorageBackend(ABC):
     def open(self) -> RuntimeStore:
         """Take exclusive use of the backend and return the runtime store (registry + alarms).
 
-        Creates what is missing and migrates what is older.
+        Creates what is missing and migrates what is older. Discards (and logs) every
+        thread store that no registry entry names: one left by a crash during a create or
+        a delete, which nothing could reach (SQLite: only ``threads/`` files named like a
+        thread's, ``<thread_id>.sqlite`` and its ``-wal``/``-shm``/``-journal``).
 
         Raises:
             DataDirLocked: another process holds the backend (SQLite: the data-dir lock).

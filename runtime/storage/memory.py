@@ -16,13 +16,14 @@ changes anything).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
-from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
+from runtime.errors import DataDirLocked, RuntimeClosed, RuntimeStorageError, ThreadStorageError
 from runtime.messages import Message, message_from_row
 from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 from runtime.storage.records import (
@@ -42,6 +43,9 @@ THREAD_SCHEMA_VERSION = 4
 
 RUNTIME_SCHEMA_VERSION = 3
 """The version of the registry and alarm index this code knows."""
+
+
+log = logging.getLogger("runtime")
 
 
 @dataclass(slots=True)
@@ -548,7 +552,7 @@ class MemoryRuntimeStore(RuntimeStore):
 
     def _check(self) -> MemoryBackend:
         if self._closed:
-            raise RuntimeStorageError("The memory backend's runtime store is closed")
+            raise RuntimeClosed("The memory backend's runtime store is closed")
         return self._backend
 
     def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
@@ -703,6 +707,12 @@ class MemoryBackend(StorageBackend):
                     f"{RUNTIME_SCHEMA_VERSION}; upgrade thread-effects"
                 )
             self._in_use = True
+            # A store no registry entry names (a crash during a create or delete) is
+            # unreachable: discarded, as the SQLite backend removes such files.
+            for thread_id in [t for t in self._thread_data if t not in self.threads]:
+                log.warning("removing the store of %s: no registry entry (left by a crash "
+                            "during a create or delete)", thread_id)
+                self._thread_data.pop(thread_id).removed = True
         return MemoryRuntimeStore(self)
 
     def create_thread_store(self, info: ThreadInfo) -> MemoryThreadStore:  # noqa: D102

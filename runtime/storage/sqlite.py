@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -29,6 +31,7 @@ from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
 from runtime.errors import (
     DataDirLocked,
+    RuntimeClosed,
     RuntimeStorageError,
     ThreadStorageError,
 )
@@ -43,6 +46,8 @@ from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, Effec
 # generated from the models (runtime.storage.models) into a checked-in module, so that
 # SQLModel and SQLAlchemy are not imported at run time.
 from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
+
+log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
@@ -614,6 +619,11 @@ class SQLiteThreadStore(ThreadStore):
 
         return self._tx(tx)
 
+    def registered_ids(self) -> set[str]:
+        """The id of every registered thread (start-up checks)."""
+        rows = self._tx(lambda c: c.execute("SELECT id FROM threads").fetchall(), write=False)
+        return {r[0] for r in rows}
+
     def close(self) -> None:  # noqa: D102
         with self._lock:
             if self._conn is not None:
@@ -831,7 +841,7 @@ class SQLiteRuntimeStore(RuntimeStore):
         with self._lock:
             conn = self._conn
             if conn is None:
-                raise sqlite3.ProgrammingError(f"{self.path} is closed")
+                raise RuntimeClosed(f"The runtime store {self.path} is closed")
             return _transaction(conn, fn, write)
 
     @staticmethod
@@ -1002,6 +1012,11 @@ class SQLiteRuntimeStore(RuntimeStore):
         )
         return [(r[0], r[1]) for r in rows]
 
+    def registered_ids(self) -> set[str]:
+        """The id of every registered thread (start-up checks)."""
+        rows = self._tx(lambda c: c.execute("SELECT id FROM threads").fetchall(), write=False)
+        return {r[0] for r in rows}
+
     def close(self) -> None:  # noqa: D102
         with self._lock:
             if self._conn is not None:
@@ -1009,6 +1024,11 @@ class SQLiteRuntimeStore(RuntimeStore):
                 self._conn = None
 
 
+
+
+_THREAD_FILE_RE = re.compile(r"([A-Za-z0-9_-]{1,64})\.sqlite(?:-wal|-shm|-journal)?")
+"""A thread's file name in ``threads/`` (the id pattern of `runtime.ids`); nothing else
+there is ever removed."""
 
 
 def _remove_thread_files(path: Path) -> None:
@@ -1054,10 +1074,17 @@ class SQLiteBackend(StorageBackend):
     def open(self) -> SQLiteRuntimeStore:  # noqa: D102 - contract in base
         self._lock_data_dir()
         try:
-            return self._open_runtime_db()
+            store = self._open_runtime_db()
         except BaseException:
             self.close()
             raise
+        try:
+            self._discard_orphans(store)
+        except BaseException:
+            store.close()
+            self.close()
+            raise
+        return store
 
     def _lock_data_dir(self) -> None:
         if self._lock_file is not None:
@@ -1083,6 +1110,20 @@ class SQLiteBackend(StorageBackend):
         handle.write(f"pid {os.getpid()}")
         handle.flush()
         self._lock_file = handle
+
+    def _discard_orphans(self, store: SQLiteRuntimeStore) -> None:
+        # A crash between a delete's registry commit and the file's removal (or during a
+        # create) leaves a thread file that no registry row names: nothing can reach it.
+        registered = store.registered_ids()
+        orphans: set[str] = set()
+        for entry in os.scandir(self.threads_dir):
+            match = _THREAD_FILE_RE.fullmatch(entry.name)
+            if match is not None and match.group(1) not in registered:
+                orphans.add(match.group(1))
+        for thread_id in sorted(orphans):
+            log.warning("removing %s: a thread file with no registry entry (left by a "
+                        "crash during a create or delete)", self.thread_path(thread_id))
+            _remove_thread_files(self.thread_path(thread_id))
 
     def _open_runtime_db(self) -> SQLiteRuntimeStore:
         path = self.runtime_path

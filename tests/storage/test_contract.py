@@ -20,6 +20,7 @@ from runtime.effects import EffectRun
 from runtime.errors import (
     DataDirLocked,
     EffectRecordLost,
+    RuntimeClosed,
     RuntimeStorageError,
     ThreadStorageError,
 )
@@ -197,6 +198,48 @@ def test_a_closed_store_refuses_every_call(store: ThreadStore) -> None:
         store.list_runs(T0, KEEP)
     with pytest.raises(ThreadStorageError, match="Thread t"):
         store.get_effect_record("k")
+
+
+def test_a_closed_runtime_store_refuses_every_call_with_runtime_closed(
+    rtdb: RuntimeStore,
+) -> None:
+    rtdb.close()
+    rtdb.close()
+    calls: list[Callable[[], object]] = [
+        lambda: rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0)),
+        lambda: rtdb.get_thread("a"),
+        lambda: rtdb.list_threads(10, None),
+        lambda: rtdb.set_paused("a", True),
+        lambda: rtdb.delete_thread("a"),
+        lambda: rtdb.set_alarm("a", T0),
+        lambda: rtdb.lower_alarm("a", T0),
+        lambda: rtdb.move_alarms([("a", None, T0)]),
+        rtdb.load_alarms,
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeClosed, match="closed"):
+            call()
+
+
+def test_open_discards_stores_without_a_registry_entry(harness: Harness) -> None:
+    rtdb = harness.backend.open()
+    kept = ThreadInfo(id="kept", created_at_ts=T0)
+    assert rtdb.add_thread(kept)
+    harness.backend.create_thread_store(kept).close()
+    # A crash after the registry entry went but before the store did (or mid-create).
+    harness.backend.create_thread_store(ThreadInfo(id="orphan", created_at_ts=T0)).close()
+    rtdb.close()
+    harness.backend.close()
+
+    again = harness.twin()
+    rtdb = again.open()
+    try:
+        again.open_thread_store("kept").close()
+        with pytest.raises(ThreadStorageError, match="Thread orphan"):
+            again.open_thread_store("orphan")
+    finally:
+        rtdb.close()
+        again.close()
 
 
 def test_a_missing_store_is_refused(harness: Harness, rtdb: RuntimeStore) -> None:

@@ -109,3 +109,30 @@ def test_a_runtime_database_from_before_runtime_records_is_migrated(tmp_path: Pa
         ]
     finally:
         conn.close()
+
+
+def test_open_removes_only_orphan_thread_files_and_logs_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = SQLiteBackend(tmp_path)
+    rtdb = backend.open()
+    kept = ThreadInfo(id="kept", created_at_ts=1.0)
+    assert rtdb.add_thread(kept)
+    backend.create_thread_store(kept).close()
+    backend.create_thread_store(ThreadInfo(id="gone", created_at_ts=1.0)).close()
+    rtdb.close()
+    backend.close()
+    threads = backend.threads_dir
+    (threads / "gone.sqlite-wal").write_bytes(b"")  # its WAL, left beside it
+    (threads / "lone-wal.sqlite-wal").write_bytes(b"")  # a WAL whose file already went
+    foreign = ["notes.txt", "a.b.sqlite", "x.sqlite.bak", "backup.db"]
+    for name in foreign:
+        (threads / name).write_text("not a thread file")
+
+    rtdb = backend.open()
+    rtdb.close()
+    backend.close()
+
+    left = sorted(os.listdir(threads))
+    assert left == sorted([*foreign, "kept.sqlite"])
+    assert "gone.sqlite" in caplog.text and "no registry entry" in caplog.text
