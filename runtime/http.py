@@ -22,9 +22,10 @@ Guards, in this order, on every request:
 2. *Origin*: a browser request that changes something (POST, DELETE, …) or opens the
    WebSocket must come from the server's own origin. Other clients send no ``Origin``.
 3. *Token* (when ``api_token`` is set): every ``/api/...`` path (the WebSocket too) and
-   every other route (``extra_routes``, such as a webhook) need it; the pane's static files
-   (``/``, ``/web/...``) do not (they hold no data), and a path outside ``/api/`` that no
-   route serves is answered a JSON 404 without it.
+   every other route (``extra_routes``, such as a webhook, and ``/metrics``) need it; the
+   pane's static files (``/``, ``/web/...``) and the probes ``/api/health`` and
+   ``/api/ready`` do not (they hold no data), and a path outside ``/api/`` that no route
+   serves is answered a JSON 404 without it.
 
 Errors are JSON ``{"error": {"code": "<snake_case>", "message": "..."}}``; the WebSocket is
 refused by closing it with a 44xx code after accepting (browsers cannot see an HTTP status
@@ -81,6 +82,8 @@ from runtime.errors import (
 )
 from runtime.frames import Subscription, ThreadEvent
 from runtime.messages import MAX_CONTENT_CHARS
+from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from runtime.metrics import RuntimeMetrics
 from runtime.storage.base import ThreadInfo
 from runtime.supervisor import Runtime
 from runtime.thread import ThreadState
@@ -161,8 +164,12 @@ def _host_name(host: str) -> str:
     return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
+_PROBES = frozenset({"/api/health", "/api/ready"})
+
+
 def _is_public_path(path: str) -> bool:
-    return path == "/" or path.startswith("/web/")
+    # The probes hold no data: a load balancer or an orchestrator asks them without a token.
+    return path == "/" or path.startswith("/web/") or path in _PROBES
 
 
 def _is_unrouted(scope: Scope) -> bool:
@@ -926,6 +933,7 @@ class FrameStream:
         subscription: The thread's subscription (closed when the stream ends).
         max_queued: Frames buffered for this client before it is dropped.
         close_timeout_seconds: How long to try to deliver the final frames and the close.
+        metrics: Where connected clients and dropped frames are counted, if anywhere.
     """
 
     def __init__(
@@ -934,7 +942,9 @@ class FrameStream:
         subscription: Subscription,
         max_queued: int,
         close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.websocket = websocket
         self.subscription = subscription
         self.max_queued = max_queued
@@ -972,15 +982,20 @@ class FrameStream:
         writer = asyncio.create_task(self._write(), name="frames-writer")
         reader = asyncio.create_task(self._read(), name="frames-reader")
         tasks = (pump, writer, reader)
+        if self.metrics is not None:
+            self.metrics.ws_clients.inc()
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if not pump.done():
                 return  # the client left, or sending failed: nothing more to do
             if pump.result() is _End.OVERFLOW:
                 writer.cancel()
+                unsent = self._queue.qsize()
+                if self.metrics is not None:
+                    self.metrics.frames_dropped.inc(unsent)
                 log.info(
                     "closing a slow client of thread %s: %d frames unsent",
-                    self.subscription.thread_id, self._queue.qsize(),
+                    self.subscription.thread_id, unsent,
                 )
                 await self._close(
                     CLOSE_TRY_AGAIN_LATER,
@@ -997,6 +1012,8 @@ class FrameStream:
                 code, reason = await on_closed()
                 await self._close(code, reason)
         finally:
+            if self.metrics is not None:
+                self.metrics.ws_clients.dec()
             self.subscription.close()
             for task in tasks:
                 task.cancel()
@@ -1050,10 +1067,39 @@ async def _stream(websocket: WebSocket) -> None:
         stream = FrameStream(
             websocket, subscription, rt.settings.subscriber_queue_size,
             websocket.app.state.ws_close_timeout_seconds,
+            getattr(websocket.app.state, "metrics", None),
         )
         await stream.run(why_closed)
     finally:
         subscription.close()
+
+
+# ------------------------------------------------------- metrics and probes
+
+
+async def _metrics(request: Request) -> Response:
+    metrics: RuntimeMetrics = request.app.state.metrics
+    return Response(metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+
+async def _health(request: Request) -> Response:
+    """Liveness: the process serves requests (no store is asked)."""
+    return JSONResponse({"status": "ok"})
+
+
+async def _ready(request: Request) -> Response:
+    """Readiness: the runtime runs and its stores answer; 503 otherwise."""
+    rt: Runtime | None = getattr(request.app.state, "runtime", None)
+    if rt is None:
+        return error_response(503, "not_ready", "The runtime has not started")
+    try:
+        await rt.check_ready()
+    except RuntimeClosed as exc:
+        return error_response(503, "not_ready", str(exc))
+    except Exception as exc:  # a store that fails in any way is not ready
+        log.warning("readiness check failed: %s", exc)
+        return error_response(503, "not_ready", f"{type(exc).__name__}: {exc}")
+    return JSONResponse({"status": "ready"})
 
 
 # -------------------------------------------------------------------------- errors
@@ -1343,16 +1389,20 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         rt = Runtime(data_dir=data_dir, app_dir=app_dir, clock=clock, **settings)
+        # Before the start, so nothing the runtime does is missed by the counters.
+        metrics = RuntimeMetrics(rt)
         try:
             await rt.start()
         except EffectsError as exc:
             app.state.startup_error = exc  # reported in one line (`_App`)
             raise
         try:
+            app.state.metrics = metrics
             app.state.runtime = rt
             yield
         finally:
             await rt.close()
+            metrics.close()
 
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
@@ -1364,6 +1414,9 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
         _route("/api/effects", GET=_list_effects),
         _route("/api/agents", GET=_list_agents),
+        _route("/api/health", GET=_health),
+        _route("/api/ready", GET=_ready),
+        _route("/metrics", GET=_metrics),
         WebSocketRoute("/api/threads/{tid}/stream", _stream),
     ]
     # Conversations and the app's thread endpoints (runtime/endpoints.py, docs/agents.md),

@@ -332,6 +332,17 @@ class Runtime:
             self._executor_pool = None
         self._started = False
 
+    async def check_ready(self) -> None:
+        """Check that the runtime runs and its runtime store answers a read.
+
+        Raises:
+            RuntimeClosed: not started, or shutting down.
+            RuntimeStorageError: the runtime database cannot be read.
+        """
+        self._check_open()
+        assert self._store is not None
+        await self.run_sync(self._store.list_threads, 1, None)
+
     def _check_open(self) -> None:
         if not self._started or self._closing:
             raise RuntimeClosed("The runtime is not running (not started, or shutting down)")

@@ -25,6 +25,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "runtime.turns", "runtime.conversation", "runtime.demo_model",
         "runtime.effect_tools", "runtime._effect_toolset"),
     5: ("runtime.http", "runtime.endpoints", "runtime._http_errors", "runtime.testing",
+        "runtime.metrics",
         "runtime.serve", "runtime.cli", "runtime"),
 }
 """Layer → modules (a package name covers its submodules)."""
