@@ -209,6 +209,9 @@ class EffectRun:
         attempts: How many times it has started (at most three).
         error: Why it failed, or None.
         replay_of: The id of the run this one replays, or None.
+        trace_context: The span context it was scheduled in, as W3C trace-context JSON
+            text (`runtime.telemetry`), while it is pending or running; None without one
+            and once it finished. Never part of `to_json`.
     """
 
     id: str
@@ -223,6 +226,7 @@ class EffectRun:
     attempts: int = 0
     error: str | None = None
     replay_of: str | None = None
+    trace_context: str | None = None
 
     @property
     def run_at(self) -> datetime:

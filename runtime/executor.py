@@ -35,6 +35,7 @@ from runtime.errors import EffectNotFound
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
+from runtime.telemetry import end_run_span, run_span
 
 log = logging.getLogger("runtime")
 
@@ -155,8 +156,21 @@ class EffectExecutor:
         """Run one claimed run; its outcome, or None if it was interrupted (delete/shutdown).
 
         Never raises for anything the effect does: whatever goes wrong becomes a failed run,
-        so no run is left ``running`` behind a live worker.
+        so no run is left ``running`` behind a live worker. The attempt is traced by a span
+        (`runtime.telemetry.run_span`), current while the effect runs.
         """
+        with run_span(run) as span:
+            finish: Finish | None = None
+            try:
+                finish = await self._execute(actor, run)
+            finally:
+                if finish is None:
+                    end_run_span(span, "interrupted")
+                else:
+                    end_run_span(span, str(finish.status), finish.error)
+            return finish
+
+    async def _execute(self, actor: ThreadActor, run: EffectRun) -> Finish | None:
         try:
             defn = self._registry().resolve(run.name)
         except EffectNotFound as exc:

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
@@ -86,6 +88,7 @@ from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.metrics import RuntimeMetrics
 from runtime.storage.base import ThreadInfo
 from runtime.supervisor import Runtime
+from runtime.telemetry import TRACER_NAME
 from runtime.thread import ThreadState
 
 log = logging.getLogger("runtime.http")
@@ -278,6 +281,46 @@ class GuardMiddleware:
                 f"This server requires an API token ({what}); the token {problem}",
                 CLOSE_TOKEN,
             )
+
+
+class TracingMiddleware:
+    """A span per HTTP request (``HTTP <method>``), continuing the caller's ``traceparent``.
+
+    Effects a request schedules are children of its span (`runtime.telemetry`). With only
+    ``opentelemetry-api`` installed (no SDK configured) the span is a no-op.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._propagator = TraceContextTextMapPropagator()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve ``scope`` inside its span (HTTP only; WebSockets and lifespan as they are)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        parent = self._propagator.extract({
+            k: v for k in ("traceparent", "tracestate") if (v := headers.get(k)) is not None
+        })
+        status: dict[str, int] = {}
+
+        async def tracking_send(message: ASGIMessage) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        with trace.get_tracer(TRACER_NAME).start_as_current_span(
+            f"HTTP {scope['method']}",
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": scope["method"], "url.path": scope["path"]},
+        ) as span:
+            await self.app(scope, receive, tracking_send)
+            if "code" in status:
+                span.set_attribute("http.response.status_code", status["code"])
+                if status["code"] >= 500:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR))
 
 
 class InterruptedRequestMiddleware:
@@ -1433,6 +1476,7 @@ def create_app(
     app = _App(
         routes=routes,
         middleware=[
+            Middleware(TracingMiddleware),
             Middleware(InterruptedRequestMiddleware),
             Middleware(GuardMiddleware, api_token=api_token, trusted_hosts=trusted_hosts),
             Middleware(

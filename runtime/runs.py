@@ -39,6 +39,7 @@ from runtime.events import RunChange
 from runtime.executor import error_text
 from runtime.frames import ChangeHub
 from runtime.ids import new_id
+from runtime.telemetry import capture_context
 from runtime.thread import RunPage
 
 if TYPE_CHECKING:
@@ -164,6 +165,9 @@ class RunOperations:
                 run_at_ts=now + seconds,
                 created_at_ts=now,
                 replay_of=replay_of,
+                # The span this schedule happens in (a turn, a tool call, an HTTP request,
+                # an effect): the run's attempts are its children, even after a restart.
+                trace_context=capture_context(),
             )
             # The alarm first: a crash between the two writes leaves a spurious alarm,
             # never a run without one.

@@ -65,6 +65,7 @@ from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.runs import RunOperations, check_limit
 from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
 from runtime.storage.sqlite import SQLiteBackend
+from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
 
 __all__ = [
@@ -99,6 +100,12 @@ def _check_tags(tags: object) -> tuple[str, ...]:
     return tuple(
         check_text(tag, f"tags[{i}]", max_chars=MAX_TAG_CHARS) for i, tag in enumerate(tags)
     )
+
+
+def _describe(runs: Sequence[EffectRun], most: int = 10) -> str:
+    """``"send_reminder (run 1a2b…, thread t1), …"`` for a log line, at most ``most``."""
+    text = ", ".join(f"{r.name} (run {r.id}, thread {r.thread_id})" for r in runs[:most])
+    return text + (f" and {len(runs) - most} more" if len(runs) > most else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +189,7 @@ class Runtime:
         )
         self.registry = EffectRegistry()
         self.hub = ChangeHub(self.settings.subscriber_queue_size)
+        self.hub.add_listener(log_run_change)  # one log line per run transition
         self._executor_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._store: RuntimeStore | None = None
         self._started = False
@@ -301,10 +309,19 @@ class Runtime:
         self._closing = True
         assert self._store is not None
         self.alarms.stop_timer()
-        await self.dispatcher.stop(self.settings.shutdown_grace_seconds)
+        grace = self.settings.shutdown_grace_seconds
+        running = [a.current_run for a in self.actors.open_actors() if a.current_run]
+        if running:
+            log.info("shutting down: waiting up to %g s for %d running run(s): %s", grace,
+                     len(running), _describe(running))
+        else:
+            log.info("shutting down: no run is running")
+        await self.dispatcher.stop(grace)
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
         now = self.clock.now()
+        requeued: list[EffectRun] = []
+        failed: list[EffectRun] = []
         for actor in self.actors.open_actors():
             try:
                 changed = await self.run_sync(
@@ -316,7 +333,14 @@ class Runtime:
                 log.exception("could not re-queue interrupted runs of %s", actor.thread_id)
                 continue
             for run in changed:
+                (requeued if run.status is EffectStatus.PENDING else failed).append(run)
                 self._publish_recovered(run)
+        if requeued:
+            log.info("shutdown: %d interrupted run(s) re-queued (they run again after the "
+                     "restart): %s", len(requeued), _describe(requeued))
+        if failed:
+            log.warning("shutdown: %d interrupted run(s) failed (interrupted at their "
+                        "attempt limit, %d): %s", len(failed), MAX_ATTEMPTS, _describe(failed))
         self.hub.close_all()
         await self.alarms.close()
         await self.actors.close_all()

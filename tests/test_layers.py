@@ -20,7 +20,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     1: ("runtime.effects", "runtime.events", "runtime.messages"),
     2: ("runtime.storage", "runtime.alarms", "runtime.frames", "runtime.discovery"),
     3: ("runtime.thread", "runtime.actors", "runtime.dispatcher", "runtime.executor",
-        "runtime.runs", "runtime.extension", "runtime.supervisor"),
+        "runtime.runs", "runtime.extension", "runtime.supervisor", "runtime.telemetry"),
     4: ("runtime.tools", "runtime.hooks", "runtime.agents", "runtime.agent_loop",
         "runtime.turns", "runtime.conversation", "runtime.demo_model",
         "runtime.effect_tools", "runtime._effect_toolset"),

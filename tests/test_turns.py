@@ -35,6 +35,7 @@ from runtime import (
     TurnInProgress,
 )
 from runtime.storage.models import EffectRunRow, ThreadMetaRow, sqlite_ddl
+from runtime.storage.sqlite import THREAD_SCHEMA_VERSION
 from runtime.testing import FakeClock, demo_model, override_model, parse_reminder
 from tests.storage.backends import BACKENDS, make_backend
 
@@ -463,7 +464,7 @@ async def test_a_thread_file_from_before_messages_is_migrated(
         with override_model(rt, Script(text("hi from v2")).model):
             result = await thread.send_message("hello")
         assert [m.content for m in result.messages] == ["hello", "hi from v2"]
-    assert await anyio.to_thread.run_sync(_user_version, path) == 2
+    assert await anyio.to_thread.run_sync(_user_version, path) == THREAD_SCHEMA_VERSION
 
 
 def _rewrite_as_schema_1(path: Path) -> None:

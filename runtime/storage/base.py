@@ -84,6 +84,10 @@ class ThreadStore(ABC):
 
         Durable when this returns (SQLite: per ``synchronous``). ``attempts``,
         ``started_at`` and ``finished_at`` of the given run are ignored (0, None, None).
+        Its ``trace_context`` is kept, in the same transaction, while the run is
+        unfinished: the claim and `get_run` return it; the transaction that finishes or
+        cancels the run (or fails it in `recover_interrupted`) forgets it, and a finished
+        run's is None. Other reads may leave it None.
 
         Raises:
             ThreadStorageError: the write failed, or a run with that id exists (nothing
@@ -118,7 +122,8 @@ class ThreadStore(ABC):
         Returns:
             ``(finished, claimed, next_due)``: the finished run as written (or None), the
             claimed run (status ``running``, ``attempts`` incremented, ``started_at =
-            now``; the earliest due by ``run_at``, ties by scheduling order) or None, and,
+            now``, its ``trace_context`` as inserted; the earliest due by ``run_at``, ties
+            by scheduling order) or None, and,
             when nothing was claimed (and ``claim``), the ``run_at`` of the earliest
             pending run (or None).
 
@@ -186,7 +191,8 @@ class ThreadStore(ABC):
     def get_run(self, run_id: str, now: float, retention: RetentionPolicy) -> EffectRun | None:
         """One run with its args, or None (unknown, or past retention at ``now``, by age or count).
 
-        A read: it never writes (nor prunes).
+        A read: it never writes (nor prunes). An unfinished run carries its
+        ``trace_context`` (see `insert_run`).
 
         Raises:
             ThreadStorageError: the read failed.

@@ -103,6 +103,8 @@ class MemoryThreadStore(ThreadStore):
 
     def _update(self, data: _ThreadData, seq: int, **changes: object) -> EffectRun:
         stored = data.runs[seq]
+        if changes.get("status") in FINISHED_STATUSES:
+            changes["trace_context"] = None  # kept only while the run is unfinished
         stored.run = replace(stored.run, **changes)  # type: ignore[arg-type]
         return self._out(stored)
 

@@ -65,6 +65,19 @@ class EffectRunRow(SQLModel, table=True):
     replay_of: str | None = None
 
 
+class RunTraceRow(SQLModel, table=True):
+    """The span context a pending or running run was scheduled in (`runtime.telemetry`).
+
+    A table of its own (added by a migration step, where a column could not be) holding
+    only unfinished runs: the row goes in the transaction that finishes or cancels its run.
+    """
+
+    __tablename__ = "run_traces"
+
+    run_id: str = Field(primary_key=True)
+    context: str
+
+
 class MessageRow(SQLModel, table=True):
     """One message of the thread's conversation, in the order it was stored (``seq``).
 
@@ -126,12 +139,15 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
     return statements
 
 
-THREAD_MODELS: tuple[type[SQLModel], ...] = (ThreadMetaRow, EffectRunRow, MessageRow)
+THREAD_MODELS: tuple[type[SQLModel], ...] = (
+    ThreadMetaRow, EffectRunRow, MessageRow, RunTraceRow
+)
 RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow)
 
 THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadMetaRow, EffectRunRow),
     1: (MessageRow,),
+    2: (RunTraceRow,),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""

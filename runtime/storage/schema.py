@@ -62,6 +62,17 @@ MESSAGES_DDL: tuple[str, ...] = (
 )
 """Table ``messages`` and its indexes (MessageRow)."""
 
+RUN_TRACES_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE run_traces (\n"
+        "\trun_id VARCHAR NOT NULL, \n"
+        "\tcontext VARCHAR NOT NULL, \n"
+        "\tPRIMARY KEY (run_id)\n"
+        ")"
+    ),
+)
+"""Table ``run_traces`` and its indexes (RunTraceRow)."""
+
 THREADS_DDL: tuple[str, ...] = (
     (
         "CREATE TABLE threads (\n"
@@ -91,6 +102,7 @@ ALARMS_DDL: tuple[str, ...] = (
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREAD_META_DDL, *EFFECT_RUNS_DDL),
     1: (*MESSAGES_DDL,),
+    2: (*RUN_TRACES_DDL,),
 }
 """Thread file: the statements that take schema version N to N + 1."""
 

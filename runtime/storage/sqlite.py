@@ -21,6 +21,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -44,8 +45,9 @@ from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of a current thread file (2: the ``messages`` table)."""
+THREAD_SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of a current thread file (2: the ``messages`` table, 3: the
+``run_traces`` table)."""
 
 RUNTIME_SCHEMA_VERSION = 1
 
@@ -278,14 +280,33 @@ class SQLiteThreadStore(ThreadStore):
 
     def insert_run(self, run: EffectRun) -> None:  # noqa: D102 - contract in base
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
-        self._tx(
-            lambda c: c.execute(
+
+        def tx(c: sqlite3.Connection) -> None:
+            c.execute(
                 "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
                 "attempts, replay_of) VALUES (?, ?, ?, ?, ?, ?, 0, ?)",
                 (run.id, run.name, str(run.status), args, run.run_at_ts, run.created_at_ts,
                  run.replay_of),
             )
-        )
+            if run.trace_context is not None:
+                c.execute(
+                    "INSERT INTO run_traces (run_id, context) VALUES (?, ?)",
+                    (run.id, run.trace_context),
+                )
+
+        self._tx(tx)
+
+    @staticmethod
+    def _with_trace(c: sqlite3.Connection, run: EffectRun | None) -> EffectRun | None:
+        if run is None or run.status.finished:
+            return run
+        row = c.execute("SELECT context FROM run_traces WHERE run_id = ?", (run.id,)).fetchone()
+        return replace(run, trace_context=row[0]) if row is not None else run
+
+    @staticmethod
+    def _drop_trace(c: sqlite3.Connection, run: EffectRun | None) -> None:
+        if run is not None:
+            c.execute("DELETE FROM run_traces WHERE run_id = ?", (run.id,))
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -304,6 +325,7 @@ class SQLiteThreadStore(ThreadStore):
                     f"WHERE id = ? AND status = 'running' RETURNING {_RUN_COLUMNS}",
                     (str(finish.status), finish.error, finish.finished_at, finish.run_id),
                 )
+                self._drop_trace(c, finished)
                 if retention is not None and finished is not None:
                     self._prune_in(c, now, retention, 1)
             if not claim:
@@ -316,6 +338,7 @@ class SQLiteThreadStore(ThreadStore):
                 f"RETURNING {_RUN_COLUMNS}",
                 (now, now),
             )
+            claimed = self._with_trace(c, claimed)
             next_due = None
             if claimed is None:
                 row = c.execute(
@@ -379,6 +402,8 @@ class SQLiteThreadStore(ThreadStore):
                     params = (now, run_id)
                 run = self._one(c, sql, params)
                 if run is not None:
+                    if run.status.finished:
+                        self._drop_trace(c, run)
                     changed.append(run)
             if retention is not None:
                 failed = sum(1 for r in changed if r.status is EffectStatus.FAILED)
@@ -400,6 +425,7 @@ class SQLiteThreadStore(ThreadStore):
                 f"WHERE id = ? AND status = 'pending' RETURNING {_RUN_COLUMNS}",
                 (now, run_id),
             )
+            self._drop_trace(c, run)
             if run is not None and retention is not None:
                 self._prune_in(c, now, retention, 1)
             return run
@@ -446,11 +472,11 @@ class SQLiteThreadStore(ThreadStore):
     ) -> EffectRun | None:
         def read(c: sqlite3.Connection) -> EffectRun | None:
             visible, params = self._visible(c, now, retention)
-            return self._one(
+            return self._with_trace(c, self._one(
                 c,
                 f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ? AND {visible}",
                 (run_id, *params),
-            )
+            ))
 
         return self._tx(read, write=False)
 

@@ -461,6 +461,54 @@ def test_cancel_and_run_now_change_only_pending_runs(store: ThreadStore) -> None
     assert ids(store.pending_runs()) == [b.id]
 
 
+def test_a_run_keeps_its_trace_context_until_it_finishes(
+    harness: Harness, store: ThreadStore
+) -> None:
+    ctx = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    done, failing, canceled, requeued = (
+        replace(run(), trace_context=ctx) for _ in range(4)
+    )
+    plain = run(run_at=T0 + 60)
+    for r in (done, failing, canceled, requeued, plain):
+        store.insert_run(r)
+    # It survives closing and reopening the store (a restart).
+    store.close()
+    store = harness.backend.open_thread_store("t")
+    try:
+        got = store.get_run(done.id, T0, KEEP)
+        assert got is not None and got.trace_context == ctx
+        plain_got = store.get_run(plain.id, T0, KEEP)
+        assert plain_got is not None and plain_got.trace_context is None
+
+        _, claimed, _ = store.finish_and_claim(None, T0)
+        assert claimed is not None and claimed.id == done.id and claimed.trace_context == ctx
+        finished, claimed, _ = store.finish_and_claim(finish(done.id), T0)
+        assert finished is not None and finished.trace_context is None
+        assert claimed is not None and claimed.id == failing.id
+        assert claimed.trace_context == ctx
+        finished, _, _ = store.finish_and_claim(
+            finish(failing.id, EffectStatus.FAILED), T0, claim=False
+        )
+        assert finished is not None and finished.trace_context is None
+
+        gone = store.cancel(canceled.id, T0)
+        assert gone is not None and gone.trace_context is None
+
+        # An interrupted run keeps it for its next attempt, until the last one fails.
+        for attempt in (1, 2, 3):
+            _, claimed, _ = store.finish_and_claim(None, T0)
+            assert claimed is not None and claimed.id == requeued.id
+            assert claimed.attempts == attempt and claimed.trace_context == ctx
+            (back,) = store.recover_interrupted(T0, 3)
+        assert back.status is EffectStatus.FAILED and back.trace_context is None
+        for r in (done, failing, canceled, requeued):
+            again = store.get_run(r.id, T0, KEEP)
+            assert again is not None and again.status.finished
+            assert again.trace_context is None
+    finally:
+        store.close()
+
+
 def test_pending_runs_in_due_order_by_name(store: ThreadStore) -> None:
     x1, y, x2 = run("x", run_at=T0 + 2), run("y", run_at=T0 + 1), run("x", run_at=T0 + 1)
     for r in (x1, y, x2):
