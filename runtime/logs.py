@@ -14,6 +14,8 @@ import logging
 import time
 from typing import Any
 
+from pythonjsonlogger.core import RESERVED_ATTRS
+
 LOG_FORMATS = ("text", "json")
 """The values of ``--log-format``."""
 
@@ -60,6 +62,8 @@ def log_config(log_format: str = "text", level: str = "info") -> dict[str, Any]:
             "fmt": "%(levelname)s %(name)s %(message)s",
             "rename_fields": {"levelname": "level", "name": "logger"},
             "timestamp": "time",  # ISO 8601, UTC
+            # uvicorn adds its message again with terminal colors: not for machines.
+            "reserved_attrs": [*RESERVED_ATTRS, "color_message"],
         }
     else:
         formatter = {
@@ -83,5 +87,7 @@ def log_config(log_format: str = "text", level: str = "info") -> dict[str, Any]:
             "uvicorn": {"handlers": [], "level": numeric, "propagate": True},
             "uvicorn.error": {"handlers": [], "level": numeric, "propagate": True},
             "uvicorn.access": {"handlers": [], "level": numeric, "propagate": True},
+            # The in-process timer logs each job it adds at INFO: one line per alarm.
+            "apscheduler": {"level": max(numeric, logging.WARNING)},
         },
     }

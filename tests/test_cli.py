@@ -531,7 +531,8 @@ def test_serve_refuses_what_server_py_refuses(tmp_path: Path) -> None:
     )
     assert helped.returncode == 0 and helped.stdout.startswith("usage: thread-effects serve")
     for option in ("--app-dir", "--data-dir", "--host", "--port", "--api-token",
-                   "--shutdown-grace-seconds", "--model", "--no-packages", "--log-level"):
+                   "--shutdown-grace-seconds", "--model", "--no-packages", "--log-level",
+                   "--log-format"):
         assert option in helped.stdout
 
 

@@ -305,6 +305,8 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame
             ]
             received = await frames_until(fast, change_is(ids[-1], "failed"))
             await live.api.rt.wait_idle()
+            metrics = (await live.api.client.get("/metrics")).text
+            assert "thread_effects_websocket_clients 2.0" in metrics
 
             # The reading client got every frame, in order, with no gap.
             assert len(received) == 3 * runs
@@ -323,6 +325,15 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
             assert got == list(range(first, first + len(got)))
             assert len(got) < 3 * runs
+        # What the slow client never got is counted; once both left, no client is counted.
+        async with asyncio.timeout(GUARD_SECONDS):
+            while "thread_effects_websocket_clients 0.0" not in (
+                metrics := (await live.api.client.get("/metrics")).text
+            ):
+                await asyncio.sleep(0.01)
+        (dropped,) = [line for line in metrics.splitlines()
+                      if line.startswith("thread_effects_frames_dropped_total ")]
+        assert float(dropped.split()[1]) >= 1
 
 
 def tcp_state(sock: socket.socket) -> int:
