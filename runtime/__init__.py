@@ -71,7 +71,7 @@ from runtime.storage.records import (
     InMemoryEffectStore,
     SqliteEffectStore,
 )
-from runtime.supervisor import Runtime, ThreadPage
+from runtime.supervisor import RunsPage, Runtime, ThreadPage
 from runtime.thread import Execution, RunPage, ThreadState
 from runtime.tools import ToolDefinition, define_tool
 
@@ -119,6 +119,7 @@ __all__ = [
     "RunNotFound",
     "RunPage",
     "RunStateError",
+    "RunsPage",
     "Runtime",
     "RuntimeClosed",
     "RuntimeStorageError",

@@ -46,6 +46,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -688,6 +689,54 @@ async def _list_runs(request: Request) -> Response:
             "runs": [r.to_json() for r in page.runs],
             "nextCursor": page.next_cursor,
             "counts": {str(s): n for s, n in page.counts.items()},
+        }
+    )
+
+
+def _instant(request: Request, key: str) -> float | None:
+    raw = request.query_params.get(key)
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ApiError(
+            400, "invalid_parameter",
+            f"{key} must be an ISO 8601 time such as 2026-11-30T05:40:00Z, got {_quoted(raw)}",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)  # the API speaks UTC
+    return when.timestamp()
+
+
+async def _list_all_runs(request: Request) -> Response:
+    """``GET /api/runs``: runs across threads, with filters, counts and a cursor."""
+    rt = _runtime(request)
+    limit, cursor = _page_params(request)
+    q = request.query_params
+    statuses = [s.strip() for raw in q.getlist("status") for s in raw.split(",") if s.strip()]
+    try:
+        page = await rt.list_runs(
+            status=statuses or None,
+            name=q.get("name") or None,
+            thread_id=q.get("thread_id") or None,
+            user_id=q.get("user_id") or None,
+            tag=q.get("tag") or None,
+            since=_instant(request, "since"),
+            until=_instant(request, "until"),
+            limit=limit,
+            cursor=cursor,
+        )
+    except EffectsError:
+        raise
+    except ValueError as exc:  # unknown status, bad limit, malformed cursor
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+    return JSONResponse(
+        {
+            "runs": [r.to_json() for r in page.runs],
+            "nextCursor": page.next_cursor,
+            "counts": {str(s): n for s, n in page.counts.items()},
+            "complete": page.complete,
         }
     )
 
@@ -1456,6 +1505,7 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/replay", POST=_replay),
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
         _route("/api/effects", GET=_list_effects),
+        _route("/api/runs", GET=_list_all_runs),
         _route("/api/agents", GET=_list_agents),
         _route("/api/health", GET=_health),
         _route("/api/ready", GET=_ready),

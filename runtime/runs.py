@@ -54,6 +54,27 @@ def check_limit(limit: int) -> None:
         raise ValueError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
 
 
+def parse_statuses(
+    status: EffectStatus | str | list[EffectStatus | str] | None,
+) -> list[EffectStatus] | None:
+    """One status or a list of them as `EffectStatus` values; None stays None.
+
+    Raises:
+        ValueError: an unknown status (names it and the choices).
+    """
+    if status is None:
+        return None
+    raw = [status] if isinstance(status, str) else list(status)
+    allowed = {s.value for s in EffectStatus}
+    for value in raw:
+        if value not in allowed:
+            raise ValueError(
+                f"Unknown status {short_repr(value)}; one of: "
+                f"{', '.join(s.value for s in EffectStatus)}"
+            )
+    return [EffectStatus(s) for s in raw]
+
+
 class RunOperations:
     """The run operations of every thread (the interface `ThreadState` calls).
 
@@ -252,17 +273,7 @@ class RunOperations:
         """See `ThreadState.list_runs`."""
         self._check_open()
         check_limit(limit)
-        statuses: list[EffectStatus] | None = None
-        if status is not None:
-            raw = [status] if isinstance(status, str) else list(status)
-            allowed = {s.value for s in EffectStatus}
-            for value in raw:
-                if value not in allowed:
-                    raise ValueError(
-                        f"Unknown status {short_repr(value)}; one of: "
-                        f"{', '.join(s.value for s in EffectStatus)}"
-                    )
-            statuses = [EffectStatus(s) for s in raw]
+        statuses = parse_statuses(status)
         before: int | None = None
         if cursor is not None:
             before = parse_run_cursor(cursor)

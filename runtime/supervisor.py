@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,15 +63,24 @@ from runtime.executor import IN_EFFECT, EffectExecutor
 from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
-from runtime.runs import RunOperations, check_limit
-from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
+from runtime.run_index import RunIndexer
+from runtime.runs import RunOperations, check_limit, parse_statuses
+from runtime.storage.base import RunQuery, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
 
 __all__ = [
-    "MAX_DELAY_SECONDS", "MAX_ID_CHARS", "MAX_TAGS", "MAX_TAG_CHARS", "THREAD_ID_RE",
-    "Runtime", "ThreadPage", "delay_seconds", "validate_thread_id",
+    "MAX_DELAY_SECONDS",
+    "MAX_ID_CHARS",
+    "MAX_TAGS",
+    "MAX_TAG_CHARS",
+    "THREAD_ID_RE",
+    "RunsPage",
+    "Runtime",
+    "ThreadPage",
+    "delay_seconds",
+    "validate_thread_id",
 ]
 
 log = logging.getLogger("runtime")
@@ -106,6 +116,23 @@ def _describe(runs: Sequence[EffectRun], most: int = 10) -> str:
     """``"send_reminder (run 1a2b…, thread t1), …"`` for a log line, at most ``most``."""
     text = ", ".join(f"{r.name} (run {r.id}, thread {r.thread_id})" for r in runs[:most])
     return text + (f" and {len(runs) - most} more" if len(runs) > most else "")
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPage:
+    """A page of runs across threads, newest first (by when they were scheduled).
+
+    Attributes:
+        runs: The runs (without args).
+        next_cursor: Pass as ``cursor`` for the next page; None on the last page.
+        counts: How many runs match the filters other than the status, per status.
+        complete: False while the run index is being rebuilt (runs may be missing).
+    """
+
+    runs: list[EffectRun]
+    next_cursor: str | None
+    counts: dict[EffectStatus, int]
+    complete: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +235,9 @@ class Runtime:
             retention=self.settings.retention,
         )
         self.dispatcher = Dispatcher(self.settings.max_concurrent_runs, self._drain)
+        self.run_index = RunIndexer(self.run_sync, self.clock.now, self.settings.retention)
+        self.hub.add_listener(self.run_index.observe)
+        self._rebuild: asyncio.Task[None] | None = None
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open,
@@ -273,6 +303,11 @@ class Runtime:
         self._started = True
         self.dispatcher.start()
         armed = await self.alarms.start(store)
+        if await self.run_index.start(store):
+            log.info("the run index is incomplete (a crash or an upgrade): rebuilding it")
+            self._rebuild = asyncio.create_task(
+                self.run_index.rebuild(self._every_threads_runs), name="thread-effects-reindex"
+            )
         if self.settings.freeze_gc:
             # Everything imported so far lives as long as the process: keep it out of the
             # collector's full passes, which otherwise stall the loop for tens of ms.
@@ -307,6 +342,11 @@ class Runtime:
             raise RuntimeError("Runtime.close() cannot be called from an effect: shutdown "
                                "waits for running effects, this one included")
         self._closing = True
+        if self._rebuild is not None:
+            self._rebuild.cancel()  # the next start rebuilds (the index stays incomplete)
+            with contextlib.suppress(BaseException):
+                await self._rebuild
+            self._rebuild = None
         assert self._store is not None
         self.alarms.stop_timer()
         grace = self.settings.shutdown_grace_seconds
@@ -343,6 +383,7 @@ class Runtime:
                         "attempt limit, %d): %s", len(failed), MAX_ATTEMPTS, _describe(failed))
         self.hub.close_all()
         await self.alarms.close()
+        await self.run_index.close()
         await self.actors.close_all()
         for extension in self.extensions:
             try:
@@ -492,6 +533,94 @@ class Runtime:
         if actor is not None and not actor.deleted:
             return ThreadState(self, actor.info)
         return ThreadState(self, await self.actors.info(thread_id))
+
+    async def list_runs(
+        self,
+        *,
+        status: EffectStatus | str | list[EffectStatus | str] | None = None,
+        name: str | None = None,
+        thread_id: str | None = None,
+        user_id: str | None = None,
+        tag: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunsPage:
+        """Runs across every thread, newest first (by when they were scheduled), no args.
+
+        Read from the cross-thread run index (`runtime.run_index`), after writing the
+        changes noted so far: a run changed before this call shows its change.
+
+        Args:
+            status: One status or several.
+            name: The effect name.
+            thread_id: The thread.
+            user_id: The threads' ``user_id``.
+            tag: A tag of the thread.
+            since: Due at or after this time, seconds since the epoch (UTC).
+            until: Due before this time.
+            limit: Page size, 1 to 500.
+            cursor: ``next_cursor`` of the previous page.
+
+        Raises:
+            ValueError: an unknown status, a bad limit or a malformed cursor.
+        """
+        self._check_open()
+        assert self._store is not None
+        check_limit(limit)
+        statuses = parse_statuses(status)
+        before = parse_thread_cursor(cursor) if cursor is not None else None
+        query = RunQuery(
+            statuses=tuple(statuses) if statuses is not None else None, name=name,
+            thread_id=thread_id, user_id=user_id, tag=tag, since=since, until=until,
+        )
+        await self.run_index.flush()
+        now = self.clock.now()
+        retention = self.settings.retention
+        store = self._store
+
+        def read() -> tuple[list[EffectRun], tuple[float, str] | None, dict[EffectStatus, int]]:
+            runs, nxt = store.list_indexed_runs(query, now, retention, limit, before)
+            return runs, nxt, store.count_indexed_runs(query, now, retention)
+
+        runs, nxt, counts = await self.run_sync(read)
+        return RunsPage(
+            runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
+            self.run_index.complete,
+        )
+
+    async def wait_run_index(self) -> None:
+        """Wait until a rebuild of the run index started at start-up (if any) has ended."""
+        if self._rebuild is not None:
+            await asyncio.shield(self._rebuild)
+
+    async def _every_threads_runs(self) -> AsyncIterator[list[EffectRun]]:
+        """Each thread's runs (those reads show), read under its lock: for a rebuild."""
+        assert self._store is not None
+        after: tuple[float, str] | None = None
+        while True:
+            infos, after = await self.run_sync(self._store.list_threads, 500, after)
+            for info in infos:
+                try:
+                    async with self.actors.writing(info.id) as actor:
+                        runs = await self.run_sync(self._all_runs, actor.store)
+                except (ThreadNotFound, ThreadStorageError) as exc:
+                    log.warning("run index: thread %s skipped: %s", info.id, exc)
+                    continue
+                yield runs
+            if after is None:
+                return
+
+    def _all_runs(self, store: ThreadStore) -> list[EffectRun]:
+        now, retention = self.clock.now(), self.settings.retention
+        out: list[EffectRun] = []
+        before: int | None = None
+        while True:
+            runs, before = store.list_runs(now, retention, limit=500, before_seq=before)
+            out.extend(replace(r, args=None) for r in runs)
+            if before is None:
+                return out
 
     async def list_threads(self, *, limit: int = 50, cursor: str | None = None) -> ThreadPage:
         """Threads, newest first.

@@ -121,6 +121,45 @@ class AlarmRow(SQLModel, table=True):
     due_at: float
 
 
+class RunIndexRow(SQLModel, table=True):
+    """The cross-thread run index: one row per run of every thread, without its args.
+
+    Kept by the runtime's indexer from the change hub (in batches), so that runs can be
+    listed across threads without opening every thread file. The thread file stays the
+    truth; this is a copy of what lists need. Times are seconds since the epoch, UTC.
+    """
+
+    __tablename__ = "run_index"
+    __table_args__ = (
+        Index("ix_run_index_created", "created_at", "run_id"),
+        Index("ix_run_index_status", "status", "created_at", "run_id"),
+        Index("ix_run_index_name", "name", "created_at", "run_id"),
+        Index("ix_run_index_thread", "thread_id", "created_at", "run_id"),
+        Index("ix_run_index_finished", "status", "finished_at"),
+    )
+
+    run_id: str = Field(primary_key=True)
+    thread_id: str
+    name: str
+    status: str
+    run_at: float
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    error: str | None = None
+    replay_of: str | None = None
+
+
+class RuntimeMetaRow(SQLModel, table=True):
+    """Key/value facts of the runtime database (whether the run index is complete)."""
+
+    __tablename__ = "runtime_meta"
+
+    key: str = Field(primary_key=True)
+    value: str
+
+
 def _table(model: type[SQLModel]) -> Table:
     table = model.__table__  # type: ignore[attr-defined]
     assert isinstance(table, Table)
@@ -142,7 +181,7 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
 THREAD_MODELS: tuple[type[SQLModel], ...] = (
     ThreadMetaRow, EffectRunRow, MessageRow, RunTraceRow
 )
-RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow)
+RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow, RunIndexRow, RuntimeMetaRow)
 
 THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadMetaRow, EffectRunRow),
@@ -152,7 +191,10 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
 
-RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {0: RUNTIME_MODELS}
+RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
+    0: (ThreadRow, AlarmRow),
+    1: (RunIndexRow, RuntimeMetaRow),
+}
 """The same for ``runtime.sqlite``."""
 
 SCHEMA_PATH = Path(__file__).with_name("schema.py")

@@ -99,6 +99,42 @@ ALARMS_DDL: tuple[str, ...] = (
 )
 """Table ``alarms`` and its indexes (AlarmRow)."""
 
+RUN_INDEX_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE run_index (\n"
+        "\trun_id VARCHAR NOT NULL, \n"
+        "\tthread_id VARCHAR NOT NULL, \n"
+        "\tname VARCHAR NOT NULL, \n"
+        "\tstatus VARCHAR NOT NULL, \n"
+        "\trun_at FLOAT NOT NULL, \n"
+        "\tcreated_at FLOAT NOT NULL, \n"
+        "\tstarted_at FLOAT, \n"
+        "\tfinished_at FLOAT, \n"
+        "\tattempts INTEGER NOT NULL, \n"
+        "\terror VARCHAR, \n"
+        "\treplay_of VARCHAR, \n"
+        "\tPRIMARY KEY (run_id)\n"
+        ")"
+    ),
+    "CREATE INDEX ix_run_index_created ON run_index (created_at, run_id)",
+    "CREATE INDEX ix_run_index_finished ON run_index (status, finished_at)",
+    "CREATE INDEX ix_run_index_name ON run_index (name, created_at, run_id)",
+    "CREATE INDEX ix_run_index_status ON run_index (status, created_at, run_id)",
+    "CREATE INDEX ix_run_index_thread ON run_index (thread_id, created_at, run_id)",
+)
+"""Table ``run_index`` and its indexes (RunIndexRow)."""
+
+RUNTIME_META_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE runtime_meta (\n"
+        "\t\"key\" VARCHAR NOT NULL, \n"
+        "\tvalue VARCHAR NOT NULL, \n"
+        "\tPRIMARY KEY (\"key\")\n"
+        ")"
+    ),
+)
+"""Table ``runtime_meta`` and its indexes (RuntimeMetaRow)."""
+
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREAD_META_DDL, *EFFECT_RUNS_DDL),
     1: (*MESSAGES_DDL,),
@@ -108,5 +144,6 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREADS_DDL, *ALARMS_DDL),
+    1: (*RUN_INDEX_DDL, *RUNTIME_META_DDL),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

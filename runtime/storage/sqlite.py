@@ -35,7 +35,14 @@ from runtime.errors import (
 )
 from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
-from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.base import (
+    Finish,
+    RunQuery,
+    RuntimeStore,
+    StorageBackend,
+    ThreadInfo,
+    ThreadStore,
+)
 
 # Migrations from version N to N+1, applied in one transaction when an older file is
 # opened. Version 0 is a new, empty file: its "migration" creates the schema. The DDL is
@@ -49,7 +56,14 @@ THREAD_SCHEMA_VERSION = 3
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table, 3: the
 ``run_traces`` table)."""
 
-RUNTIME_SCHEMA_VERSION = 1
+RUNTIME_SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of a current runtime database (2: the run index)."""
+
+_INDEX_COLUMNS = (
+    "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
+    "attempts, error, replay_of"
+)
+_INDEX_COMPLETE = "run_index_complete"
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
@@ -703,7 +717,10 @@ class SQLiteRuntimeStore(RuntimeStore):
         self.path = path
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = _connect(path, synchronous)
+        before = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         _migrate(self._conn, RUNTIME_SCHEMA_VERSION, RUNTIME_MIGRATIONS, str(path))
+        if before == 0:  # a new database: its (empty) index holds every run there is
+            self.set_run_index_complete(True)
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         with self._lock:
@@ -760,9 +777,133 @@ class SQLiteRuntimeStore(RuntimeStore):
     def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
             c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,))
+            c.execute("DELETE FROM run_index WHERE thread_id = ?", (thread_id,))
             return c.execute("DELETE FROM threads WHERE id = ?", (thread_id,)).rowcount == 1
 
         return self._tx(tx)
+
+    # ------------------------------------------------------------ run index
+
+    def index_runs(self, runs: Sequence[EffectRun]) -> None:  # noqa: D102
+        if not runs:
+            return
+        rows = [
+            (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
+             r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of)
+            for r in runs
+        ]
+        self._tx(
+            lambda c: c.executemany(
+                f"INSERT INTO run_index ({_INDEX_COLUMNS}) "
+                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+                f"WHERE EXISTS (SELECT 1 FROM threads WHERE id = ?2) "
+                f"ON CONFLICT(run_id) DO UPDATE SET status = excluded.status, "
+                f"run_at = excluded.run_at, started_at = excluded.started_at, "
+                f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
+                f"error = excluded.error",
+                rows,
+            )
+        )
+
+    @staticmethod
+    def _where(
+        query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool = True
+    ) -> tuple[str, list[Any]]:
+        parts = [f"NOT ({_EXPIRED})"]
+        params: list[Any] = [now - retention.completed_seconds, now - retention.failed_seconds]
+        if statuses and query.statuses is not None:
+            parts.append(f"status IN ({','.join('?' * len(query.statuses))})")
+            params += [str(s) for s in query.statuses]
+        for column, value in (("name", query.name), ("thread_id", query.thread_id)):
+            if value is not None:
+                parts.append(f"{column} = ?")
+                params.append(value)
+        if query.since is not None:
+            parts.append("run_at >= ?")
+            params.append(query.since)
+        if query.until is not None:
+            parts.append("run_at < ?")
+            params.append(query.until)
+        if query.user_id is not None or query.tag is not None:
+            thread = ["t.id = run_index.thread_id"]
+            if query.user_id is not None:
+                thread.append("t.user_id = ?")
+                params.append(query.user_id)
+            if query.tag is not None:
+                thread.append("EXISTS (SELECT 1 FROM json_each(t.tags) WHERE value = ?)")
+                params.append(query.tag)
+            parts.append(f"EXISTS (SELECT 1 FROM threads t WHERE {' AND '.join(thread)})")
+        return " AND ".join(parts), params
+
+    def list_indexed_runs(  # noqa: D102
+        self,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        where, params = self._where(query, now, retention)
+        if before is not None:
+            where += " AND (created_at, run_id) < (?, ?)"
+            params += [before[0], before[1]]
+        sql = (
+            f"SELECT {_INDEX_COLUMNS} FROM run_index WHERE {where} "
+            f"ORDER BY created_at DESC, run_id DESC LIMIT ?"
+        )
+        rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall(), write=False)
+        runs = [
+            EffectRun(
+                id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
+                run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
+                attempts=r[8], error=r[9], replay_of=r[10],
+            )
+            for r in rows[:limit]
+        ]
+        cursor = (runs[-1].created_at_ts, runs[-1].id) if len(rows) > limit else None
+        return runs, cursor
+
+    def count_indexed_runs(  # noqa: D102
+        self, query: RunQuery, now: float, retention: RetentionPolicy
+    ) -> dict[EffectStatus, int]:
+        where, params = self._where(query, now, retention, statuses=False)
+        rows = self._tx(
+            lambda c: c.execute(
+                f"SELECT status, count(*) FROM run_index WHERE {where} GROUP BY status",
+                params,
+            ).fetchall(),
+            write=False,
+        )
+        counts = dict.fromkeys(EffectStatus, 0)
+        for status, n in rows:
+            counts[EffectStatus(status)] = int(n)
+        return counts
+
+    def prune_run_index(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
+        return self._tx(
+            lambda c: c.execute(
+                f"DELETE FROM run_index WHERE {_EXPIRED}",
+                (now - retention.completed_seconds, now - retention.failed_seconds),
+            ).rowcount
+        )
+
+    def run_index_complete(self) -> bool:  # noqa: D102
+        row = self._tx(
+            lambda c: c.execute(
+                "SELECT value FROM runtime_meta WHERE key = ?", (_INDEX_COMPLETE,)
+            ).fetchone(),
+            write=False,
+        )
+        return row is not None and row[0] == "1"
+
+    def set_run_index_complete(self, complete: bool) -> None:  # noqa: D102
+        self._tx(
+            lambda c: c.execute(
+                "INSERT INTO runtime_meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (_INDEX_COMPLETE, "1" if complete else "0"),
+            )
+        )
 
     def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
         if due_at is None:

@@ -20,13 +20,14 @@ from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageErro
 from runtime.messages import Message, MessageRole
 from runtime.storage.base import (
     Finish,
+    RunQuery,
     RuntimeStore,
     StorageBackend,
     ThreadInfo,
     ThreadStore,
 )
 from runtime.storage.memory import MemoryBackend
-from runtime.storage.sqlite import SQLiteBackend
+from runtime.storage.sqlite import RUNTIME_SCHEMA_VERSION, SQLiteBackend
 
 T0 = 1_800_000_000.0
 DAY = 86_400.0
@@ -243,7 +244,7 @@ def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harn
     harness.make_runtime_newer(99)
     with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
         harness.backend.open()
-    harness.make_runtime_newer(1)
+    harness.make_runtime_newer(RUNTIME_SCHEMA_VERSION)  # back to the current version
     harness.backend.open().close()
 
 
@@ -774,3 +775,104 @@ def test_a_failed_run_past_its_age_does_not_count_toward_max_finished(
     assert ids(store.list_runs(T0 + DAY + 3, policy)[0]) == [done[1].id, done[0].id]
     assert store.prune(T0 + DAY + 3, policy) == 1
     assert ids(store.list_runs(T0 + DAY + 3, KEEP)[0]) == [done[1].id, done[0].id]
+
+
+# ------------------------------------------------------------------ run index
+
+
+def indexed(thread_id: str, n: int, **kw: object) -> EffectRun:
+    fields: dict[str, object] = {
+        "id": f"x{n:04d}", "thread_id": thread_id, "name": "record",
+        "status": EffectStatus.PENDING, "args": {"secret": 1}, "run_at_ts": T0 + n,
+        "created_at_ts": T0 + n,
+    }
+    fields.update(kw)
+    return EffectRun(**fields)  # type: ignore[arg-type]
+
+
+def test_the_run_index_lists_across_threads_newest_first_with_filters(
+    rtdb: RuntimeStore,
+) -> None:
+    rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0, user_id="u1", tags=("vip", "x")))
+    rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0, user_id="u2"))
+    runs = [
+        indexed("a", 1),
+        indexed("b", 2, name="send"),
+        indexed("a", 3, status=EffectStatus.FAILED, finished_at_ts=T0 + 3, error="boom"),
+        indexed("b", 4, status=EffectStatus.COMPLETED, finished_at_ts=T0 + 4),
+        indexed("a", 5, created_at_ts=T0 + 4),  # same created_at as x0004: ties by id
+        indexed("gone", 6),  # a thread that is not registered: skipped
+    ]
+    rtdb.index_runs(runs)
+    q = RunQuery()
+    page, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 10)
+    assert ids(page) == ["x0005", "x0004", "x0003", "x0002", "x0001"] and cursor is None
+    assert all(r.args is None for r in page)
+    assert page[2].error == "boom" and page[2].status is EffectStatus.FAILED
+
+    # Pages with a stable cursor, while runs change and new ones arrive.
+    first, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 2)
+    assert ids(first) == ["x0005", "x0004"] and cursor == (T0 + 4, "x0004")
+    rtdb.index_runs([indexed("a", 9), replace(runs[3], status=EffectStatus.COMPLETED)])
+    rest, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 2, cursor)
+    assert ids(rest) == ["x0003", "x0002"] and cursor == (T0 + 2, "x0002")
+    last, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 2, cursor)
+    assert ids(last) == ["x0001"] and cursor is None
+
+    def listed(**kw: object) -> list[str]:
+        return ids(rtdb.list_indexed_runs(RunQuery(**kw), T0, KEEP, 50)[0])  # type: ignore[arg-type]
+
+    assert listed(statuses=(EffectStatus.FAILED, EffectStatus.COMPLETED)) == ["x0004", "x0003"]
+    assert listed(name="send") == ["x0002"]
+    assert listed(thread_id="b") == ["x0004", "x0002"]
+    assert listed(user_id="u1") == ["x0009", "x0005", "x0003", "x0001"]
+    assert listed(tag="vip", statuses=(EffectStatus.PENDING,)) == ["x0009", "x0005", "x0001"]
+    assert listed(tag="nope") == []
+    assert listed(since=T0 + 2, until=T0 + 4) == ["x0003", "x0002"]  # by due time
+
+    counts = rtdb.count_indexed_runs(RunQuery(thread_id="a", statuses=(EffectStatus.FAILED,)),
+                                     T0, KEEP)
+    assert counts == {EffectStatus.PENDING: 3, EffectStatus.RUNNING: 0,
+                      EffectStatus.COMPLETED: 0, EffectStatus.FAILED: 1,
+                      EffectStatus.CANCELED: 0}
+
+    # An update replaces the entry; deleting the thread removes its entries.
+    rtdb.index_runs([replace(runs[0], status=EffectStatus.RUNNING, attempts=1,
+                             started_at_ts=T0 + 7)])
+    (entry,) = [r for r in rtdb.list_indexed_runs(q, T0, KEEP, 50)[0] if r.id == "x0001"]
+    assert (entry.status, entry.attempts, entry.started_at_ts) == (
+        EffectStatus.RUNNING, 1, T0 + 7
+    )
+    assert rtdb.delete_thread("a")
+    assert listed() == ["x0004", "x0002"]
+
+
+def test_the_run_index_hides_and_prunes_runs_past_retention(rtdb: RuntimeStore) -> None:
+    rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0))
+    policy = RetentionPolicy(completed_seconds=10 * DAY, failed_seconds=DAY)
+    rtdb.index_runs([
+        indexed("a", 1, status=EffectStatus.FAILED, finished_at_ts=T0),
+        indexed("a", 2, status=EffectStatus.COMPLETED, finished_at_ts=T0),
+        indexed("a", 3),
+    ])
+    later = T0 + 2 * DAY
+    assert ids(rtdb.list_indexed_runs(RunQuery(), later, policy, 10)[0]) == ["x0003", "x0002"]
+    assert rtdb.count_indexed_runs(RunQuery(), later, policy)[EffectStatus.FAILED] == 0
+    assert rtdb.prune_run_index(later, policy) == 1
+    assert rtdb.prune_run_index(later, policy) == 0
+    assert ids(rtdb.list_indexed_runs(RunQuery(), T0, KEEP, 10)[0]) == ["x0003", "x0002"]
+
+
+def test_whether_the_run_index_is_complete_is_kept(harness: Harness) -> None:
+    rtdb = harness.backend.open()
+    assert rtdb.run_index_complete() is True  # a new store: nothing to index
+    rtdb.set_run_index_complete(False)
+    rtdb.close()
+    harness.backend.close()
+    rtdb = harness.backend.open()
+    try:
+        assert rtdb.run_index_complete() is False
+        rtdb.set_run_index_complete(True)
+        assert rtdb.run_index_complete() is True
+    finally:
+        rtdb.close()
