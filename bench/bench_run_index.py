@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, base: Path) -> None:
         ("user_id=u42", page(RunQuery(user_id="u42"))),
         ("tag=vip", page(RunQuery(tag="vip"))),
         ("thread_id", page(RunQuery(thread_id="t000042"))),
-        ("since/until (1 h window)", page(RunQuery(since=now - 7200, until=now - 3600))),
+        ("since/until (5 min window)", page(RunQuery(since=now - 600, until=now - 300))),
         ("counts, no filter", lambda: store.count_indexed_runs(RunQuery(), now, keep)),
         ("counts, user_id=u42", lambda: store.count_indexed_runs(RunQuery(user_id="u42"),
                                                                  now, keep)),

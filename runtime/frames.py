@@ -31,6 +31,9 @@ _E = TypeVar("_E", EffectChanged, MessageCreated)
 
 log = logging.getLogger("runtime")
 
+ALL_THREADS = "*"
+"""The key of the subscriptions to every thread's run changes (not a valid thread id)."""
+
 Listener = Callable[[ThreadEvent], None]
 """A callback that sees every event of every thread (`ChangeHub.add_listener`)."""
 
@@ -130,6 +133,16 @@ class ChangeHub:
         self._subs.setdefault(thread_id, set()).add(sub)
         return sub
 
+    def subscribe_runs(self) -> Subscription:
+        """A new subscription to the run changes (`EffectChanged`) of every thread.
+
+        Each event keeps its thread's ``seq``. It ends at shutdown (`close_all`), not when
+        a thread is deleted; like any subscription it overflows when read too slowly.
+        """
+        sub = Subscription(self, ALL_THREADS, self.queue_size)
+        self._subs.setdefault(ALL_THREADS, set()).add(sub)
+        return sub
+
     def _remove(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.thread_id)
         if subs is not None:
@@ -160,6 +173,9 @@ class ChangeHub:
         seq = self._seq.get(thread_id, 0) + 1
         self._seq[thread_id] = seq
         event = make(seq)
+        if isinstance(event, EffectChanged):
+            for sub in list(self._subs.get(ALL_THREADS, ())):
+                sub._push(event)
         for listener in self._listeners:
             try:
                 listener(event)

@@ -1166,6 +1166,31 @@ async def _stream(websocket: WebSocket) -> None:
         subscription.close()
 
 
+async def _stream_runs(websocket: WebSocket) -> None:
+    """``WS /api/stream``: the ``effect_changed`` frames of every thread."""
+    rt = _runtime(websocket)
+    try:
+        subscription = rt.subscribe_runs()
+    except RuntimeClosed:
+        await websocket.accept()
+        await websocket.close(CLOSE_SERVICE_RESTART, "The server is shutting down")
+        return
+
+    async def why_closed() -> tuple[int, str]:
+        return CLOSE_SERVICE_RESTART, "The server is shutting down"
+
+    try:
+        await websocket.accept()
+        stream = FrameStream(
+            websocket, subscription, rt.settings.subscriber_queue_size,
+            websocket.app.state.ws_close_timeout_seconds,
+            getattr(websocket.app.state, "metrics", None),
+        )
+        await stream.run(why_closed)
+    finally:
+        subscription.close()
+
+
 # ------------------------------------------------------- metrics and probes
 
 
@@ -1511,6 +1536,7 @@ def create_app(
         _route("/api/ready", GET=_ready),
         _route("/metrics", GET=_metrics),
         WebSocketRoute("/api/threads/{tid}/stream", _stream),
+        WebSocketRoute("/api/stream", _stream_runs),
     ]
     # Conversations and the app's thread endpoints (runtime/endpoints.py, docs/agents.md),
     # after the built-in routes, which win on an overlap. A bad file in <app_dir>/api/

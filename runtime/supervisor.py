@@ -61,7 +61,7 @@ from runtime.errors import (
 from runtime.events import RunChange
 from runtime.executor import IN_EFFECT, EffectExecutor
 from runtime.extension import Conversation, Extension, default_extensions
-from runtime.frames import ChangeHub
+from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.run_index import RunIndexer
 from runtime.runs import RunOperations, check_limit, parse_statuses
@@ -302,8 +302,10 @@ class Runtime:
         self.actors.registry = store
         self._started = True
         self.dispatcher.start()
+        rebuild = await self.run_index.start(store)
+        # Last: from here alarms go off, and due runs start as soon as start() yields.
         armed = await self.alarms.start(store)
-        if await self.run_index.start(store):
+        if rebuild:
             log.info("the run index is incomplete (a crash or an upgrade): rebuilding it")
             self._rebuild = asyncio.create_task(
                 self.run_index.rebuild(self._every_threads_runs), name="thread-effects-reindex"
@@ -589,6 +591,17 @@ class Runtime:
             runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
             self.run_index.complete,
         )
+
+    def subscribe_runs(self) -> Subscription:
+        """A subscription to the run changes of every thread (`EffectChanged`, no args).
+
+        Each event keeps its thread's ``seq``; the subscription ends at shutdown.
+
+        Raises:
+            RuntimeClosed: the runtime is not running.
+        """
+        self._check_open()
+        return self.hub.subscribe_runs()
 
     async def wait_run_index(self) -> None:
         """Wait until a rebuild of the run index started at start-up (if any) has ended."""

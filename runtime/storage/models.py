@@ -135,11 +135,14 @@ class RunIndexRow(SQLModel, table=True):
         Index("ix_run_index_status", "status", "created_at", "run_id"),
         Index("ix_run_index_name", "name", "created_at", "run_id"),
         Index("ix_run_index_thread", "thread_id", "created_at", "run_id"),
+        Index("ix_run_index_user", "user_id", "created_at", "run_id"),
+        Index("ix_run_index_due", "run_at"),
         Index("ix_run_index_finished", "status", "finished_at"),
     )
 
     run_id: str = Field(primary_key=True)
     thread_id: str
+    user_id: str | None = None  # the thread's, copied: "runs of this user" uses an index
     name: str
     status: str
     run_at: float

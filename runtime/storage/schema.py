@@ -104,6 +104,7 @@ RUN_INDEX_DDL: tuple[str, ...] = (
         "CREATE TABLE run_index (\n"
         "\trun_id VARCHAR NOT NULL, \n"
         "\tthread_id VARCHAR NOT NULL, \n"
+        "\tuser_id VARCHAR, \n"
         "\tname VARCHAR NOT NULL, \n"
         "\tstatus VARCHAR NOT NULL, \n"
         "\trun_at FLOAT NOT NULL, \n"
@@ -117,10 +118,12 @@ RUN_INDEX_DDL: tuple[str, ...] = (
         ")"
     ),
     "CREATE INDEX ix_run_index_created ON run_index (created_at, run_id)",
+    "CREATE INDEX ix_run_index_due ON run_index (run_at)",
     "CREATE INDEX ix_run_index_finished ON run_index (status, finished_at)",
     "CREATE INDEX ix_run_index_name ON run_index (name, created_at, run_id)",
     "CREATE INDEX ix_run_index_status ON run_index (status, created_at, run_id)",
     "CREATE INDEX ix_run_index_thread ON run_index (thread_id, created_at, run_id)",
+    "CREATE INDEX ix_run_index_user ON run_index (user_id, created_at, run_id)",
 )
 """Table ``run_index`` and its indexes (RunIndexRow)."""
 

@@ -794,9 +794,9 @@ class SQLiteRuntimeStore(RuntimeStore):
         ]
         self._tx(
             lambda c: c.executemany(
-                f"INSERT INTO run_index ({_INDEX_COLUMNS}) "
-                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
-                f"WHERE EXISTS (SELECT 1 FROM threads WHERE id = ?2) "
+                f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
+                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
+                f"FROM threads t WHERE t.id = ?2 "
                 f"ON CONFLICT(run_id) DO UPDATE SET status = excluded.status, "
                 f"run_at = excluded.run_at, started_at = excluded.started_at, "
                 f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
@@ -824,15 +824,15 @@ class SQLiteRuntimeStore(RuntimeStore):
         if query.until is not None:
             parts.append("run_at < ?")
             params.append(query.until)
-        if query.user_id is not None or query.tag is not None:
-            thread = ["t.id = run_index.thread_id"]
-            if query.user_id is not None:
-                thread.append("t.user_id = ?")
-                params.append(query.user_id)
-            if query.tag is not None:
-                thread.append("EXISTS (SELECT 1 FROM json_each(t.tags) WHERE value = ?)")
-                params.append(query.tag)
-            parts.append(f"EXISTS (SELECT 1 FROM threads t WHERE {' AND '.join(thread)})")
+        if query.user_id is not None:
+            parts.append("user_id = ?")  # the thread's, copied into the row
+            params.append(query.user_id)
+        if query.tag is not None:
+            parts.append(
+                "EXISTS (SELECT 1 FROM threads t, json_each(t.tags) "
+                "WHERE t.id = run_index.thread_id AND json_each.value = ?)"
+            )
+            params.append(query.tag)
         return " AND ".join(parts), params
 
     def list_indexed_runs(  # noqa: D102
