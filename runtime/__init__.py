@@ -19,7 +19,7 @@ from runtime.effect_tools import (
     define_effect_tool,
     wrap_tools_for_run,
 )
-from runtime.effects import EffectDefinition, EffectRun, EffectStatus, define_effect
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunAttempt, define_effect
 from runtime.endpoints import ThreadEndpointDefinition, define_thread_endpoint
 from runtime.errors import (
     AgentDefinitionError,
@@ -115,6 +115,7 @@ __all__ = [
     "MessageRole",
     "ModelNotAvailable",
     "RetentionPolicy",
+    "RunAttempt",
     "RunChange",
     "RunNotFound",
     "RunPage",

@@ -442,6 +442,16 @@ _RUN_COLUMNS = [
 ]
 
 
+_ATTEMPT_COLUMNS = [
+    _Column("Attempt", justify="right"),
+    _Column("Started (UTC)", drop=2),
+    _Column("Ended (UTC)", drop=1),
+    _Column("Duration", drop=3, justify="right"),
+    _Column("Outcome"),
+    _Column("Error", shrinks=True),
+]
+
+
 _THREAD_COLUMNS = [
     _Column("Thread"),
     _Column("Created (UTC)", drop=1),
@@ -737,7 +747,8 @@ def runs_show(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) ->
         _print_json(run)
         return
     args = run.get("args")
-    _console().print(_details([
+    console = _console()
+    console.print(_details([
         ("Run", run["id"]),
         ("Thread", run["threadId"]),
         ("Effect", run["name"]),
@@ -753,6 +764,19 @@ def runs_show(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) ->
         ("Args", Text(json.dumps(args, indent=2, ensure_ascii=False))
          if args is not None else _text(None)),
     ]))
+    attempts: list[dict[str, Any]] = run.get("attemptDetails") or []
+    if attempts:
+        console.print(_table(console, _ATTEMPT_COLUMNS, [
+            [
+                _text(a["attempt"]),
+                _when(a["startedAt"]),
+                _when(a["endedAt"]),
+                _duration(a["startedAt"], a["endedAt"]),
+                _status(a["outcome"]),
+                _first_line(a["error"]),
+            ]
+            for a in attempts
+        ]))
 
 
 def _run_action(

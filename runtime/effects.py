@@ -258,6 +258,36 @@ class EffectRun:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class RunAttempt:
+    """One attempt of a run: when it started, when and how it ended.
+
+    Attributes:
+        attempt: Its number (1 for the first).
+        started_at_ts: When it started, seconds since the epoch (UTC).
+        ended_at_ts: When it ended, or None while it runs.
+        outcome: ``running``, ``completed``, ``failed`` or ``interrupted`` (a restart or
+            shutdown stopped it; the run went back to pending, or failed at the limit).
+        error: Why it failed, or None.
+    """
+
+    attempt: int
+    started_at_ts: float
+    ended_at_ts: float | None
+    outcome: str
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"attempt", "startedAt", "endedAt", "outcome", "error"}``."""
+        return {
+            "attempt": self.attempt,
+            "startedAt": _iso(self.started_at_ts),
+            "endedAt": _iso(self.ended_at_ts),
+            "outcome": self.outcome,
+            "error": self.error,
+        }
+
+
 def iso(ts: float | None) -> str | None:
     """Seconds since the epoch → ISO 8601 UTC with a ``Z`` suffix (None stays None)."""
     return _iso(ts)

@@ -706,7 +706,9 @@ def _instant(request: Request, key: str) -> float | None:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)  # the API speaks UTC
-    return when.timestamp()
+    # The API shows times to the microsecond (rounded): a bound names every run shown at
+    # that microsecond, so `since=<a run's runAt>` includes that run.
+    return when.timestamp() - 0.5e-6
 
 
 async def _list_all_runs(request: Request) -> Response:
@@ -757,7 +759,10 @@ async def _schedule(request: Request) -> Response:
 async def _get_run(request: Request) -> Response:
     state = await _thread(request)
     run = await state.get_run(request.path_params["run_id"])
-    return JSONResponse(run.to_json(include_args=True))
+    attempts = await state.get_run_attempts(run.id)
+    return JSONResponse(
+        {**run.to_json(include_args=True), "attemptDetails": [a.to_json() for a in attempts]}
+    )
 
 
 async def _run_now(request: Request) -> Response:

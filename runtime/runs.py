@@ -27,7 +27,7 @@ from runtime.actors import ActorTable
 from runtime.alarms import AlarmIndex
 from runtime.config import Settings
 from runtime.discovery import EffectRegistry
-from runtime.effects import EffectDefinition, EffectRun, EffectStatus
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import (
     EffectNotFound,
     InvalidEffectArgs,
@@ -228,6 +228,18 @@ class RunOperations:
         if run is None:
             raise RunNotFound(thread_id, str(run_id))
         return run
+
+    async def attempts(self, thread_id: str, run_id: str) -> list[RunAttempt]:
+        """See `ThreadState.get_run_attempts`."""
+        self._check_open()
+        async with self._actors.use(thread_id) as actor:
+            run = await self._run_sync(
+                actor.store.get_run, str(run_id), self._now(), self._settings.retention
+            )
+            if run is None:
+                raise RunNotFound(thread_id, str(run_id))
+            found: list[RunAttempt] = await self._run_sync(actor.store.run_attempts, run.id)
+            return found
 
     async def run_now(self, thread_id: str, run_id: str) -> EffectRun:
         """See `ThreadState.run_now`."""

@@ -289,8 +289,14 @@ def test_runs_show(server: ServerProcess) -> None:
     assert "Status     pending" in table and "Started    -" in table
     assert '"text": "later"' in table
 
-    failed = ok(server.url, "runs", "show", runs["failed"], "-t", tid)
+    failed = ok(server.url, "runs", "show", runs["failed"], "-t", tid, columns=200)
     assert "Error      DemoFailure: no [red]luck" in failed
+    # Each attempt, with how it ended.
+    assert [(a["attempt"], a["outcome"]) for a in run["attemptDetails"]] == [(1, "failed")]
+    head = next(line for line in failed.splitlines() if "Attempt" in line and "Outcome" in line)
+    assert head.split()[:1] == ["Attempt"]
+    row = failed.splitlines()[failed.splitlines().index(head) + 1:][0:3]
+    assert any(" failed " in line and "DemoFailure" in line for line in row), failed
 
     unknown = te(server.url, "runs", "show", "f" * 32, "-t", tid)
     assert unknown.exit_code == 1

@@ -42,6 +42,7 @@ async def test_filters_counts_and_cursors_over_a_thousand_threads(tmp_path: Path
                 failing.add(await thread.schedule_effect("boom", {"message": "no"}))
             else:
                 await thread.schedule_effect("ping")
+        clock.advance(0.001)
         later = await thread.schedule_effect("ping", delay=3600)
         await rt.wait_idle()
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.config import RetentionPolicy
-from runtime.effects import EffectRun, EffectStatus
+from runtime.effects import EffectRun, EffectStatus, RunAttempt
 from runtime.messages import Message
 
 
@@ -152,6 +152,19 @@ class ThreadStore(ABC):
 
         Raises:
             ThreadStorageError: the transaction failed; nothing was written.
+        """
+
+    @abstractmethod
+    def run_attempts(self, run_id: str) -> list[RunAttempt]:
+        """The attempts of a run, first first (empty for an unknown or pruned run).
+
+        The claim in `finish_and_claim` adds one (outcome ``running``); recording the
+        outcome ends it (``completed`` or ``failed`` with the error), and
+        `recover_interrupted` ends it ``interrupted``, each in the same transaction.
+        Deleting a run deletes its attempts.
+
+        Raises:
+            ThreadStorageError: the read failed.
         """
 
     @abstractmethod

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from runtime.config import RetentionPolicy
-from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
 from runtime.messages import Message, message_from_row
 from runtime.storage.base import (
@@ -33,7 +33,7 @@ from runtime.storage.base import (
     ThreadStore,
 )
 
-THREAD_SCHEMA_VERSION = 3
+THREAD_SCHEMA_VERSION = 4
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
 RUNTIME_SCHEMA_VERSION = 2
@@ -45,6 +45,7 @@ class _StoredRun:
     seq: int
     run: EffectRun  # with args=None; the args are kept as JSON text beside it
     args_json: str | None
+    attempts: list[RunAttempt] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -114,6 +115,18 @@ class MemoryThreadStore(ThreadStore):
             changes["trace_context"] = None  # kept only while the run is unfinished
         stored.run = replace(stored.run, **changes)  # type: ignore[arg-type]
         return self._out(stored)
+
+    @staticmethod
+    def _end_attempt(stored: _StoredRun, outcome: str, at: float, error: str | None) -> None:
+        if stored.attempts and stored.attempts[-1].attempt == stored.run.attempts:
+            last = stored.attempts[-1]
+            stored.attempts[-1] = replace(last, ended_at_ts=at, outcome=outcome, error=error)
+
+    def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
+        with self._data.lock:
+            data = self._open_data()
+            seq = data.seq_of.get(run_id)
+            return [] if seq is None else list(data.runs[seq].attempts)
 
     def _find(self, data: _ThreadData, run_id: str, status: EffectStatus) -> int | None:
         seq = data.seq_of.get(run_id)
@@ -201,6 +214,8 @@ class MemoryThreadStore(ThreadStore):
                         data, seq, status=finish.status, error=finish.error,
                         finished_at_ts=finish.finished_at,
                     )
+                    self._end_attempt(data.runs[seq], str(finish.status),
+                                      finish.finished_at, finish.error)
                     if retention is not None:
                         self._prune_in(data, now, retention)
             if not claim:
@@ -213,6 +228,7 @@ class MemoryThreadStore(ThreadStore):
                     data, first.seq, status=EffectStatus.RUNNING,
                     attempts=first.run.attempts + 1, started_at_ts=now,
                 )
+                first.attempts.append(RunAttempt(claimed.attempts, now, None, "running"))
                 return finished, claimed, None
             next_due = min((r.run.run_at_ts for r in pending), default=None)
             return finished, None, next_due
@@ -235,6 +251,7 @@ class MemoryThreadStore(ThreadStore):
                     continue
                 if wanted is not None and run.id not in wanted:
                     continue
+                self._end_attempt(stored, "interrupted", now, None)
                 if run.attempts >= max_attempts:
                     changed.append(self._update(
                         data, seq, status=EffectStatus.FAILED, finished_at_ts=now,

@@ -78,6 +78,19 @@ class RunTraceRow(SQLModel, table=True):
     context: str
 
 
+class RunAttemptRow(SQLModel, table=True):
+    """One attempt of a run (`runtime.effects.RunAttempt`); deleted with its run."""
+
+    __tablename__ = "run_attempts"
+
+    run_id: str = Field(primary_key=True)
+    attempt: int = Field(primary_key=True)
+    started_at: float
+    ended_at: float | None = None
+    outcome: str
+    error: str | None = None
+
+
 class MessageRow(SQLModel, table=True):
     """One message of the thread's conversation, in the order it was stored (``seq``).
 
@@ -182,7 +195,7 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
 
 
 THREAD_MODELS: tuple[type[SQLModel], ...] = (
-    ThreadMetaRow, EffectRunRow, MessageRow, RunTraceRow
+    ThreadMetaRow, EffectRunRow, MessageRow, RunTraceRow, RunAttemptRow
 )
 RUNTIME_MODELS: tuple[type[SQLModel], ...] = (ThreadRow, AlarmRow, RunIndexRow, RuntimeMetaRow)
 
@@ -190,6 +203,7 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadMetaRow, EffectRunRow),
     1: (MessageRow,),
     2: (RunTraceRow,),
+    3: (RunAttemptRow,),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""

@@ -73,6 +73,21 @@ RUN_TRACES_DDL: tuple[str, ...] = (
 )
 """Table ``run_traces`` and its indexes (RunTraceRow)."""
 
+RUN_ATTEMPTS_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE run_attempts (\n"
+        "\trun_id VARCHAR NOT NULL, \n"
+        "\tattempt INTEGER NOT NULL, \n"
+        "\tstarted_at FLOAT NOT NULL, \n"
+        "\tended_at FLOAT, \n"
+        "\toutcome VARCHAR NOT NULL, \n"
+        "\terror VARCHAR, \n"
+        "\tPRIMARY KEY (run_id, attempt)\n"
+        ")"
+    ),
+)
+"""Table ``run_attempts`` and its indexes (RunAttemptRow)."""
+
 THREADS_DDL: tuple[str, ...] = (
     (
         "CREATE TABLE threads (\n"
@@ -142,6 +157,7 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (*THREAD_META_DDL, *EFFECT_RUNS_DDL),
     1: (*MESSAGES_DDL,),
     2: (*RUN_TRACES_DDL,),
+    3: (*RUN_ATTEMPTS_DDL,),
 }
 """Thread file: the statements that take schema version N to N + 1."""
 

@@ -27,7 +27,7 @@ from typing import IO, Any, TypeVar
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
-from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import (
     DataDirLocked,
     RuntimeStorageError,
@@ -52,9 +52,9 @@ from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 3
+THREAD_SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table, 3: the
-``run_traces`` table)."""
+``run_traces`` table, 4: the ``run_attempts`` table)."""
 
 RUNTIME_SCHEMA_VERSION = 2
 """``PRAGMA user_version`` of a current runtime database (2: the run index)."""
@@ -282,6 +282,8 @@ class SQLiteThreadStore(ThreadStore):
             removed = c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
             self._finished -= removed
             deleted += removed
+        if deleted:
+            self._drop_orphan_attempts(c)
         return deleted
 
     def _count_finished(self, c: sqlite3.Connection) -> int:
@@ -318,6 +320,32 @@ class SQLiteThreadStore(ThreadStore):
         return replace(run, trace_context=row[0]) if row is not None else run
 
     @staticmethod
+    def _end_attempt(
+        c: sqlite3.Connection, run: EffectRun, outcome: str, at: float, error: str | None
+    ) -> None:
+        c.execute(
+            "UPDATE run_attempts SET ended_at = ?, outcome = ?, error = ? "
+            "WHERE run_id = ? AND attempt = ?",
+            (at, outcome, error, run.id, run.attempts),
+        )
+
+    def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute(
+                "SELECT attempt, started_at, ended_at, outcome, error FROM run_attempts "
+                "WHERE run_id = ? ORDER BY attempt", (run_id,),
+            ).fetchall(),
+            write=False,
+        )
+        return [RunAttempt(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    @staticmethod
+    def _drop_orphan_attempts(c: sqlite3.Connection) -> None:
+        c.execute(
+            "DELETE FROM run_attempts WHERE run_id NOT IN (SELECT id FROM effect_runs)"
+        )
+
+    @staticmethod
     def _drop_trace(c: sqlite3.Connection, run: EffectRun | None) -> None:
         if run is not None:
             c.execute("DELETE FROM run_traces WHERE run_id = ?", (run.id,))
@@ -340,6 +368,9 @@ class SQLiteThreadStore(ThreadStore):
                     (str(finish.status), finish.error, finish.finished_at, finish.run_id),
                 )
                 self._drop_trace(c, finished)
+                if finished is not None:
+                    self._end_attempt(c, finished, str(finished.status), finish.finished_at,
+                                      finish.error)
                 if retention is not None and finished is not None:
                     self._prune_in(c, now, retention, 1)
             if not claim:
@@ -353,6 +384,12 @@ class SQLiteThreadStore(ThreadStore):
                 (now, now),
             )
             claimed = self._with_trace(c, claimed)
+            if claimed is not None:
+                c.execute(
+                    "INSERT OR REPLACE INTO run_attempts (run_id, attempt, started_at, "
+                    "outcome) VALUES (?, ?, ?, 'running')",
+                    (claimed.id, claimed.attempts, now),
+                )
             next_due = None
             if claimed is None:
                 row = c.execute(
@@ -416,6 +453,7 @@ class SQLiteThreadStore(ThreadStore):
                     params = (now, run_id)
                 run = self._one(c, sql, params)
                 if run is not None:
+                    self._end_attempt(c, run, "interrupted", now, None)
                     if run.status.finished:
                         self._drop_trace(c, run)
                     changed.append(run)
@@ -584,6 +622,8 @@ class SQLiteThreadStore(ThreadStore):
             excess = count_excess(c)
             if excess > 0:
                 deleted += c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
+            if deleted:
+                self._drop_orphan_attempts(c)
             return deleted
 
         return self._tx(tx)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime import EffectStatus, RetentionPolicy
-from runtime.effects import EffectRun
+from runtime.effects import EffectRun, RunAttempt
 from runtime.errors import DataDirLocked, RuntimeStorageError, ThreadStorageError
 from runtime.messages import Message, MessageRole
 from runtime.storage.base import (
@@ -508,6 +508,32 @@ def test_a_run_keeps_its_trace_context_until_it_finishes(
             assert again.trace_context is None
     finally:
         store.close()
+
+
+def test_each_attempt_is_kept_with_how_it_ended(store: ThreadStore) -> None:
+    r, other = run(), run(run_at=T0 + 1)
+    store.insert_run(r)
+    store.insert_run(other)
+    assert store.run_attempts(r.id) == []
+    store.finish_and_claim(None, T0)  # attempt 1 ...
+    assert store.run_attempts(r.id) == [RunAttempt(1, T0, None, "running")]
+    store.recover_interrupted(T0 + 5, 3)  # ... interrupted by a restart
+    store.finish_and_claim(None, T0 + 6)  # attempt 2 ...
+    finished, _, _ = store.finish_and_claim(
+        finish(r.id, EffectStatus.FAILED, at=T0 + 8), T0 + 8, claim=False
+    )  # ... failed
+    assert finished is not None
+    assert store.run_attempts(r.id) == [
+        RunAttempt(1, T0, T0 + 5, "interrupted"),
+        RunAttempt(2, T0 + 6, T0 + 8, "failed", "boom"),
+    ]
+    store.finish_and_claim(None, T0 + 9)
+    store.finish_and_claim(finish(other.id, at=T0 + 10), T0 + 10, claim=False)
+    assert store.run_attempts(other.id) == [RunAttempt(1, T0 + 9, T0 + 10, "completed")]
+    assert store.run_attempts("unknown") == []
+    # Pruned with their run.
+    store.prune(T0 + 10 * DAY, RetentionPolicy(completed_seconds=1, failed_seconds=1))
+    assert store.run_attempts(r.id) == [] and store.run_attempts(other.id) == []
 
 
 def test_pending_runs_in_due_order_by_name(store: ThreadStore) -> None:
