@@ -1201,6 +1201,8 @@ async def _stream_runs(websocket: WebSocket) -> None:
 
 async def _metrics(request: Request) -> Response:
     metrics: RuntimeMetrics = request.app.state.metrics
+    with contextlib.suppress(RuntimeClosed):  # shutting down: the other figures still count
+        await metrics.refresh()
     return Response(metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
 

@@ -5,8 +5,8 @@ global one), so several runtimes in one process — tests, or two apps — never
 It observes runs and messages through the change hub's listener interface
 (`runtime.frames.ChangeHub.add_listener`): the core counts nothing itself and imports
 neither this module nor ``prometheus_client`` (the layering rule of docs/design.md).
-Gauges (open threads, threads with an alarm, running runs) are read from the runtime when
-scraped. The HTTP layer adds the WebSocket figures (`RuntimeMetrics.ws_clients`,
+Gauges (open threads, threads with an alarm, running runs, pending runs) are read from
+the runtime when scraped. The HTTP layer adds the WebSocket figures (`RuntimeMetrics.ws_clients`,
 `RuntimeMetrics.frames_dropped`).
 
 Every metric is named ``thread_effects_*``; docs/operations.md lists them.
@@ -45,9 +45,16 @@ class _RuntimeGauges(Collector):
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self.pending: int | None = None  # read from the run index before each scrape
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rt = self._rt
+        if self.pending is not None:
+            yield GaugeMetricFamily(
+                "thread_effects_pending_runs",
+                "Pending runs across every thread (from the run index).",
+                value=self.pending,
+            )
         yield GaugeMetricFamily(
             "thread_effects_open_threads",
             "Threads whose store is open in this process (the actor table's LRU).",
@@ -123,7 +130,8 @@ class RuntimeMetrics:
             "thread_effects_frames_dropped", "Frames never sent: their client read too "
             "slowly and was closed.", registry=r,
         )
-        r.register(_RuntimeGauges(runtime))
+        self._gauges = _RuntimeGauges(runtime)
+        r.register(self._gauges)
         runtime.hub.add_listener(self.observe)
 
     def observe(self, event: ThreadEvent) -> None:
@@ -166,6 +174,16 @@ class RuntimeMetrics:
     def close(self) -> None:
         """Stop observing the runtime's hub."""
         self.runtime.hub.remove_listener(self.observe)
+
+    async def refresh(self) -> None:
+        """Read what the gauges need from the stores (off the event loop); before a scrape.
+
+        Raises:
+            RuntimeClosed: the runtime is not running (the gauge is then left out).
+        """
+        self._gauges.pending = None
+        page = await self.runtime.list_runs(status="pending", limit=1)
+        self._gauges.pending = page.counts[EffectStatus.PENDING]
 
     def exposition(self) -> bytes:
         """Every metric in the Prometheus text format (`CONTENT_TYPE`)."""

@@ -59,6 +59,7 @@ async def test_metrics_after_a_known_sequence_of_runs(api: Api) -> None:
     before = await scrape(api)
     # `late`; the canceled run's alarm stays until it goes off (and finds nothing).
     assert value(before, "thread_effects_threads_with_alarm") == 2
+    assert value(before, "thread_effects_pending_runs") == 1
 
     api.clock.advance(25)  # `late` starts 15 s after it was due
     await api.rt.wait_idle()
@@ -102,6 +103,7 @@ async def test_metrics_after_a_known_sequence_of_runs(api: Api) -> None:
                  effect="ping", status="canceled") == 0
 
     assert value(m, "thread_effects_threads_with_alarm") == 1  # the canceled run's
+    assert value(m, "thread_effects_pending_runs") == 0
     assert value(m, "thread_effects_running_runs") == 0
     assert value(m, "thread_effects_open_threads") == 2
     assert value(m, "thread_effects_websocket_clients") == 0
