@@ -695,8 +695,10 @@ async def _list_runs(request: Request) -> Response:
 
 def _instant(request: Request, key: str) -> float | None:
     raw = request.query_params.get(key)
-    if not raw:
-        return None
+    return _parse_instant(key, raw) if raw else None
+
+
+def _parse_instant(key: str, raw: str) -> float:
     try:
         when = datetime.fromisoformat(raw)
     except ValueError:
@@ -1196,6 +1198,41 @@ async def _stream_runs(websocket: WebSocket) -> None:
         subscription.close()
 
 
+_BULK_FIELDS = frozenset({"name", "thread_id", "user_id", "tag", "since", "until"})
+
+
+async def _bulk(request: Request, action: str) -> Response:
+    """``POST /api/runs/cancel`` and ``/api/runs/replay``: one action on every match."""
+    rt = _runtime(request)
+    what = f"POST /api/runs/{action}"
+    body = await read_object(request, _BULK_FIELDS, what)
+    filters: dict[str, Any] = {}
+    for key in ("name", "thread_id", "user_id", "tag"):
+        filters[key] = _optional_str(body, key, what)
+    for key in ("since", "until"):
+        raw = _optional_str(body, key, what)
+        filters[key] = _parse_instant(key, raw) if raw else None
+    try:
+        if action == "cancel":
+            result = await rt.cancel_runs(**filters)
+        else:
+            result = await rt.replay_runs(**filters)
+    except EffectsError:
+        raise
+    except ValueError as exc:
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+    key = "canceled" if action == "cancel" else "replayed"
+    return JSONResponse({key: result.count, "ids": result.ids, "more": result.more})
+
+
+async def _cancel_all(request: Request) -> Response:
+    return await _bulk(request, "cancel")
+
+
+async def _replay_all(request: Request) -> Response:
+    return await _bulk(request, "replay")
+
+
 # ------------------------------------------------------- metrics and probes
 
 
@@ -1538,6 +1575,8 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
         _route("/api/effects", GET=_list_effects),
         _route("/api/runs", GET=_list_all_runs),
+        _route("/api/runs/cancel", POST=_cancel_all),
+        _route("/api/runs/replay", POST=_replay_all),
         _route("/api/agents", GET=_list_agents),
         _route("/api/health", GET=_health),
         _route("/api/ready", GET=_ready),

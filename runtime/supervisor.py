@@ -54,6 +54,8 @@ from runtime.errors import (
     EffectDefinitionError,
     InvalidArgument,
     InvalidThreadId,
+    RunNotFound,
+    RunStateError,
     RuntimeClosed,
     ThreadNotFound,
     ThreadStorageError,
@@ -71,11 +73,13 @@ from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
 
 __all__ = [
+    "MAX_BULK_RUNS",
     "MAX_DELAY_SECONDS",
     "MAX_ID_CHARS",
     "MAX_TAGS",
     "MAX_TAG_CHARS",
     "THREAD_ID_RE",
+    "BulkResult",
     "RunsPage",
     "Runtime",
     "ThreadPage",
@@ -133,6 +137,28 @@ class RunsPage:
     next_cursor: str | None
     counts: dict[EffectStatus, int]
     complete: bool = True
+
+
+MAX_BULK_RUNS = 10_000
+"""Most runs one bulk action (`Runtime.cancel_runs`, `Runtime.replay_runs`) goes through."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a bulk action did.
+
+    Attributes:
+        ids: The canceled runs, or the new runs of the replays.
+        more: True when it stopped at `MAX_BULK_RUNS` with matching runs left.
+    """
+
+    ids: list[str]
+    more: bool = False
+
+    @property
+    def count(self) -> int:
+        """How many runs it changed."""
+        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -591,6 +617,66 @@ class Runtime:
             runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
             self.run_index.complete,
         )
+
+    async def cancel_runs(self, **filters: Any) -> BulkResult:
+        """Cancel every pending run that matches ``filters`` (those of `list_runs`).
+
+        Walks the run index (at most `MAX_BULK_RUNS` runs per call) and cancels each run
+        in its thread; a run that started meanwhile is left alone (not counted).
+
+        Returns:
+            The canceled runs' ids, and whether matching runs remain.
+
+        Raises:
+            ValueError: a bad filter (as `list_runs`).
+        """
+        return await self._bulk(
+            "pending", filters,
+            lambda run: self.runs.cancel(run.thread_id, run.id),
+        )
+
+    async def replay_runs(self, **filters: Any) -> BulkResult:
+        """Replay every failed run that matches ``filters`` (those of `list_runs`).
+
+        Each replay is a new run with the same name and args, due now, linked to its
+        original (`ThreadState.replay`); at most `MAX_BULK_RUNS` per call.
+
+        Returns:
+            The new runs' ids, and whether matching runs remain.
+
+        Raises:
+            ValueError: a bad filter (as `list_runs`).
+        """
+        async def replay(run: EffectRun) -> str:
+            state = await self.get_thread(run.thread_id)
+            return await state.replay(run.id)
+
+        return await self._bulk("failed", filters, replay)
+
+    async def _bulk(
+        self, status: str, filters: dict[str, Any], act: Callable[[EffectRun], Any]
+    ) -> BulkResult:
+        filters = {k: v for k, v in filters.items() if k not in ("status", "limit", "cursor")}
+        done: list[str] = []
+        seen = 0
+        cursor: str | None = None
+        while True:
+            page = await self.list_runs(status=status, limit=500, cursor=cursor, **filters)
+            for run in page.runs:
+                if seen >= MAX_BULK_RUNS:
+                    return BulkResult(done, more=True)
+                seen += 1
+                try:
+                    result = await act(run)
+                except (ThreadNotFound, RunNotFound, RunStateError):
+                    continue  # deleted, pruned or no longer in that status meanwhile
+                if result is True:
+                    done.append(run.id)
+                elif isinstance(result, str):
+                    done.append(result)
+            cursor = page.next_cursor
+            if cursor is None:
+                return BulkResult(done, more=False)
 
     def subscribe_runs(self) -> Subscription:
         """A subscription to the run changes of every thread (`EffectChanged`, no args).

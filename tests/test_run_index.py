@@ -179,3 +179,43 @@ async def test_get_api_runs_filters_pages_and_counts(tmp_path: Path) -> None:
             res = await api.client.get("/api/runs", params=params)
             assert res.status_code == 400 and res.json()["error"]["code"] == "invalid_parameter"
             assert word in res.json()["error"]["message"]
+
+
+async def test_bulk_cancel_and_replay_of_a_filtered_list(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        vip = await api.new_thread(user_id="carol", tags=["vip"])
+        other = await api.new_thread(user_id="dan")
+        waiting = [await api.schedule(t, "ping", delay_seconds=3600) for t in (vip, vip, other)]
+        failed = [await api.schedule(t, "boom", {"message": "no"}) for t in (vip, other)]
+        await api.rt.wait_idle()
+
+        # How many a confirmation would name: the counts of the same filter.
+        listed = (await api.client.get("/api/runs", params={"tag": "vip"})).json()
+        assert listed["counts"]["pending"] == 2 and listed["counts"]["failed"] == 1
+
+        res = await api.client.post("/api/runs/cancel", json={"tag": "vip"})
+        assert res.status_code == 200, res.text
+        body = res.json()
+        assert body["canceled"] == 2 and set(body["ids"]) == set(waiting[:2])
+        assert body["more"] is False
+        assert (await api.run(other, waiting[2]))["status"] == "pending"
+        assert [(await api.run(vip, r))["status"] for r in waiting[:2]] == ["canceled"] * 2
+
+        res = await api.client.post("/api/runs/replay", json={"user_id": "dan"})
+        body = res.json()
+        assert body["replayed"] == 1
+        (new,) = body["ids"]
+        replay = await api.run(other, new)
+        assert replay["replayOf"] == failed[1] and replay["args"] == {"message": "no"}
+        await api.rt.wait_idle()
+        assert (await api.run(other, new))["status"] == "failed"
+        # Nothing left to do: a second call changes nothing.
+        again = (await api.client.post("/api/runs/cancel", json={"tag": "vip"})).json()
+        assert again == {"canceled": 0, "ids": [], "more": False}
+
+        res = await api.client.post("/api/runs/cancel", json={"tag": "vip", "status": "x"})
+        assert res.status_code == 400 and res.json()["error"]["code"] == "invalid_body"
+        res = await api.client.post("/api/runs/cancel", json={"since": "soon"})
+        assert res.status_code == 400 and "ISO 8601" in res.json()["error"]["message"]
+        res = await api.client.post("/api/runs/cancel")  # no body: not "everything"
+        assert res.status_code == 400
