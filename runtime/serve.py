@@ -6,8 +6,10 @@ One implementation behind ``python server.py`` and ``thread-effects serve``::
 
 Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
 _PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _EFFECT_TOOL_LEASE_SECONDS, _MODEL,
-_LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL). The server listens on loopback; another
-address needs an API token.
+_LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL, _LOG_FORMAT). The server listens on loopback;
+another address needs an API token.
+Logs go to standard error, as text or (``--log-format json``) one JSON object per line
+(`runtime.logs`, docs/operations.md).
 SIGINT/SIGTERM stop it gracefully: runs still going after the grace period are interrupted
 and re-queued.
 
@@ -42,6 +44,7 @@ from runtime.http import (
     read_json,
     server_options,
 )
+from runtime.logs import LEVELS, LOG_FORMATS, log_config
 
 ENV = "THREAD_EFFECTS_"
 """Prefix of the environment variables that set the options."""
@@ -73,7 +76,7 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
     Returns:
         The options: ``app_dir``, ``data_dir`` (Paths), ``host``, ``port`` (int),
         ``api_token``, ``shutdown_grace_seconds``, ``effect_tool_lease_seconds`` (floats),
-        ``model``, ``load_packages``, ``log_level``.
+        ``model``, ``load_packages``, ``log_level``, ``log_format``.
 
     Raises:
         SystemExit: 2 for a bad option (argparse prints the usage), or a message naming a
@@ -114,8 +117,20 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                    default=_env_flag(f"{ENV}LOAD_PACKAGES", default=True, prog=name),
                    help="do not load effects of installed packages (entry point group "
                         "thread_effects.packages); THREAD_EFFECTS_LOAD_PACKAGES=0 does the same")
-    p.add_argument("--log-level", default=env.get(f"{ENV}LOG_LEVEL", "info"))
-    return p.parse_args(argv)
+    p.add_argument("--log-level", type=str.lower, choices=LEVELS,
+                   default=env.get(f"{ENV}LOG_LEVEL", "info").lower(),
+                   help="least severe level logged (default info)")
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   default=env.get(f"{ENV}LOG_FORMAT", "text").lower(),
+                   help="text for people, or json: one object per line with the run's "
+                        "fields (default text)")
+    args = p.parse_args(argv)
+    # argparse checks the choices of a value given on the command line, not of a default.
+    for option, choices in (("log_format", LOG_FORMATS), ("log_level", LEVELS)):
+        if getattr(args, option) not in choices:
+            p.error(f"{ENV}{option.upper()}={getattr(args, option)!r} is not one of: "
+                    f"{', '.join(choices)}")
+    return args
 
 
 def _env_flag(name: str, *, default: bool, prog: str) -> bool:
@@ -240,6 +255,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         port=args.port,
         lifespan="on",
         log_level=args.log_level,
+        log_config=log_config(args.log_format, args.log_level),
         # On SIGINT/SIGTERM the runtime's grace period runs first (`Server`: running
         # effects finish or are re-queued, streams get their last frames); open HTTP
         # requests then get this much longer.

@@ -28,6 +28,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from opentelemetry import trace
+
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
 from runtime.errors import (
@@ -48,6 +50,7 @@ from runtime.messages import (
     message_from_model,
     text_model_message,
 )
+from runtime.telemetry import TRACER_NAME
 from runtime.thread import Execution, ThreadState
 
 if TYPE_CHECKING:
@@ -368,7 +371,16 @@ async def run_turn(state: ThreadState, content: str) -> TurnResult:
     plain = state.with_context(execution=None, package_id=state.package_id)
     token = _CURRENT_TURN.set((tid, run_id))
     try:
-        return await _run_turn(state, content, agent, turn, plain)
+        # The turn's span: its tool calls' spans, and effects they schedule, are below it.
+        with trace.get_tracer(TRACER_NAME).start_as_current_span(
+            "turn",
+            attributes={
+                "thread_effects.thread_id": tid,
+                "thread_effects.turn_id": run_id,
+                "thread_effects.agent": agent.name,
+            },
+        ):
+            return await _run_turn(state, content, agent, turn, plain)
     finally:
         _CURRENT_TURN.reset(token)
 
