@@ -27,11 +27,10 @@ _EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module", autouse=True)
 def _provider() -> None:
-    # The global provider can be set once per process: add our exporter to it.
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
+    # The global provider can be set once per process (another module may have): add this
+    # module's exporter to it.
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
     provider = trace.get_tracer_provider()
     assert isinstance(provider, TracerProvider)
     provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))

@@ -29,11 +29,13 @@ _EXPORTER = InMemorySpanExporter()
 
 @pytest.fixture(scope="module", autouse=True)
 def _provider() -> None:
-    # The global provider can be set once per process; later tests just record into it.
+    # The global provider can be set once per process (another module may have): add this
+    # module's exporter to it.
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
+        trace.set_tracer_provider(TracerProvider())
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
 
 
 @pytest.fixture
