@@ -405,6 +405,8 @@ def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> 
         ([], {"THREAD_EFFECTS_SHUTDOWN_GRACE_SECONDS": "nan"}, "--shutdown-grace-seconds"),
         (["--log-level", "bogus"], {}, "--log-level"),
         ([], {"THREAD_EFFECTS_LOG_LEVEL": "bogus"}, "--log-level"),
+        (["--log-format", "xml"], {}, "--log-format"),
+        ([], {"THREAD_EFFECTS_LOG_FORMAT": "xml"}, "--log-format"),
         (["--port", "0"], {}, "--port"),
         (["--port", "\u0665"], {}, "--port"),
         (["--api-token", "t\u00f8ken"], {}, "--api-token"),
