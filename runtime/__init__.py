@@ -19,7 +19,7 @@ from runtime.effect_tools import (
     define_effect_tool,
     wrap_tools_for_run,
 )
-from runtime.effects import EffectDefinition, EffectRun, EffectStatus, define_effect
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunAttempt, define_effect
 from runtime.endpoints import ThreadEndpointDefinition, define_thread_endpoint
 from runtime.errors import (
     AgentDefinitionError,
@@ -79,7 +79,7 @@ from runtime.storage.records import (
     InMemoryEffectStore,
     SqliteEffectStore,
 )
-from runtime.supervisor import Runtime, ThreadPage
+from runtime.supervisor import RunsPage, Runtime, ThreadPage
 from runtime.thread import Execution, RunPage, Scheduled, ThreadState
 from runtime.tools import ToolDefinition, define_tool
 
@@ -125,10 +125,12 @@ __all__ = [
     "ModelNotAvailable",
     "RecordChange",
     "RetentionPolicy",
+    "RunAttempt",
     "RunChange",
     "RunNotFound",
     "RunPage",
     "RunStateError",
+    "RunsPage",
     "Runtime",
     "RuntimeClosed",
     "RuntimeStorageError",

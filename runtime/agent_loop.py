@@ -16,6 +16,7 @@ import inspect
 import logging
 from typing import Any
 
+from opentelemetry import trace
 from pydantic_ai import Agent, ModelRetry, RunContext, Tool, ToolFailed
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import ModelMessage
@@ -26,6 +27,7 @@ from runtime.durable import IdempotencyWindow, durable_tool
 from runtime.effect_tools import EffectToolDefinition, EffectToolSettings, call_effect_tool
 from runtime.hooks import HookPoint
 from runtime.messages import ToolCall
+from runtime.telemetry import TRACER_NAME
 from runtime.thread import Execution, ThreadState
 from runtime.tools import ToolDefinition, check_tool_result
 
@@ -68,6 +70,19 @@ def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[T
     async def run(ctx: RunContext[ThreadState], **raw: Any) -> Any:
         state = ctx.deps.with_context(execution=_execution(ctx))
         call = ToolCall(ctx.tool_call_id or "", defn.name, dict(raw))
+        # Effects the tool schedules are children of this span (runtime/telemetry.py).
+        with trace.get_tracer(TRACER_NAME).start_as_current_span(
+            f"tool {defn.name}",
+            attributes={
+                "thread_effects.thread_id": state.thread_id,
+                "thread_effects.turn_id": ctx.run_id or "",
+                "thread_effects.tool": defn.name,
+                "thread_effects.tool_call_id": call.id,
+            },
+        ):
+            return await _answer(state, call, raw)
+
+    async def _answer(state: ThreadState, call: ToolCall, raw: dict[str, Any]) -> Any:
         try:
             args = defn.validate_args(raw)
             result = await _call(defn, state, args)

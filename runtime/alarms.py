@@ -239,6 +239,11 @@ class AlarmIndex:
         )
         return len(alarms)
 
+    @property
+    def armed_count(self) -> int:
+        """How many threads have an alarm now (threads with a pending or running run)."""
+        return len(self._due)
+
     def stop_timer(self) -> None:
         """Stop firing alarms (shutdown begins); rows are still written."""
         if self._timer is not None:

@@ -9,7 +9,7 @@ remote node. ``serve`` is the exception: it runs a server (`runtime.serve`, the 
 Commands (``docs/cli.md``)::
 
     thread-effects threads list|show|delete
-    thread-effects runs list --thread TID [--status S]... [--name N]
+    thread-effects runs list [--thread TID] [--status S]... [--name N] [--user U] [--tag T]
     thread-effects runs show|cancel|run-now|replay RUN_ID --thread TID
     thread-effects effects list
     thread-effects serve [server options]
@@ -449,6 +449,16 @@ _RUN_COLUMNS = [
 ]
 
 
+_ATTEMPT_COLUMNS = [
+    _Column("Attempt", justify="right"),
+    _Column("Started (UTC)", drop=2),
+    _Column("Ended (UTC)", drop=1),
+    _Column("Duration", drop=3, justify="right"),
+    _Column("Outcome"),
+    _Column("Error", shrinks=True),
+]
+
+
 _THREAD_COLUMNS = [
     _Column("Thread"),
     _Column("Created (UTC)", drop=1),
@@ -458,8 +468,20 @@ _THREAD_COLUMNS = [
 ]
 
 
-def _runs_table(console: Console, runs: list[dict[str, Any]]) -> Table:
-    return _table(console, _RUN_COLUMNS, [
+def _runs_table(
+    console: Console, runs: list[dict[str, Any]], *, threads: bool = False
+) -> Table:
+    if threads:  # runs across threads: which thread each belongs to
+        columns = [*_RUN_COLUMNS[:1], _Column("Thread", drop=5), *_RUN_COLUMNS[1:]]
+        return _table(console, columns, [
+            [_text(run["id"]), _text(run["threadId"]), *row[1:]]
+            for run, row in zip(runs, _run_rows(runs), strict=True)
+        ])
+    return _table(console, _RUN_COLUMNS, _run_rows(runs))
+
+
+def _run_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
         [
             _text(run["id"]),
             _text(run["name"]),
@@ -471,7 +493,7 @@ def _runs_table(console: Console, runs: list[dict[str, Any]]) -> Table:
             _first_line(run["error"]),
         ]
         for run in runs
-    ])
+    ]
 
 
 def _more(console: Console, cursor: str | None, what: str) -> None:
@@ -674,11 +696,21 @@ def runs() -> None:
     """List a thread's runs; show, cancel, run now or replay one."""
 
 
-@runs.command("list", short_help="List a thread's runs, newest first.")
-@_thread_option
+@runs.command("list", short_help="List runs, of one thread or of all, newest first.")
+@click.option("--thread", "-t", "thread_id", default=None, metavar="TID",
+              callback=_one_segment,
+              help="Only this thread's runs (without it: runs across every thread).")
 @click.option("--status", "statuses", type=click.Choice(RUN_STATUSES), multiple=True,
               help="Only runs in this status (repeat for several).")
 @click.option("--name", default=None, help="Only runs of this effect.")
+@click.option("--user", "user_id", default=None,
+              help="Only runs of threads of this user_id (across threads).")
+@click.option("--tag", default=None, help="Only runs of threads with this tag (across threads).")
+@click.option("--since", default=None, metavar="TIME",
+              help="Only runs due at or after this ISO 8601 time, UTC unless it says "
+                   "(across threads).")
+@click.option("--until", default=None, metavar="TIME",
+              help="Only runs due before this time (across threads).")
 @click.option("--limit", type=click.IntRange(min=1, max=_MAX_PAGE), default=None,
               help="Runs per page, at most 500 [default: 50; 500 with --all].")
 @click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
@@ -687,24 +719,36 @@ def runs() -> None:
 @click.pass_context
 def runs_list(
     ctx: click.Context,
-    thread_id: str,
+    thread_id: str | None,
     statuses: tuple[str, ...],
     name: str | None,
+    user_id: str | None,
+    tag: str | None,
+    since: str | None,
+    until: str | None,
     limit: int | None,
     cursor: str | None,
     every: bool,
     as_json: bool,
 ) -> None:
-    """List a thread's runs, newest first (GET /api/threads/TID/effects).
+    """List runs newest first, of one thread or across every thread.
 
-    The counts are every run of the thread by status (the --name filter applied).
+    With only --thread (and --status, --name): GET /api/threads/TID/effects. Without it,
+    or with --user, --tag, --since or --until: GET /api/runs, across threads. The counts
+    are the matching runs by status (every filter but --status applied).
     """
     api = _api(ctx, as_json)
-    path = f"/api/threads/{_seg(thread_id)}/effects"
+    across = thread_id is None or any(v is not None for v in (user_id, tag, since, until))
     params: dict[str, Any] = {
         "status": list(statuses) or None, "name": name, "limit": _page_size(limit, every),
         "cursor": cursor,
     }
+    if across or thread_id is None:
+        path = "/api/runs"
+        params.update(thread_id=thread_id, user_id=user_id, tag=tag, since=since,
+                      until=until)
+    else:
+        path = f"/api/threads/{_seg(thread_id)}/effects"
     if every:
         pages = list(api.pages(path, "runs", params))
         answer: dict[str, Any] = {
@@ -712,6 +756,8 @@ def runs_list(
             "nextCursor": None,
             "counts": pages[0]["counts"],
         }
+        if across or thread_id is None:
+            answer["complete"] = all(p.get("complete", True) for p in pages)
     else:
         answer = api.call("GET", path, params=params, expect=("runs", "counts"))
     if as_json:
@@ -720,9 +766,11 @@ def runs_list(
     console = _console()
     found: list[dict[str, Any]] = answer["runs"]
     if found:
-        console.print(_runs_table(console, found))
+        console.print(_runs_table(console, found, threads=across))
     else:
-        console.print("No runs match." if statuses or name or cursor else "No runs.")
+        filtered = statuses or name or cursor or (across and thread_id) or user_id or tag \
+            or since or until
+        console.print("No runs match." if filtered else "No runs.")
     console.print(_counts_line(answer["counts"]))
     _more(console, answer.get("nextCursor"), "runs")
 
@@ -741,7 +789,8 @@ def runs_show(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) ->
         _print_json(run)
         return
     args = run.get("args")
-    _console().print(_details([
+    console = _console()
+    console.print(_details([
         ("Run", run["id"]),
         ("Thread", run["threadId"]),
         ("Effect", run["name"]),
@@ -757,6 +806,19 @@ def runs_show(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) ->
         ("Args", Text(json.dumps(args, indent=2, ensure_ascii=False))
          if args is not None else _text(None)),
     ]))
+    attempts: list[dict[str, Any]] = run.get("attemptDetails") or []
+    if attempts:
+        console.print(_table(console, _ATTEMPT_COLUMNS, [
+            [
+                _text(a["attempt"]),
+                _when(a["startedAt"]),
+                _when(a["endedAt"]),
+                _duration(a["startedAt"], a["endedAt"]),
+                _status(a["outcome"]),
+                _first_line(a["error"]),
+            ]
+            for a in attempts
+        ]))
 
 
 def _run_action(

@@ -227,6 +227,9 @@ class EffectRun:
         canceled_by: Who canceled the run (free text, such as ``"http"``), or None.
         waiting_for: Not stored: filled in by reads for a due pending run that waits
             behind the thread's running run (that run's id), else None.
+        trace_context: The span context it was scheduled in, as W3C trace-context JSON
+            text (`runtime.telemetry`), while it is pending or running; None without one
+            and once it finished. Never part of `to_json`.
     """
 
     id: str
@@ -244,6 +247,7 @@ class EffectRun:
     key: str | None = None
     canceled_by: str | None = None
     waiting_for: str | None = None
+    trace_context: str | None = None
 
     @property
     def run_at(self) -> datetime:
@@ -276,6 +280,36 @@ class EffectRun:
         if include_args:
             out["args"] = self.args
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class RunAttempt:
+    """One attempt of a run: when it started, when and how it ended.
+
+    Attributes:
+        attempt: Its number (1 for the first).
+        started_at_ts: When it started, seconds since the epoch (UTC).
+        ended_at_ts: When it ended, or None while it runs.
+        outcome: ``running``, ``completed``, ``failed`` or ``interrupted`` (a restart or
+            shutdown stopped it; the run went back to pending, or failed at the limit).
+        error: Why it failed, or None.
+    """
+
+    attempt: int
+    started_at_ts: float
+    ended_at_ts: float | None
+    outcome: str
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"attempt", "startedAt", "endedAt", "outcome", "error"}``."""
+        return {
+            "attempt": self.attempt,
+            "startedAt": _iso(self.started_at_ts),
+            "endedAt": _iso(self.ended_at_ts),
+            "outcome": self.outcome,
+            "error": self.error,
+        }
 
 
 def iso(ts: float | None) -> str | None:

@@ -36,6 +36,7 @@ from runtime.errors import EffectNotFound, RunStateError, RuntimeClosed, ThreadS
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
+from runtime.telemetry import end_run_span, run_span
 
 log = logging.getLogger("runtime")
 
@@ -378,12 +379,21 @@ class EffectExecutor:
 
         Never raises for anything the effect does: whatever goes wrong becomes a failed run,
         so no run is left ``running`` behind a live worker. ``side``: a concurrent
-        effect's run (its task is kept in ``actor.side_tasks``, not ``effect_task``).
+        effect's run (its task is kept in ``actor.side_tasks``, not ``effect_task``). The
+        attempt is traced by a span (`runtime.telemetry.run_span`), current while the effect
+        runs.
         """
-        try:
-            return await self._execute(actor, run, side)
-        finally:
-            self._cancels.pop(run.id, None)
+        with run_span(run) as span:
+            finish: Finish | None = None
+            try:
+                finish = await self._execute(actor, run, side)
+            finally:
+                self._cancels.pop(run.id, None)
+                if finish is None:
+                    end_run_span(span, "interrupted")
+                else:
+                    end_run_span(span, str(finish.status), finish.error)
+            return finish
 
     async def _execute(self, actor: ThreadActor, run: EffectRun, side: bool) -> Finish | None:
         try:

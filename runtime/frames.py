@@ -4,11 +4,17 @@ The event classes live in `runtime.events`; this module numbers them per thread 
 ``seq`` for every kind) and delivers them.
 Publishing never awaits a subscriber: each has a bounded buffer, and one that falls
 behind is cut off (`SubscriptionOverflow`) rather than slowing the others or the runtime.
+
+Besides per-thread subscribers, the hub has *listeners*: plain callbacks that see every
+event of every thread as it is published (`ChangeHub.add_listener`). They are how the
+core's run log (`runtime.telemetry`) and the server's Prometheus metrics
+(`runtime.metrics`) observe runs without the core importing either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -26,9 +32,17 @@ from runtime.events import (
 )
 from runtime.messages import Message
 
-__all__ = ["ChangeHub", "Subscription", "ThreadEvent"]
+__all__ = ["ChangeHub", "Listener", "Subscription", "ThreadEvent"]
 
 _E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged)
+
+log = logging.getLogger("runtime")
+
+ALL_THREADS = "*"
+"""The key of the subscriptions to every thread's run changes (not a valid thread id)."""
+
+Listener = Callable[[ThreadEvent], None]
+"""A callback that sees every event of every thread (`ChangeHub.add_listener`)."""
 
 
 class Subscription(AsyncIterator[ThreadEvent]):
@@ -104,11 +118,37 @@ class ChangeHub:
         self.queue_size = queue_size
         self._seq: dict[str, int] = {}
         self._subs: dict[str, set[Subscription]] = {}
+        self._listeners: list[Listener] = []
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(event)`` for every event of every thread, as it is published.
+
+        Called on the event loop, synchronously, before the subscribers get the event; it
+        must be quick and must not block. An exception it raises is logged and ignored (an
+        observer never fails a run). Adding the same listener twice has no effect.
+        """
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling ``listener``; no effect if it was not added."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def subscribe(self, thread_id: str) -> Subscription:
         """A new subscription to a thread's events."""
         sub = Subscription(self, thread_id, self.queue_size)
         self._subs.setdefault(thread_id, set()).add(sub)
+        return sub
+
+    def subscribe_runs(self) -> Subscription:
+        """A new subscription to the run changes (`EffectChanged`) of every thread.
+
+        Each event keeps its thread's ``seq``. It ends at shutdown (`close_all`), not when
+        a thread is deleted; like any subscription it overflows when read too slowly.
+        """
+        sub = Subscription(self, ALL_THREADS, self.queue_size)
+        self._subs.setdefault(ALL_THREADS, set()).add(sub)
         return sub
 
     def _remove(self, sub: Subscription) -> None:
@@ -152,6 +192,14 @@ class ChangeHub:
         seq = self._seq.get(thread_id, 0) + 1
         self._seq[thread_id] = seq
         event = make(seq)
+        if isinstance(event, EffectChanged):
+            for sub in list(self._subs.get(ALL_THREADS, ())):
+                sub._push(event)
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("a listener of the change hub failed on %r", event)
         for sub in list(self._subs.get(thread_id, ())):
             sub._push(event)
         return event

@@ -23,9 +23,10 @@ Guards, in this order, on every request:
 2. *Origin*: a browser request that changes something (POST, DELETE, …) or opens the
    WebSocket must come from the server's own origin. Other clients send no ``Origin``.
 3. *Token* (when ``api_token`` is set): every ``/api/...`` path (the WebSocket too) and
-   every other route (``extra_routes``, such as a webhook) need it; the pane's static files
-   (``/``, ``/web/...``) do not (they hold no data), and a path outside ``/api/`` that no
-   route serves is answered a JSON 404 without it.
+   every other route (``extra_routes``, such as a webhook, and ``/metrics``) need it; the
+   pane's static files (``/``, ``/web/...``) and the probes ``/api/health`` and
+   ``/api/ready`` do not (they hold no data), and a path outside ``/api/`` that no route
+   serves is answered a JSON 404 without it.
 
 Errors are JSON ``{"error": {"code": "<snake_case>", "message": "..."}}``; the WebSocket is
 refused by closing it with a 44xx code after accepting (browsers cannot see an HTTP status
@@ -47,12 +48,14 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import uvicorn
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
@@ -86,9 +89,12 @@ from runtime.errors import (
 )
 from runtime.frames import Subscription, ThreadEvent
 from runtime.messages import MAX_CONTENT_CHARS
+from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from runtime.metrics import RuntimeMetrics
 from runtime.storage.base import ThreadInfo
 from runtime.storage.records import MAX_PAGE as MAX_RECORDS_PAGE
 from runtime.supervisor import Runtime
+from runtime.telemetry import TRACER_NAME
 from runtime.thread import ThreadState
 
 log = logging.getLogger("runtime.http")
@@ -175,8 +181,12 @@ def _host_name(host: str) -> str:
     return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
+_PROBES = frozenset({"/api/health", "/api/ready"})
+
+
 def _is_public_path(path: str) -> bool:
-    return path == "/" or path.startswith("/web/")
+    # The probes hold no data: a load balancer or an orchestrator asks them without a token.
+    return path == "/" or path.startswith("/web/") or path in _PROBES
 
 
 def _is_unrouted(scope: Scope) -> bool:
@@ -285,6 +295,46 @@ class GuardMiddleware:
                 f"This server requires an API token ({what}); the token {problem}",
                 CLOSE_TOKEN,
             )
+
+
+class TracingMiddleware:
+    """A span per HTTP request (``HTTP <method>``), continuing the caller's ``traceparent``.
+
+    Effects a request schedules are children of its span (`runtime.telemetry`). With only
+    ``opentelemetry-api`` installed (no SDK configured) the span is a no-op.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._propagator = TraceContextTextMapPropagator()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve ``scope`` inside its span (HTTP only; WebSockets and lifespan as they are)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        parent = self._propagator.extract({
+            k: v for k in ("traceparent", "tracestate") if (v := headers.get(k)) is not None
+        })
+        status: dict[str, int] = {}
+
+        async def tracking_send(message: ASGIMessage) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        with trace.get_tracer(TRACER_NAME).start_as_current_span(
+            f"HTTP {scope['method']}",
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": scope["method"], "url.path": scope["path"]},
+        ) as span:
+            await self.app(scope, receive, tracking_send)
+            if "code" in status:
+                span.set_attribute("http.response.status_code", status["code"])
+                if status["code"] >= 500:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR))
 
 
 class InterruptedRequestMiddleware:
@@ -750,6 +800,58 @@ async def _list_effect_records(request: Request) -> Response:
     return JSONResponse({"records": records, "nextCursor": page.next_cursor})
 
 
+def _instant(request: Request, key: str) -> float | None:
+    raw = request.query_params.get(key)
+    return _parse_instant(key, raw) if raw else None
+
+
+def _parse_instant(key: str, raw: str) -> float:
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ApiError(
+            400, "invalid_parameter",
+            f"{key} must be an ISO 8601 time such as 2026-11-30T05:40:00Z, got {_quoted(raw)}",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)  # the API speaks UTC
+    # The API shows times to the microsecond (rounded): a bound names every run shown at
+    # that microsecond, so `since=<a run's runAt>` includes that run.
+    return when.timestamp() - 0.5e-6
+
+
+async def _list_all_runs(request: Request) -> Response:
+    """``GET /api/runs``: runs across threads, with filters, counts and a cursor."""
+    rt = _runtime(request)
+    limit, cursor = _page_params(request)
+    q = request.query_params
+    statuses = [s.strip() for raw in q.getlist("status") for s in raw.split(",") if s.strip()]
+    try:
+        page = await rt.list_runs(
+            status=statuses or None,
+            name=q.get("name") or None,
+            thread_id=q.get("thread_id") or None,
+            user_id=q.get("user_id") or None,
+            tag=q.get("tag") or None,
+            since=_instant(request, "since"),
+            until=_instant(request, "until"),
+            limit=limit,
+            cursor=cursor,
+        )
+    except EffectsError:
+        raise
+    except ValueError as exc:  # unknown status, bad limit, malformed cursor
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+    return JSONResponse(
+        {
+            "runs": [r.to_json() for r in page.runs],
+            "nextCursor": page.next_cursor,
+            "counts": {str(s): n for s, n in page.counts.items()},
+            "complete": page.complete,
+        }
+    )
+
+
 async def _schedule(request: Request) -> Response:
     what = f"POST /api/threads/{request.path_params['tid']}/effects"
     state = await _thread(request)
@@ -771,7 +873,10 @@ async def _schedule(request: Request) -> Response:
 async def _get_run(request: Request) -> Response:
     state = await _thread(request)
     run = await state.get_run(request.path_params["run_id"])
-    return JSONResponse(run.to_json(include_args=True))
+    attempts = await state.get_run_attempts(run.id)
+    return JSONResponse(
+        {**run.to_json(include_args=True), "attemptDetails": [a.to_json() for a in attempts]}
+    )
 
 
 async def _run_now(request: Request) -> Response:
@@ -1061,6 +1166,7 @@ class FrameStream:
         subscription: The thread's subscription (closed when the stream ends).
         max_queued: Frames buffered for this client before it is dropped.
         close_timeout_seconds: How long to try to deliver the final frames and the close.
+        metrics: Where connected clients and dropped frames are counted, if anywhere.
     """
 
     def __init__(
@@ -1069,7 +1175,9 @@ class FrameStream:
         subscription: Subscription,
         max_queued: int,
         close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.websocket = websocket
         self.subscription = subscription
         self.max_queued = max_queued
@@ -1107,15 +1215,20 @@ class FrameStream:
         writer = asyncio.create_task(self._write(), name="frames-writer")
         reader = asyncio.create_task(self._read(), name="frames-reader")
         tasks = (pump, writer, reader)
+        if self.metrics is not None:
+            self.metrics.ws_clients.inc()
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if not pump.done():
                 return  # the client left, or sending failed: nothing more to do
             if pump.result() is _End.OVERFLOW:
                 writer.cancel()
+                unsent = self._queue.qsize()
+                if self.metrics is not None:
+                    self.metrics.frames_dropped.inc(unsent)
                 log.info(
                     "closing a slow client of thread %s: %d frames unsent",
-                    self.subscription.thread_id, self._queue.qsize(),
+                    self.subscription.thread_id, unsent,
                 )
                 await self._close(
                     CLOSE_TRY_AGAIN_LATER,
@@ -1132,6 +1245,8 @@ class FrameStream:
                 code, reason = await on_closed()
                 await self._close(code, reason)
         finally:
+            if self.metrics is not None:
+                self.metrics.ws_clients.dec()
             self.subscription.close()
             for task in tasks:
                 task.cancel()
@@ -1199,11 +1314,104 @@ async def _stream(websocket: WebSocket) -> None:
         stream = FrameStream(
             websocket, subscription, rt.settings.subscriber_queue_size,
             websocket.app.state.ws_close_timeout_seconds,
+            getattr(websocket.app.state, "metrics", None),
         )
         await stream.run(why_closed)
     finally:
         streams.discard(task)
         subscription.close()
+
+
+async def _stream_runs(websocket: WebSocket) -> None:
+    """``WS /api/stream``: the ``effect_changed`` frames of every thread."""
+    rt = _runtime(websocket)
+    try:
+        subscription = rt.subscribe_runs()
+    except RuntimeClosed:
+        await websocket.accept()
+        await websocket.close(CLOSE_SERVICE_RESTART, "The server is shutting down")
+        return
+
+    async def why_closed() -> tuple[int, str]:
+        return CLOSE_SERVICE_RESTART, "The server is shutting down"
+
+    try:
+        await websocket.accept()
+        stream = FrameStream(
+            websocket, subscription, rt.settings.subscriber_queue_size,
+            websocket.app.state.ws_close_timeout_seconds,
+            getattr(websocket.app.state, "metrics", None),
+        )
+        await stream.run(why_closed)
+    finally:
+        subscription.close()
+
+
+_BULK_FIELDS = frozenset({"name", "thread_id", "user_id", "tag", "since", "until"})
+
+
+async def _bulk(request: Request, action: str) -> Response:
+    """``POST /api/runs/cancel`` and ``/api/runs/replay``: one action on every match."""
+    rt = _runtime(request)
+    what = f"POST /api/runs/{action}"
+    fields = _BULK_FIELDS | _CANCEL_FIELDS if action == "cancel" else _BULK_FIELDS
+    body = await read_object(request, fields, what)
+    filters: dict[str, Any] = {}
+    for key in ("name", "thread_id", "user_id", "tag"):
+        filters[key] = _optional_str(body, key, what)
+    for key in ("since", "until"):
+        raw = _optional_str(body, key, what)
+        filters[key] = _parse_instant(key, raw) if raw else None
+    try:
+        if action == "cancel":
+            by = _optional_str(body, "by", what) or "http"
+            result = await rt.cancel_runs(canceled_by=by, **filters)
+        else:
+            result = await rt.replay_runs(**filters)
+    except EffectsError:
+        raise
+    except ValueError as exc:
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
+    key = "canceled" if action == "cancel" else "replayed"
+    return JSONResponse({key: result.count, "ids": result.ids, "more": result.more})
+
+
+async def _cancel_all(request: Request) -> Response:
+    return await _bulk(request, "cancel")
+
+
+async def _replay_all(request: Request) -> Response:
+    return await _bulk(request, "replay")
+
+
+# ------------------------------------------------------- metrics and probes
+
+
+async def _metrics(request: Request) -> Response:
+    metrics: RuntimeMetrics = request.app.state.metrics
+    with contextlib.suppress(RuntimeClosed):  # shutting down: the other figures still count
+        await metrics.refresh()
+    return Response(metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+
+async def _health(request: Request) -> Response:
+    """Liveness: the process serves requests (no store is asked)."""
+    return JSONResponse({"status": "ok"})
+
+
+async def _ready(request: Request) -> Response:
+    """Readiness: the runtime runs and its stores answer; 503 otherwise."""
+    rt: Runtime | None = getattr(request.app.state, "runtime", None)
+    if rt is None:
+        return error_response(503, "not_ready", "The runtime has not started")
+    try:
+        await rt.check_ready()
+    except RuntimeClosed as exc:
+        return error_response(503, "not_ready", str(exc))
+    except Exception as exc:  # a store that fails in any way is not ready
+        log.warning("readiness check failed: %s", exc)
+        return error_response(503, "not_ready", f"{type(exc).__name__}: {exc}")
+    return JSONResponse({"status": "ready"})
 
 
 # -------------------------------------------------------------------------- errors
@@ -1535,16 +1743,20 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         rt = Runtime(data_dir=data_dir, app_dir=app_dir, clock=clock, **settings)
+        # Before the start, so nothing the runtime does is missed by the counters.
+        metrics = RuntimeMetrics(rt)
         try:
             await rt.start()
         except EffectsError as exc:
             app.state.startup_error = exc  # reported in one line (`_App`)
             raise
         try:
+            app.state.metrics = metrics
             app.state.runtime = rt
             yield
         finally:
             await rt.close()
+            metrics.close()
 
     routes: list[BaseRoute] = [
         _route("/api/threads", GET=_list_threads, POST=_create_thread),
@@ -1558,8 +1770,15 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
         _route("/api/threads/{tid}/effect-records", GET=_list_effect_records),
         _route("/api/effects", GET=_list_effects),
+        _route("/api/runs", GET=_list_all_runs),
+        _route("/api/runs/cancel", POST=_cancel_all),
+        _route("/api/runs/replay", POST=_replay_all),
         _route("/api/agents", GET=_list_agents),
+        _route("/api/health", GET=_health),
+        _route("/api/ready", GET=_ready),
+        _route("/metrics", GET=_metrics),
         WebSocketRoute("/api/threads/{tid}/stream", _stream),
+        WebSocketRoute("/api/stream", _stream_runs),
     ]
     # Conversations and the app's thread endpoints (runtime/endpoints.py, docs/agents.md),
     # after the built-in routes, which win on an overlap. A bad file in <app_dir>/api/
@@ -1575,6 +1794,7 @@ def create_app(
     app = _App(
         routes=routes,
         middleware=[
+            Middleware(TracingMiddleware),
             Middleware(InterruptedRequestMiddleware),
             Middleware(GuardMiddleware, api_token=api_token, trusted_hosts=trusted_hosts),
             Middleware(

@@ -32,7 +32,7 @@ from runtime.actors import ActorTable, ThreadActor
 from runtime.alarms import AlarmIndex
 from runtime.config import Settings
 from runtime.discovery import EffectRegistry
-from runtime.effects import EffectDefinition, EffectRun, EffectStatus
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import (
     EffectNotFound,
     InvalidArgument,
@@ -47,6 +47,7 @@ from runtime.events import RunChange
 from runtime.executor import CURRENT_RUN, IN_EFFECT, EffectExecutor, error_text
 from runtime.frames import ChangeHub
 from runtime.ids import new_id
+from runtime.telemetry import capture_context
 from runtime.thread import RunPage, Scheduled
 
 if TYPE_CHECKING:
@@ -68,6 +69,27 @@ def check_limit(limit: int) -> None:
     """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+
+
+def parse_statuses(
+    status: EffectStatus | str | list[EffectStatus | str] | None,
+) -> list[EffectStatus] | None:
+    """One status or a list of them as `EffectStatus` values; None stays None.
+
+    Raises:
+        ValueError: an unknown status (names it and the choices).
+    """
+    if status is None:
+        return None
+    raw = [status] if isinstance(status, str) else list(status)
+    allowed = {s.value for s in EffectStatus}
+    for value in raw:
+        if value not in allowed:
+            raise ValueError(
+                f"Unknown status {quoted(value)}; one of: "
+                f"{', '.join(s.value for s in EffectStatus)}"
+            )
+    return [EffectStatus(s) for s in raw]
 
 
 class RunOperations:
@@ -198,6 +220,9 @@ class RunOperations:
                 created_at_ts=now,
                 replay_of=replay_of,
                 key=key,
+                # The span this schedule happens in (a turn, a tool call, an HTTP request,
+                # an effect): the run's attempts are its children, even after a restart.
+                trace_context=capture_context(),
             )
             # The alarm first: a crash between the two writes leaves a spurious alarm,
             # never a run without one (and a key already taken, a harmless early wake-up).
@@ -305,6 +330,18 @@ class RunOperations:
                 raise RunNotFound(thread_id, str(run_id))
             return self._waiting(actor, [run], now)[0]
 
+    async def attempts(self, thread_id: str, run_id: str) -> list[RunAttempt]:
+        """See `ThreadState.get_run_attempts`."""
+        self._check_open()
+        async with self._actors.use(thread_id) as actor:
+            run = await self._run_sync(
+                actor.store.get_run, str(run_id), self._now(), self._settings.retention
+            )
+            if run is None:
+                raise RunNotFound(thread_id, str(run_id))
+            found: list[RunAttempt] = await self._run_sync(actor.store.run_attempts, run.id)
+            return found
+
     async def run_now(self, thread_id: str, run_id: str) -> EffectRun:
         """See `ThreadState.run_now`."""
         self._check_open()
@@ -359,17 +396,7 @@ class RunOperations:
         """See `ThreadState.list_runs`."""
         self._check_open()
         check_limit(limit)
-        statuses: list[EffectStatus] | None = None
-        if status is not None:
-            raw = [status] if isinstance(status, str) else list(status)
-            allowed = {s.value for s in EffectStatus}
-            for value in raw:
-                if value not in allowed:
-                    raise ValueError(
-                        f"Unknown status {quoted(value)}; one of: "
-                        f"{', '.join(s.value for s in EffectStatus)}"
-                    )
-            statuses = [EffectStatus(s) for s in raw]
+        statuses = parse_statuses(status)
         before: int | None = None
         if cursor is not None:
             before = parse_run_cursor(cursor)

@@ -6,8 +6,10 @@ One implementation behind ``python server.py`` and ``thread-effects serve``::
 
 Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
 _PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _EFFECT_TOOL_LEASE_SECONDS, _MODEL,
-_LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL). The server listens on loopback; another
-address needs an API token.
+_LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL, _LOG_FORMAT). The server listens on loopback;
+another address needs an API token.
+Logs go to standard error, as text or (``--log-format json``) one JSON object per line
+(`runtime.logs`, docs/operations.md).
 SIGINT/SIGTERM stop it gracefully: runs still going after the grace period are interrupted
 and re-queued.
 
@@ -43,15 +45,13 @@ from runtime.http import (
     read_json,
     server_options,
 )
+from runtime.logs import LEVELS, LOG_FORMATS, log_config
 
 ENV = "THREAD_EFFECTS_"
 """Prefix of the environment variables that set the options."""
 
 MAX_SHUTDOWN_GRACE_SECONDS = 3600.0
 """Longest ``--shutdown-grace-seconds`` accepted (an hour)."""
-
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-"""The ``--log-level`` values (uvicorn's)."""
 
 DESCRIPTION = (
     "Run the thread-effects server: the HTTP API, the effect_changed stream and the "
@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
     Returns:
         The options: ``app_dir``, ``data_dir`` (Paths), ``host``, ``port`` (int),
         ``api_token``, ``shutdown_grace_seconds``, ``effect_tool_lease_seconds`` (floats),
-        ``model``, ``load_packages``, ``log_level``.
+        ``model``, ``load_packages``, ``log_level``, ``log_format``.
 
     Raises:
         SystemExit: 2 for a bad option (argparse prints the usage), or a message naming a
@@ -120,9 +120,16 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
         return text
 
     def log_level(text: str) -> str:
-        if text.lower() not in LOG_LEVELS:
+        if text.lower() not in LEVELS:
             raise argparse.ArgumentTypeError(
-                f"log level must be one of {', '.join(LOG_LEVELS)}, got {text!r}"
+                f"log level must be one of {', '.join(LEVELS)}, got {text!r}"
+            )
+        return text.lower()
+
+    def log_format(text: str) -> str:
+        if text.lower() not in LOG_FORMATS:
+            raise argparse.ArgumentTypeError(
+                f"log format must be one of {', '.join(LOG_FORMATS)}, got {text!r}"
             )
         return text.lower()
 
@@ -153,7 +160,11 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                    help="do not load effects of installed packages (entry point group "
                         "thread_effects.packages); THREAD_EFFECTS_LOAD_PACKAGES=0 does the same")
     p.add_argument("--log-level", type=log_level, default=env.get(f"{ENV}LOG_LEVEL", "info"),
-                   help=f"one of {', '.join(LOG_LEVELS)} (default info)")
+                   help=f"least severe level logged: one of {', '.join(LEVELS)} (default info)")
+    p.add_argument("--log-format", type=log_format,
+                   default=env.get(f"{ENV}LOG_FORMAT", "text"),
+                   help="text for people, or json: one object per line with the run's "
+                        "fields (default text)")
     return p.parse_args(argv)
 
 
@@ -292,6 +303,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         port=args.port,
         lifespan="on",
         log_level=args.log_level,
+        log_config=log_config(args.log_format, args.log_level),
         # On SIGINT/SIGTERM the runtime's grace period runs first (`Server`: running
         # effects finish or are re-queued, streams get their last frames); open HTTP
         # requests then get this much longer.

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import logging
 import os
@@ -54,6 +55,8 @@ from runtime.errors import (
     EffectDefinitionError,
     InvalidArgument,
     InvalidThreadId,
+    RunNotFound,
+    RunStateError,
     RuntimeClosed,
     ThreadNotFound,
     ThreadStorageError,
@@ -61,17 +64,29 @@ from runtime.errors import (
 from runtime.events import RunChange
 from runtime.executor import IN_EFFECT, EffectExecutor
 from runtime.extension import Conversation, Extension, default_extensions
-from runtime.frames import ChangeHub
+from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
-from runtime.runs import MAX_PAGE, RunOperations, check_limit
-from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
+from runtime.run_index import RunIndexer
+from runtime.runs import MAX_CANCELED_BY_CHARS, MAX_PAGE, RunOperations, check_limit, parse_statuses
+from runtime.storage.base import RunQuery, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 from runtime.storage.sqlite import SQLiteBackend
+from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
 from runtime.watchdog import LoopWatchdog
 
 __all__ = [
-    "MAX_DELAY_SECONDS", "MAX_ID_CHARS", "MAX_TAGS", "MAX_TAG_CHARS", "THREAD_ID_RE",
-    "Runtime", "ThreadPage", "delay_seconds", "validate_thread_id",
+    "MAX_BULK_RUNS",
+    "MAX_DELAY_SECONDS",
+    "MAX_ID_CHARS",
+    "MAX_TAGS",
+    "MAX_TAG_CHARS",
+    "THREAD_ID_RE",
+    "BulkResult",
+    "RunsPage",
+    "Runtime",
+    "ThreadPage",
+    "delay_seconds",
+    "validate_thread_id",
 ]
 
 log = logging.getLogger("runtime")
@@ -101,6 +116,51 @@ def _check_tags(tags: object) -> tuple[str, ...]:
     return tuple(
         check_text(tag, f"tags[{i}]", max_chars=MAX_TAG_CHARS) for i, tag in enumerate(tags)
     )
+
+
+def _describe(runs: Sequence[EffectRun], most: int = 10) -> str:
+    """``"send_reminder (run 1a2b…, thread t1), …"`` for a log line, at most ``most``."""
+    text = ", ".join(f"{r.name} (run {r.id}, thread {r.thread_id})" for r in runs[:most])
+    return text + (f" and {len(runs) - most} more" if len(runs) > most else "")
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPage:
+    """A page of runs across threads, newest first (by when they were scheduled).
+
+    Attributes:
+        runs: The runs (without args).
+        next_cursor: Pass as ``cursor`` for the next page; None on the last page.
+        counts: How many runs match the filters other than the status, per status.
+        complete: False while the run index is being rebuilt (runs may be missing).
+    """
+
+    runs: list[EffectRun]
+    next_cursor: str | None
+    counts: dict[EffectStatus, int]
+    complete: bool = True
+
+
+MAX_BULK_RUNS = 10_000
+"""Most runs one bulk action (`Runtime.cancel_runs`, `Runtime.replay_runs`) goes through."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a bulk action did.
+
+    Attributes:
+        ids: The canceled runs, or the new runs of the replays.
+        more: True when it stopped at `MAX_BULK_RUNS` with matching runs left.
+    """
+
+    ids: list[str]
+    more: bool = False
+
+    @property
+    def count(self) -> int:
+        """How many runs it changed."""
+        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +249,7 @@ class Runtime:
         )
         self.registry = EffectRegistry()
         self.hub = ChangeHub(self.settings.subscriber_queue_size)
+        self.hub.add_listener(log_run_change)  # one log line per run transition
         self._executor_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._store: RuntimeStore | None = None
         self._started = False
@@ -219,6 +280,9 @@ class Runtime:
             if self.settings.loop_stall_warning_seconds is not None else None
         )
         self.dispatcher = Dispatcher(self.settings.max_concurrent_runs, self._drain)
+        self.run_index = RunIndexer(self.run_sync, self.clock.now, self.settings.retention)
+        self.hub.add_listener(self.run_index.observe)
+        self._rebuild: asyncio.Task[None] | None = None
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open, executor=self.executor,
@@ -297,7 +361,14 @@ class Runtime:
         if self.watchdog is not None:
             self.watchdog.start()
         self.dispatcher.start()
+        rebuild = await self.run_index.start(store)
+        # Last: from here alarms go off, and due runs start as soon as start() yields.
         armed = await self.alarms.start(store)
+        if rebuild:
+            log.info("the run index is incomplete (a crash or an upgrade): rebuilding it")
+            self._rebuild = asyncio.create_task(
+                self.run_index.rebuild(self._every_threads_runs), name="thread-effects-reindex"
+            )
         for extension in self.extensions:
             try:
                 await extension.serving(self)
@@ -341,10 +412,26 @@ class Runtime:
                                "waits for running effects, this one included")
         self._closing = True
         self._closing_started.set()
+        if self._rebuild is not None:
+            self._rebuild.cancel()  # the next start rebuilds (the index stays incomplete)
+            with contextlib.suppress(BaseException):
+                await self._rebuild
+            self._rebuild = None
         assert self._store is not None
         self.alarms.stop_timer()
-        await self.dispatcher.stop(self.settings.shutdown_grace_seconds)
-        await self.executor.stop_side(self.settings.shutdown_grace_seconds)
+        grace = self.settings.shutdown_grace_seconds
+        running = [
+            run
+            for a in self.actors.open_actors()
+            for run in ([a.current_run] if a.current_run else []) + list(a.side_runs.values())
+        ]
+        if running:
+            log.info("shutting down: waiting up to %g s for %d running run(s): %s", grace,
+                     len(running), _describe(running))
+        else:
+            log.info("shutting down: no run is running")
+        await self.dispatcher.stop(grace)
+        await self.executor.stop_side(grace)
         self._serving = False
         # New calls are refused now; creates, opens and deletes in flight end first, and
         # nothing is evicted any more, so the actors walked below stay open.
@@ -352,6 +439,8 @@ class Runtime:
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
         now = self.clock.now()
+        requeued: list[EffectRun] = []
+        failed: list[EffectRun] = []
         for actor in self.actors.open_actors():
             if actor.state is not ActorState.OPEN:
                 continue  # closed meanwhile (deleted): nothing of it to re-queue
@@ -365,9 +454,17 @@ class Runtime:
                 log.exception("could not re-queue interrupted runs of %s", actor.thread_id)
                 continue
             for run in changed:
+                (requeued if run.status is EffectStatus.PENDING else failed).append(run)
                 self._publish_recovered(run)
+        if requeued:
+            log.info("shutdown: %d interrupted run(s) re-queued (they run again after the "
+                     "restart): %s", len(requeued), _describe(requeued))
+        if failed:
+            log.warning("shutdown: %d interrupted run(s) failed (interrupted at their "
+                        "attempt limit, %d): %s", len(failed), MAX_ATTEMPTS, _describe(failed))
         self.hub.close_all()
         await self.alarms.close()
+        await self.run_index.close()
         self._stores_closing = True
         await self.actors.close_all()
         for extension in self.extensions:
@@ -383,6 +480,20 @@ class Runtime:
         if self.watchdog is not None:
             self.watchdog.stop()
         self._started = False
+
+    async def check_ready(self) -> None:
+        """Check that the runtime runs and its runtime store answers a read.
+
+        Raises:
+            RuntimeClosed: not started, or shutting down (from the start of `close`, while
+                running runs still get their grace time).
+            RuntimeStorageError: the runtime database cannot be read.
+        """
+        self._check_open()
+        if self._closing:
+            raise RuntimeClosed("The runtime is shutting down")
+        assert self._store is not None
+        await self.run_sync(self._store.list_threads, 1, None)
 
     def _check_open(self) -> None:
         if not self._serving:
@@ -537,6 +648,171 @@ class Runtime:
         if actor is not None and not actor.deleted:
             return ThreadState(self, actor.info)
         return ThreadState(self, await self.actors.info(thread_id))
+
+    async def list_runs(
+        self,
+        *,
+        status: EffectStatus | str | list[EffectStatus | str] | None = None,
+        name: str | None = None,
+        thread_id: str | None = None,
+        user_id: str | None = None,
+        tag: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunsPage:
+        """Runs across every thread, newest first (by when they were scheduled), no args.
+
+        Read from the cross-thread run index (`runtime.run_index`), after writing the
+        changes noted so far: a run changed before this call shows its change.
+
+        Args:
+            status: One status or several.
+            name: The effect name.
+            thread_id: The thread.
+            user_id: The threads' ``user_id``.
+            tag: A tag of the thread.
+            since: Due at or after this time, seconds since the epoch (UTC).
+            until: Due before this time.
+            limit: Page size, 1 to 500.
+            cursor: ``next_cursor`` of the previous page.
+
+        Raises:
+            ValueError: an unknown status, a bad limit or a malformed cursor.
+        """
+        self._check_open()
+        assert self._store is not None
+        check_limit(limit)
+        statuses = parse_statuses(status)
+        before = parse_thread_cursor(cursor) if cursor is not None else None
+        query = RunQuery(
+            statuses=tuple(statuses) if statuses is not None else None, name=name,
+            thread_id=thread_id, user_id=user_id, tag=tag, since=since, until=until,
+        )
+        await self.run_index.flush()
+        now = self.clock.now()
+        retention = self.settings.retention
+        store = self._store
+
+        def read() -> tuple[list[EffectRun], tuple[float, str] | None, dict[EffectStatus, int]]:
+            runs, nxt = store.list_indexed_runs(query, now, retention, limit, before)
+            return runs, nxt, store.count_indexed_runs(query, now, retention)
+
+        runs, nxt, counts = await self.run_sync(read)
+        return RunsPage(
+            runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
+            self.run_index.complete,
+        )
+
+    async def cancel_runs(self, *, canceled_by: str = "code", **filters: Any) -> BulkResult:
+        """Cancel every pending run that matches ``filters`` (those of `list_runs`).
+
+        Walks the run index (at most `MAX_BULK_RUNS` runs per call) and cancels each run
+        in its thread as `ThreadState.remove_scheduled_effect` does, with ``canceled_by``
+        (1 to 256 characters): a run that started meanwhile is canceled while running
+        (counted); one that finished meanwhile is left alone (not counted).
+
+        Returns:
+            The canceled runs' ids, and whether matching runs remain.
+
+        Raises:
+            ValueError: a bad filter (as `list_runs`); `InvalidArgument` for a bad
+                ``canceled_by`` (nothing canceled).
+        """
+        if canceled_by == "":
+            raise InvalidArgument("canceled_by must not be empty")
+        check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
+        return await self._bulk(
+            "pending", filters,
+            lambda run: self.runs.cancel(run.thread_id, run.id, canceled_by),
+        )
+
+    async def replay_runs(self, **filters: Any) -> BulkResult:
+        """Replay every failed run that matches ``filters`` (those of `list_runs`).
+
+        Each replay is a new run with the same name and args, due now, linked to its
+        original (`ThreadState.replay`); at most `MAX_BULK_RUNS` per call.
+
+        Returns:
+            The new runs' ids, and whether matching runs remain.
+
+        Raises:
+            ValueError: a bad filter (as `list_runs`).
+        """
+        async def replay(run: EffectRun) -> str:
+            state = await self.get_thread(run.thread_id)
+            return await state.replay(run.id)
+
+        return await self._bulk("failed", filters, replay)
+
+    async def _bulk(
+        self, status: str, filters: dict[str, Any], act: Callable[[EffectRun], Any]
+    ) -> BulkResult:
+        filters = {k: v for k, v in filters.items() if k not in ("status", "limit", "cursor")}
+        done: list[str] = []
+        seen = 0
+        cursor: str | None = None
+        while True:
+            page = await self.list_runs(status=status, limit=500, cursor=cursor, **filters)
+            for run in page.runs:
+                if seen >= MAX_BULK_RUNS:
+                    return BulkResult(done, more=True)
+                seen += 1
+                try:
+                    result = await act(run)
+                except (ThreadNotFound, RunNotFound, RunStateError):
+                    continue  # deleted, pruned or no longer in that status meanwhile
+                if result is True:
+                    done.append(run.id)
+                elif isinstance(result, str):
+                    done.append(result)
+            cursor = page.next_cursor
+            if cursor is None:
+                return BulkResult(done, more=False)
+
+    def subscribe_runs(self) -> Subscription:
+        """A subscription to the run changes of every thread (`EffectChanged`, no args).
+
+        Each event keeps its thread's ``seq``; the subscription ends at shutdown.
+
+        Raises:
+            RuntimeClosed: the runtime is not running.
+        """
+        self._check_open()
+        return self.hub.subscribe_runs()
+
+    async def wait_run_index(self) -> None:
+        """Wait until a rebuild of the run index started at start-up (if any) has ended."""
+        if self._rebuild is not None:
+            await asyncio.shield(self._rebuild)
+
+    async def _every_threads_runs(self) -> AsyncIterator[list[EffectRun]]:
+        """Each thread's runs (those reads show), read under its lock: for a rebuild."""
+        assert self._store is not None
+        after: tuple[float, str] | None = None
+        while True:
+            infos, after = await self.run_sync(self._store.list_threads, 500, after)
+            for info in infos:
+                try:
+                    async with self.actors.writing(info.id) as actor:
+                        runs = await self.run_sync(self._all_runs, actor.store)
+                except (ThreadNotFound, ThreadStorageError) as exc:
+                    log.warning("run index: thread %s skipped: %s", info.id, exc)
+                    continue
+                yield runs
+            if after is None:
+                return
+
+    def _all_runs(self, store: ThreadStore) -> list[EffectRun]:
+        now, retention = self.clock.now(), self.settings.retention
+        out: list[EffectRun] = []
+        before: int | None = None
+        while True:
+            runs, before = store.list_runs(now, retention, limit=500, before_seq=before)
+            out.extend(replace(r, args=None) for r in runs)
+            if before is None:
+                return out
 
     async def list_threads(self, *, limit: int = 50, cursor: str | None = None) -> ThreadPage:
         """Threads, newest first.

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from runtime.discovery import PACKAGE_ID_RE
-from runtime.effects import EffectRun, EffectStatus
+from runtime.effects import EffectRun, EffectStatus, RunAttempt
 from runtime.errors import InvalidArgument
 from runtime.frames import Subscription
 from runtime.storage.base import ThreadInfo
@@ -353,6 +353,14 @@ class ThreadState:
             RunNotFound: no such run in this thread (or it was pruned).
         """
         return await self._rt.runs.get_run(self.thread_id, run_id)
+
+    async def get_run_attempts(self, run_id: str) -> list[RunAttempt]:
+        """Each attempt of a run, first first: when it started, when and how it ended.
+
+        Raises:
+            RunNotFound: no such run in this thread (or it was pruned).
+        """
+        return await self._rt.runs.attempts(self.thread_id, run_id)
 
     async def run_now(self, run_id: str) -> EffectRun:
         """Make a pending run due now; it starts as soon as the thread is free.

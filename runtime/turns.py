@@ -40,6 +40,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import trace
+
 from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
 from runtime.config import MAX_ATTEMPTS
@@ -65,6 +67,7 @@ from runtime.messages import (
     message_from_model,
     text_model_message,
 )
+from runtime.telemetry import TRACER_NAME
 from runtime.thread import Execution, ThreadState
 
 if TYPE_CHECKING:
@@ -542,7 +545,16 @@ async def run_turn(
     plain = state.with_context(execution=None, package_id=state.package_id)
     token = _CURRENT_TURN.set((tid, run_id))
     try:
-        return await _run_turn(state, content, agent, turn, plain, fresh=fresh)
+        # The turn's span: its tool calls' spans, and effects they schedule, are below it.
+        with trace.get_tracer(TRACER_NAME).start_as_current_span(
+            "turn",
+            attributes={
+                "thread_effects.thread_id": tid,
+                "thread_effects.turn_id": run_id,
+                "thread_effects.agent": agent.name,
+            },
+        ):
+            return await _run_turn(state, content, agent, turn, plain, fresh=fresh)
     finally:
         _CURRENT_TURN.reset(token)
         turn.ended.set()

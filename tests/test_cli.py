@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -248,8 +249,27 @@ def test_runs_list_with_the_api_filters(server: ServerProcess) -> None:
 
     bad = te(server.url, "runs", "list", "-t", tid, "--status", "done")
     assert bad.exit_code == 2 and "'done' is not one of" in bad.stderr
-    missing = te(server.url, "runs", "list")
-    assert missing.exit_code == 2 and "Missing option '--thread'" in missing.stderr
+    # Without --thread (or with --user, --tag, --since, --until): across every thread.
+    across = ok_json(server.url, "runs", "list", "--status", "failed", "--all")
+    assert runs["failed"] in {r["id"] for r in across["runs"]}
+    assert all(r["status"] == "failed" for r in across["runs"]) and across["complete"]
+    mine = ok_json(server.url, "runs", "list", "--thread", tid, "--user", "ann",
+                   "--tag", "vip")
+    assert [r["id"] for r in mine["runs"]] == [
+        runs["pending"], runs["failed"], runs["completed"],
+    ]
+    assert mine["counts"]["failed"] == 1
+    soon = (datetime.now(UTC) + timedelta(minutes=30)).isoformat()  # pending: in an hour
+    assert [r["id"] for r in ok_json(server.url, "runs", "list", "-t", tid,
+                                      "--since", soon)["runs"]] == [runs["pending"]]
+    wide = ok(server.url, "runs", "list", "--user", "ann", columns=200)
+    head = wide.splitlines()[0].split()
+    assert head[:3] == ["Run", "Thread", "Effect"]
+    row = next(line for line in wide.splitlines() if runs["failed"] in line)
+    assert tid in row and " failed " in row
+    assert "No runs match." in ok(server.url, "runs", "list", "--user", "nobody-at-all")
+    bad_time = te(server.url, "runs", "list", "--since", "yesterday")
+    assert bad_time.exit_code == 1 and "ISO 8601" in bad_time.stderr
     unknown = te(server.url, "runs", "list", "-t", "nobody")
     assert unknown.exit_code == 1
     assert "Thread not found: nobody [HTTP 404 thread_not_found]" in unknown.stderr
@@ -269,8 +289,14 @@ def test_runs_show(server: ServerProcess) -> None:
     assert "Status     pending" in table and "Started    -" in table
     assert '"text": "later"' in table
 
-    failed = ok(server.url, "runs", "show", runs["failed"], "-t", tid)
+    failed = ok(server.url, "runs", "show", runs["failed"], "-t", tid, columns=200)
     assert "Error      DemoFailure: no [red]luck" in failed
+    # Each attempt, with how it ended.
+    assert [(a["attempt"], a["outcome"]) for a in run["attemptDetails"]] == [(1, "failed")]
+    head = next(line for line in failed.splitlines() if "Attempt" in line and "Outcome" in line)
+    assert head.split()[:1] == ["Attempt"]
+    row = failed.splitlines()[failed.splitlines().index(head) + 1:][0:3]
+    assert any(" failed " in line and "DemoFailure" in line for line in row), failed
 
     unknown = te(server.url, "runs", "show", "f" * 32, "-t", tid)
     assert unknown.exit_code == 1
@@ -569,7 +595,8 @@ def test_serve_refuses_what_server_py_refuses(tmp_path: Path) -> None:
     )
     assert helped.returncode == 0 and helped.stdout.startswith("usage: thread-effects serve")
     for option in ("--app-dir", "--data-dir", "--host", "--port", "--api-token",
-                   "--shutdown-grace-seconds", "--model", "--no-packages", "--log-level"):
+                   "--shutdown-grace-seconds", "--model", "--no-packages", "--log-level",
+                   "--log-format"):
         assert option in helped.stdout
 
 

@@ -73,9 +73,12 @@ async def test_run_shapes_lists_and_frames(api: Api) -> None:
         while sub._buffer:
             events.append(await sub.__anext__())
 
-    required, optional = keys_after("in the single-run answer, never in lists or frames):")
+    required, optional = keys_after("only in the single-run answer, never in lists or frames):")
     one = await api.run(tid, run_id)
     assert set(one) == required | optional
+    (attempt,) = one["attemptDetails"]
+    assert set(attempt) == field_list("`attemptDetails` lists each attempt, first first: ")
+    assert attempt["outcome"] == "completed" and attempt["attempt"] == 1
     page = (await api.client.get(f"/api/threads/{tid}/effects")).json()
     assert set(page["runs"][0]) == required
     assert set(page) == field_list("&name=&limit=50&cursor=\n     -> ")

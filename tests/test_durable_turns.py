@@ -421,3 +421,33 @@ async def test_resuming_waits_for_a_turn_the_thread_runs(
         assert await charges(world) == ["charged order 42"] * 2  # t1 once, t2 once
         # Nothing is left to resume.
         assert await resume_thread_turns(rt, tid) == 0
+
+
+async def test_metrics_count_a_resumed_turn_once_and_no_replayed_tool_call(
+    tmp_path: Path, backend: StorageBackend, world: Path
+) -> None:
+    from runtime.metrics import RuntimeMetrics
+
+    async with running(tmp_path, backend, FakeClock(start=START)) as rt:
+        metrics = RuntimeMetrics(rt)
+        try:
+            thread = await rt.create_thread(agent_id="shop")
+            tid = thread.thread_id
+            await interrupt(rt, thread, "turn-1", world, 1)
+            with override_model(rt, charging(answer)):
+                assert await resume_thread_turns(rt, tid) == 1
+            [row] = (await load_turns(rt, tid)).values()
+            assert (row.status, row.attempts) == ("succeeded", 2)
+            assert await charges(world) == ["charged order 42"]
+            sample = metrics.registry.get_sample_value
+            # One turn (its user message, not stored again by the resumed attempt). The
+            # charge's result in the conversation came from the journal: not counted (the
+            # interrupted attempt that ran it stored no messages, so it is not counted
+            # either).
+            assert sample("thread_effects_turns_total") == 1
+            assert sample("thread_effects_tool_calls_total",
+                          {"tool": "charge", "outcome": "ok"}) is None
+            messages = (await thread.get_messages(limit=500)).messages
+            assert [r.from_journal for m in messages for r in m.tool_results] == [True]
+        finally:
+            metrics.close()

@@ -37,8 +37,10 @@ async def test_a_full_workload_makes_no_blocking_call_on_the_loop(tmp_path: Path
                 assert sorted(r.status for r in page.runs) == [
                     EffectStatus.CANCELED, EffectStatus.COMPLETED, EffectStatus.COMPLETED
                 ]
-                replay = await t.replay(page.runs[-1].id)
+                # run_now first: a replay starts at once, and a run cannot run now while
+                # another of its thread runs.
                 await t.run_now(await t.schedule_effect("note", {"text": "x"}, delay=60))
+                replay = await t.replay(page.runs[-1].id)
                 assert (await t.get_run(replay)).replay_of == page.runs[-1].id
             await rt.wait_idle()
             assert (await rt.pause_thread("t1")).paused

@@ -53,15 +53,16 @@ async def runs_of(api: Api, tid: str) -> list[Any]:
 
 async def test_huge_integers_are_4xx_in_query_and_body(api: Api) -> None:
     tid = await api.new_thread()
-    for path in (f"/api/threads/{tid}/effects", "/api/threads"):
+    for path in (f"/api/threads/{tid}/effects", "/api/threads", "/api/runs"):
         res = await api.client.get(path, params={"cursor": "9" * 23})
         assert "cursor" in error_of(res, 400, "invalid_parameter")
         res = await api.client.get(path, params={"limit": "9" * 40})
         error_of(res, 400, "invalid_parameter")
     res = await api.client.get(f"/api/threads/{tid}/messages", params={"limit": "9" * 40})
     error_of(res, 400, "invalid_parameter")
-    res = await api.client.get("/api/threads", params={"cursor": "1e999~t1"})
-    error_of(res, 400, "invalid_parameter")
+    for path in ("/api/threads", "/api/runs"):
+        res = await api.client.get(path, params={"cursor": "1e999~t1"})
+        error_of(res, 400, "invalid_parameter")
 
     body = b'{"name": "ping", "delay_seconds": 1' + b"0" * 309 + b"}"
     res = await api.client.post(f"/api/threads/{tid}/effects", content=body)
@@ -188,6 +189,30 @@ async def test_routes_that_take_no_body_refuse_one(api: Api, body: bytes, code: 
     assert res.json() == {"canceled": True}  # an empty body is no body
     res = await api.client.post(f"/api/threads/{tid}/effects/{run_id}/replay", content=b"{}")
     assert res.status_code == 201, res.text  # and so is {}
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"", "invalid_body"), (b"[]", "invalid_body"), (b"0", "invalid_body"),
+        (b"null", "invalid_body"), (b'{"x": 1}', "invalid_body"),
+        (b'{"tag": 1}', "invalid_body"), (b"notjson", "invalid_json"),
+        (nested(100_000).encode(), "invalid_json"),
+    ],
+)
+async def test_bulk_actions_take_a_filter_object_only(api: Api, body: bytes, code: str) -> None:
+    tid = await api.new_thread()
+    await api.schedule(tid, "ping", delay_seconds=999)
+    for action in ("cancel", "replay"):
+        error_of(await api.client.post(f"/api/runs/{action}", content=body), 400, code)
+    # "by" is cancel's alone.
+    res = await api.client.post("/api/runs/replay", json={"by": "me"})
+    assert "unknown field(s) by" in error_of(res, 400, "invalid_body")
+    res = await api.client.post("/api/runs/cancel", json={"since": "yesterday"})
+    assert 'got "yesterday"' in error_of(res, 400, "invalid_parameter")
+    assert [r["status"] for r in await runs_of(api, tid)] == ["pending"]  # nothing happened
+    res = await api.client.post("/api/runs/cancel", json={"by": "me"})
+    assert res.json()["canceled"] == 1, res.text
 
 
 async def test_a_post_without_content_length_over_the_messages_limit_names_it(
@@ -357,6 +382,16 @@ async def test_user_values_in_error_messages_are_cut(api: Api) -> None:
          400, "invalid_parameter"),
         (await api.client.get(f"/api/threads/{tid}/messages", params={"limit": long}),
          400, "invalid_parameter"),
+        (await api.client.get("/api/runs", params={"cursor": long}),
+         400, "invalid_parameter"),
+        (await api.client.get("/api/runs", params={"status": long}),
+         400, "invalid_parameter"),
+        (await api.client.get("/api/runs", params={"since": long}),
+         400, "invalid_parameter"),
+        (await api.client.get("/api/runs", params={"limit": long}),
+         400, "invalid_parameter"),
+        (await api.client.post("/api/runs/cancel", json={"until": long}),
+         400, "invalid_parameter"),
         (await api.client.post("/api/threads", json={"agent_id": huge}),
          400, "invalid_argument"),
         (await api.client.post("/api/threads", json={"id": huge}),
@@ -393,6 +428,10 @@ async def test_quoted_values_are_spelled_as_json(api: Api) -> None:
     assert 'package "nope"' in error_of(res, 404, "effect_not_found")
     res = await api.client.get(path, params={"status": "done"})
     assert 'Unknown status "done"' in error_of(res, 400, "invalid_parameter")
+    res = await api.client.get("/api/runs", params={"status": "done"})
+    assert 'Unknown status "done"' in error_of(res, 400, "invalid_parameter")
+    res = await api.client.get("/api/runs", params={"since": "yesterday"})
+    assert 'got "yesterday"' in error_of(res, 400, "invalid_parameter")
     res = await api.client.get("/api/threads/a.b/effects")
     assert 'Invalid thread id "a.b"' in error_of(res, 400, "invalid_thread_id")
     res = await api.client.get(path, params={"cursor": "x1"})
@@ -407,7 +446,7 @@ async def test_integer_query_parameters_take_ascii_digits_only(api: Api, limit: 
     tid = await api.new_thread()
     for path in (
         "/api/threads", f"/api/threads/{tid}/effects", f"/api/threads/{tid}/messages",
-        f"/api/threads/{tid}/effect-records",
+        f"/api/threads/{tid}/effect-records", "/api/runs",
     ):
         res = await api.client.get(path, params={"limit": limit})
         assert "limit must be an integer" in error_of(res, 400, "invalid_parameter"), path
@@ -415,6 +454,8 @@ async def test_integer_query_parameters_take_ascii_digits_only(api: Api, limit: 
         res = await api.client.get(f"/api/threads/{tid}/effects", params={"cursor": cursor})
         error_of(res, 400, "invalid_parameter")
         res = await api.client.get("/api/threads", params={"cursor": f"{cursor}~{tid}"})
+        error_of(res, 400, "invalid_parameter")
+        res = await api.client.get("/api/runs", params={"cursor": f"{cursor}~{tid}"})
         error_of(res, 400, "invalid_parameter")
 
 

@@ -22,11 +22,13 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "runtime.watchdog"),
     3: ("runtime.thread", "runtime.actors", "runtime.dispatcher", "runtime.executor",
         "runtime.effect_records",
-        "runtime.runs", "runtime.extension", "runtime.supervisor"),
+        "runtime.runs", "runtime.extension", "runtime.supervisor", "runtime.telemetry",
+        "runtime.run_index"),
     4: ("runtime.tools", "runtime.hooks", "runtime.agents", "runtime.agent_loop",
         "runtime.turns", "runtime.conversation", "runtime.demo_model",
         "runtime.effect_tools", "runtime._effect_toolset", "runtime.durable"),
     5: ("runtime.http", "runtime.endpoints", "runtime._http_errors", "runtime.testing",
+        "runtime.metrics",
         "runtime.serve", "runtime.cli", "runtime"),
 }
 """Layer → modules (a package name covers its submodules)."""

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
 from runtime.storage import models, schema, sqlite
+from runtime.storage.base import Finish, RunQuery, ThreadInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,12 +88,13 @@ def test_the_check_command_reports_drift_by_its_exit_status() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", range(1, sqlite.THREAD_SCHEMA_VERSION))
 def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: int) -> None:
     """A file written at ``version`` (steps 0..version-1) opens as the current schema.
 
-    Its run is kept (without a key), a key is then held once among pending runs, and from
-    version 3 on its effect-tool record is kept too.
+    Its run is kept (without a key), a key is then held once among pending runs, from
+    version 3 on its effect-tool record is kept too, and from version 5 on its span context;
+    attempts are recorded from the first claim after the upgrade.
     """
     path = tmp_path / "t.sqlite"
     conn = sqlite3.connect(path)
@@ -108,6 +111,9 @@ def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: 
             "INSERT INTO effect_records (thread_id, \"key\", tool_name, status, result, "
             "created_at, updated_at) VALUES ('t', 'k', 'post_note', 'applied', '1', 90, 90)"
         )
+    context = '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    if version >= 5:
+        conn.execute("INSERT INTO run_traces (run_id, context) VALUES ('old', ?)", (context,))
     conn.execute(f"PRAGMA user_version={version}")
     conn.commit()
     conn.close()
@@ -116,6 +122,9 @@ def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: 
     try:
         [old] = store.pending_runs()
         assert (old.id, old.key, old.canceled_by, old.run_at_ts) == ("old", None, None, 100.0)
+        kept = store.get_run("old", 150.0, RetentionPolicy())
+        assert kept is not None
+        assert kept.trace_context == (context if version >= 5 else None)
         keyed = EffectRun(id="new", thread_id="t", name="a.note", status=EffectStatus.PENDING,
                           args=None, run_at_ts=200.0, created_at_ts=190.0, key="daily")
         assert store.insert_run(keyed) is None
@@ -123,6 +132,11 @@ def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: 
         assert held is not None and held.id == "new"
         record = store.get_effect_record("k")
         assert (record is not None) == (version >= 3)
+        _, claimed, _ = store.finish_and_claim(None, 150.0)
+        assert claimed is not None and claimed.id == "old"
+        store.finish_and_claim(Finish("old", EffectStatus.COMPLETED, None, 151.0), 151.0,
+                               claim=False)
+        assert [(a.attempt, a.outcome) for a in store.run_attempts("old")] == [(1, "completed")]
     finally:
         store.close()
     conn = sqlite3.connect(path)
@@ -130,3 +144,65 @@ def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: 
         assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite.THREAD_SCHEMA_VERSION
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("version", range(1, sqlite.RUNTIME_SCHEMA_VERSION))
+def test_a_runtime_database_of_every_older_version_migrates(
+    tmp_path: Path, version: int
+) -> None:
+    """A runtime database written at ``version`` opens as the current schema.
+
+    Its threads and alarms are kept, from version 2 on its pause marks too, from version 3
+    on its runtime-level records; its run index (version 4) starts empty and incomplete, so
+    that the runtime rebuilds it.
+    """
+    path = tmp_path / "runtime.sqlite"
+    conn = sqlite3.connect(path)
+    for step in range(version):
+        for statement in schema.RUNTIME_MIGRATIONS[step]:
+            conn.execute(statement)
+    conn.execute("INSERT INTO threads (id, created_at, user_id, tags) VALUES ('t', 1.0, 'u', '[]')")
+    conn.execute("INSERT INTO alarms (thread_id, due_at) VALUES ('t', 5.0)")
+    if version >= 2:
+        conn.execute("INSERT INTO paused_threads (thread_id) VALUES ('t')")
+    if version >= 3:
+        conn.execute(
+            "INSERT INTO effect_records (thread_id, key, tool_name, status, result, "
+            "created_at, updated_at) VALUES ('t', 'k', 'ship', 'succeeded', '1', 1.0, 1.0)"
+        )
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.commit()
+    conn.close()
+
+    store = sqlite.SQLiteRuntimeStore(path)
+    try:
+        info = store.get_thread("t")
+        assert info is not None and info.user_id == "u"
+        assert info.paused == (version >= 2)
+        assert store.load_alarms() == [("t", 5.0)]
+        record = store.get_record("t", "k")
+        assert (record is not None and record.result == 1) == (version >= 3)
+        assert store.run_index_complete() is False  # an upgrade: the runtime rebuilds it
+        run = EffectRun(id="r", thread_id="t", name="a.note", status=EffectStatus.PENDING,
+                        args=None, run_at_ts=5.0, created_at_ts=1.0, key="daily")
+        store.index_runs([run])
+        [indexed], _ = store.list_indexed_runs(
+            RunQuery(), 2.0, RetentionPolicy(), 10
+        )
+        assert (indexed.id, indexed.key, indexed.thread_id) == ("r", "daily", "t")
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite.RUNTIME_SCHEMA_VERSION
+    finally:
+        conn.close()
+
+
+def test_a_new_runtime_database_has_a_complete_run_index(tmp_path: Path) -> None:
+    store = sqlite.SQLiteRuntimeStore(tmp_path / "runtime.sqlite")
+    try:
+        assert store.add_thread(ThreadInfo(id="t", created_at_ts=1.0))
+        assert store.run_index_complete() is True
+    finally:
+        store.close()

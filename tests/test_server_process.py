@@ -67,8 +67,8 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server.py exited {self.proc.returncode}:\n{self.output()}")
             try:
-                httpx.get(f"{self.url}/api/effects", timeout=2)  # any answer: it is up
-                return self
+                if httpx.get(f"{self.url}/api/ready", timeout=2).status_code == 200:
+                    return self
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, f"server.py did not start:\n{self.output()}"
@@ -248,6 +248,36 @@ def test_a_chain_is_paused_over_http_and_its_next_run_canceled(
     counts = httpx.get(runs_url).json()["counts"]
     assert counts["pending"] == 0 and counts["canceled"] == 1 and counts["failed"] == 0
     assert httpx.get(f"{server.url}/api/threads/{tid}").json()["paused"] is True
+def test_json_logs_metrics_and_probes_of_a_server_process(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    server = servers("--shutdown-grace-seconds", "0.1", "--log-format", "json")
+    assert httpx.get(f"{server.url}/api/health").json() == {"status": "ok"}
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    run_id = schedule(server.url, tid, "slow_task", {"seconds": 60})
+    wait_for_run(server.url, tid, run_id, lambda r: r["status"] == "running")
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "thread_effects_running_runs 1.0" in metrics
+    assert 'thread_effects_run_attempts_total{effect="slow_task"} 1.0' in metrics
+    assert server.signal(signal.SIGTERM) in (0, -signal.SIGTERM)
+
+    lines = [json.loads(line) for line in server.output().splitlines() if line.strip()]
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    runs = [line for line in lines if line["logger"] == "runtime.runs"]
+    assert [line["change"] for line in runs] == ["scheduled", "started", "requeued"]
+    started = runs[1]
+    assert (started["thread_id"], started["run_id"], started["effect"]) == (
+        tid, run_id, "slow_task"
+    )
+    assert started["status"] == "running" and started["attempt"] == 1
+    assert isinstance(started["lag_seconds"], float) and started["lag_seconds"] >= 0
+    said = [line["message"] for line in lines if line["logger"] == "runtime"]
+    assert any(
+        m.startswith("shutting down: waiting up to 0.1 s for 1 running run(s): slow_task")
+        and run_id in m for m in said
+    ), said
+    assert any(m.startswith("shutdown: 1 interrupted run(s) re-queued") and run_id in m
+               for m in said), said
 
 
 def test_demo_webhook_posts_to_the_server_itself(
@@ -375,6 +405,8 @@ def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> 
         ([], {"THREAD_EFFECTS_SHUTDOWN_GRACE_SECONDS": "nan"}, "--shutdown-grace-seconds"),
         (["--log-level", "bogus"], {}, "--log-level"),
         ([], {"THREAD_EFFECTS_LOG_LEVEL": "bogus"}, "--log-level"),
+        (["--log-format", "xml"], {}, "--log-format"),
+        ([], {"THREAD_EFFECTS_LOG_FORMAT": "xml"}, "--log-format"),
         (["--port", "0"], {}, "--port"),
         (["--port", "\u0665"], {}, "--port"),
         (["--api-token", "t\u00f8ken"], {}, "--api-token"),

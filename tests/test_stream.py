@@ -122,6 +122,39 @@ async def test_scheduled_started_completed(live: Live) -> None:
     }
 
 
+async def test_the_server_wide_stream_has_every_threads_run_changes(live: Live) -> None:
+    a = await live.api.new_thread()
+    b = await live.api.new_thread()
+    async with stream(f"ws://{live.host}/api/stream") as ws:
+        first = await live.api.schedule(a, "note", {"text": "secret-args-value"})
+        await live.api.rt.wait_idle()
+        second = await live.api.schedule(b, "boom", {"message": "no"})
+        frames = await frames_until(ws, change_is(second, "failed"))
+        await live.api.client.delete(f"/api/threads/{b}")  # the stream goes on
+        third = await live.api.schedule(a, "ping")
+        more = await frames_until(ws, change_is(third, "completed"))
+    assert [(f["threadId"], f["data"]["id"], f["data"]["change"]) for f in frames] == [
+        (a, first, "scheduled"), (a, first, "started"), (a, first, "completed"),
+        (b, second, "scheduled"), (b, second, "started"), (b, second, "failed"),
+    ]
+    assert all(f["eventType"] == "effect_changed" for f in frames + more)
+    assert all("secret-args-value" not in json.dumps(f) for f in frames)
+    # Each frame keeps its thread's seq.
+    assert [f["seq"] for f in frames[:3]] == [frames[0]["seq"] + i for i in range(3)]
+    assert [f["seq"] for f in more] == [frames[2]["seq"] + 1 + i for i in range(3)]
+    assert frames[5]["data"]["error"] == "ValueError: no"
+
+
+async def test_the_server_wide_stream_needs_the_token(tmp_path: Path) -> None:
+    async with running(tmp_path, api_token="s3cret") as live:
+        async with stream(f"ws://{live.host}/api/stream") as ws:
+            assert await close_code(ws) == 4401
+        async with stream(f"ws://{live.host}/api/stream?token=s3cret") as ws:
+            tid = await live.api.new_thread()
+            run_id = await live.api.schedule(tid, "ping")
+            await frames_until(ws, change_is(run_id, "completed"))
+
+
 async def test_failed_and_replayed(live: Live) -> None:
     tid = await live.api.new_thread()
     async with stream(live.url(tid)) as ws:
@@ -305,6 +338,8 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame
             ]
             received = await frames_until(fast, change_is(ids[-1], "failed"))
             await live.api.rt.wait_idle()
+            metrics = (await live.api.client.get("/metrics")).text
+            assert "thread_effects_websocket_clients 2.0" in metrics
 
             # The reading client got every frame, in order, with no gap.
             assert len(received) == 3 * runs
@@ -323,6 +358,15 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
             assert got == list(range(first, first + len(got)))
             assert len(got) < 3 * runs
+        # What the slow client never got is counted; once both left, no client is counted.
+        async with asyncio.timeout(GUARD_SECONDS):
+            while "thread_effects_websocket_clients 0.0" not in (
+                metrics := (await live.api.client.get("/metrics")).text
+            ):
+                await asyncio.sleep(0.01)
+        (dropped,) = [line for line in metrics.splitlines()
+                      if line.startswith("thread_effects_frames_dropped_total ")]
+        assert float(dropped.split()[1]) >= 1
 
 
 def tcp_state(sock: socket.socket) -> int:

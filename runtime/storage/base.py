@@ -43,7 +43,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from runtime.config import RetentionPolicy
-from runtime.effects import EffectRun, EffectStatus
+from runtime.effects import EffectRun, EffectStatus, RunAttempt
 from runtime.messages import Message
 from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
 
@@ -81,6 +81,29 @@ class ThreadInfo:
     paused: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Which runs a cross-thread listing returns: every field given must match.
+
+    Attributes:
+        statuses: Any of these statuses.
+        name: The effect name.
+        thread_id: The thread.
+        user_id: The thread's ``user_id``.
+        tag: One of the thread's tags.
+        since: Due (``run_at``) at or after this time, seconds since the epoch (UTC).
+        until: Due before this time.
+    """
+
+    statuses: tuple[EffectStatus, ...] | None = None
+    name: str | None = None
+    thread_id: str | None = None
+    user_id: str | None = None
+    tag: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+
 class ThreadStore(ABC):
     """One thread's runs, its conversation (messages) and its meta.
 
@@ -97,7 +120,10 @@ class ThreadStore(ABC):
 
         Durable when this returns (SQLite: per ``synchronous``). ``attempts``,
         ``started_at``, ``finished_at`` and ``canceled_by`` of the given run are ignored
-        (0, None, None, None).
+        (0, None, None, None). Its ``trace_context`` is kept, in the same transaction, while
+        the run is unfinished: the claim and `get_run` return it; the transaction that
+        finishes or cancels the run (or fails it in `recover_interrupted`) forgets it, and a
+        finished run's is None. Other reads may leave it None.
 
         When ``run.key`` is set and a ``pending`` or ``running`` run of the store has that
         key, nothing is written and that run is returned (a pending one first), checked
@@ -151,12 +177,26 @@ class ThreadStore(ABC):
         Returns:
             ``(finished, claimed, next_due)``: the finished run as written (or None), the
             claimed run (status ``running``, ``attempts`` incremented, ``started_at =
-            now``; the earliest due by ``run_at``, ties by scheduling order) or None, and,
+            now``, its ``trace_context`` as inserted; the earliest due by ``run_at``, ties
+            by scheduling order) or None, and,
             when nothing was claimed (and ``claim``), the ``run_at`` of the earliest
             pending run (or None).
 
         Raises:
             ThreadStorageError: the transaction failed; nothing was written.
+        """
+
+    @abstractmethod
+    def run_attempts(self, run_id: str) -> list[RunAttempt]:
+        """The attempts of a run, first first (empty for an unknown or pruned run).
+
+        The claim in `finish_and_claim` adds one (outcome ``running``); recording the
+        outcome ends it (``completed`` or ``failed`` with the error), and
+        `recover_interrupted` ends it ``interrupted``, each in the same transaction.
+        Deleting a run deletes its attempts.
+
+        Raises:
+            ThreadStorageError: the read failed.
         """
 
     @abstractmethod
@@ -227,7 +267,8 @@ class ThreadStore(ABC):
     def get_run(self, run_id: str, now: float, retention: RetentionPolicy) -> EffectRun | None:
         """One run with its args, or None (unknown, or past retention at ``now``, by age or count).
 
-        A read: it never writes (nor prunes).
+        A read: it never writes (nor prunes). An unfinished run carries its
+        ``trace_context`` (see `insert_run`).
 
         Raises:
             ThreadStorageError: the read failed.
@@ -485,7 +526,14 @@ class ThreadStore(ABC):
 
 
 class RuntimeStore(ABC):
-    """The thread registry and the durable alarm index (one alarm per thread at most).
+    """The thread registry, the alarm index (an alarm per thread at most), the run index.
+
+    The run index holds a copy of every run without its args (`index_runs`), written in
+    batches by the runtime; the thread stores stay the truth. Its reads hide finished
+    runs past their retention age, like a thread store's reads (the per-thread
+    ``max_finished`` count is not applied to it). Listings go newest first by
+    ``created_at``, ties by run id (descending); their cursor is ``(created_at, run_id)``
+    of the last run of the previous page, so pages are stable while runs change.
 
     Every method is one transaction. Failures raise the backend's own database error
     (SQLite: `sqlite3.Error`); the runtime cannot go on without this store. Once closed,
@@ -528,10 +576,70 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def delete_thread(self, thread_id: str) -> bool:
-        """Remove a thread, its alarm and its pause mark in one transaction.
+        """Remove a thread, its alarm, its pause mark and its indexed runs in one transaction.
 
         Returns:
-            False if it did not exist.
+            False if the thread did not exist.
+        """
+
+    @abstractmethod
+    def index_runs(self, runs: Sequence[EffectRun]) -> None:
+        """Write the index entries of ``runs`` (their state as given, never the args).
+
+        One transaction. An entry replaces the run's previous one; a run of a thread
+        that is not registered (deleted meanwhile) is skipped.
+        """
+
+    @abstractmethod
+    def list_indexed_runs(
+        self,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        """Indexed runs matching ``query``, newest first (``args`` None).
+
+        Args:
+            query: The filters.
+            now: The current time (retention hides finished runs past their age).
+            retention: The policy.
+            limit: The page size (at least 1).
+            before: The cursor of the previous page: only runs after it in this order.
+
+        Returns:
+            A page and the cursor for the next one (None when no run follows).
+        """
+
+    @abstractmethod
+    def count_indexed_runs(
+        self, query: RunQuery, now: float, retention: RetentionPolicy
+    ) -> dict[EffectStatus, int]:
+        """How many indexed runs match ``query`` (its ``statuses`` ignored), per status.
+
+        Every status is a key (0 when none).
+        """
+
+    @abstractmethod
+    def prune_run_index(self, now: float, retention: RetentionPolicy) -> int:
+        """Delete the entries of finished runs past their retention age; how many."""
+
+    @abstractmethod
+    def run_index_complete(self) -> bool:
+        """Whether the index was left holding every thread's runs.
+
+        True for a new store; False after an upgrade from a version without the index,
+        and whenever `set_run_index_complete` last said False.
+        """
+
+    @abstractmethod
+    def set_run_index_complete(self, complete: bool) -> None:
+        """Record (durably) whether the index holds every thread's runs.
+
+        The runtime says False when it starts (entries are written in batches, so a
+        crash may lose the last ones) and True after its final flush at a clean close,
+        or when a rebuild finished.
         """
 
     @abstractmethod

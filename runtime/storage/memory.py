@@ -22,10 +22,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from runtime.config import RetentionPolicy
-from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import DataDirLocked, RuntimeClosed, RuntimeStorageError, ThreadStorageError
 from runtime.messages import Message, message_from_row
-from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.base import (
+    Finish,
+    RunQuery,
+    RuntimeStore,
+    StorageBackend,
+    ThreadInfo,
+    ThreadStore,
+)
 from runtime.storage.records import (
     Claim,
     EffectRecord,
@@ -38,10 +45,10 @@ from runtime.storage.records import (
     instant,
 )
 
-THREAD_SCHEMA_VERSION = 4
+THREAD_SCHEMA_VERSION = 6
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
-RUNTIME_SCHEMA_VERSION = 3
+RUNTIME_SCHEMA_VERSION = 4
 """The version of the registry and alarm index this code knows."""
 
 
@@ -53,6 +60,7 @@ class _StoredRun:
     seq: int
     run: EffectRun  # with args=None; the args are kept as JSON text beside it
     args_json: str | None
+    attempts: list[RunAttempt] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -119,8 +127,22 @@ class MemoryThreadStore(ThreadStore):
 
     def _update(self, data: _ThreadData, seq: int, **changes: object) -> EffectRun:
         stored = data.runs[seq]
+        if changes.get("status") in FINISHED_STATUSES:
+            changes["trace_context"] = None  # kept only while the run is unfinished
         stored.run = replace(stored.run, **changes)  # type: ignore[arg-type]
         return self._out(stored)
+
+    @staticmethod
+    def _end_attempt(stored: _StoredRun, outcome: str, at: float, error: str | None) -> None:
+        if stored.attempts and stored.attempts[-1].attempt == stored.run.attempts:
+            last = stored.attempts[-1]
+            stored.attempts[-1] = replace(last, ended_at_ts=at, outcome=outcome, error=error)
+
+    def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
+        with self._data.lock:
+            data = self._open_data()
+            seq = data.seq_of.get(run_id)
+            return [] if seq is None else list(data.runs[seq].attempts)
 
     def _find(self, data: _ThreadData, run_id: str, status: EffectStatus) -> int | None:
         seq = data.seq_of.get(run_id)
@@ -226,6 +248,8 @@ class MemoryThreadStore(ThreadStore):
                         data, seq, status=finish.status, error=finish.error,
                         finished_at_ts=finish.finished_at, canceled_by=finish.canceled_by,
                     )
+                    self._end_attempt(data.runs[seq], str(finish.status),
+                                      finish.finished_at, finish.error)
                     if retention is not None:
                         self._prune_in(data, now, retention)
             if not claim:
@@ -242,6 +266,7 @@ class MemoryThreadStore(ThreadStore):
                     data, first.seq, status=EffectStatus.RUNNING,
                     attempts=first.run.attempts + 1, started_at_ts=now,
                 )
+                first.attempts.append(RunAttempt(claimed.attempts, now, None, "running"))
                 return finished, claimed, None
             next_due = min((r.run.run_at_ts for r in pending), default=None)
             return finished, None, next_due
@@ -264,6 +289,7 @@ class MemoryThreadStore(ThreadStore):
                     continue
                 if wanted is not None and run.id not in wanted:
                     continue
+                self._end_attempt(stored, "interrupted", now, None)
                 if run.attempts >= max_attempts:
                     changed.append(self._update(
                         data, seq, status=EffectStatus.FAILED, finished_at_ts=now,
@@ -593,7 +619,96 @@ class MemoryRuntimeStore(RuntimeStore):
         with self._backend.lock:
             backend = self._check()
             backend.alarms.pop(thread_id, None)
+            for run_id in [k for k, r in backend.run_index.items() if r.thread_id == thread_id]:
+                del backend.run_index[run_id]
             return backend.threads.pop(thread_id, None) is not None
+
+    # ------------------------------------------------------------ run index
+
+    def index_runs(self, runs: Sequence[EffectRun]) -> None:  # noqa: D102
+        with self._backend.lock:
+            backend = self._check()
+            for run in runs:
+                if run.thread_id in backend.threads:
+                    previous = backend.run_index.get(run.id)
+                    entry = replace(run, args=None, trace_context=None)
+                    if previous is not None:  # what never changes stays as first written
+                        entry = replace(entry, name=previous.name,
+                                        created_at_ts=previous.created_at_ts,
+                                        replay_of=previous.replay_of)
+                    backend.run_index[run.id] = entry
+
+    def _matching(
+        self, query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool
+    ) -> list[EffectRun]:
+        backend = self._check()
+        out = []
+        for run in backend.run_index.values():
+            if _expired(run, now, retention):
+                continue
+            if statuses and query.statuses is not None and run.status not in query.statuses:
+                continue
+            if query.name is not None and run.name != query.name:
+                continue
+            if query.thread_id is not None and run.thread_id != query.thread_id:
+                continue
+            if query.since is not None and run.run_at_ts < query.since:
+                continue
+            if query.until is not None and run.run_at_ts >= query.until:
+                continue
+            if query.user_id is not None or query.tag is not None:
+                info = backend.threads.get(run.thread_id)
+                if info is None:
+                    continue
+                if query.user_id is not None and info.user_id != query.user_id:
+                    continue
+                if query.tag is not None and query.tag not in info.tags:
+                    continue
+            out.append(run)
+        return out
+
+    def list_indexed_runs(  # noqa: D102
+        self,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        with self._backend.lock:
+            runs = [
+                r for r in self._matching(query, now, retention, statuses=True)
+                if before is None or (r.created_at_ts, r.id) < before
+            ]
+        runs.sort(key=lambda r: (r.created_at_ts, r.id), reverse=True)
+        page = runs[:limit]
+        cursor = (page[-1].created_at_ts, page[-1].id) if len(runs) > limit else None
+        return page, cursor
+
+    def count_indexed_runs(  # noqa: D102
+        self, query: RunQuery, now: float, retention: RetentionPolicy
+    ) -> dict[EffectStatus, int]:
+        counts = dict.fromkeys(EffectStatus, 0)
+        with self._backend.lock:
+            for run in self._matching(query, now, retention, statuses=False):
+                counts[run.status] += 1
+        return counts
+
+    def prune_run_index(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
+        with self._backend.lock:
+            index = self._check().run_index
+            expired = [k for k, r in index.items() if _expired(r, now, retention)]
+            for run_id in expired:
+                del index[run_id]
+            return len(expired)
+
+    def run_index_complete(self) -> bool:  # noqa: D102
+        with self._backend.lock:
+            return self._check().run_index_is_complete
+
+    def set_run_index_complete(self, complete: bool) -> None:  # noqa: D102
+        with self._backend.lock:
+            self._check().run_index_is_complete = complete
 
     def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
         with self._backend.lock:
@@ -690,6 +805,8 @@ class MemoryBackend(StorageBackend):
         self.threads: dict[str, ThreadInfo] = {}
         self.alarms: dict[str, float] = {}
         self.records = EffectRecordTable()  # runtime-level records (RuntimeStore.*_record)
+        self.run_index: dict[str, EffectRun] = {}
+        self.run_index_is_complete = True
         self.schema_version = RUNTIME_SCHEMA_VERSION
         self._thread_data: dict[str, _ThreadData] = {}
         self._in_use = False

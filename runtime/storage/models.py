@@ -79,6 +79,32 @@ class EffectRunRow(SQLModel, table=True):
     canceled_by: str | None = None
 
 
+class RunTraceRow(SQLModel, table=True):
+    """The span context a pending or running run was scheduled in (`runtime.telemetry`).
+
+    A table of its own (added by a migration step, where a column could not be) holding
+    only unfinished runs: the row goes in the transaction that finishes or cancels its run.
+    """
+
+    __tablename__ = "run_traces"
+
+    run_id: str = Field(primary_key=True)
+    context: str
+
+
+class RunAttemptRow(SQLModel, table=True):
+    """One attempt of a run (`runtime.effects.RunAttempt`); deleted with its run."""
+
+    __tablename__ = "run_attempts"
+
+    run_id: str = Field(primary_key=True)
+    attempt: int = Field(primary_key=True)
+    started_at: float
+    ended_at: float | None = None
+    outcome: str
+    error: str | None = None
+
+
 class MessageRow(SQLModel, table=True):
     """One message of the thread's conversation, in the order it was stored (``seq``).
 
@@ -156,6 +182,50 @@ class AlarmRow(SQLModel, table=True):
     due_at: float
 
 
+class RunIndexRow(SQLModel, table=True):
+    """The cross-thread run index: one row per run of every thread, without its args.
+
+    Kept by the runtime's indexer from the change hub (in batches), so that runs can be
+    listed across threads without opening every thread file. The thread file stays the
+    truth; this is a copy of what lists need. Times are seconds since the epoch, UTC.
+    """
+
+    __tablename__ = "run_index"
+    __table_args__ = (
+        Index("ix_run_index_created", "created_at", "run_id"),
+        Index("ix_run_index_status", "status", "created_at", "run_id"),
+        Index("ix_run_index_name", "name", "created_at", "run_id"),
+        Index("ix_run_index_thread", "thread_id", "created_at", "run_id"),
+        Index("ix_run_index_user", "user_id", "created_at", "run_id"),
+        Index("ix_run_index_due", "run_at"),
+        Index("ix_run_index_finished", "status", "finished_at"),
+    )
+
+    run_id: str = Field(primary_key=True)
+    thread_id: str
+    user_id: str | None = None  # the thread's, copied: "runs of this user" uses an index
+    name: str
+    status: str
+    run_at: float
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempts: int = 0
+    error: str | None = None
+    replay_of: str | None = None
+    key: str | None = None  # the run's scheduling key (`EffectRun.key`), if any
+    canceled_by: str | None = None
+
+
+class RuntimeMetaRow(SQLModel, table=True):
+    """Key/value facts of the runtime database (whether the run index is complete)."""
+
+    __tablename__ = "runtime_meta"
+
+    key: str = Field(primary_key=True)
+    value: str
+
+
 def _table(model: type[SQLModel]) -> Table:
     table = model.__table__  # type: ignore[attr-defined]
     assert isinstance(table, Table)
@@ -175,10 +245,10 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
 
 
 THREAD_MODELS: tuple[type[SQLModel], ...] = (
-    ThreadMetaRow, EffectRunRow, MessageRow, EffectRecordRow,
+    ThreadMetaRow, EffectRunRow, MessageRow, EffectRecordRow, RunTraceRow, RunAttemptRow,
 )
 RUNTIME_MODELS: tuple[type[SQLModel], ...] = (
-    ThreadRow, AlarmRow, PausedThreadRow, EffectRecordRow,
+    ThreadRow, AlarmRow, PausedThreadRow, EffectRecordRow, RunIndexRow, RuntimeMetaRow,
 )
 
 THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
@@ -186,6 +256,8 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     1: (MessageRow,),
     2: (EffectRecordRow,),
     3: (),
+    4: (RunTraceRow,),
+    5: (RunAttemptRow,),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
@@ -201,6 +273,7 @@ RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     0: (ThreadRow, AlarmRow),
     1: (PausedThreadRow,),
     2: (EffectRecordRow,),  # runtime-level records: durable turns' "cross-run" keys
+    3: (RunIndexRow, RuntimeMetaRow),
 }
 """The same for ``runtime.sqlite``."""
 

@@ -87,6 +87,32 @@ EFFECT_RECORDS_DDL: tuple[str, ...] = (
 )
 """Table ``effect_records`` and its indexes (EffectRecordRow)."""
 
+RUN_TRACES_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE run_traces (\n"
+        "\trun_id VARCHAR NOT NULL, \n"
+        "\tcontext VARCHAR NOT NULL, \n"
+        "\tPRIMARY KEY (run_id)\n"
+        ")"
+    ),
+)
+"""Table ``run_traces`` and its indexes (RunTraceRow)."""
+
+RUN_ATTEMPTS_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE run_attempts (\n"
+        "\trun_id VARCHAR NOT NULL, \n"
+        "\tattempt INTEGER NOT NULL, \n"
+        "\tstarted_at FLOAT NOT NULL, \n"
+        "\tended_at FLOAT, \n"
+        "\toutcome VARCHAR NOT NULL, \n"
+        "\terror VARCHAR, \n"
+        "\tPRIMARY KEY (run_id, attempt)\n"
+        ")"
+    ),
+)
+"""Table ``run_attempts`` and its indexes (RunAttemptRow)."""
+
 THREADS_DDL: tuple[str, ...] = (
     (
         "CREATE TABLE threads (\n"
@@ -122,6 +148,47 @@ PAUSED_THREADS_DDL: tuple[str, ...] = (
     ),
 )
 """Table ``paused_threads`` and its indexes (PausedThreadRow)."""
+
+RUN_INDEX_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE run_index (\n"
+        "\trun_id VARCHAR NOT NULL, \n"
+        "\tthread_id VARCHAR NOT NULL, \n"
+        "\tuser_id VARCHAR, \n"
+        "\tname VARCHAR NOT NULL, \n"
+        "\tstatus VARCHAR NOT NULL, \n"
+        "\trun_at FLOAT NOT NULL, \n"
+        "\tcreated_at FLOAT NOT NULL, \n"
+        "\tstarted_at FLOAT, \n"
+        "\tfinished_at FLOAT, \n"
+        "\tattempts INTEGER NOT NULL, \n"
+        "\terror VARCHAR, \n"
+        "\treplay_of VARCHAR, \n"
+        "\t\"key\" VARCHAR, \n"
+        "\tcanceled_by VARCHAR, \n"
+        "\tPRIMARY KEY (run_id)\n"
+        ")"
+    ),
+    "CREATE INDEX ix_run_index_created ON run_index (created_at, run_id)",
+    "CREATE INDEX ix_run_index_due ON run_index (run_at)",
+    "CREATE INDEX ix_run_index_finished ON run_index (status, finished_at)",
+    "CREATE INDEX ix_run_index_name ON run_index (name, created_at, run_id)",
+    "CREATE INDEX ix_run_index_status ON run_index (status, created_at, run_id)",
+    "CREATE INDEX ix_run_index_thread ON run_index (thread_id, created_at, run_id)",
+    "CREATE INDEX ix_run_index_user ON run_index (user_id, created_at, run_id)",
+)
+"""Table ``run_index`` and its indexes (RunIndexRow)."""
+
+RUNTIME_META_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE runtime_meta (\n"
+        "\t\"key\" VARCHAR NOT NULL, \n"
+        "\tvalue VARCHAR NOT NULL, \n"
+        "\tPRIMARY KEY (\"key\")\n"
+        ")"
+    ),
+)
+"""Table ``runtime_meta`` and its indexes (RuntimeMetaRow)."""
 
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (
@@ -195,6 +262,28 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE effect_runs ADD COLUMN canceled_by VARCHAR",
         "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending'",
     ),
+    4: (
+        (
+            "CREATE TABLE run_traces (\n"
+            "\trun_id VARCHAR NOT NULL, \n"
+            "\tcontext VARCHAR NOT NULL, \n"
+            "\tPRIMARY KEY (run_id)\n"
+            ")"
+        ),
+    ),
+    5: (
+        (
+            "CREATE TABLE run_attempts (\n"
+            "\trun_id VARCHAR NOT NULL, \n"
+            "\tattempt INTEGER NOT NULL, \n"
+            "\tstarted_at FLOAT NOT NULL, \n"
+            "\tended_at FLOAT, \n"
+            "\toutcome VARCHAR NOT NULL, \n"
+            "\terror VARCHAR, \n"
+            "\tPRIMARY KEY (run_id, attempt)\n"
+            ")"
+        ),
+    ),
 }
 """Thread file: the statements that take schema version N to N + 1."""
 
@@ -245,6 +334,41 @@ RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
         ),
         "CREATE INDEX ix_effect_records_created ON effect_records (thread_id, created_at, \"key\")",
         "CREATE INDEX ix_effect_records_updated ON effect_records (updated_at)",
+    ),
+    3: (
+        (
+            "CREATE TABLE run_index (\n"
+            "\trun_id VARCHAR NOT NULL, \n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tuser_id VARCHAR, \n"
+            "\tname VARCHAR NOT NULL, \n"
+            "\tstatus VARCHAR NOT NULL, \n"
+            "\trun_at FLOAT NOT NULL, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\tstarted_at FLOAT, \n"
+            "\tfinished_at FLOAT, \n"
+            "\tattempts INTEGER NOT NULL, \n"
+            "\terror VARCHAR, \n"
+            "\treplay_of VARCHAR, \n"
+            "\t\"key\" VARCHAR, \n"
+            "\tcanceled_by VARCHAR, \n"
+            "\tPRIMARY KEY (run_id)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_run_index_created ON run_index (created_at, run_id)",
+        "CREATE INDEX ix_run_index_due ON run_index (run_at)",
+        "CREATE INDEX ix_run_index_finished ON run_index (status, finished_at)",
+        "CREATE INDEX ix_run_index_name ON run_index (name, created_at, run_id)",
+        "CREATE INDEX ix_run_index_status ON run_index (status, created_at, run_id)",
+        "CREATE INDEX ix_run_index_thread ON run_index (thread_id, created_at, run_id)",
+        "CREATE INDEX ix_run_index_user ON run_index (user_id, created_at, run_id)",
+        (
+            "CREATE TABLE runtime_meta (\n"
+            "\t\"key\" VARCHAR NOT NULL, \n"
+            "\tvalue VARCHAR NOT NULL, \n"
+            "\tPRIMARY KEY (\"key\")\n"
+            ")"
+        ),
     ),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

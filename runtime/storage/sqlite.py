@@ -23,12 +23,13 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
-from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import (
     DataDirLocked,
     RuntimeClosed,
@@ -38,7 +39,14 @@ from runtime.errors import (
 from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
 from runtime.storage import records as _records
-from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.base import (
+    Finish,
+    RunQuery,
+    RuntimeStore,
+    StorageBackend,
+    ThreadInfo,
+    ThreadStore,
+)
 from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
 
 # Migrations from version N to N+1, applied in one transaction when an older file is
@@ -51,13 +59,22 @@ log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 4
+THREAD_SCHEMA_VERSION = 6
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
-``effect_records`` table; 4: a run's ``key`` and ``canceled_by``)."""
+``effect_records`` table; 4: a run's ``key`` and ``canceled_by``; 5: the ``run_traces``
+table; 6: the ``run_attempts`` table)."""
 
-RUNTIME_SCHEMA_VERSION = 3
+RUNTIME_SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
-runtime-level ``effect_records`` table, `RuntimeStore.begin_record`)."""
+runtime-level ``effect_records`` table, `RuntimeStore.begin_record`; 4: the run index and
+``runtime_meta``)."""
+
+
+_INDEX_COLUMNS = (
+    "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
+    "attempts, error, replay_of, \"key\", canceled_by"
+)
+_INDEX_COMPLETE = "run_index_complete"
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
@@ -288,6 +305,8 @@ class SQLiteThreadStore(ThreadStore):
             removed = c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
             self._finished -= removed
             deleted += removed
+        if deleted:
+            self._drop_orphan_attempts(c)
         return deleted
 
     def _count_finished(self, c: sqlite3.Connection) -> int:
@@ -320,9 +339,52 @@ class SQLiteThreadStore(ThreadStore):
                 (run.id, run.name, str(run.status), args, run.run_at_ts, run.created_at_ts,
                  run.replay_of, run.key),
             )
+            if run.trace_context is not None:
+                c.execute(
+                    "INSERT INTO run_traces (run_id, context) VALUES (?, ?)",
+                    (run.id, run.trace_context),
+                )
             return None
 
         return self._tx(tx)
+
+    @staticmethod
+    def _with_trace(c: sqlite3.Connection, run: EffectRun | None) -> EffectRun | None:
+        if run is None or run.status.finished:
+            return run
+        row = c.execute("SELECT context FROM run_traces WHERE run_id = ?", (run.id,)).fetchone()
+        return replace(run, trace_context=row[0]) if row is not None else run
+
+    @staticmethod
+    def _end_attempt(
+        c: sqlite3.Connection, run: EffectRun, outcome: str, at: float, error: str | None
+    ) -> None:
+        c.execute(
+            "UPDATE run_attempts SET ended_at = ?, outcome = ?, error = ? "
+            "WHERE run_id = ? AND attempt = ?",
+            (at, outcome, error, run.id, run.attempts),
+        )
+
+    def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute(
+                "SELECT attempt, started_at, ended_at, outcome, error FROM run_attempts "
+                "WHERE run_id = ? ORDER BY attempt", (run_id,),
+            ).fetchall(),
+            write=False,
+        )
+        return [RunAttempt(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    @staticmethod
+    def _drop_orphan_attempts(c: sqlite3.Connection) -> None:
+        c.execute(
+            "DELETE FROM run_attempts WHERE run_id NOT IN (SELECT id FROM effect_runs)"
+        )
+
+    @staticmethod
+    def _drop_trace(c: sqlite3.Connection, run: EffectRun | None) -> None:
+        if run is not None:
+            c.execute("DELETE FROM run_traces WHERE run_id = ?", (run.id,))
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -355,6 +417,10 @@ class SQLiteThreadStore(ThreadStore):
                     (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
                      finish.run_id),
                 )
+                self._drop_trace(c, finished)
+                if finished is not None:
+                    self._end_attempt(c, finished, str(finished.status), finish.finished_at,
+                                      finish.error)
                 if retention is not None and finished is not None:
                     self._prune_in(c, now, retention, 1)
             if not claim:
@@ -367,6 +433,13 @@ class SQLiteThreadStore(ThreadStore):
                 f"RETURNING {_RUN_COLUMNS}",
                 (now, now, *names),
             )
+            claimed = self._with_trace(c, claimed)
+            if claimed is not None:
+                c.execute(
+                    "INSERT OR REPLACE INTO run_attempts (run_id, attempt, started_at, "
+                    "outcome) VALUES (?, ?, ?, 'running')",
+                    (claimed.id, claimed.attempts, now),
+                )
             next_due = None
             if claimed is None:
                 row = c.execute(
@@ -432,6 +505,9 @@ class SQLiteThreadStore(ThreadStore):
                     params = (now, run_id)
                 run = self._one(c, sql, params)
                 if run is not None:
+                    self._end_attempt(c, run, "interrupted", now, None)
+                    if run.status.finished:
+                        self._drop_trace(c, run)
                     changed.append(run)
             if retention is not None:
                 failed = sum(1 for r in changed if r.status is EffectStatus.FAILED)
@@ -458,6 +534,7 @@ class SQLiteThreadStore(ThreadStore):
                 f"WHERE id = ? AND status = 'pending' RETURNING {_RUN_COLUMNS}",
                 (now, canceled_by, run_id),
             )
+            self._drop_trace(c, run)
             if run is not None and retention is not None:
                 self._prune_in(c, now, retention, 1)
             return run
@@ -504,11 +581,11 @@ class SQLiteThreadStore(ThreadStore):
     ) -> EffectRun | None:
         def read(c: sqlite3.Connection) -> EffectRun | None:
             visible, params = self._visible(c, now, retention)
-            return self._one(
+            return self._with_trace(c, self._one(
                 c,
                 f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ? AND {visible}",
                 (run_id, *params),
-            )
+            ))
 
         return self._tx(read, write=False)
 
@@ -615,6 +692,8 @@ class SQLiteThreadStore(ThreadStore):
             excess = count_excess(c)
             if excess > 0:
                 deleted += c.execute(_DELETE_OLDEST_FINISHED, {"n": excess}).rowcount
+            if deleted:
+                self._drop_orphan_attempts(c)
             return deleted
 
         return self._tx(tx)
@@ -835,7 +914,10 @@ class SQLiteRuntimeStore(RuntimeStore):
         self.path = path
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = _connect(path, synchronous)
+        before = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         _migrate(self._conn, RUNTIME_SCHEMA_VERSION, RUNTIME_MIGRATIONS, str(path))
+        if before == 0:  # a new database: its (empty) index holds every run there is
+            self.set_run_index_complete(True)
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         with self._lock:
@@ -909,9 +991,135 @@ class SQLiteRuntimeStore(RuntimeStore):
         def tx(c: sqlite3.Connection) -> bool:
             c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,))
             c.execute("DELETE FROM paused_threads WHERE thread_id = ?", (thread_id,))
+            c.execute("DELETE FROM run_index WHERE thread_id = ?", (thread_id,))
             return c.execute("DELETE FROM threads WHERE id = ?", (thread_id,)).rowcount == 1
 
         return self._tx(tx)
+
+    # ------------------------------------------------------------ run index
+
+    def index_runs(self, runs: Sequence[EffectRun]) -> None:  # noqa: D102
+        if not runs:
+            return
+        rows = [
+            (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
+             r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
+             r.canceled_by)
+            for r in runs
+        ]
+        self._tx(
+            lambda c: c.executemany(
+                f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
+                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
+                f"FROM threads t WHERE t.id = ?2 "
+                f"ON CONFLICT(run_id) DO UPDATE SET status = excluded.status, "
+                f"run_at = excluded.run_at, started_at = excluded.started_at, "
+                f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
+                f"error = excluded.error, canceled_by = excluded.canceled_by",
+                rows,
+            )
+        )
+
+    @staticmethod
+    def _where(
+        query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool = True
+    ) -> tuple[str, list[Any]]:
+        parts = [f"NOT ({_EXPIRED})"]
+        params: list[Any] = [now - retention.completed_seconds, now - retention.failed_seconds]
+        if statuses and query.statuses is not None:
+            parts.append(f"status IN ({','.join('?' * len(query.statuses))})")
+            params += [str(s) for s in query.statuses]
+        for column, value in (("name", query.name), ("thread_id", query.thread_id)):
+            if value is not None:
+                parts.append(f"{column} = ?")
+                params.append(value)
+        if query.since is not None:
+            parts.append("run_at >= ?")
+            params.append(query.since)
+        if query.until is not None:
+            parts.append("run_at < ?")
+            params.append(query.until)
+        if query.user_id is not None:
+            parts.append("user_id = ?")  # the thread's, copied into the row
+            params.append(query.user_id)
+        if query.tag is not None:
+            parts.append(
+                "EXISTS (SELECT 1 FROM threads t, json_each(t.tags) "
+                "WHERE t.id = run_index.thread_id AND json_each.value = ?)"
+            )
+            params.append(query.tag)
+        return " AND ".join(parts), params
+
+    def list_indexed_runs(  # noqa: D102
+        self,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        where, params = self._where(query, now, retention)
+        if before is not None:
+            where += " AND (created_at, run_id) < (?, ?)"
+            params += [before[0], before[1]]
+        sql = (
+            f"SELECT {_INDEX_COLUMNS} FROM run_index WHERE {where} "
+            f"ORDER BY created_at DESC, run_id DESC LIMIT ?"
+        )
+        rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall(), write=False)
+        runs = [
+            EffectRun(
+                id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
+                run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
+                attempts=r[8], error=r[9], replay_of=r[10], key=r[11],
+                canceled_by=r[12],
+            )
+            for r in rows[:limit]
+        ]
+        cursor = (runs[-1].created_at_ts, runs[-1].id) if len(rows) > limit else None
+        return runs, cursor
+
+    def count_indexed_runs(  # noqa: D102
+        self, query: RunQuery, now: float, retention: RetentionPolicy
+    ) -> dict[EffectStatus, int]:
+        where, params = self._where(query, now, retention, statuses=False)
+        rows = self._tx(
+            lambda c: c.execute(
+                f"SELECT status, count(*) FROM run_index WHERE {where} GROUP BY status",
+                params,
+            ).fetchall(),
+            write=False,
+        )
+        counts = dict.fromkeys(EffectStatus, 0)
+        for status, n in rows:
+            counts[EffectStatus(status)] = int(n)
+        return counts
+
+    def prune_run_index(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
+        return self._tx(
+            lambda c: c.execute(
+                f"DELETE FROM run_index WHERE {_EXPIRED}",
+                (now - retention.completed_seconds, now - retention.failed_seconds),
+            ).rowcount
+        )
+
+    def run_index_complete(self) -> bool:  # noqa: D102
+        row = self._tx(
+            lambda c: c.execute(
+                "SELECT value FROM runtime_meta WHERE key = ?", (_INDEX_COMPLETE,)
+            ).fetchone(),
+            write=False,
+        )
+        return row is not None and row[0] == "1"
+
+    def set_run_index_complete(self, complete: bool) -> None:  # noqa: D102
+        self._tx(
+            lambda c: c.execute(
+                "INSERT INTO runtime_meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (_INDEX_COMPLETE, "1" if complete else "0"),
+            )
+        )
 
     def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
         if due_at is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runtime import EffectStatus, RetentionPolicy
-from runtime.effects import EffectRun
+from runtime.effects import EffectRun, RunAttempt
 from runtime.errors import (
     DataDirLocked,
     EffectRecordLost,
@@ -27,6 +27,7 @@ from runtime.errors import (
 from runtime.messages import Message, MessageRole
 from runtime.storage.base import (
     Finish,
+    RunQuery,
     RuntimeStore,
     StorageBackend,
     ThreadInfo,
@@ -34,7 +35,7 @@ from runtime.storage.base import (
 )
 from runtime.storage.memory import MemoryBackend
 from runtime.storage.records import Claim, EffectRecordStatus
-from runtime.storage.sqlite import SQLiteBackend
+from runtime.storage.sqlite import RUNTIME_SCHEMA_VERSION, SQLiteBackend
 
 T0 = 1_800_000_000.0
 DAY = 86_400.0
@@ -295,9 +296,7 @@ def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harn
     harness.make_runtime_newer(99)
     with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
         harness.backend.open()
-    from runtime.storage.sqlite import RUNTIME_SCHEMA_VERSION
-
-    harness.make_runtime_newer(RUNTIME_SCHEMA_VERSION)  # the current version again
+    harness.make_runtime_newer(RUNTIME_SCHEMA_VERSION)  # back to the current version
     harness.backend.open().close()
 
 
@@ -547,6 +546,80 @@ def test_cancel_and_run_now_change_only_pending_runs(store: ThreadStore) -> None
     assert store.cancel(c.id, T0) is None  # a running run is not canceled here
     assert store.run_now(c.id, T0) is None
     assert ids(store.pending_runs()) == [b.id]
+
+
+def test_a_run_keeps_its_trace_context_until_it_finishes(
+    harness: Harness, store: ThreadStore
+) -> None:
+    ctx = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    done, failing, canceled, requeued = (
+        replace(run(), trace_context=ctx) for _ in range(4)
+    )
+    plain = run(run_at=T0 + 60)
+    for r in (done, failing, canceled, requeued, plain):
+        store.insert_run(r)
+    # It survives closing and reopening the store (a restart).
+    store.close()
+    store = harness.backend.open_thread_store("t")
+    try:
+        got = store.get_run(done.id, T0, KEEP)
+        assert got is not None and got.trace_context == ctx
+        plain_got = store.get_run(plain.id, T0, KEEP)
+        assert plain_got is not None and plain_got.trace_context is None
+
+        _, claimed, _ = store.finish_and_claim(None, T0)
+        assert claimed is not None and claimed.id == done.id and claimed.trace_context == ctx
+        finished, claimed, _ = store.finish_and_claim(finish(done.id), T0)
+        assert finished is not None and finished.trace_context is None
+        assert claimed is not None and claimed.id == failing.id
+        assert claimed.trace_context == ctx
+        finished, _, _ = store.finish_and_claim(
+            finish(failing.id, EffectStatus.FAILED), T0, claim=False
+        )
+        assert finished is not None and finished.trace_context is None
+
+        gone = store.cancel(canceled.id, T0)
+        assert gone is not None and gone.trace_context is None
+
+        # An interrupted run keeps it for its next attempt, until the last one fails.
+        for attempt in (1, 2, 3):
+            _, claimed, _ = store.finish_and_claim(None, T0)
+            assert claimed is not None and claimed.id == requeued.id
+            assert claimed.attempts == attempt and claimed.trace_context == ctx
+            (back,) = store.recover_interrupted(T0, 3)
+        assert back.status is EffectStatus.FAILED and back.trace_context is None
+        for r in (done, failing, canceled, requeued):
+            again = store.get_run(r.id, T0, KEEP)
+            assert again is not None and again.status.finished
+            assert again.trace_context is None
+    finally:
+        store.close()
+
+
+def test_each_attempt_is_kept_with_how_it_ended(store: ThreadStore) -> None:
+    r, other = run(), run(run_at=T0 + 1)
+    store.insert_run(r)
+    store.insert_run(other)
+    assert store.run_attempts(r.id) == []
+    store.finish_and_claim(None, T0)  # attempt 1 ...
+    assert store.run_attempts(r.id) == [RunAttempt(1, T0, None, "running")]
+    store.recover_interrupted(T0 + 5, 3)  # ... interrupted by a restart
+    store.finish_and_claim(None, T0 + 6)  # attempt 2 ...
+    finished, _, _ = store.finish_and_claim(
+        finish(r.id, EffectStatus.FAILED, at=T0 + 8), T0 + 8, claim=False
+    )  # ... failed
+    assert finished is not None
+    assert store.run_attempts(r.id) == [
+        RunAttempt(1, T0, T0 + 5, "interrupted"),
+        RunAttempt(2, T0 + 6, T0 + 8, "failed", "boom"),
+    ]
+    store.finish_and_claim(None, T0 + 9)
+    store.finish_and_claim(finish(other.id, at=T0 + 10), T0 + 10, claim=False)
+    assert store.run_attempts(other.id) == [RunAttempt(1, T0 + 9, T0 + 10, "completed")]
+    assert store.run_attempts("unknown") == []
+    # Pruned with their run.
+    store.prune(T0 + 10 * DAY, RetentionPolicy(completed_seconds=1, failed_seconds=1))
+    assert store.run_attempts(r.id) == [] and store.run_attempts(other.id) == []
 
 
 def test_pending_runs_in_due_order_by_name(store: ThreadStore) -> None:
@@ -1095,3 +1168,120 @@ def test_runtime_records_outlive_a_close(harness: Harness) -> None:
     finally:
         rtdb.close()
         again.close()
+
+
+# ------------------------------------------------------------------ run index
+
+
+def indexed(thread_id: str, n: int, **kw: object) -> EffectRun:
+    fields: dict[str, object] = {
+        "id": f"x{n:04d}", "thread_id": thread_id, "name": "record",
+        "status": EffectStatus.PENDING, "args": {"secret": 1}, "run_at_ts": T0 + n,
+        "created_at_ts": T0 + n,
+    }
+    fields.update(kw)
+    return EffectRun(**fields)  # type: ignore[arg-type]
+
+
+def test_the_run_index_lists_across_threads_newest_first_with_filters(
+    rtdb: RuntimeStore,
+) -> None:
+    rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0, user_id="u1", tags=("vip", "x")))
+    rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0, user_id="u2"))
+    runs = [
+        indexed("a", 1),
+        indexed("b", 2, name="send"),
+        indexed("a", 3, status=EffectStatus.FAILED, finished_at_ts=T0 + 3, error="boom"),
+        indexed("b", 4, status=EffectStatus.COMPLETED, finished_at_ts=T0 + 4),
+        indexed("a", 5, created_at_ts=T0 + 4),  # same created_at as x0004: ties by id
+        indexed("gone", 6),  # a thread that is not registered: skipped
+    ]
+    rtdb.index_runs(runs)
+    q = RunQuery()
+    page, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 10)
+    assert ids(page) == ["x0005", "x0004", "x0003", "x0002", "x0001"] and cursor is None
+    assert all(r.args is None for r in page)
+    assert page[2].error == "boom" and page[2].status is EffectStatus.FAILED
+
+    # Pages with a stable cursor, while runs change and new ones arrive.
+    first, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 2)
+    assert ids(first) == ["x0005", "x0004"] and cursor == (T0 + 4, "x0004")
+    rtdb.index_runs([indexed("a", 9), replace(runs[3], status=EffectStatus.COMPLETED)])
+    rest, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 2, cursor)
+    assert ids(rest) == ["x0003", "x0002"] and cursor == (T0 + 2, "x0002")
+    last, cursor = rtdb.list_indexed_runs(q, T0, KEEP, 2, cursor)
+    assert ids(last) == ["x0001"] and cursor is None
+
+    def listed(**kw: object) -> list[str]:
+        return ids(rtdb.list_indexed_runs(RunQuery(**kw), T0, KEEP, 50)[0])  # type: ignore[arg-type]
+
+    assert listed(statuses=(EffectStatus.FAILED, EffectStatus.COMPLETED)) == ["x0004", "x0003"]
+    assert listed(name="send") == ["x0002"]
+    assert listed(thread_id="b") == ["x0004", "x0002"]
+    assert listed(user_id="u1") == ["x0009", "x0005", "x0003", "x0001"]
+    assert listed(tag="vip", statuses=(EffectStatus.PENDING,)) == ["x0009", "x0005", "x0001"]
+    assert listed(tag="nope") == []
+    assert listed(since=T0 + 2, until=T0 + 4) == ["x0003", "x0002"]  # by due time
+
+    counts = rtdb.count_indexed_runs(RunQuery(thread_id="a", statuses=(EffectStatus.FAILED,)),
+                                     T0, KEEP)
+    assert counts == {EffectStatus.PENDING: 3, EffectStatus.RUNNING: 0,
+                      EffectStatus.COMPLETED: 0, EffectStatus.FAILED: 1,
+                      EffectStatus.CANCELED: 0}
+
+    # An update replaces the entry; deleting the thread removes its entries.
+    rtdb.index_runs([replace(runs[0], status=EffectStatus.RUNNING, attempts=1,
+                             started_at_ts=T0 + 7)])
+    (entry,) = [r for r in rtdb.list_indexed_runs(q, T0, KEEP, 50)[0] if r.id == "x0001"]
+    assert (entry.status, entry.attempts, entry.started_at_ts) == (
+        EffectStatus.RUNNING, 1, T0 + 7
+    )
+    assert rtdb.delete_thread("a")
+    assert listed() == ["x0004", "x0002"]
+
+
+def test_the_run_index_hides_and_prunes_runs_past_retention(rtdb: RuntimeStore) -> None:
+    rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0))
+    policy = RetentionPolicy(completed_seconds=10 * DAY, failed_seconds=DAY)
+    rtdb.index_runs([
+        indexed("a", 1, status=EffectStatus.FAILED, finished_at_ts=T0),
+        indexed("a", 2, status=EffectStatus.COMPLETED, finished_at_ts=T0),
+        indexed("a", 3),
+    ])
+    later = T0 + 2 * DAY
+    assert ids(rtdb.list_indexed_runs(RunQuery(), later, policy, 10)[0]) == ["x0003", "x0002"]
+    assert rtdb.count_indexed_runs(RunQuery(), later, policy)[EffectStatus.FAILED] == 0
+    assert rtdb.prune_run_index(later, policy) == 1
+    assert rtdb.prune_run_index(later, policy) == 0
+    assert ids(rtdb.list_indexed_runs(RunQuery(), T0, KEEP, 10)[0]) == ["x0003", "x0002"]
+
+
+def test_whether_the_run_index_is_complete_is_kept(harness: Harness) -> None:
+    rtdb = harness.backend.open()
+    assert rtdb.run_index_complete() is True  # a new store: nothing to index
+    rtdb.set_run_index_complete(False)
+    rtdb.close()
+    harness.backend.close()
+    rtdb = harness.backend.open()
+    try:
+        assert rtdb.run_index_complete() is False
+        rtdb.set_run_index_complete(True)
+        assert rtdb.run_index_complete() is True
+    finally:
+        rtdb.close()
+
+
+def test_the_run_index_keeps_a_runs_key_and_who_canceled_it(rtdb: RuntimeStore) -> None:
+    rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0))
+    keyed = indexed("a", 1, key="daily")
+    rtdb.index_runs([keyed, indexed("a", 2)])
+    page, _ = rtdb.list_indexed_runs(RunQuery(), T0, KEEP, 10)
+    assert [(r.id, r.key, r.canceled_by) for r in page] == [
+        ("x0002", None, None), ("x0001", "daily", None)
+    ]
+    rtdb.index_runs([replace(keyed, status=EffectStatus.CANCELED, finished_at_ts=T0 + 1,
+                             canceled_by="pane")])
+    page, _ = rtdb.list_indexed_runs(RunQuery(thread_id="a"), T0 + 1, KEEP, 10)
+    assert [(r.id, r.status, r.key, r.canceled_by) for r in page][1] == (
+        "x0001", EffectStatus.CANCELED, "daily", "pane"
+    )

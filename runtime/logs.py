@@ -1,0 +1,93 @@
+"""The server's logging setup: text for people, or one JSON object per line for machines.
+
+`log_config` is handed to uvicorn (which applies it with `logging.config.dictConfig`). Both
+formats go to standard error and carry the runtime's lines (``runtime``, ``runtime.runs``:
+one per run transition, see `runtime.telemetry`) and uvicorn's. In JSON, every line is an
+object with ``time`` (ISO 8601, UTC), ``level``, ``logger`` and ``message``, plus the
+record's own fields: a run transition adds ``thread_id``, ``run_id``, ``effect``,
+``status``, ``change``, ``attempt``, ``lag_seconds`` and ``duration_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+
+LOG_FORMATS = ("text", "json")
+"""The values of ``--log-format``."""
+
+LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+"""The values of ``--log-level`` (uvicorn's; ``trace`` is uvicorn's level below debug)."""
+
+
+class UtcFormatter(logging.Formatter):
+    """`logging.Formatter` with ISO 8601 times in UTC (``2026-11-30T12:00:00.123Z``)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """The record's time in UTC, to the millisecond."""
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + (
+            f".{int(record.msecs):03d}Z"
+        )
+
+
+def log_config(log_format: str = "text", level: str = "info") -> dict[str, Any]:
+    """A `logging.config.dictConfig` dictionary for the server process.
+
+    Args:
+        log_format: ``"text"`` or ``"json"``.
+        level: The least severe level written (a name of `LEVELS`, any case).
+
+    Returns:
+        The configuration: one standard-error handler on the root logger; uvicorn's and
+        the runtime's loggers propagate to it.
+
+    Raises:
+        ValueError: an unknown format or level (names it and the choices).
+    """
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, "
+                         f"got {log_format!r}")
+    name = level.lower()
+    if name not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    # uvicorn registers "trace" (5) when it configures itself; it is just below debug.
+    numeric = 5 if name == "trace" else logging.getLevelName(name.upper())
+    formatter: dict[str, Any]
+    if log_format == "json":
+        formatter = {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger"},
+            "timestamp": "time",  # ISO 8601, UTC
+            # uvicorn adds its message again with terminal colors: not for machines.
+            "reserved_attrs": [*RESERVED_ATTRS, "color_message"],
+        }
+    else:
+        formatter = {
+            "()": "runtime.logs.UtcFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"default": formatter},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "default",
+                "stream": "ext://sys.stderr",
+            },
+        },
+        "root": {"handlers": ["stderr"], "level": numeric},
+        "loggers": {
+            # uvicorn's own config would give them handlers of their own: here they share ours.
+            "uvicorn": {"handlers": [], "level": numeric, "propagate": True},
+            "uvicorn.error": {"handlers": [], "level": numeric, "propagate": True},
+            "uvicorn.access": {"handlers": [], "level": numeric, "propagate": True},
+            # The in-process timer logs each job it adds at INFO: one line per alarm.
+            "apscheduler": {"level": max(numeric, logging.WARNING)},
+        },
+    }

@@ -1,0 +1,221 @@
+"""Runs across threads: the run index over 1,000 threads, its filters, counts and cursors,
+and its rebuild after a crash (the API's ``GET /api/runs`` reads the same)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio.to_thread
+import pytest
+from conftest import serve_api
+
+from runtime import Runtime
+from runtime.storage.memory import MemoryBackend
+from runtime.testing import FakeClock
+
+APP = Path(__file__).parent / "apps" / "server_app"
+THREADS = 1000
+
+pytestmark = pytest.mark.usefixtures("no_blocking")
+
+
+def runtime(data_dir: Path, clock: FakeClock, **kw: object) -> Runtime:
+    return Runtime(app_dir=APP, data_dir=data_dir, clock=clock, load_packages=False,
+                   extensions=[], synchronous="NORMAL", **kw)
+
+
+async def test_filters_counts_and_cursors_over_a_thousand_threads(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with runtime(tmp_path / "data", clock) as rt:
+        failing: set[str] = set()
+        vip_threads: set[str] = set()
+        for i in range(THREADS):
+            tags = ["vip"] if i % 100 == 0 else []
+            thread = await rt.create_thread(user_id=f"u{i % 10}", tags=tags)
+            if tags:
+                vip_threads.add(thread.thread_id)
+            if i == 0:
+                first = thread.thread_id  # vip, and its run fails
+            clock.advance(0.001)  # distinct scheduling times
+            if i % 7 == 0:
+                failing.add(await thread.schedule_effect("boom", {"message": "no"}))
+            else:
+                await thread.schedule_effect("ping")
+        clock.advance(0.001)
+        later = await thread.schedule_effect("ping", delay=3600)
+        await rt.wait_idle()
+
+        page = await rt.list_runs(status="failed", limit=500)
+        assert {r.id for r in page.runs} == failing and page.next_cursor is None
+        assert all(r.error == "ValueError: no" and r.args is None for r in page.runs)
+        assert page.counts["failed"] == len(failing)
+        assert page.counts["completed"] == THREADS - len(failing)
+        assert page.counts["pending"] == 1 and page.complete
+
+        # Every run once, newest first, through stable cursors (while runs change).
+        seen: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await rt.list_runs(limit=97, cursor=cursor)
+            seen += [r.id for r in page.runs]
+            created = [r.created_at_ts for r in page.runs]
+            assert created == sorted(created, reverse=True)
+            if len(seen) == 97:  # a change in the middle of the walk moves nothing
+                await (await rt.get_thread(thread.thread_id)).run_now(later)
+                await rt.wait_idle()
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert len(seen) == len(set(seen)) == THREADS + 1
+        assert seen[0] == later
+
+        users = await rt.list_runs(user_id="u3", limit=500)
+        assert len(users.runs) == THREADS // 10
+        vip = await rt.list_runs(tag="vip", status=["completed", "failed"], limit=500)
+        assert {r.thread_id for r in vip.runs} == vip_threads
+        assert vip.counts["failed"] == sum(1 for r in vip.runs if r.status == "failed")
+        named = await rt.list_runs(name="boom", thread_id=first)
+        assert [r.status for r in named.runs] == ["failed"]
+        t0 = page.runs[-1].run_at_ts
+        window = await rt.list_runs(since=t0, until=t0 + 0.0105, limit=500)
+        assert 1 <= len(window.runs) <= 11
+
+        with pytest.raises(ValueError, match='Unknown status "done"'):
+            await rt.list_runs(status="done")
+        with pytest.raises(ValueError, match="Invalid cursor"):
+            await rt.list_runs(cursor="nope")
+        # A deleted thread's runs are gone from the index.
+        await rt.delete_thread(thread.thread_id)
+        assert later not in {r.id for r in (await rt.list_runs(limit=500)).runs}
+
+
+async def test_the_index_is_rebuilt_after_a_crash(tmp_path: Path) -> None:
+    clock = FakeClock()
+    data = tmp_path / "data"
+    async with runtime(data, clock) as rt:
+        ids = []
+        for _ in range(30):
+            thread = await rt.create_thread()
+            ids.append(await thread.schedule_effect("ping", delay=60))
+
+    # What a crash leaves: the last batch never written, the index not marked complete.
+    def crash() -> None:
+        conn = sqlite3.connect(data / "runtime.sqlite")
+        with conn:
+            conn.execute("DELETE FROM run_index WHERE rowid % 2 = 0")
+            conn.execute("UPDATE runtime_meta SET value = '0'")
+        conn.close()
+
+    await anyio.to_thread.run_sync(crash)
+    async with runtime(data, clock) as rt:
+        await rt.wait_run_index()
+        page = await rt.list_runs(limit=100)
+        assert page.complete and sorted(r.id for r in page.runs) == sorted(ids)
+        assert page.counts["pending"] == 30
+    # A clean close marks it complete: the next start does not rebuild.
+    async with runtime(data, clock) as rt:
+        assert rt.run_index.complete
+
+
+async def test_the_memory_backend_indexes_runs_too(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with runtime(tmp_path, clock, storage=MemoryBackend()) as rt:
+        thread = await rt.create_thread(user_id="u")
+        run_id = await thread.schedule_effect("ping")
+        await rt.wait_idle()
+        page = await rt.list_runs(user_id="u")
+        assert [(r.id, r.status) for r in page.runs] == [(run_id, "completed")]
+
+
+async def test_get_api_runs_filters_pages_and_counts(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        assert api.clock is not None
+        a = await api.new_thread(user_id="alice", tags=["vip"])
+        b = await api.new_thread(user_id="bob")
+        ok = await api.schedule(a, "note", {"text": "secret"})
+        api.clock.advance(1)
+        bad = await api.schedule(b, "boom", {"message": "no"})
+        api.clock.advance(1)
+        later = await api.schedule(a, "ping", delay_seconds=3600)
+        await api.rt.wait_idle()
+
+        res = await api.client.get("/api/runs")
+        assert res.status_code == 200
+        body = res.json()
+        assert [r["id"] for r in body["runs"]] == [later, bad, ok]
+        assert body["nextCursor"] is None and body["complete"] is True
+        assert body["counts"] == {"pending": 1, "running": 0, "completed": 1, "failed": 1,
+                                  "canceled": 0}
+        assert all("args" not in r for r in body["runs"])
+        failed = body["runs"][1]
+        assert (failed["threadId"], failed["status"], failed["error"]) == (
+            b, "failed", "ValueError: no"
+        )
+
+        async def ids(**params: str) -> list[str]:
+            res = await api.client.get("/api/runs", params=params)
+            assert res.status_code == 200, res.text
+            return [r["id"] for r in res.json()["runs"]]
+
+        assert await ids(status="failed,completed") == [bad, ok]
+        assert await ids(user_id="alice") == [later, ok]
+        assert await ids(tag="vip", status="pending") == [later]
+        assert await ids(name="boom") == [bad]
+        assert await ids(thread_id=b) == [bad]
+        due = (await api.run(a, later))["runAt"]
+        assert await ids(since=due) == [later]
+        assert await ids(until=due) == [bad, ok]
+
+        first = (await api.client.get("/api/runs", params={"limit": 2})).json()
+        assert [r["id"] for r in first["runs"]] == [later, bad]
+        rest = await ids(cursor=first["nextCursor"])
+        assert rest == [ok]
+
+        for params, word in (({"status": "done"}, "Unknown status"),
+                             ({"since": "yesterday"}, "ISO 8601"),
+                             ({"cursor": "x"}, "Invalid cursor"),
+                             ({"limit": "0"}, "limit")):
+            res = await api.client.get("/api/runs", params=params)
+            assert res.status_code == 400 and res.json()["error"]["code"] == "invalid_parameter"
+            assert word in res.json()["error"]["message"]
+
+
+async def test_bulk_cancel_and_replay_of_a_filtered_list(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        vip = await api.new_thread(user_id="carol", tags=["vip"])
+        other = await api.new_thread(user_id="dan")
+        waiting = [await api.schedule(t, "ping", delay_seconds=3600) for t in (vip, vip, other)]
+        failed = [await api.schedule(t, "boom", {"message": "no"}) for t in (vip, other)]
+        await api.rt.wait_idle()
+
+        # How many a confirmation would name: the counts of the same filter.
+        listed = (await api.client.get("/api/runs", params={"tag": "vip"})).json()
+        assert listed["counts"]["pending"] == 2 and listed["counts"]["failed"] == 1
+
+        res = await api.client.post("/api/runs/cancel", json={"tag": "vip"})
+        assert res.status_code == 200, res.text
+        body = res.json()
+        assert body["canceled"] == 2 and set(body["ids"]) == set(waiting[:2])
+        assert body["more"] is False
+        assert (await api.run(other, waiting[2]))["status"] == "pending"
+        assert [(await api.run(vip, r))["status"] for r in waiting[:2]] == ["canceled"] * 2
+
+        res = await api.client.post("/api/runs/replay", json={"user_id": "dan"})
+        body = res.json()
+        assert body["replayed"] == 1
+        (new,) = body["ids"]
+        replay = await api.run(other, new)
+        assert replay["replayOf"] == failed[1] and replay["args"] == {"message": "no"}
+        await api.rt.wait_idle()
+        assert (await api.run(other, new))["status"] == "failed"
+        # Nothing left to do: a second call changes nothing.
+        again = (await api.client.post("/api/runs/cancel", json={"tag": "vip"})).json()
+        assert again == {"canceled": 0, "ids": [], "more": False}
+
+        res = await api.client.post("/api/runs/cancel", json={"tag": "vip", "status": "x"})
+        assert res.status_code == 400 and res.json()["error"]["code"] == "invalid_body"
+        res = await api.client.post("/api/runs/cancel", json={"since": "soon"})
+        assert res.status_code == 400 and "ISO 8601" in res.json()["error"]["message"]
+        res = await api.client.post("/api/runs/cancel")  # no body: not "everything"
+        assert res.status_code == 400
