@@ -292,9 +292,9 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         port=args.port,
         lifespan="on",
         log_level=args.log_level,
-        # On SIGINT/SIGTERM the runtime's grace period runs first (`Server`: running
-        # effects finish or are re-queued, streams get their last frames); open HTTP
-        # requests then get this much longer.
+        # On SIGINT/SIGTERM `Server` gives running effects and open HTTP requests the
+        # runtime's grace period, then interrupts what still runs (a request answers 503);
+        # uvicorn's own wait after that only covers what was left unfinished.
         timeout_graceful_shutdown=5,
         **server_options(),
     )
