@@ -226,9 +226,16 @@ class Journal:
     async def purge(self, *, older_than: datetime) -> int:
         """Delete journal records last changed before ``older_than`` (aware UTC).
 
+        Args:
+            older_than: An aware `datetime`; records last changed before it go.
+
         Returns:
             How many records were deleted (from both stores when they differ).
+
+        Raises:
+            TypeError: ``older_than`` is not a datetime, or is a naive one.
         """
+        older_than = check_older_than(older_than)
         count = await self.store.purge(older_than=older_than)
         if self.cross_run_store is not self.store:
             count += await self.cross_run_store.purge(older_than=older_than)
@@ -243,6 +250,21 @@ class Journal:
         await self.store.close()
         if self.cross_run_store is not self.store:
             await self.cross_run_store.close()
+
+
+def check_older_than(older_than: object) -> datetime:
+    """Check `Journal.purge`'s cut-off: an aware `datetime`.
+
+    Raises:
+        TypeError: anything else (a string, a number, a naive datetime), naming older_than.
+    """
+    if not isinstance(older_than, datetime):
+        raise TypeError(f"Journal.purge: older_than must be an aware datetime, got "
+                        f"{type(older_than).__name__} {older_than!r}")
+    if older_than.tzinfo is None or older_than.utcoffset() is None:
+        raise TypeError(f"Journal.purge: older_than must be an aware datetime (with a "
+                        f"timezone, e.g. UTC), got the naive {older_than.isoformat()}")
+    return older_than
 
 
 class InMemoryJournal(Journal):
@@ -368,7 +390,7 @@ class _Idempotency:
     def journal_key(self, ctx: DurableContext, name: str, call_id: str | None,
                     args: dict[str, Any]) -> tuple[str, str]:
         if self.key is not None:
-            logical = check_effect_key(self.key(args), name)
+            logical = check_effect_key(self.key(args), name, what="idempotency_key")
             if self.window == "run":
                 return "run", f"durable:run:{ctx.root_run_id}:key:{name}:{logical}"
             if self.window == "thread":
@@ -492,6 +514,9 @@ def durable_tool(
     if idempotency not in ("call", "args"):
         raise ValueError(f"durable_tool: tool {name!r}: idempotency must be 'call' or 'args', "
                          f"got {idempotency!r}")
+    if idempotency_key is not None and not callable(idempotency_key):
+        raise TypeError(f"durable_tool: tool {name!r}: idempotency_key must be a function "
+                        f"key(args) -> str, got {idempotency_key!r}")
     if idempotency_key is not None and idempotency_window is None:
         raise TypeError(f"durable_tool: tool {name!r} has an idempotency_key but no "
                         f"idempotency_window; choose a window: 'run', 'thread' or 'cross-run'")

@@ -134,6 +134,8 @@ WS_CLOSE_REASON_BYTES = 123
 """Longest close reason a WebSocket close frame can carry, in bytes of UTF-8."""
 
 WS_CLOSE_TIMEOUT_SECONDS = 10.0
+# How long a request cancelled at the end of the shutdown grace period has to answer 503.
+REQUEST_CANCEL_SECONDS = 2.0
 """How long the stream waits to get its close frame (or last frames) out to a client."""
 
 _CLOSE = {"Connection": "close"}  # the rest of the body is not read: end the connection
@@ -340,12 +342,12 @@ class TracingMiddleware:
 class InterruptedRequestMiddleware:
     """Answer JSON 503 ``shutting_down`` for a request cancelled before it answered.
 
-    On SIGINT/SIGTERM, after the runtime's grace period (`Server`), uvicorn gives open
-    requests ``timeout_graceful_shutdown`` seconds (``server.py``: 5), then cancels them;
-    uncaught, the cancellation would reach uvicorn, which logs a traceback and sends a
-    plain-text 500. A request (a long turn, say) that
-    had not started its answer gets ``{"error": {"code": "shutting_down", ...}}`` with
-    ``Retry-After`` instead; what it stored before stays stored.
+    On SIGINT/SIGTERM, `Server` gives open requests the runtime's grace period, then
+    cancels them (it tracks them in ``app.state.requests``, filled here); uncaught, the
+    cancellation would reach uvicorn, which logs a traceback and sends a plain-text 500.
+    A request (a long turn, say) that had not started its answer gets
+    ``{"error": {"code": "shutting_down", ...}}`` with ``Retry-After`` instead; what it
+    stored before stays stored.
 
     Args:
         app: The wrapped ASGI app.
@@ -360,6 +362,11 @@ class InterruptedRequestMiddleware:
             await self.app(scope, receive, send)
             return
         started = False
+        # `Server` waits for these at shutdown (not for streams, which close themselves).
+        requests = getattr(getattr(scope.get("app"), "state", None), "requests", None)
+        task = asyncio.current_task()
+        if isinstance(requests, set) and task is not None:
+            requests.add(task)
 
         async def tracking_send(message: ASGIMessage) -> None:
             nonlocal started
@@ -384,6 +391,9 @@ class InterruptedRequestMiddleware:
             # Not re-raised: uvicorn would log a crash and answer a plain-text 500. The
             # task is being torn down anyway; it ends once the answer is sent.
             await response(scope, receive, send)
+        finally:
+            if isinstance(requests, set):
+                requests.discard(task)
 
 
 class BodyLimitMiddleware:
@@ -1578,10 +1588,12 @@ class Server(uvicorn.Server):
     and only then runs the lifespan shutdown, where the runtime gives running effects
     their grace period and re-queues the interrupted ones: their ``requeued`` frames would
     reach no client. This server stops listening, closes the runtime first (open requests
-    and streams are still served during its grace period), lets every stream deliver its
-    last frames and close itself (1012, "The server is shutting down"), then does uvicorn's
-    own shutdown (open requests get ``timeout_graceful_shutdown``; the lifespan's close
-    of the runtime is then a no-op). Use it as ``uvicorn.Server``.
+    and streams are still served during its grace period), gives open HTTP requests that
+    same grace period counted from the signal and then cancels them (each answers 503
+    ``shutting_down`` with ``Retry-After``, `InterruptedRequestMiddleware`), lets every
+    stream deliver its last frames and close itself (1012, "The server is shutting down"),
+    then does uvicorn's own shutdown (the lifespan's close of the runtime is then a
+    no-op). Use it as ``uvicorn.Server``.
     """
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -1593,10 +1605,16 @@ class Server(uvicorn.Server):
         state = getattr(self.config.app, "state", None)
         rt = getattr(state, "runtime", None)
         if rt is not None:
+            # Open requests (a long turn) get the runtime's grace period too, counted from
+            # now, while the runtime closes; then they are cancelled and answer 503.
+            requests = asyncio.ensure_future(
+                self._finish_requests(rt.settings.shutdown_grace_seconds)
+            )
             try:
                 await rt.close()
             except Exception:
                 log.exception("the runtime failed to close")
+            await requests
             # Each stream now sends what it still holds, then its close frame.
             streams: set[asyncio.Task[Any]] = set(getattr(state, "streams", ()))
             if streams:
@@ -1607,6 +1625,26 @@ class Server(uvicorn.Server):
                     ),
                 )
         await super().shutdown(sockets)
+
+    async def _finish_requests(self, grace_seconds: float) -> None:
+        """Wait up to ``grace_seconds`` for open requests; cancel the rest and let them answer.
+
+        A cancelled request answers 503 ``shutting_down`` (`InterruptedRequestMiddleware`)
+        within `REQUEST_CANCEL_SECONDS`; uvicorn alone would cancel it and exit without
+        waiting, leaving the client an empty reply.
+        """
+        state = getattr(self.config.app, "state", None)
+        tasks = set(getattr(state, "requests", ()))
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace_seconds)
+        if not pending:
+            return
+        log.warning("%d request(s) still open after the %gs grace period: interrupting them",
+                    len(pending), grace_seconds)
+        for task in pending:
+            task.cancel(msg="the server is shutting down")
+        await asyncio.wait(pending, timeout=REQUEST_CANCEL_SECONDS)
 
 
 def server_options(
@@ -1815,4 +1853,5 @@ def create_app(
     app.state.max_body_bytes = max_body_bytes
     app.state.ws_close_timeout_seconds = ws_close_timeout_seconds
     app.state.streams = set()  # the tasks serving open WebSocket streams
+    app.state.requests = set()  # the tasks serving open HTTP requests (`Server.shutdown`)
     return app

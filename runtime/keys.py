@@ -34,7 +34,8 @@ a key — a ``datetime`` and its ISO string, a ``set`` and a ``list``, a ``tuple
 arguments, so a field declared ``float`` turns the model's ``1`` into ``1.0`` before hashing
 and both spellings share a key. Mappings (any keys of supported types) and sets are
 order-free. The empty arguments (``{}`` or ``None``) hash to the reserved token
-`NO_ARGS_HASH`.
+`NO_ARGS_HASH`. Containers nest at most `MAX_JSON_DEPTH` (64) levels deep; deeper is a
+`TypeError` naming ``args_hash`` and the limit.
 
 **Effect markers** tag what an effect left in the world, so ``already_applied`` can find
 it: ``effect_marker(key)`` is ``<!-- thread-effects:effect=<key> -->``. A key is escaped
@@ -134,8 +135,14 @@ def default_effect_key(run_id: str, tool_name: str, args: Any) -> str:
     return f"{run_id}:{tool_name}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
 
 
-def check_effect_key(key: object, tool_name: str) -> str:
+def check_effect_key(key: object, tool_name: str, *, what: str = "effect_key") -> str:
     """Check an effect key a tool computed.
+
+    Args:
+        key: What the tool's key function returned.
+        tool_name: The tool, named in errors.
+        what: The key function's option, named in errors (``effect_key`` or
+            ``idempotency_key``).
 
     Returns:
         The key.
@@ -145,13 +152,13 @@ def check_effect_key(key: object, tool_name: str) -> str:
         ValueError: the key is empty or longer than `MAX_EFFECT_KEY_LENGTH` characters.
     """
     if not isinstance(key, str):
-        raise TypeError(f"tool {tool_name}: effect_key must return a string, "
+        raise TypeError(f"tool {tool_name}: {what} must return a string, "
                         f"got {type(key).__name__}")
     if not key:
-        raise ValueError(f"tool {tool_name}: effect_key returned an empty key")
+        raise ValueError(f"tool {tool_name}: {what} returned an empty key")
     if len(key) > MAX_EFFECT_KEY_LENGTH:
-        raise ValueError(f"tool {tool_name}: effect key is {len(key)} characters, over the "
-                         f"limit of {MAX_EFFECT_KEY_LENGTH}")
+        raise ValueError(f"tool {tool_name}: the key {what} returned is {len(key)} "
+                         f"characters, over the limit of {MAX_EFFECT_KEY_LENGTH}")
     return key
 
 
@@ -263,8 +270,9 @@ def args_hash(value: Any) -> str:
         The sha256 hex digest of the tagged value; `NO_ARGS_HASH` for ``{}`` or ``None``.
 
     Raises:
-        TypeError: an unsupported value (a function, an arbitrary object) or a cycle; the
-            message names ``args_hash``, the type and the path (``args.items[2]``).
+        TypeError: an unsupported value (a function, an arbitrary object), a cycle, or
+            containers nested deeper than `MAX_JSON_DEPTH` levels; the message names
+            ``args_hash``, the type or the limit, and the path (``args.items[2]``).
     """
     if value is None or (isinstance(value, Mapping) and not value):
         return NO_ARGS_HASH
@@ -273,8 +281,10 @@ def args_hash(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _tag_text(value: Any, path: str, active: set[int]) -> str:
-    return json.dumps(_tag(value, path, active), ensure_ascii=False, separators=(",", ":"))
+def _order(tagged: Any) -> str:
+    # The sort key of a tagged item (mapping entries, set members); the item itself stays
+    # structured, so a nested mapping is not escaped once per level around it.
+    return json.dumps(tagged, ensure_ascii=False, separators=(",", ":"))
 
 
 def _tag(value: Any, path: str, active: set[int]) -> Any:
@@ -307,6 +317,9 @@ def _tag(value: Any, path: str, active: set[int]) -> Any:
     if id(value) in active:
         raise TypeError(f"args_hash: {path} is a cycle ({type(value).__name__} contains "
                         f"itself)")
+    if len(active) >= MAX_JSON_DEPTH:  # active holds one id per enclosing container
+        raise TypeError(f"args_hash: {path} nests containers deeper than the limit of "
+                        f"{MAX_JSON_DEPTH} levels")
     inner = active | {id(value)}
     if isinstance(value, BaseModel):
         fields = {name: getattr(value, name) for name in type(value).model_fields}
@@ -324,7 +337,7 @@ def _tag(value: Any, path: str, active: set[int]) -> Any:
         return ["tuple", [_tag(v, f"{path}[{i}]", inner) for i, v in enumerate(value)]]
     if isinstance(value, Set):
         tag = "frozenset" if isinstance(value, frozenset) else "set"
-        return [tag, sorted(_tag_text(v, f"{path}{{}}", inner) for v in value)]
+        return [tag, sorted((_tag(v, f"{path}{{}}", inner) for v in value), key=_order)]
     what = "a function" if callable(value) else "a value"
     raise TypeError(f"args_hash: {path} is {what} of type {type(value).__name__}, which "
                     f"cannot be hashed as arguments (use data: str, int, float, bool, None, "
@@ -336,11 +349,10 @@ def _qualname(value: Any) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
-def _tag_mapping(value: Mapping[Any, Any], path: str, active: set[int]) -> list[list[str]]:
+def _tag_mapping(value: Mapping[Any, Any], path: str, active: set[int]) -> list[list[Any]]:
     items = []
     for k, v in value.items():
         label = k if isinstance(k, str) else repr(k)
-        items.append([_tag_text(k, f"{path}[{label!r}]", active),
-                      _tag_text(v, f"{path}.{label}", active)])
-    items.sort()
+        items.append([_tag(k, f"{path}[{label!r}]", active), _tag(v, f"{path}.{label}", active)])
+    items.sort(key=_order)
     return items

@@ -304,9 +304,9 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         lifespan="on",
         log_level=args.log_level,
         log_config=log_config(args.log_format, args.log_level),
-        # On SIGINT/SIGTERM the runtime's grace period runs first (`Server`: running
-        # effects finish or are re-queued, streams get their last frames); open HTTP
-        # requests then get this much longer.
+        # On SIGINT/SIGTERM `Server` gives running effects and open HTTP requests the
+        # runtime's grace period, then interrupts what still runs (a request answers 503);
+        # uvicorn's own wait after that only covers what was left unfinished.
         timeout_graceful_shutdown=5,
         **server_options(),
     )

@@ -98,6 +98,8 @@ class ActiveTurn:
     run_id: str
     injected: list[Message] = field(default_factory=list)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    content: str | None = None  # the user's message (None: a turn resumed at start)
+    failure: TurnFailed | None = None  # how it failed, for posts that waited for it
 
 
 @dataclass
@@ -537,11 +539,14 @@ async def run_turn(
         run_id = _new_id()
     else:
         run_id = check_run_id(run_id)
-        running = rt.turns.running(tid)
-        if running is not None and running.run_id == run_id:
-            # The client lost the answer of a turn that still runs: wait for its end.
+        # The client lost the answer of a turn that still runs (or posted it twice at
+        # once): wait for its end, then answer as it did. Several posts may wait; the
+        # first to wake takes the slot to read the stored answer, the others wait again.
+        while (running := rt.turns.running(tid)) is not None and running.run_id == run_id:
             await running.ended.wait()
-    turn = ActiveTurn(run_id)
+            if running.failure is not None and running.content == content:
+                raise running.failure
+    turn = ActiveTurn(run_id, content=content)
     plain = state.with_context(execution=None, package_id=state.package_id)
     token = _CURRENT_TURN.set((tid, run_id))
     try:
@@ -555,6 +560,9 @@ async def run_turn(
             },
         ):
             return await _run_turn(state, content, agent, turn, plain, fresh=fresh)
+    except TurnFailed as exc:
+        turn.failure = exc
+        raise
     finally:
         _CURRENT_TURN.reset(token)
         turn.ended.set()
@@ -680,7 +688,9 @@ async def _run_turn(
     for message in created:
         await _hooks.after_create_message(after, end_state, message)
     if failure is not None:
-        why = f"Turn {run_id} of thread {tid} failed: {_reason(failure)}"
+        why = (f"Turn {run_id} of thread {tid} failed: {_reason(failure)}; post the same "
+               f"content with run_id {run_id!r} to retry it (tool calls that finished are "
+               f"not run again)")
         raise TurnFailed(tid, run_id, why) from failure
     return _answer(run_id, [user, *earlier, *created])
 
@@ -696,7 +706,9 @@ def interrupted_text(attempts: int) -> str:
     """The message a turn stopped after ``attempts`` interruptions leaves in the thread."""
     return (
         f"This turn was interrupted {attempts} times (the server stopped or crashed while "
-        f"it ran) and was stopped; send the message again to retry it."
+        f"it ran) and was stopped. To retry it, send the message again under its run id "
+        f"(the pane's Retry, or POST .../messages with the same content and run_id): tool "
+        f"calls that finished are not run again."
     )
 
 

@@ -328,10 +328,11 @@ def test_runs_run_now(server: ServerProcess) -> None:
     assert ok(server.url, "runs", "run-now", runs["pending"], "-t", tid) == (
         f"Run {runs['pending']} is due now (pending).\n"
     )
+    # Run-now of a run waiting behind a running one is refused (409): let the first end.
+    wait_for(server.url, tid, runs["pending"], lambda r: r["status"] == "completed")
     assert ok_json(server.url, "runs", "run-now", later, "-t", tid) == {
         "id": later, "status": "pending",
     }
-    wait_for(server.url, tid, runs["pending"], lambda r: r["status"] == "completed")
     wait_for(server.url, tid, later, lambda r: r["status"] == "completed")
 
     refused = te(server.url, "runs", "run-now", runs["completed"], "-t", tid)

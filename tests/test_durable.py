@@ -344,6 +344,23 @@ def test_args_hash_refuses_unsupported_values_naming_itself_and_the_type() -> No
         args_hash({"c": cyclic})
 
 
+def test_args_hash_refuses_deep_nesting_naming_itself_and_the_limit() -> None:
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(5000):
+        inner["a"] = {}
+        inner = inner["a"]
+    with pytest.raises(TypeError, match=r"args_hash: args(\.a)+ nests containers deeper than "
+                                        r"the limit of 64 levels"):
+        args_hash(deep)
+    shallow: dict[str, Any] = {}
+    inner = shallow
+    for _ in range(60):
+        inner["a"] = {}
+        inner = inner["a"]
+    assert len(args_hash(shallow)) == 64
+
+
 # --- keys with a window -------------------------------------------------------------------
 
 
@@ -361,6 +378,32 @@ def test_a_key_without_a_window_is_refused_where_the_tool_is_declared() -> None:
         durable_tool(charge, idempotency="once")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="durable_tool: expected"):
         durable_tool(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"tool 'charge': idempotency_key must be a function"):
+        durable_tool(charge, idempotency_key="fixed", idempotency_window="run")  # type: ignore[arg-type]
+
+
+async def test_a_key_function_returning_no_string_is_named_idempotency_key() -> None:
+    charged: list[int] = []
+
+    def charge(order: int) -> str:
+        charged.append(order)
+        return "ok"
+
+    tool = durable_tool(charge, idempotency_key=lambda args: args["order"],  # type: ignore[arg-type,return-value]
+                        idempotency_window="run")
+    agent = Agent(FunctionModel(Script([ToolCallPart("charge", {"order": 3}),
+                                        final_from_returns])), tools=[tool])
+    with pytest.raises(TypeError, match="tool charge: idempotency_key must return a string, "
+                                        "got int"):
+        await run_durable(agent, "charge", run_id="run-1", journal=InMemoryJournal())
+    assert charged == []
+
+
+@pytest.mark.parametrize("bad", ["2026-01-01", 5, datetime(2026, 1, 1)])
+async def test_purge_refuses_what_is_not_an_aware_datetime(bad: Any) -> None:
+    journal = InMemoryJournal(thread_id="t1")
+    with pytest.raises(TypeError, match=r"Journal\.purge: older_than must be an aware datetime"):
+        await journal.purge(older_than=bad)
 
 
 def order_tools(shipped: list[int], window: str) -> tuple[Tool[Any], Script]:

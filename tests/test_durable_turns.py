@@ -302,6 +302,37 @@ async def test_the_same_run_id_posted_twice_over_http_is_one_turn(
         assert "run_id must be 1-64 characters" in bad.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("fails", [False, True], ids=["answers", "fails"])
+async def test_the_same_run_id_posted_at_once_waits_for_the_one_turn(
+    tmp_path: Path, world: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    hang = tmp_path / "hang"
+    hang.touch()
+    monkeypatch.setenv("SHOP_HANG_FILE", str(hang))
+    if fails:
+        monkeypatch.setenv("SHOP_FAIL_FILE", str(world))  # step 2 raises once it goes on
+    async with serve_api(tmp_path / "data", clock=FakeClock(start=START), app_dir=APP) as api:
+        tid = await api.new_thread(agent_id="shop")
+        body = {"content": "charge order 42", "run_id": "client-8"}
+        posts = [asyncio.ensure_future(
+            api.client.post(f"/api/threads/{tid}/messages", json=body)) for _ in range(6)]
+        while not await charges(world):  # the turn charged; its next step hangs
+            await asyncio.sleep(0.01)
+        await anyio.to_thread.run_sync(hang.unlink)
+        answers = await asyncio.gather(*posts)
+        if fails:
+            assert [a.status_code for a in answers] == [502] * 6, [a.text for a in answers]
+            assert {a.json()["error"]["code"] for a in answers} == {"turn_failed"}
+        else:
+            assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers]
+            assert {a.json()["reply"]["content"] for a in answers} == {"Done: order 42 charged."}
+        assert await charges(world) == ["charged order 42"]
+        listed = (await api.client.get(f"/api/threads/{tid}/messages")).json()["messages"]
+        assert [m["role"] for m in listed if m["role"] == "user"] == ["user"]
+        turns = (await api.client.get(f"/api/threads/{tid}/turns")).json()["turns"]
+        assert [(t["runId"], t["attempts"]) for t in turns] == [("client-8", 1)]
+
+
 def calling(*steps: list[tuple[str, dict[str, Any]]]) -> FunctionModel:
     """Each step calls the given tools (fresh call ids every time), then answers "ok"."""
     queue = list(steps)
@@ -393,6 +424,9 @@ def test_a_key_without_a_window_is_refused_where_the_tool_is_declared() -> None:
     with pytest.raises(ValueError, match="idempotency_window must be"):
         define_tool("Ships.", Order, ship_order, idempotency_key=lambda a: "k",
                     idempotency_window="forever")
+    with pytest.raises(TypeError, match="'ship_order': idempotency_key must be a function"):
+        define_tool("Ships.", Order, ship_order, idempotency_key="fixed",  # type: ignore[arg-type]
+                    idempotency_window="run")
 
 
 async def test_resuming_waits_for_a_turn_the_thread_runs(

@@ -582,3 +582,34 @@ def test_a_turn_killed_after_its_tool_completes_by_itself_after_restart(
     assert again.json()["reply"]["content"] == "Done: order 42 charged."
     assert [m["id"] for m in again.json()["messages"]] == [m["id"] for m in messages]
     assert world.read_text().splitlines() == ["charged order 42"]
+
+
+def test_a_turn_open_at_sigterm_gets_the_grace_period_then_a_json_503(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    world, hang = tmp_path / "world.txt", tmp_path / "hang"
+    hang.touch()
+    server = servers("--app-dir", str(DURABLE_APP), "--no-packages",
+                     "--shutdown-grace-seconds", "1",
+                     SHOP_WORLD=str(world), SHOP_HANG_FILE=str(hang))
+    tid = httpx.post(f"{server.url}/api/threads", json={"agent_id": "shop"}).json()["id"]
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        answers.append(httpx.post(f"{server.url}/api/threads/{tid}/messages",
+                                  json={"content": "charge order 7", "run_id": "order-7"},
+                                  timeout=GUARD_SECONDS))
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    wait_until("CHARGED", lambda: "CHARGED" in server.output())
+    # The turn outlives the grace period: it is interrupted, and its request answers.
+    assert server.signal(signal.SIGTERM) in (0, -signal.SIGTERM)
+    sender.join(GUARD_SECONDS)
+    assert len(answers) == 1
+    res = answers[0]
+    assert res.status_code == 503, res.text
+    assert res.json()["error"]["code"] == "shutting_down"
+    assert res.headers["retry-after"] == "5"
+    assert "timeout graceful shutdown exceeded" not in server.output()
+    assert "still open after the 1s grace period" in server.output()

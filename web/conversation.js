@@ -80,6 +80,11 @@ function messageItem(m, turn) {
         ? html`<span class="msg-tag turn-state turn-${state.state}" data-testid="turn-state" data-state=${state.state}
             title=${state.title}>${state.text}</span>`
         : null}
+      ${state && state.state === "failed"
+        ? html`<button type="button" class="btn btn-ghost btn-retry" data-testid="turn-retry"
+            data-retry-message=${m.id}
+            title="Run this turn again under its run id: tool calls that finished are not run again">Retry</button>`
+        : null}
       <time class="msg-time" datetime=${m.createdAt || ""} title=${m.createdAt || ""}>${m.createdAt ? fmtLocal(m.createdAt) : ""}</time>
     </div>
     ${m.content && !results.length ? html`<div class="msg-text">${String(m.content)}</div>` : null}
@@ -141,6 +146,11 @@ export class ConversationView {
       this.stick = this.atEnd();
     });
     el.composer.addEventListener("submit", (ev) => this.send(ev));
+    el.list.addEventListener("click", (ev) => {
+      const btn = ev.target instanceof Element ? ev.target.closest("[data-retry-message]") : null;
+      const m = btn ? this.messages.get(btn.dataset.retryMessage) : null;
+      if (m && m.runId) this.submit(String(m.content || ""), String(m.runId));
+    });
     el.input.addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();
@@ -353,26 +363,44 @@ export class ConversationView {
     this.el.status.hidden = !message;
   }
 
+  /** The run id of the newest failed turn whose message is `text` (undefined: none). */
+  failedRunId(text) {
+    for (let i = this.order.length - 1; i >= 0; i -= 1) {
+      const m = this.messages.get(this.order[i]);
+      if (!m || m.role !== "user" || m.injected || !m.runId || m.content !== text) continue;
+      const turn = this.turns.get(String(m.runId));
+      if (turn && turn.status === "failed") return String(m.runId);
+    }
+    return undefined;
+  }
+
   async send(ev) {
     ev.preventDefault();
+    const text = this.el.input.value;
+    if (!text.trim()) {
+      this.showError("Write a message first.");
+      this.el.input.focus();
+      return;
+    }
+    // The message of a failed turn, sent again, retries that turn under its run id: its
+    // finished tool calls are replayed from the journal, not run again.
+    await this.submit(text, this.failedRunId(text), { fromComposer: true });
+  }
+
+  /** Post `text` as a turn (`runId`: retry that turn; else a fresh run id). */
+  async submit(text, runId, { fromComposer = false } = {}) {
     const s = this.session;
     if (!s || s.gone || this.sending) return;
     const input = this.el.input;
-    const text = input.value;
-    if (!text.trim()) {
-      this.showError("Write a message first.");
-      input.focus();
-      return;
-    }
     this.showError("");
     this.sending = true;
     this.stick = true;
     this.draw({ scroll: false });
     this.showStatus("The agent is answering…");
-    input.value = "";
+    if (fromComposer) input.value = "";
     try {
       // A run id of our own: a turn whose answer got lost can be asked for again.
-      const runId = globalThis.crypto?.randomUUID ? crypto.randomUUID() : undefined;
+      if (!runId && globalThis.crypto?.randomUUID) runId = crypto.randomUUID();
       const res = await api.sendMessage(s.tid, text, { signal: s.signal }, runId);
       this.refreshTurns();
       // The frames normally brought these in already; this covers a socket that is down.
@@ -390,12 +418,14 @@ export class ConversationView {
       if (this.ctx.handledAsGone(s, err)) return;
       // Nothing was stored, except for a turn whose model failed (502): its message stays.
       const stored = err instanceof ApiError && err.code === "turn_failed";
-      if (!stored && !input.value) input.value = text;
+      if (fromComposer && !stored && !input.value) input.value = text;
       const code = err instanceof ApiError && err.status ? ` (${err.status} ${err.code})` : "";
       const message =
         err instanceof ApiError && err.code === "turn_in_progress"
           ? "Another turn of this thread is running; send again once it has answered."
-          : errorText(err);
+          : stored
+            ? `${errorText(err)} — Retry on the message (or send it again) retries it: finished tool calls are not repeated.`
+            : errorText(err);
       this.showError(`${message}${code}`);
     } finally {
       if (!s.closed) {

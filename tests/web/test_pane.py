@@ -1224,3 +1224,60 @@ def test_the_conversation_shows_a_turns_state_and_results_from_the_journal(
         expect(running).to_have_count(0, timeout=WAIT_MS)  # succeeded at once: no tag
         expect(state).to_have_text("resumed")
         assert pane.errors == []
+
+
+def test_a_failed_turn_is_retried_under_its_run_id_and_its_error_is_on_screen(
+    tmp_path: Path, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world, fail = tmp_path / "world.txt", tmp_path / "fail"
+    monkeypatch.setenv("SHOP_WORLD", str(world))
+    monkeypatch.delenv("SHOP_HANG_FILE", raising=False)
+    monkeypatch.setenv("SHOP_FAIL_FILE", str(fail))
+    with serve_pane(tmp_path, browser, ROOT / "tests" / "apps" / "durable_turns") as pane:
+        page = pane.page
+        page.set_viewport_size({"width": 1400, "height": 900})
+        tid = pane.http.post("/api/threads", json={"agent_id": "shop"}).json()["id"]
+        pane.open_thread(tid)
+        page.get_by_test_id("tab-conversation").click()
+        expect(page.get_by_test_id("messages-empty")).to_contain_text("No messages yet",
+                                                                      timeout=WAIT_MS)
+        users = page.locator('[data-testid="message-item"][data-role="user"]')
+        turns = lambda: pane.http.get(f"/api/threads/{tid}/turns").json()["turns"]  # noqa: E731
+
+        # The model fails after the charge: 502, the error under the composer, in view.
+        fail.touch()
+        page.get_by_test_id("composer-input").fill("charge order 42")
+        page.get_by_test_id("composer-send").click()
+        error = page.get_by_test_id("composer-error")
+        expect(error).to_contain_text("turn_failed", timeout=WAIT_MS)
+        expect(error).to_contain_text("finished tool calls are not repeated")
+        expect(error).to_be_in_viewport(ratio=1)
+        box = error.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 900
+        assert world.read_text().splitlines() == ["charged order 42"]
+        state = users.nth(0).get_by_test_id("turn-state")
+        expect(state).to_have_attribute("data-state", "failed", timeout=WAIT_MS)
+        [first] = turns()
+        assert first["status"] == "failed"
+
+        # Retry on the failed turn's mark: the same run id, the charge is not repeated.
+        retry = users.nth(0).get_by_test_id("turn-retry")
+        expect(retry).to_be_visible()
+        retry.click()
+        expect(error).to_contain_text("turn_failed", timeout=WAIT_MS)  # the model still fails
+        expect(page.get_by_test_id("composer-send")).to_be_enabled(timeout=WAIT_MS)
+        assert [(t["runId"], t["status"], t["attempts"]) for t in turns()] == [
+            (first["runId"], "failed", 2)]
+
+        # The same text sent again from the composer retries it too; now the model works.
+        fail.unlink()
+        page.get_by_test_id("composer-input").fill("charge order 42")
+        page.get_by_test_id("composer-send").click()
+        expect(state).to_have_attribute("data-state", "resumed", timeout=WAIT_MS)
+        expect(error).to_be_hidden()
+        expect(users).to_have_count(1)
+        expect(page.get_by_test_id("turn-retry")).to_have_count(0)
+        assert [(t["runId"], t["status"], t["attempts"]) for t in turns()] == [
+            (first["runId"], "succeeded", 3)]
+        assert world.read_text().splitlines() == ["charged order 42"]
+        assert [e for e in pane.errors if "502" not in e] == []
