@@ -110,6 +110,17 @@ class EffectRecords(EffectRecordStore):
         self._publish(thread_id, RecordChange.APPLIED, record)
         return record
 
+    async def renew(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, lease_seconds: float
+    ) -> bool:
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            renewed: bool = await self._run_sync(
+                lambda: store.renew_effect_record(key, owner=owner, lease_seconds=lease_seconds,
+                                                  now=self._now())
+            )
+            return renewed
+
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
         async with self._actors.use(thread_id) as actor:
             store = actor.store

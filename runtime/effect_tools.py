@@ -21,16 +21,19 @@ handler that mutates its args cannot change it) — ``effect_key(args, execution
    `EffectKeyBusy`); an expired lease (its holder died) is taken over;
 3. holding the claim, ``already_applied(key, args)`` runs if given: anything but None is
    recorded and returned;
-4. else ``execute`` runs and what it returns is recorded. A raising ``execute`` or
-   ``already_applied`` records nothing (the claim is released), so a later call can
-   still apply the effect.
+4. else ``execute`` runs (its lease renewed every ``lease_seconds / 3`` meanwhile) and
+   what it returns is recorded. A raising ``execute`` or ``already_applied`` records
+   nothing (the claim is released), so a later call can still apply the effect; calls of
+   this process that were waiting on the claim raise the same error and do not apply.
 
 Results are recorded as JSON (pydantic's JSON form; at most ``max_result_bytes``), and the
 first call returns the decoded JSON, exactly what a replay returns. A result that is not
-JSON or is too large is an `EffectResultError` (the model sees a tool error; nothing is
-recorded). When recording fails after the effect happened (disk full, database locked),
-the call still returns the result and logs the key; ``already_applied`` guards the next
-call. An ``execute`` that returns an async iterator (or is an async generator) streams:
+JSON or is too large is an `EffectResultError` (the model sees a tool error); the effect
+happened, so the key is recorded as applied with that error (``{RESULT_ERROR_FIELD:
+message}``) and every later call raises it again instead of applying again. When
+recording fails after the effect happened (disk full, database locked), the call still
+returns the result and logs the key; ``already_applied`` guards the next call. An
+``execute`` that returns an async iterator (or is an async generator) streams:
 each value goes to the caller's ``emit`` as it comes, and the last one is recorded; a
 replay emits only that value.
 
@@ -86,8 +89,8 @@ class EffectToolSettings:
     """The limits and timings of effect tools.
 
     Attributes:
-        lease_seconds: How long an in-progress record holds its key; a holder that died
-            is taken over after this (it must exceed the longest ``execute``).
+        lease_seconds: How long an in-progress record holds its key without a renewal (a
+            running call renews it every third of it); a dead holder's is taken over after it.
         wait_timeout_seconds: How long a call waits for another call's in-progress
             record of the same key before `EffectKeyBusy`.
         poll_interval_seconds: How often a waiting call looks at the record again.
@@ -270,12 +273,18 @@ def record_json(tool_name: str, value: Any, max_result_bytes: int) -> str:
     try:
         text = json.dumps(to_jsonable_python(value), allow_nan=False, ensure_ascii=False,
                           separators=(",", ":"))
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start] if isinstance(exc.object, str) else "?"
+        raise EffectResultError(
+            f"Tool {tool_name} returned a string with a lone surrogate (U+{ord(bad):04X}), "
+            f"which is not valid Unicode and cannot be recorded as JSON (UTF-8)"
+        ) from None
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise EffectResultError(
             f"Tool {tool_name} returned a value of type {type(value).__name__} that cannot be "
             f"recorded as JSON: {exc}. An effect tool returns JSON-serializable data"
         ) from None
-    size = len(text.encode("utf-8"))
     if size > max_result_bytes:
         raise EffectResultError(
             f"Tool {tool_name} returned {size} bytes of JSON, over the recorded-result limit "
@@ -326,9 +335,10 @@ async def call_effect_tool(
 
     Raises:
         EffectKeyBusy: another call held the key past ``wait_timeout_seconds``.
-        EffectResultError: the result is not JSON or too large (nothing recorded).
+        EffectResultError: the result is not JSON or too large (recorded as the key's
+            error: a later call raises it again, never applies again).
         Exception: what ``execute``, ``already_applied`` or ``effect_key`` raised (nothing
-            recorded).
+            recorded; calls waiting on this call's claim raise it too).
     """
     settings = settings or EffectToolSettings()
     execution = state.execution
@@ -355,9 +365,24 @@ async def call_effect_tool(
     if claim.took_over:
         log.warning("tool %s: took over effect key %r from an expired lease (its holder "
                     "stopped); reconciling through already_applied", tool_name, key)
+    slot = _slot(store, thread_id, key)
+    holding = _holders[slot] = _Holding()
+    failure: BaseException | None = None
+    text, unrecordable = "", None
     try:
-        text = await _apply(defn, state, args, key, settings, emit)
-    except BaseException:
+        async with anyio.create_task_group() as heartbeat:
+            heartbeat.start_soon(_renew_lease, store, thread_id, key, owner, settings,
+                                 tool_name)
+            try:
+                text, unrecordable = await _apply(defn, state, args, key, settings, emit)
+            except BaseException as exc:  # raised below, outside the task group (no group)
+                failure = exc
+            heartbeat.cancel_scope.cancel()
+    except BaseException as exc:  # a cancellation from outside, seen on leaving the group
+        failure = failure or exc
+    if failure is not None:
+        # Calls that waited on this claim share its outcome: they do not apply again.
+        holding.error = failure
         with anyio.CancelScope(shield=True):
             try:
                 await store.release(thread_id, key, owner=owner)
@@ -365,8 +390,8 @@ async def call_effect_tool(
                 log.exception("tool %s: could not release effect key %r; it is taken over "
                               "when its lease expires", tool_name, key)
             finally:
-                _wake_waiters(store, thread_id, key)
-        raise
+                _finish_holding(slot, holding)
+        raise failure
     try:
         await store.complete(thread_id, key, owner=owner, result_json=text)
     except Exception:
@@ -374,38 +399,88 @@ async def call_effect_tool(
         log.exception("tool %s: the effect of key %r was applied but could not be recorded",
                       tool_name, key)
     finally:
-        _wake_waiters(store, thread_id, key)
+        _finish_holding(slot, holding)
+    if unrecordable is not None:
+        raise unrecordable
     return json.loads(text)
 
 
+RESULT_ERROR_FIELD = "$effectResultError"
+"""The one field of a recorded result that stands for an `EffectResultError`: the effect
+was applied but its result could not be recorded; a replay raises the error again."""
+
+
+@dataclass(slots=True, eq=False)
+class _Holding:
+    """A claim held by a call of this process; waiters share its outcome."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
+
+
 # Calls waiting on a key held by a call of this process (e.g. two identical calls in one
-# model response) wake as soon as it is recorded or released, not at their next poll;
-# holders in other processes are seen by polling. Scoped to the event loop (its token).
-_waiters: dict[tuple[object, int, str, str], anyio.Event] = {}
+# model response) wake as soon as it is recorded or released, not at their next poll, and
+# share a raising holder's error; holders in other processes are seen by polling. Scoped to
+# the event loop (its token); an entry lives exactly as long as its claim.
+_holders: dict[tuple[object, int, str, str], _Holding] = {}
+
+
+def _slot(store: EffectRecordStore, thread_id: str, key: str) -> tuple[object, int, str, str]:
+    return (anyio.lowlevel.current_token(), id(store), thread_id, key)
+
+
+def _finish_holding(slot: tuple[object, int, str, str], holding: _Holding) -> None:
+    if _holders.get(slot) is holding:
+        del _holders[slot]
+    holding.done.set()
 
 
 async def _wait_for_holder(
     store: EffectRecordStore, thread_id: str, key: str, poll_interval_seconds: float
 ) -> None:
-    slot = (anyio.lowlevel.current_token(), id(store), thread_id, key)
-    event = _waiters.get(slot)
-    if event is None:
-        event = _waiters[slot] = anyio.Event()
-    try:
-        with anyio.move_on_after(poll_interval_seconds):
-            await event.wait()
-    finally:
-        if _waiters.get(slot) is event:  # no entry outlives its waits (no leak)
-            del _waiters[slot]
+    """Wait for the key's holder; raise what it raised when it was a call of this process.
+
+    A later call (one that finds no holder of this process) may apply again.
+    """
+    holding = _holders.get(_slot(store, thread_id, key))
+    if holding is None:
+        await anyio.sleep(poll_interval_seconds)
+        return
+    with anyio.move_on_after(poll_interval_seconds):
+        await holding.done.wait()
+    if isinstance(holding.error, Exception):  # a cancelled holder: the next call applies
+        raise holding.error
 
 
-def _wake_waiters(store: EffectRecordStore, thread_id: str, key: str) -> None:
-    event = _waiters.pop((anyio.lowlevel.current_token(), id(store), thread_id, key), None)
-    if event is not None:
-        event.set()
+async def _renew_lease(
+    store: EffectRecordStore, thread_id: str, key: str, owner: str,
+    settings: EffectToolSettings, tool_name: str,
+) -> None:
+    """Keep ``owner``'s in-progress lease alive while ``execute`` runs (every third of it).
+
+    Only a holder that stopped (its process died) lets its lease expire; a slow ``execute``
+    is never taken over while it runs.
+    """
+    interval = settings.lease_seconds / 3
+    while True:
+        await anyio.sleep(interval)
+        try:
+            renewed = await store.renew(thread_id, key, owner=owner,
+                                        lease_seconds=settings.lease_seconds)
+        except Exception:
+            log.exception("tool %s: could not renew the lease of effect key %r", tool_name,
+                          key)
+            continue
+        if not renewed:
+            log.warning("tool %s: lost the lease of effect key %r while applying it",
+                        tool_name, key)
+            return
 
 
 async def _replay(defn: ToolDefinition, result: Any, emit: Emit | None) -> Any:
+    if isinstance(result, dict) and len(result) == 1 and RESULT_ERROR_FIELD in result:
+        raise EffectResultError(f"{result[RESULT_ERROR_FIELD]} (recorded when the effect was "
+                                f"applied; it is not applied again)")
     if emit is not None and _streams(defn):
         await emit(result, True)
     return result
@@ -418,24 +493,44 @@ def _streams(defn: ToolDefinition) -> bool:
 async def _apply(
     defn: EffectToolDefinition, state: Any, args: BaseModel | None, key: str,
     settings: EffectToolSettings, emit: Emit | None,
-) -> str:
-    """Reconcile, else execute; the recorded JSON text."""
+) -> tuple[str, EffectResultError | None]:
+    """Reconcile, else execute: the JSON text to record, and the error a caller gets.
+
+    The effect has happened once this returns: a result that cannot be recorded becomes a
+    recorded error (``{RESULT_ERROR_FIELD: message}``) returned with its
+    `EffectResultError`, so a retry raises it again and never applies again.
+    """
     tool_name = defn.tool_name
     if defn.already_applied is not None:
         found = await _call_hook(defn.already_applied, key, args)
         if found is not None:
-            text = record_json(tool_name, found, settings.max_result_bytes)
-            if emit is not None and _streams(defn):
+            text, error = _recordable(tool_name, found, settings.max_result_bytes)
+            if error is None and emit is not None and _streams(defn):
                 await emit(json.loads(text), True)
-            return text
+            return text, error
     call_args = (state, args) if defn.args_schema is not None else (state,)
     if inspect.isasyncgenfunction(defn.execute):
         result: Any = defn.execute(*call_args)
     else:
         result = await defn.call(state, args)
     if isinstance(result, AsyncIterator) or hasattr(result, "__aiter__"):
-        result = await _drain(tool_name, result, emit)
-    return record_json(tool_name, result, settings.max_result_bytes)
+        try:
+            result = await _drain(tool_name, result, emit)
+        except EffectResultError as exc:  # it streamed nothing, yet it ran to its end
+            return _error_json(exc), exc
+    return _recordable(tool_name, result, settings.max_result_bytes)
+
+
+def _recordable(tool_name: str, value: Any, max_result_bytes: int
+                ) -> tuple[str, EffectResultError | None]:
+    try:
+        return record_json(tool_name, value, max_result_bytes), None
+    except EffectResultError as exc:
+        return _error_json(exc), exc
+
+
+def _error_json(error: EffectResultError) -> str:
+    return json.dumps({RESULT_ERROR_FIELD: str(error)}, ensure_ascii=True)
 
 
 async def _drain(tool_name: str, values: Any, emit: Emit | None) -> Any:

@@ -626,6 +626,14 @@ class SQLiteThreadStore(ThreadStore):
             status=status,
         ))
 
+    def renew_effect_record(  # noqa: D102
+        self, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        _records.check_lease(lease_seconds)
+        renewed: bool = self._tx(lambda c: _records.sql_renew(
+            c, self.thread_id, key, owner=owner, lease_seconds=lease_seconds, now=now))
+        return renewed
+
     def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102
         def tx(c: sqlite3.Connection) -> EffectRecord | None:
             record = _records.sql_get(c, self.thread_id, key)
