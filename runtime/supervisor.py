@@ -325,7 +325,13 @@ class Runtime:
         self._closing = True
         assert self._store is not None
         self.alarms.stop_timer()
-        await self.dispatcher.stop(self.settings.shutdown_grace_seconds)
+        grace = self.settings.shutdown_grace_seconds
+        async with asyncio.TaskGroup() as group:
+            # Running effects, and what extensions run (turns and their tools), share the
+            # grace period; every call is served until it ends.
+            group.create_task(self.dispatcher.stop(grace))
+            for extension in self.extensions:
+                group.create_task(self._drain_extension(extension, grace))
         self._serving = False
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
@@ -359,8 +365,28 @@ class Runtime:
             self.watchdog.stop()
         self._started = False
 
+    async def _drain_extension(self, extension: Extension, grace: float) -> None:
+        try:
+            async with asyncio.timeout(grace):
+                await extension.drain(self, grace)
+        except TimeoutError:
+            log.warning("shutdown: %s still had work running after the grace period of %s s",
+                        extension.name, grace)
+        except Exception:
+            log.exception("extension %s failed to drain", extension.name)
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once `close` has begun: no new run (or turn from outside) starts."""
+        return self._closing
+
     def _check_open(self) -> None:
         if not self._serving:
+            if self._closing and self._started:
+                raise RuntimeClosed(
+                    f"The runtime is shutting down: its grace period "
+                    f"({self.settings.shutdown_grace_seconds:g} s) has ended; retry once it "
+                    f"is back", shutting_down=True)
             raise RuntimeClosed("The runtime is not running (not started, or shut down)")
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
@@ -556,7 +582,9 @@ class Runtime:
 
         Nothing of it runs afterwards, even if its alarm was due or one of its runs is
         running now (that run is canceled mid-flight; a sync effect's worker thread is
-        abandoned and its writes are refused).
+        abandoned and its writes are refused). A turn running now is canceled too (its
+        tools stop; its ``send_message`` raises `ThreadNotFound`), and has ended before
+        the thread is removed, so nothing of it lands in a new thread with the same id.
 
         Returns:
             True if the thread existed.
@@ -568,6 +596,12 @@ class Runtime:
         validate_thread_id(thread_id)
         if self.actors.lifecycle(thread_id) is ThreadLifecycle.CREATING:
             return False  # not registered yet: nothing of it may be removed mid-create
+        for extension in self.extensions:  # a running turn is canceled, like a running run
+            try:
+                await extension.thread_deleting(self, thread_id)
+            except Exception:
+                log.exception("extension %s failed to stop the work of thread %s",
+                              extension.name, thread_id)
         async with self.actors.deleting(thread_id) as actor:
             self.alarms.forget(thread_id)
             # Shielded: a caller that gives up midway must not leave half a thread behind.
