@@ -153,7 +153,9 @@ def pane(tmp_path: Path, browser: Browser) -> Iterator[Pane]:
 
 
 @contextmanager
-def serve_pane(tmp_path: Path, browser: Browser, app_dir: Path) -> Iterator[Pane]:
+def serve_pane(
+    tmp_path: Path, browser: Browser, app_dir: Path, **settings: Any
+) -> Iterator[Pane]:
     """The app in ``app_dir`` served by uvicorn, and a fresh browser page (console errors kept)."""
     app = create_app(
         data_dir=tmp_path / "data",
@@ -162,6 +164,7 @@ def serve_pane(tmp_path: Path, browser: Browser, app_dir: Path) -> Iterator[Pane
         load_packages=False,
         synchronous="NORMAL",
         shutdown_grace_seconds=0,
+        **settings,
     )
     with ThreadedServer(app) as server, httpx.Client(base_url=server.url) as http:
         context = browser.new_context()
@@ -1084,3 +1087,31 @@ def check_phone_records(pane: Pane) -> None:
     row.click()
     expect(detail).to_have_count(0)
     assert pane.errors == []
+
+
+def test_the_counts_never_stay_above_what_retention_keeps(
+    tmp_path: Path, browser: Browser
+) -> None:
+    from runtime.config import RetentionPolicy
+
+    with serve_pane(tmp_path, browser, ROOT / "agents",
+                    retention=RetentionPolicy(max_finished=5)) as pane:
+        page = pane.page
+        tid = pane.new_thread()
+        pane.open_thread(tid)
+        page.evaluate("window.__noReload = true")
+        ids = [pane.schedule(tid, "send_reminder", {"text": f"r{i}"}) for i in range(12)]
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while True:  # every run finished (pruned ones are gone: 404)
+            states = [pane.http.get(f"/api/threads/{tid}/effects/{i}") for i in ids]
+            if all(r.status_code == 404 or r.json()["status"] == "completed" for r in states):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        counts = pane.http.get(f"/api/threads/{tid}/effects").json()["counts"]
+        assert counts["completed"] < 12  # retention pruned some: the frames said 12
+        completed = page.get_by_test_id("filter-completed")
+        expect(completed).to_have_attribute("data-count", str(counts["completed"]),
+                                            timeout=WAIT_MS)
+        assert page.evaluate("window.__noReload") is True  # synced without a reload
+        assert pane.errors == []
