@@ -118,6 +118,8 @@ class ConversationExtension(Extension):
         tid = state.thread_id
         # The turn runs in its own task, so deleting the thread can cancel it alone.
         task = asyncio.create_task(turns.run_turn(state, content), name=f"turn of {tid}")
+        # Its outcome is read here; one that ends after its caller gave up is not "lost".
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._turn_tasks.setdefault(tid, set()).add(task)
         try:
             return await asyncio.shield(task)

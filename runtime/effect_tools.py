@@ -44,6 +44,7 @@ so ``import runtime`` stays light.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -342,31 +343,55 @@ async def call_effect_tool(
     """
     settings = settings or EffectToolSettings()
     execution = state.execution
-    tool_name = defn.tool_name
     key = await compute_effect_key(defn, args, execution)
     recorded = await store.get(thread_id, key)  # a read: the cheap path of a repeat
     if recorded is not None and recorded.status is EffectRecordStatus.APPLIED:
         return await _replay(defn, recorded.result, emit)
+    slot = _slot(store, thread_id, key)
+    calls = _calls.get(slot)
+    if calls is None:
+        calls = _calls[slot] = _KeyCalls()
+    calls.count += 1
+    entered = next(_sequence)
+    try:
+        return await _claim_and_apply(defn, state, args, key, store, thread_id, settings,
+                                      emit, calls, entered)
+    finally:
+        calls.count -= 1
+        if calls.count == 0 and _calls.get(slot) is calls:  # no entry outlives its calls
+            del _calls[slot]
+
+
+async def _claim_and_apply(
+    defn: EffectToolDefinition, state: Any, args: BaseModel | None, key: str,
+    store: EffectRecordStore, thread_id: str, settings: EffectToolSettings,
+    emit: Emit | None, calls: _KeyCalls, entered: int,
+) -> Any:
+    tool_name = defn.tool_name
+    run_id = state.execution.run_id
     owner = _owner()
     waited_since = time.monotonic()
     while True:
+        calls.raise_shared(entered)
         claim = await store.begin(
-            thread_id, key, tool_name=tool_name, run_id=execution.run_id, owner=owner,
+            thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
             lease_seconds=settings.lease_seconds,
         )
         if claim.applied:
             return await _replay(defn, claim.record.result, emit)
         if claim.claimed:
+            if calls.shared(entered) is not None:  # it failed while this call was in flight
+                with anyio.CancelScope(shield=True):
+                    await store.release(thread_id, key, owner=owner)
+                calls.raise_shared(entered)
             break
         waited = time.monotonic() - waited_since
         if waited >= settings.wait_timeout_seconds:
             raise EffectKeyBusy(key, tool_name, round(waited, 3))
-        await _wait_for_holder(store, thread_id, key, settings.poll_interval_seconds)
+        await calls.wait(settings.poll_interval_seconds)
     if claim.took_over:
         log.warning("tool %s: took over effect key %r from an expired lease (its holder "
                     "stopped); reconciling through already_applied", tool_name, key)
-    slot = _slot(store, thread_id, key)
-    holding = _holders[slot] = _Holding()
     failure: BaseException | None = None
     text, unrecordable = "", None
     try:
@@ -381,8 +406,10 @@ async def call_effect_tool(
     except BaseException as exc:  # a cancellation from outside, seen on leaving the group
         failure = failure or exc
     if failure is not None:
-        # Calls that waited on this claim share its outcome: they do not apply again.
-        holding.error = failure
+        if isinstance(failure, Exception):
+            # Calls of this process in flight on the key share this outcome: they do not
+            # apply again (a cancelled holder shares nothing: the next call applies).
+            calls.fail(failure)
         with anyio.CancelScope(shield=True):
             try:
                 await store.release(thread_id, key, owner=owner)
@@ -390,7 +417,7 @@ async def call_effect_tool(
                 log.exception("tool %s: could not release effect key %r; it is taken over "
                               "when its lease expires", tool_name, key)
             finally:
-                _finish_holding(slot, holding)
+                calls.notify()
         raise failure
     try:
         await store.complete(thread_id, key, owner=owner, result_json=text)
@@ -399,57 +426,67 @@ async def call_effect_tool(
         log.exception("tool %s: the effect of key %r was applied but could not be recorded",
                       tool_name, key)
     finally:
-        _finish_holding(slot, holding)
+        calls.notify()
     if unrecordable is not None:
         raise unrecordable
     return json.loads(text)
 
 
-RESULT_ERROR_FIELD = "$effectResultError"
-"""The one field of a recorded result that stands for an `EffectResultError`: the effect
-was applied but its result could not be recorded; a replay raises the error again."""
+class _KeyCalls:
+    """The calls of this process on one effect key now (e.g. identical calls in one step).
+
+    They wake as soon as the holder records or releases the key (not at their next poll),
+    and share a raising holder's error. Holders in other processes are seen by polling;
+    their errors are not seen (a waiter there takes the released key over).
+    """
+
+    __slots__ = ("changed", "count", "failure")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = anyio.Event()
+        self.failure: tuple[int, Exception] | None = None
+
+    def fail(self, error: Exception) -> None:
+        """A holder raised: calls that entered before now share ``error``."""
+        self.failure = (next(_sequence), error)
+
+    def shared(self, entered: int) -> Exception | None:
+        """The error a call that entered at ``entered`` shares, if any."""
+        if self.failure is not None and self.failure[0] > entered:
+            return self.failure[1]
+        return None
+
+    def raise_shared(self, entered: int) -> None:
+        error = self.shared(entered)
+        if error is not None:
+            raise error
+
+    def notify(self) -> None:
+        """The holder recorded or released the key: wake the waiting calls."""
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def wait(self, poll_interval_seconds: float) -> None:
+        with anyio.move_on_after(poll_interval_seconds):
+            await self.changed.wait()
 
 
-@dataclass(slots=True, eq=False)
-class _Holding:
-    """A claim held by a call of this process; waiters share its outcome."""
-
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: BaseException | None = None
-
-
-# Calls waiting on a key held by a call of this process (e.g. two identical calls in one
-# model response) wake as soon as it is recorded or released, not at their next poll, and
-# share a raising holder's error; holders in other processes are seen by polling. Scoped to
-# the event loop (its token); an entry lives exactly as long as its claim.
-_holders: dict[tuple[object, int, str, str], _Holding] = {}
+# Scoped to the event loop (its token), the store, the thread and the key; an entry lives
+# exactly as long as calls on its key are in flight.
+_calls: dict[tuple[object, int, str, str], _KeyCalls] = {}
+_sequence = itertools.count()
+"""Orders entries of calls and failures of holders (a failure is shared with the calls
+that entered before it, never with a later call)."""
 
 
 def _slot(store: EffectRecordStore, thread_id: str, key: str) -> tuple[object, int, str, str]:
     return (anyio.lowlevel.current_token(), id(store), thread_id, key)
 
 
-def _finish_holding(slot: tuple[object, int, str, str], holding: _Holding) -> None:
-    if _holders.get(slot) is holding:
-        del _holders[slot]
-    holding.done.set()
-
-
-async def _wait_for_holder(
-    store: EffectRecordStore, thread_id: str, key: str, poll_interval_seconds: float
-) -> None:
-    """Wait for the key's holder; raise what it raised when it was a call of this process.
-
-    A later call (one that finds no holder of this process) may apply again.
-    """
-    holding = _holders.get(_slot(store, thread_id, key))
-    if holding is None:
-        await anyio.sleep(poll_interval_seconds)
-        return
-    with anyio.move_on_after(poll_interval_seconds):
-        await holding.done.wait()
-    if isinstance(holding.error, Exception):  # a cancelled holder: the next call applies
-        raise holding.error
+RESULT_ERROR_FIELD = "$effectResultError"
+"""The one field of a recorded result that stands for an `EffectResultError`: the effect
+was applied but its result could not be recorded; a replay raises the error again."""
 
 
 async def _renew_lease(

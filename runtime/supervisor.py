@@ -310,7 +310,8 @@ class Runtime:
     async def close(self) -> None:
         """Stop the runtime; idempotent.
 
-        No new run starts. Running effects get ``shutdown_grace_seconds`` to finish, and
+        No new run starts, nor a new turn from outside an effect. Running effects and
+        running turns (their tools included) get ``shutdown_grace_seconds`` to finish, and
         during that grace period every call keeps being served (an effect may still
         schedule its follow-up run, list runs, write messages); then they are interrupted
         and their runs go back to ``pending`` (or fail on a third interruption), their
@@ -326,12 +327,12 @@ class Runtime:
         assert self._store is not None
         self.alarms.stop_timer()
         grace = self.settings.shutdown_grace_seconds
-        async with asyncio.TaskGroup() as group:
-            # Running effects, and what extensions run (turns and their tools), share the
-            # grace period; every call is served until it ends.
-            group.create_task(self.dispatcher.stop(grace))
-            for extension in self.extensions:
-                group.create_task(self._drain_extension(extension, grace))
+        # Running effects, and what extensions run (turns and their tools), share the grace
+        # period; every call is served until it ends.
+        await asyncio.gather(
+            self.dispatcher.stop(grace),
+            *(self._drain_extension(extension, grace) for extension in self.extensions),
+        )
         self._serving = False
         # Every worker has stopped, so a run still marked running in an open thread was
         # interrupted (a thread with running work is never evicted, so open ones are all).
