@@ -908,3 +908,13 @@ def test_leases_of_a_gone_process_end_and_the_next_claim_takes_them_over(
     assert not begin(store, "ours", f"{mine}w", T0 + 1).claimed  # a live call of ours
     done = store.get_effect_record("done")
     assert done is not None and done.status is EffectRecordStatus.APPLIED
+
+
+def test_a_renewed_lease_is_not_taken_over_until_it_expires(store: ThreadStore) -> None:
+    begin(store, "k", "a", T0)  # a 60 s lease
+    assert store.renew_effect_record("k", owner="a", lease_seconds=60, now=T0 + 50)
+    assert not begin(store, "k", "b", T0 + 61).claimed  # renewed until T0 + 110
+    assert not store.renew_effect_record("k", owner="b", lease_seconds=60, now=T0 + 61)
+    assert begin(store, "k", "b", T0 + 111).took_over
+    assert not store.renew_effect_record("k", owner="a", lease_seconds=60, now=T0 + 112)
+    assert not store.renew_effect_record("gone", owner="a", lease_seconds=60, now=T0)
