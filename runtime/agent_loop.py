@@ -28,6 +28,7 @@ from runtime.hooks import HookPoint
 from runtime.messages import ToolCall
 from runtime.thread import Execution, ThreadState
 from runtime.tools import ToolDefinition, check_tool_result
+from runtime.watchdog import running_tool
 
 log = logging.getLogger("runtime.turns")
 
@@ -70,7 +71,8 @@ def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[T
         call = ToolCall(ctx.tool_call_id or "", defn.name, dict(raw))
         try:
             args = defn.validate_args(raw)
-            result = await _call(defn, state, args)
+            with running_tool(defn.name, state.thread_id, ctx.run_id or ""):  # the watchdog
+                result = await _call(defn, state, args)
             check_tool_result(defn.name, result)
         except ModelRetry as exc:
             # The tool asks the model to correct its call: pydantic-ai's retry, as is.
