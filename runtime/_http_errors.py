@@ -22,6 +22,7 @@ from runtime.errors import (
     RuntimeClosed,
     ThreadExists,
     ThreadNotFound,
+    ThreadPaused,
     ThreadStorageError,
     TooManyImmediateRuns,
     TurnFailed,
@@ -77,7 +78,7 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
     if isinstance(exc, ThreadStorageError):
         return 500, "thread_storage_error"
     if isinstance(exc, RuntimeClosed):
-        return 503, "runtime_closed"
+        return 503, "shutting_down" if exc.shutting_down else "runtime_closed"
     if isinstance(exc, TooManyImmediateRuns):
         return 429, "too_many_immediate_runs"
     # Conversations (runtime/turns.py, docs/agents.md).
@@ -89,6 +90,8 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return 409, "turn_in_progress"
     if isinstance(exc, TurnRunIdConflict):
         return 409, "run_id_conflict"
+    if isinstance(exc, ThreadPaused):
+        return 409, "thread_paused"
     if isinstance(exc, TurnFailed):
         return 502, "turn_failed"
     return 500, "runtime_error"

@@ -73,8 +73,8 @@ class ThreadActor:
             effect code may schedule on its own thread without deadlocking.
         current_run: The run it executes now, if any.
         effect_task: The task running that effect's code, if any.
-        immediate_runs: ``(window_start, count)``: zero-delay runs its effects scheduled
-            in the current one-second window (the runaway guard, `runtime.runs`).
+        immediate_runs: ``(window_start, count)``: immediate runs (delay under 1 s) its
+            effects scheduled in the current one-second window (the runaway guard, `runtime.runs`).
         side_runs: The runs of concurrent effects it executes now, by id (beside
             ``current_run``), and ``side_tasks`` the tasks of their code.
         users: Callers inside `ActorTable.use` (the actor is not evicted meanwhile).

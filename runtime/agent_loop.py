@@ -30,6 +30,7 @@ from runtime.messages import ToolCall
 from runtime.telemetry import TRACER_NAME
 from runtime.thread import Execution, ThreadState
 from runtime.tools import ToolDefinition, check_tool_result
+from runtime.watchdog import running_tool
 
 log = logging.getLogger("runtime.turns")
 
@@ -80,12 +81,15 @@ def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[T
                 "thread_effects.tool_call_id": call.id,
             },
         ):
-            return await _answer(state, call, raw)
+            return await _answer(state, call, raw, ctx.run_id or "")
 
-    async def _answer(state: ThreadState, call: ToolCall, raw: dict[str, Any]) -> Any:
+    async def _answer(
+        state: ThreadState, call: ToolCall, raw: dict[str, Any], turn_id: str
+    ) -> Any:
         try:
             args = defn.validate_args(raw)
-            result = await _call(defn, state, args)
+            with running_tool(defn.name, state.thread_id, turn_id):  # the watchdog
+                result = await _call(defn, state, args)
             check_tool_result(defn.name, result)
         except ModelRetry as exc:
             # The tool asks the model to correct its call: pydantic-ai's retry, as is.

@@ -34,6 +34,12 @@ class RetentionPolicy(BaseModel):
     effect_records_seconds: float = Field(default=30 * DAY_SECONDS, gt=0)
 
 
+IMMEDIATE_RUN_SECONDS = 1.0
+"""A run scheduled by an effect with a delay under this (seconds) counts against
+``Settings.max_immediate_runs_per_second``: a chain of such runs could run about as often
+as one with no delay at all. A chain that waits 1 s or more per link is not a runaway."""
+
+
 class Settings(BaseModel):
     """Everything `runtime.Runtime` can be tuned with; pass them as keyword arguments.
 
@@ -57,8 +63,9 @@ class Settings(BaseModel):
             ``"openai:gpt-4o-mini"`` (the server reads ``THREAD_EFFECTS_MODEL``). None =
             the offline demo model of `runtime.demo_model`.
         max_immediate_runs_per_second: The guard against runaway chains: a thread's
-            effects may schedule at most this many zero-delay (due now) runs per second
-            (counted in one-second windows of the clock); the next such schedule raises
+            effects may schedule at most this many immediate runs (a delay under
+            `IMMEDIATE_RUN_SECONDS`, 1 s: zero, 1e-9 or 0.5 alike) per second (counted in
+            one-second windows of the clock); the next such schedule raises
             `runtime.errors.TooManyImmediateRuns`, which fails the run that made it.
             Schedules from outside effects (HTTP, tools, the app) are not counted.
             None = no guard.

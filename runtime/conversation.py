@@ -12,11 +12,14 @@ Importing this module registers it as a default extension (`runtime.extension`),
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from runtime import hooks as _hooks
 from runtime import turns
 from runtime.agents import AgentApp, load_agent_app
+from runtime.errors import RuntimeClosed, ThreadNotFound, ThreadPaused
+from runtime.executor import IN_EFFECT
 from runtime.extension import Extension, register_default_extension
 
 if TYPE_CHECKING:
@@ -33,6 +36,11 @@ class ConversationExtension(Extension):
     def __init__(self) -> None:
         self.agents = AgentApp()  # filled at start from the app folder
         self.turns = turns.TurnTracker()
+        self._running_turns = 0
+        self._turns_idle = asyncio.Event()  # set while no turn runs (see `drain`)
+        self._turns_idle.set()
+        self._turn_tasks: dict[str, set[asyncio.Task[TurnResult]]] = {}
+        self._deleted_turns: set[asyncio.Task[TurnResult]] = set()
 
     async def start(self, runtime: Runtime) -> None:
         """Load the app's agents, tools and hooks, and resolve their models.
@@ -92,13 +100,80 @@ class ConversationExtension(Extension):
     async def send_message(
         self, state: ThreadState, content: str, *, run_id: str | None = None
     ) -> TurnResult:
-        """See `ThreadState.send_message`."""
-        return await turns.run_turn(state, content, run_id=run_id)
+        """See `ThreadState.send_message` (resumed turns come this way too).
+
+        A paused thread runs no turn (`ThreadPaused`); a shutting-down runtime starts no
+        turn from outside an effect (`RuntimeClosed`), but a turn already running keeps
+        being served through the shutdown's grace period (`drain` waits for it).
+        """
+        rt = state.runtime
+        if rt.shutting_down and not IN_EFFECT.get():
+            raise RuntimeClosed("The runtime is shutting down: it starts no new turn "
+                                "(send the message again once it is back)",
+                                shutting_down=True)
+        # Counted from here, so a shutdown beginning meanwhile waits for this turn.
+        self._running_turns += 1
+        self._turns_idle.clear()
+        try:
+            async with rt.actors.use(state.thread_id) as actor:
+                paused = actor.info.paused
+            if paused:
+                raise ThreadPaused(state.thread_id)
+            return await self._run_turn_task(state, content, run_id)
+        finally:
+            self._running_turns -= 1
+            if self._running_turns == 0:
+                self._turns_idle.set()
+
+    async def _run_turn_task(
+        self, state: ThreadState, content: str, run_id: str | None
+    ) -> TurnResult:
+        tid = state.thread_id
+        # The turn runs in its own task, so deleting the thread can cancel it alone.
+        task = asyncio.create_task(turns.run_turn(state, content, run_id=run_id),
+                                   name=f"turn of {tid}")
+        # Its outcome is read here; one that ends after its caller gave up is not "lost".
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._turn_tasks.setdefault(tid, set()).add(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task in self._deleted_turns:
+                self._deleted_turns.discard(task)
+                raise ThreadNotFound(tid) from None  # deleted during its turn
+            # The caller gave up: so does its turn, which ends before the caller does (a
+            # message sent next must not find it still running).
+            task.cancel()
+            await asyncio.wait([task])
+            raise
+        finally:
+            tasks = self._turn_tasks.get(tid)
+            if tasks is not None:
+                tasks.discard(task)
+                if not tasks:
+                    del self._turn_tasks[tid]
 
     async def serving(self, runtime: Runtime) -> None:
         """Resume the turns an earlier process left running (`runtime.turns.resume_turns`)."""
         if self.agents.agents:
             self.turns.start_resuming(runtime)
+
+    async def thread_deleting(self, runtime: Runtime, thread_id: str) -> None:
+        """Cancel the thread's running turn and wait for it to end (its tools included)."""
+        tasks = list(self._turn_tasks.get(thread_id, ()))
+        for task in tasks:
+            self._deleted_turns.add(task)
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def drain(self, runtime: Runtime, grace_seconds: float) -> None:
+        """Wait for running turns (their tools and hooks) to end: the shutdown's grace.
+
+        Turns being resumed are waited for too; no further one is resumed (a turn not
+        resumed yet is resumed at the next start).
+        """
+        await self._turns_idle.wait()
 
     async def close(self, runtime: Runtime) -> None:
         """Stop resuming turns (a turn stopped here is resumed at the next start)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
+from typing import Any
 
 from runtime.abc import RunSync
 from runtime.actors import ActorTable
@@ -29,6 +30,32 @@ from runtime.storage.records import (
     EffectRecordStatus,
     EffectRecordStore,
 )
+
+LISTED_RESULT_CHARS = 2000
+"""A recorded result longer than this (characters of its JSON text) is cut where records
+are listed (``GET .../effect-records``, ``effect_record_changed`` frames): ``result`` is
+null, ``resultPreview`` holds its first characters and ``resultTruncated`` is true; the
+full record is at ``GET /api/threads/{tid}/effect-records/{key}``."""
+
+
+def listed_record_json(record: EffectRecord) -> dict[str, Any]:
+    """A record as listings and frames show it: its result cut past `LISTED_RESULT_CHARS`.
+
+    `EffectRecord.to_json` without ``threadId``, plus ``resultTruncated``; when true,
+    ``result`` is null, ``resultPreview`` its first characters and ``resultChars`` the
+    full JSON text's length.
+    """
+    wire = record.to_json()
+    wire.pop("threadId", None)
+    text = record.result_json
+    truncated = text is not None and len(text) > LISTED_RESULT_CHARS
+    wire["resultTruncated"] = truncated
+    if truncated:
+        assert text is not None
+        wire["result"] = None
+        wire["resultPreview"] = text[:LISTED_RESULT_CHARS] + "…"
+        wire["resultChars"] = len(text)
+    return wire
 
 
 class EffectRecords(EffectRecordStore):
@@ -75,9 +102,7 @@ class EffectRecords(EffectRecordStore):
     def _publish(self, thread_id: str, change: RecordChange, record: EffectRecord) -> None:
         if not self._publishing:
             return
-        data = record.to_json()
-        data.pop("threadId", None)
-        self._hub.publish_record(thread_id, change, data)
+        self._hub.publish_record(thread_id, change, listed_record_json(record))
 
     async def get(self, thread_id: str, key: str) -> EffectRecord | None:  # noqa: D102
         async with self._actors.use(thread_id) as actor:
@@ -122,6 +147,17 @@ class EffectRecords(EffectRecordStore):
             )
         self._publish(thread_id, RecordChange.APPLIED, record)
         return record
+
+    async def renew(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, lease_seconds: float
+    ) -> bool:
+        async with self._actors.use(thread_id) as actor:
+            store = actor.store
+            renewed: bool = await self._run_sync(
+                lambda: store.renew_effect_record(key, owner=owner, lease_seconds=lease_seconds,
+                                                  now=self._now())
+            )
+            return renewed
 
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
         async with self._actors.use(thread_id) as actor:
@@ -235,6 +271,15 @@ class RuntimeRecords(EffectRecordStore):
             status=status,
         ))
         return record
+
+    async def renew(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, lease_seconds: float
+    ) -> bool:
+        store = self._store()
+        renewed: bool = await self._run_sync(lambda: store.renew_record(
+            thread_id, key, owner=owner, lease_seconds=lease_seconds, now=self._now(),
+        ))
+        return renewed
 
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
         store = self._store()

@@ -21,16 +21,19 @@ handler that mutates its args cannot change it) — ``effect_key(args, execution
    `EffectKeyBusy`); an expired lease (its holder died) is taken over;
 3. holding the claim, ``already_applied(key, args)`` runs if given: anything but None is
    recorded and returned;
-4. else ``execute`` runs and what it returns is recorded. A raising ``execute`` or
-   ``already_applied`` records nothing (the claim is released), so a later call can
-   still apply the effect.
+4. else ``execute`` runs (its lease renewed every ``lease_seconds / 3`` meanwhile) and
+   what it returns is recorded. A raising ``execute`` or ``already_applied`` records
+   nothing (the claim is released), so a later call can still apply the effect; calls of
+   this process that were waiting on the claim raise the same error and do not apply.
 
 Results are recorded as JSON (pydantic's JSON form; at most ``max_result_bytes``), and the
 first call returns the decoded JSON, exactly what a replay returns. A result that is not
-JSON or is too large is an `EffectResultError` (the model sees a tool error; nothing is
-recorded). When recording fails after the effect happened (disk full, database locked),
-the call still returns the result and logs the key; ``already_applied`` guards the next
-call. An ``execute`` that returns an async iterator (or is an async generator) streams:
+JSON or is too large is an `EffectResultError` (the model sees a tool error); the effect
+happened, so the key is recorded as applied with that error (``{RESULT_ERROR_FIELD:
+message}``) and every later call raises it again instead of applying again. When
+recording fails after the effect happened (disk full, database locked), the call still
+returns the result and logs the key; ``already_applied`` guards the next call. An
+``execute`` that returns an async iterator (or is an async generator) streams:
 each value goes to the caller's ``emit`` as it comes, and the last one is recorded; a
 replay emits only that value.
 
@@ -41,6 +44,7 @@ so ``import runtime`` stays light.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -86,8 +90,8 @@ class EffectToolSettings:
     """The limits and timings of effect tools.
 
     Attributes:
-        lease_seconds: How long an in-progress record holds its key; a holder that died
-            is taken over after this (it must exceed the longest ``execute``).
+        lease_seconds: How long an in-progress record holds its key without a renewal (a
+            running call renews it every third of it); a dead holder's is taken over after it.
         wait_timeout_seconds: How long a call waits for another call's in-progress
             record of the same key before `EffectKeyBusy`.
         poll_interval_seconds: How often a waiting call looks at the record again.
@@ -270,12 +274,18 @@ def record_json(tool_name: str, value: Any, max_result_bytes: int) -> str:
     try:
         text = json.dumps(to_jsonable_python(value), allow_nan=False, ensure_ascii=False,
                           separators=(",", ":"))
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start] if isinstance(exc.object, str) else "?"
+        raise EffectResultError(
+            f"Tool {tool_name} returned a string with a lone surrogate (U+{ord(bad):04X}), "
+            f"which is not valid Unicode and cannot be recorded as JSON (UTF-8)"
+        ) from None
     except (PydanticSerializationError, TypeError, ValueError) as exc:
         raise EffectResultError(
             f"Tool {tool_name} returned a value of type {type(value).__name__} that cannot be "
             f"recorded as JSON: {exc}. An effect tool returns JSON-serializable data"
         ) from None
-    size = len(text.encode("utf-8"))
     if size > max_result_bytes:
         raise EffectResultError(
             f"Tool {tool_name} returned {size} bytes of JSON, over the recorded-result limit "
@@ -326,38 +336,80 @@ async def call_effect_tool(
 
     Raises:
         EffectKeyBusy: another call held the key past ``wait_timeout_seconds``.
-        EffectResultError: the result is not JSON or too large (nothing recorded).
+        EffectResultError: the result is not JSON or too large (recorded as the key's
+            error: a later call raises it again, never applies again).
         Exception: what ``execute``, ``already_applied`` or ``effect_key`` raised (nothing
-            recorded).
+            recorded; calls waiting on this call's claim raise it too).
     """
     settings = settings or EffectToolSettings()
     execution = state.execution
-    tool_name = defn.tool_name
     key = await compute_effect_key(defn, args, execution)
     recorded = await store.get(thread_id, key)  # a read: the cheap path of a repeat
     if recorded is not None and recorded.status is EffectRecordStatus.APPLIED:
         return await _replay(defn, recorded.result, emit)
+    slot = _slot(store, thread_id, key)
+    calls = _calls.get(slot)
+    if calls is None:
+        calls = _calls[slot] = _KeyCalls()
+    calls.count += 1
+    entered = next(_sequence)
+    try:
+        return await _claim_and_apply(defn, state, args, key, store, thread_id, settings,
+                                      emit, calls, entered)
+    finally:
+        calls.count -= 1
+        if calls.count == 0 and _calls.get(slot) is calls:  # no entry outlives its calls
+            del _calls[slot]
+
+
+async def _claim_and_apply(
+    defn: EffectToolDefinition, state: Any, args: BaseModel | None, key: str,
+    store: EffectRecordStore, thread_id: str, settings: EffectToolSettings,
+    emit: Emit | None, calls: _KeyCalls, entered: int,
+) -> Any:
+    tool_name = defn.tool_name
+    run_id = state.execution.run_id
     owner = _owner()
     waited_since = time.monotonic()
     while True:
+        calls.raise_shared(entered)
         claim = await store.begin(
-            thread_id, key, tool_name=tool_name, run_id=execution.run_id, owner=owner,
+            thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
             lease_seconds=settings.lease_seconds,
         )
         if claim.applied:
             return await _replay(defn, claim.record.result, emit)
         if claim.claimed:
+            if calls.shared(entered) is not None:  # it failed while this call was in flight
+                with anyio.CancelScope(shield=True):
+                    await store.release(thread_id, key, owner=owner)
+                calls.raise_shared(entered)
             break
         waited = time.monotonic() - waited_since
         if waited >= settings.wait_timeout_seconds:
             raise EffectKeyBusy(key, tool_name, round(waited, 3))
-        await _wait_for_holder(store, thread_id, key, settings.poll_interval_seconds)
+        await calls.wait(settings.poll_interval_seconds)
     if claim.took_over:
         log.warning("tool %s: took over effect key %r from an expired lease (its holder "
                     "stopped); reconciling through already_applied", tool_name, key)
+    failure: BaseException | None = None
+    text, unrecordable = "", None
     try:
-        text = await _apply(defn, state, args, key, settings, emit)
-    except BaseException:
+        async with anyio.create_task_group() as heartbeat:
+            heartbeat.start_soon(_renew_lease, store, thread_id, key, owner, settings,
+                                 tool_name)
+            try:
+                text, unrecordable = await _apply(defn, state, args, key, settings, emit)
+            except BaseException as exc:  # raised below, outside the task group (no group)
+                failure = exc
+            heartbeat.cancel_scope.cancel()
+    except BaseException as exc:  # a cancellation from outside, seen on leaving the group
+        failure = failure or exc
+    if failure is not None:
+        if isinstance(failure, Exception):
+            # Calls of this process in flight on the key share this outcome: they do not
+            # apply again (a cancelled holder shares nothing: the next call applies).
+            calls.fail(failure)
         with anyio.CancelScope(shield=True):
             try:
                 await store.release(thread_id, key, owner=owner)
@@ -365,8 +417,8 @@ async def call_effect_tool(
                 log.exception("tool %s: could not release effect key %r; it is taken over "
                               "when its lease expires", tool_name, key)
             finally:
-                _wake_waiters(store, thread_id, key)
-        raise
+                calls.notify()
+        raise failure
     try:
         await store.complete(thread_id, key, owner=owner, result_json=text)
     except Exception:
@@ -374,38 +426,98 @@ async def call_effect_tool(
         log.exception("tool %s: the effect of key %r was applied but could not be recorded",
                       tool_name, key)
     finally:
-        _wake_waiters(store, thread_id, key)
+        calls.notify()
+    if unrecordable is not None:
+        raise unrecordable
     return json.loads(text)
 
 
-# Calls waiting on a key held by a call of this process (e.g. two identical calls in one
-# model response) wake as soon as it is recorded or released, not at their next poll;
-# holders in other processes are seen by polling. Scoped to the event loop (its token).
-_waiters: dict[tuple[object, int, str, str], anyio.Event] = {}
+class _KeyCalls:
+    """The calls of this process on one effect key now (e.g. identical calls in one step).
 
+    They wake as soon as the holder records or releases the key (not at their next poll),
+    and share a raising holder's error. Holders in other processes are seen by polling;
+    their errors are not seen (a waiter there takes the released key over).
+    """
 
-async def _wait_for_holder(
-    store: EffectRecordStore, thread_id: str, key: str, poll_interval_seconds: float
-) -> None:
-    slot = (anyio.lowlevel.current_token(), id(store), thread_id, key)
-    event = _waiters.get(slot)
-    if event is None:
-        event = _waiters[slot] = anyio.Event()
-    try:
+    __slots__ = ("changed", "count", "failure")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = anyio.Event()
+        self.failure: tuple[int, Exception] | None = None
+
+    def fail(self, error: Exception) -> None:
+        """A holder raised: calls that entered before now share ``error``."""
+        self.failure = (next(_sequence), error)
+
+    def shared(self, entered: int) -> Exception | None:
+        """The error a call that entered at ``entered`` shares, if any."""
+        if self.failure is not None and self.failure[0] > entered:
+            return self.failure[1]
+        return None
+
+    def raise_shared(self, entered: int) -> None:
+        error = self.shared(entered)
+        if error is not None:
+            raise error
+
+    def notify(self) -> None:
+        """The holder recorded or released the key: wake the waiting calls."""
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def wait(self, poll_interval_seconds: float) -> None:
         with anyio.move_on_after(poll_interval_seconds):
-            await event.wait()
-    finally:
-        if _waiters.get(slot) is event:  # no entry outlives its waits (no leak)
-            del _waiters[slot]
+            await self.changed.wait()
 
 
-def _wake_waiters(store: EffectRecordStore, thread_id: str, key: str) -> None:
-    event = _waiters.pop((anyio.lowlevel.current_token(), id(store), thread_id, key), None)
-    if event is not None:
-        event.set()
+# Scoped to the event loop (its token), the store, the thread and the key; an entry lives
+# exactly as long as calls on its key are in flight.
+_calls: dict[tuple[object, int, str, str], _KeyCalls] = {}
+_sequence = itertools.count()
+"""Orders entries of calls and failures of holders (a failure is shared with the calls
+that entered before it, never with a later call)."""
+
+
+def _slot(store: EffectRecordStore, thread_id: str, key: str) -> tuple[object, int, str, str]:
+    return (anyio.lowlevel.current_token(), id(store), thread_id, key)
+
+
+RESULT_ERROR_FIELD = "$effectResultError"
+"""The one field of a recorded result that stands for an `EffectResultError`: the effect
+was applied but its result could not be recorded; a replay raises the error again."""
+
+
+async def _renew_lease(
+    store: EffectRecordStore, thread_id: str, key: str, owner: str,
+    settings: EffectToolSettings, tool_name: str,
+) -> None:
+    """Keep ``owner``'s in-progress lease alive while ``execute`` runs (every third of it).
+
+    Only a holder that stopped (its process died) lets its lease expire; a slow ``execute``
+    is never taken over while it runs.
+    """
+    interval = settings.lease_seconds / 3
+    while True:
+        await anyio.sleep(interval)
+        try:
+            renewed = await store.renew(thread_id, key, owner=owner,
+                                        lease_seconds=settings.lease_seconds)
+        except Exception:
+            log.exception("tool %s: could not renew the lease of effect key %r", tool_name,
+                          key)
+            continue
+        if not renewed:
+            log.warning("tool %s: lost the lease of effect key %r while applying it",
+                        tool_name, key)
+            return
 
 
 async def _replay(defn: ToolDefinition, result: Any, emit: Emit | None) -> Any:
+    if isinstance(result, dict) and len(result) == 1 and RESULT_ERROR_FIELD in result:
+        raise EffectResultError(f"{result[RESULT_ERROR_FIELD]} (recorded when the effect was "
+                                f"applied; it is not applied again)")
     if emit is not None and _streams(defn):
         await emit(result, True)
     return result
@@ -418,24 +530,44 @@ def _streams(defn: ToolDefinition) -> bool:
 async def _apply(
     defn: EffectToolDefinition, state: Any, args: BaseModel | None, key: str,
     settings: EffectToolSettings, emit: Emit | None,
-) -> str:
-    """Reconcile, else execute; the recorded JSON text."""
+) -> tuple[str, EffectResultError | None]:
+    """Reconcile, else execute: the JSON text to record, and the error a caller gets.
+
+    The effect has happened once this returns: a result that cannot be recorded becomes a
+    recorded error (``{RESULT_ERROR_FIELD: message}``) returned with its
+    `EffectResultError`, so a retry raises it again and never applies again.
+    """
     tool_name = defn.tool_name
     if defn.already_applied is not None:
         found = await _call_hook(defn.already_applied, key, args)
         if found is not None:
-            text = record_json(tool_name, found, settings.max_result_bytes)
-            if emit is not None and _streams(defn):
+            text, error = _recordable(tool_name, found, settings.max_result_bytes)
+            if error is None and emit is not None and _streams(defn):
                 await emit(json.loads(text), True)
-            return text
+            return text, error
     call_args = (state, args) if defn.args_schema is not None else (state,)
     if inspect.isasyncgenfunction(defn.execute):
         result: Any = defn.execute(*call_args)
     else:
         result = await defn.call(state, args)
     if isinstance(result, AsyncIterator) or hasattr(result, "__aiter__"):
-        result = await _drain(tool_name, result, emit)
-    return record_json(tool_name, result, settings.max_result_bytes)
+        try:
+            result = await _drain(tool_name, result, emit)
+        except EffectResultError as exc:  # it streamed nothing, yet it ran to its end
+            return _error_json(exc), exc
+    return _recordable(tool_name, result, settings.max_result_bytes)
+
+
+def _recordable(tool_name: str, value: Any, max_result_bytes: int
+                ) -> tuple[str, EffectResultError | None]:
+    try:
+        return record_json(tool_name, value, max_result_bytes), None
+    except EffectResultError as exc:
+        return _error_json(exc), exc
+
+
+def _error_json(error: EffectResultError) -> str:
+    return json.dumps({RESULT_ERROR_FIELD: str(error)}, ensure_ascii=True)
 
 
 async def _drain(tool_name: str, values: Any, emit: Emit | None) -> Any:

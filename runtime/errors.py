@@ -16,7 +16,7 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── RuntimeStorageError     runtime.sqlite cannot be used (the runtime cannot start)
     ├── RunNotFound             no run with that id in the thread
     ├── RunStateError           the run is in the wrong status for the operation
-    ├── TooManyImmediateRuns    a thread's effects scheduled too many zero-delay runs a second
+    ├── TooManyImmediateRuns    a thread's effects scheduled too many immediate runs a second
     ├── RuntimeClosed           the runtime is not running (not started or shut down)
     ├── SubscriptionOverflow    a change subscriber fell behind its bounded queue
     ├── AgentDefinitionError    a file in agents/agents|tools|hooks|api is not valid
@@ -24,6 +24,7 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── MessageNotFound         no message with that id in the thread
     ├── TurnInProgress          a message was sent while the thread's turn runs
     ├── TurnRunIdConflict       a message reused the run_id of a turn with another message
+    ├── ThreadPaused            a message was sent to a paused thread
     ├── TurnFailed              the model (or the agent loop) failed during a turn
     ├── ModelNotAvailable       a configured model cannot be resolved (raised at startup)
     ├── EffectKeyBusy           an effect key stayed in progress (another call) past the wait
@@ -121,16 +122,27 @@ class RunStateError(EffectsError):
 
 
 class TooManyImmediateRuns(EffectsError):
-    """A thread's effects scheduled more zero-delay runs within a second than allowed.
+    """A thread's effects scheduled more immediate runs within a second than allowed.
 
-    The guard against a runaway chain (an effect that schedules itself with no delay):
+    The guard against a runaway chain (an effect that schedules itself with no or a tiny
+    delay; any delay under ``runtime.config.IMMEDIATE_RUN_SECONDS`` counts):
     the setting ``max_immediate_runs_per_second``. The message names the thread, the
     limit and the setting.
     """
 
 
 class RuntimeClosed(EffectsError):
-    """The runtime is not started, or is shutting down."""
+    """The runtime is not started, or is shutting down.
+
+    Attributes:
+        shutting_down: True when a shutdown refused it (new work from outside during the
+            grace period, or anything after it): HTTP 503 ``shutting_down``, retry once
+            the server is back; False for a runtime never started or already closed.
+    """
+
+    def __init__(self, message: str, *, shutting_down: bool = False) -> None:
+        super().__init__(message)
+        self.shutting_down = shutting_down
 
 
 class SubscriptionOverflow(EffectsError):
@@ -197,6 +209,21 @@ class TurnRunIdConflict(EffectsError):
         super().__init__(
             f"Turn {run_id} of thread {thread_id} was started with another message; a "
             f"run_id names one message: send a new message with a new run_id"
+        )
+
+
+class ThreadPaused(EffectsError):
+    """A message was sent to a paused thread: a paused thread runs nothing, turns included.
+
+    Resume the thread (``Runtime.resume_thread``, ``POST /api/threads/{id}/resume``) and
+    send it again; nothing of the message was stored.
+    """
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(
+            f"Thread {thread_id} is paused: it runs no turn until resumed (resume it, then "
+            f"send the message again; nothing was stored)"
         )
 
 

@@ -37,6 +37,7 @@ from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.storage.base import Finish, ThreadInfo
 from runtime.telemetry import end_run_span, run_span
+from runtime.watchdog import describe_tool
 
 log = logging.getLogger("runtime")
 
@@ -113,7 +114,9 @@ class EffectExecutor:
         self._running: dict[asyncio.Task[None], tuple[str, str, str]] = {}
 
     def describe_task(self, task: asyncio.Task[Any] | None) -> str:
-        """What ``task`` is: ``"effect f (thread t, run r)"`` for an effect's own task.
+        """What ``task`` is: an effect's own task, or one running a turn's tool.
+
+        ``"effect f (thread t, run r)"``, or ``"tool t (thread x, turn run r)"``.
 
         Safe to call from another OS thread (the loop watchdog does).
         """
@@ -121,7 +124,7 @@ class EffectExecutor:
             return "a callback of the event loop (not a task)"
         running = self._running.get(task)
         if running is None:
-            return f"task {task.get_name()!r}"
+            return describe_tool(task) or f"task {task.get_name()!r}"
         name, thread_id, run_id = running
         return f"effect {name} (thread {thread_id}, run {run_id})"
 

@@ -80,6 +80,16 @@ class Extension:
         for it. An exception is logged and does not stop the runtime.
         """
 
+    async def drain(self, runtime: Runtime, grace_seconds: float) -> None:
+        """A shutdown began: return once the extension's running work has ended.
+
+        Called beside the wait for running effects, within ``shutdown_grace_seconds``
+        (it is cancelled when the grace ends): every call is still served meanwhile.
+        """
+
+    async def thread_deleting(self, runtime: Runtime, thread_id: str) -> None:
+        """A thread is being deleted: stop what it runs (before its store is removed)."""
+
     async def close(self, runtime: Runtime) -> None:
         """The runtime has stopped (every run ended or was interrupted)."""
 

@@ -76,6 +76,7 @@ from runtime._limits import quoted as _quoted
 from runtime._text import find_invalid_text
 from runtime.alarms import Clock
 from runtime.config import Settings
+from runtime.effect_records import listed_record_json
 from runtime.effects import iso
 from runtime.endpoints import REST_PARAM, ThreadEndpoint, discover_thread_endpoints
 from runtime.errors import (
@@ -802,11 +803,7 @@ async def _list_effect_records(request: Request) -> Response:
         raise
     except ValueError as exc:  # unknown status, bad limit, malformed cursor
         raise ApiError(400, "invalid_parameter", str(exc)) from None
-    records = []
-    for record in page.records:
-        wire = record.to_json()
-        wire.pop("threadId", None)
-        records.append(wire)
+    records = [listed_record_json(record) for record in page.records]
     return JSONResponse({"records": records, "nextCursor": page.next_cursor})
 
 
@@ -860,6 +857,20 @@ async def _list_all_runs(request: Request) -> Response:
             "complete": page.complete,
         }
     )
+
+
+async def _get_effect_record(request: Request) -> Response:
+    state = await _thread(request)
+    key = request.path_params["key"]
+    record = await state.get_effect_record(key)
+    if record is None:
+        raise ApiError(404, "effect_record_not_found",
+                       f"Thread {state.thread_id} has no effect record under the key "
+                       f"{_quoted(key)}")
+    wire = record.to_json()
+    wire.pop("threadId", None)
+    wire["resultTruncated"] = False
+    return JSONResponse(wire)
 
 
 async def _schedule(request: Request) -> Response:
@@ -1437,7 +1448,8 @@ async def _runtime_error(request: Request, exc: Exception) -> Response:
     status, code = runtime_error_status(exc)
     if status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
-    return error_response(status, code, str(exc))
+    headers = {"Retry-After": "5"} if code == "shutting_down" else None
+    return error_response(status, code, str(exc), headers)
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
@@ -1807,6 +1819,7 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/replay", POST=_replay),
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
         _route("/api/threads/{tid}/effect-records", GET=_list_effect_records),
+        _route("/api/threads/{tid}/effect-records/{key:path}", GET=_get_effect_record),
         _route("/api/effects", GET=_list_effects),
         _route("/api/runs", GET=_list_all_runs),
         _route("/api/runs/cancel", POST=_cancel_all),

@@ -210,8 +210,23 @@ def _unsupported(tool_name: str | None, path: str, what: str) -> TypeError:
                      f"support (use JSON data, a pydantic model, or datetime/date/UUID/Decimal)")
 
 
+def _lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text`` (not encodable as UTF-8), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
 def _normalize(value: Any, path: str, active: set[int], tool_name: str | None) -> Any:
-    if value is None or isinstance(value, bool | str):
+    if isinstance(value, str):
+        at = _lone_surrogate(value)
+        if at is not None:
+            raise _unsupported(tool_name, path, f"a string with a lone surrogate "
+                               f"(U+{ord(value[at]):04X} at index {at}, not valid Unicode)")
+        return value
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int) and not isinstance(value, enum.Enum):
         if abs(value) > MAX_SAFE_INTEGER:
@@ -250,6 +265,9 @@ def _normalize(value: Any, path: str, active: set[int], tool_name: str | None) -
                 if not isinstance(k, str):
                     raise _unsupported(tool_name, f"{path}[{k!r}]",
                                        f"a mapping key of type {type(k).__name__}")
+                if _lone_surrogate(k) is not None:
+                    raise _unsupported(tool_name, f"{path}[{k!r}]",
+                                       "a mapping key with a lone surrogate (not valid Unicode)")
                 result[k] = _normalize(v, f"{path}.{k}", inner, tool_name)
             return result
         return [_normalize(v, f"{path}[{i}]", inner, tool_name) for i, v in enumerate(value)]

@@ -30,7 +30,7 @@ from runtime._text import check_text, find_invalid_text
 from runtime.abc import RunSync
 from runtime.actors import ActorTable, ThreadActor
 from runtime.alarms import AlarmIndex
-from runtime.config import Settings
+from runtime.config import IMMEDIATE_RUN_SECONDS, Settings
 from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import (
@@ -208,7 +208,8 @@ class RunOperations:
         # write into a new thread that reuses the id.
         async with self._actors.writing(state.thread_id, state.info.created_at_ts) as actor:
             now = self._now()
-            if seconds == 0 and at_ts is None and IN_EFFECT.get():
+            delay = seconds if at_ts is None else at_ts - now
+            if delay < IMMEDIATE_RUN_SECONDS and IN_EFFECT.get():
                 self._count_immediate(actor, now)
             run = EffectRun(
                 id=new_id(),
@@ -265,7 +266,7 @@ class RunOperations:
             return False
 
     def _count_immediate(self, actor: ThreadActor, now: float) -> None:
-        """Count a zero-delay run scheduled by an effect; refuse one over the guard."""
+        """Count an immediate run (delay under 1 s) scheduled by an effect; refuse one too many."""
         limit = self._settings.max_immediate_runs_per_second
         if limit is None:
             return
@@ -275,8 +276,9 @@ class RunOperations:
         if count >= limit:
             raise TooManyImmediateRuns(
                 f"Thread {actor.thread_id}: its effects scheduled more than {limit} "
-                f"zero-delay runs within one second (setting max_immediate_runs_per_second"
-                f"={limit}); a runaway chain? Schedule with a delay, pause the thread, or "
+                f"immediate runs (delay under {IMMEDIATE_RUN_SECONDS:g} s) within one second "
+                f"(setting max_immediate_runs_per_second={limit}); a runaway chain? Schedule "
+                f"with a delay of {IMMEDIATE_RUN_SECONDS:g} s or more, pause the thread, or "
                 f"raise the setting"
             )
         actor.immediate_runs = (start, count + 1)

@@ -398,7 +398,8 @@ class Runtime:
     async def close(self) -> None:
         """Stop the runtime; idempotent.
 
-        No new run starts. Running effects get ``shutdown_grace_seconds`` to finish, and
+        No new run starts, nor a new turn from outside an effect. Running effects and
+        running turns (their tools included) get ``shutdown_grace_seconds`` to finish, and
         during that grace period every call keeps being served (an effect may still
         schedule its follow-up run, list runs, write messages); then they are interrupted
         and their runs go back to ``pending`` (or fail on a third interruption), their
@@ -430,8 +431,13 @@ class Runtime:
                      len(running), _describe(running))
         else:
             log.info("shutting down: no run is running")
-        await self.dispatcher.stop(grace)
-        await self.executor.stop_side(grace)
+        # Running effects (in line and concurrent), and what extensions run (turns and their
+        # tools), share the grace period; every call is served until it ends.
+        await asyncio.gather(
+            self.dispatcher.stop(grace),
+            self.executor.stop_side(grace),
+            *(self._drain_extension(extension, grace) for extension in self.extensions),
+        )
         self._serving = False
         # New calls are refused now; creates, opens and deletes in flight end first, and
         # nothing is evicted any more, so the actors walked below stay open.
@@ -495,8 +501,28 @@ class Runtime:
         assert self._store is not None
         await self.run_sync(self._store.list_threads, 1, None)
 
+    async def _drain_extension(self, extension: Extension, grace: float) -> None:
+        try:
+            async with asyncio.timeout(grace):
+                await extension.drain(self, grace)
+        except TimeoutError:
+            log.warning("shutdown: %s still had work running after the grace period of %s s",
+                        extension.name, grace)
+        except Exception:
+            log.exception("extension %s failed to drain", extension.name)
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once `close` has begun: no new run (or turn from outside) starts."""
+        return self._closing
+
     def _check_open(self) -> None:
         if not self._serving:
+            if self._closing and self._started:
+                raise RuntimeClosed(
+                    f"The runtime is shutting down: its grace period "
+                    f"({self.settings.shutdown_grace_seconds:g} s) has ended; retry once it "
+                    f"is back", shutting_down=True)
             raise RuntimeClosed("The runtime is not running (not started, or shut down)")
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
@@ -885,7 +911,9 @@ class Runtime:
 
         Nothing of it runs afterwards, even if its alarm was due or one of its runs is
         running now (that run is canceled mid-flight; a sync effect's worker thread is
-        abandoned and its writes are refused).
+        abandoned and its writes are refused). A turn running now is canceled too (its
+        tools stop; its ``send_message`` raises `ThreadNotFound`), and has ended before
+        the thread is removed, so nothing of it lands in a new thread with the same id.
 
         Returns:
             True if the thread existed.
@@ -901,6 +929,12 @@ class Runtime:
         validate_thread_id(thread_id)
         if self.actors.lifecycle(thread_id) is ThreadLifecycle.CREATING:
             return False  # not registered yet: nothing of it may be removed mid-create
+        for extension in self.extensions:  # a running turn is canceled, like a running run
+            try:
+                await extension.thread_deleting(self, thread_id)
+            except Exception:
+                log.exception("extension %s failed to stop the work of thread %s",
+                              extension.name, thread_id)
         try:
             async with self.actors.deleting(thread_id) as actor:
                 self.alarms.forget(thread_id)

@@ -19,7 +19,7 @@ from runtime.effects import EffectRun, EffectStatus, RunAttempt
 from runtime.errors import InvalidArgument
 from runtime.frames import Subscription
 from runtime.storage.base import ThreadInfo
-from runtime.storage.records import EffectRecordPage, EffectRecordStatus
+from runtime.storage.records import EffectRecord, EffectRecordPage, EffectRecordStatus
 
 if TYPE_CHECKING:
     from runtime.messages import Message, MessagePage, MessageRole, TurnResult
@@ -323,7 +323,8 @@ class ThreadState:
         """The thread's effect-tool records (docs/effect-tools.md), newest first.
 
         Args:
-            status: Only records in this status (``in_progress`` or ``applied``).
+            status: Only records in this status (``in_progress``, ``applied``, or a durable
+                turn's ``succeeded``, ``failed``, ``denied``).
             limit: Page size, 1 to 1000.
             cursor: ``next_cursor`` of the previous page.
 
@@ -345,6 +346,14 @@ class ThreadState:
         return await self._rt.effect_records.list(
             self.thread_id, status=status, limit=limit, cursor=cursor
         )
+
+    async def get_effect_record(self, key: str) -> EffectRecord | None:
+        """One effect-tool record of the thread by its effect key, result in full.
+
+        Returns:
+            The record, or None when the thread has none under ``key``.
+        """
+        return await self._rt.effect_records.get(self.thread_id, key)
 
     async def get_run(self, run_id: str) -> EffectRun:
         """One run, with its args.
@@ -479,6 +488,7 @@ class ThreadState:
             AgentNotFound: no agent serves the thread.
             TurnInProgress: another turn of this thread is running.
             TurnRunIdConflict: ``run_id`` names a turn of this thread with another message.
+            ThreadPaused: the thread is paused (nothing is stored; resume it first).
             TurnFailed: the model or the agent loop failed (the user message stays stored).
             ThreadNotFound: the thread was deleted.
         """

@@ -51,6 +51,7 @@ from runtime.errors import (
     ModelNotAvailable,
     RuntimeClosed,
     ThreadNotFound,
+    ThreadPaused,
     TurnFailed,
     TurnInProgress,
     TurnRunIdConflict,
@@ -765,9 +766,16 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
                 else:
                     log.info("resuming turn %s of thread %s (attempt %d)", run_id, thread_id,
                              row.attempts + 1)
-                    await run_turn(state, row.content, run_id=run_id)
+                    # Through the conversation's own path, like a client's turn: a paused
+                    # thread refuses it, a shutdown waits for it, a delete cancels it.
+                    await state.send_message(row.content, run_id=run_id)
             except TurnInProgress:
                 continue  # another turn took the thread first: wait for it
+            except ThreadPaused:
+                log.info("turn %s of thread %s is not resumed: the thread is paused (it is "
+                         "resumed at a start once the thread is resumed, or when its message "
+                         "is sent again with its run_id)", run_id, thread_id)
+                break
             except TurnFailed as exc:
                 log.warning("resumed turn %s of thread %s: %s", run_id, thread_id, exc)
             done += 1

@@ -5,7 +5,8 @@ computation in an async effect): every thread, request and stream then waits. Th
 can see it, though. The loop beats every `BEAT_SECONDS` (a timer callback noting the
 time); a daemon thread looks at the last beat as often. When the beat is older than the
 threshold, the thread notes which task the loop is running (for an effect: the effect,
-its thread and its run); when the loop is back, its next beat logs ONE warning per stall
+its thread and its run; for a tool: the tool, its thread and its turn's run id, noted by
+`running_tool`); when the loop is back, its next beat logs ONE warning per stall
 with that name and how long the loop was held. The cost is one timer callback per beat,
 nothing per run.
 """
@@ -13,18 +14,67 @@ nothing per run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-__all__ = ["BEAT_SECONDS", "LoopWatchdog"]
+__all__ = ["BEAT_SECONDS", "LoopWatchdog", "describe_tool", "running_tool"]
 
 log = logging.getLogger("runtime")
 
 BEAT_SECONDS = 0.1
 """How often the loop beats and the watchdog thread looks (at most a quarter of the
 threshold)."""
+
+
+_tools: dict[asyncio.Task[object], tuple[str, str, str]] = {}
+"""The tool each task runs now: ``task -> (tool, thread, turn run id)``."""
+
+
+@contextlib.contextmanager
+def running_tool(tool_name: str, thread_id: str, run_id: str) -> Iterator[None]:
+    """Note that the current task runs a tool of a turn, so a stall it causes names it.
+
+    Args:
+        tool_name: The tool.
+        thread_id: The thread whose turn calls it.
+        run_id: The turn's run id.
+    """
+    try:
+        task: asyncio.Task[object] | None = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        task = None
+    if task is None:
+        yield
+        return
+    before = _tools.get(task)
+    _tools[task] = (tool_name, thread_id, run_id)
+    try:
+        yield
+    finally:
+        if before is None:
+            _tools.pop(task, None)
+        else:
+            _tools[task] = before
+
+
+def describe_tool(task: asyncio.Task[object]) -> str | None:
+    """``"tool t (thread x, turn run r)"`` when ``task`` runs a tool now, else None."""
+    entry = _tools.get(task)
+    if entry is None:
+        return None
+    tool_name, thread_id, run_id = entry
+    return f"tool {tool_name} (thread {thread_id}, turn run {run_id})"
+
+
+_EFFECT_ADVICE = ("Never block in an async effect (time.sleep, blocking I/O, long "
+                  "computations): await instead, or make it a sync effect (it runs in a "
+                  "worker thread)")
+_TOOL_ADVICE = ("Never block in an async tool (time.sleep, blocking I/O, long computations): "
+                "await instead (asyncio.sleep, an async client), or define the tool's "
+                "function with plain def (a sync tool runs in a worker thread)")
 
 
 class LoopWatchdog:
@@ -84,12 +134,10 @@ class LoopWatchdog:
         self._last_beat = now
         # A holder noted just as a shorter stall ended is dropped with it.
         if holder is not None and stalled >= self.threshold_seconds / 2:
+            advice = _TOOL_ADVICE if holder.startswith("tool ") else _EFFECT_ADVICE
             log.warning(
-                "The event loop was blocked for %.1f s by %s: nothing else ran meanwhile. "
-                "Never block in an async effect (time.sleep, blocking I/O, long "
-                "computations): await instead, or make it a sync effect (it runs in a "
-                "worker thread)",
-                stalled, holder,
+                "The event loop was blocked for %.1f s by %s: nothing else ran meanwhile. %s",
+                stalled, holder, advice,
             )
         assert self._loop is not None
         self._handle = self._loop.call_later(self._beat_seconds, self._beat)

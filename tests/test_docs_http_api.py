@@ -145,10 +145,15 @@ async def test_effect_record_shapes_and_frames(
             events.close()  # what the turn published is still yielded
             frames = [e.to_frame() async for e in events if isinstance(e, EffectRecordChanged)]
         listed = (await api.client.get(f"/api/threads/{tid}/effect-records")).json()
-        assert set(listed) == field_list("?status=in_progress|applied&limit=50&cursor=\n     -> ")
+        assert set(listed) == field_list(
+            "?status=in_progress|applied|succeeded|failed|denied&limit=50&cursor=\n     -> ")
         required, optional = keys_after("A record: ")
         [record] = listed["records"]
-        assert set(record) == required and not optional
+        assert set(record) == required and optional == {"resultPreview", "resultChars"}
+        assert record["resultTruncated"] is False
+        one = (await api.client.get(
+            f"/api/threads/{tid}/effect-records/{record['key']}")).json()
+        assert one == record
         frame_keys = field_list(
             '"eventType": "effect_record_changed", "threadId": "...", "seq": 9,\n "data": '
         )

@@ -485,3 +485,111 @@ async def test_metrics_count_a_resumed_turn_once_and_no_replayed_tool_call(
             assert [r.from_journal for m in messages for r in m.tool_results] == [True]
         finally:
             metrics.close()
+
+
+async def resumed_and_hanging(rt: Runtime, tid: str) -> None:
+    """Wait until the turn resumed at start runs its second attempt (its model hangs)."""
+    for _ in range(1000):
+        rows = await load_turns(rt, tid)
+        if rows["turn-1"].attempts == 2 and rt.turns.running(tid) is not None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the turn was not resumed")
+
+
+@pytest.fixture
+def hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "hang"
+    path.touch()
+    monkeypatch.setenv("SHOP_HANG_FILE", str(path))
+    return path
+
+
+async def test_a_shutdown_waits_for_a_turn_resumed_at_start(
+    tmp_path: Path, backend: StorageBackend, world: Path, hang: Path
+) -> None:
+    clock = FakeClock(start=START)
+    async with running(tmp_path, backend, clock) as rt:
+        thread = await rt.create_thread(agent_id="shop")
+        tid = thread.thread_id
+        await interrupt(rt, thread, "turn-1", world, 1)
+    async with running(tmp_path, backend, clock, shutdown_grace_seconds=60) as rt:
+        await resumed_and_hanging(rt, tid)
+        closing = asyncio.create_task(rt.close())
+        while not rt.shutting_down:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        assert not closing.done()  # the resumed turn holds the shutdown
+        await anyio.to_thread.run_sync(hang.unlink)
+        await closing
+    async with running(tmp_path, backend, clock) as rt:
+        [row] = (await load_turns(rt, tid)).values()
+        assert (row.status, row.attempts) == ("succeeded", 2)  # finished in the grace
+        assert await conversation(await rt.get_thread(tid)) == [
+            ("user", "charge order 42"), ("assistant", "Done: order 42 charged."),
+        ]
+        assert await charges(world) == ["charged order 42"]
+
+
+async def test_deleting_a_thread_cancels_its_turn_resumed_at_start(
+    tmp_path: Path, backend: StorageBackend, world: Path, hang: Path
+) -> None:
+    clock = FakeClock(start=START)
+    async with running(tmp_path, backend, clock) as rt:
+        thread = await rt.create_thread("shop-1", agent_id="shop")
+        await interrupt(rt, thread, "turn-1", world, 1)
+    async with running(tmp_path, backend, clock) as rt:
+        await resumed_and_hanging(rt, "shop-1")
+        assert await rt.delete_thread("shop-1")
+        assert rt.turns.running("shop-1") is None  # canceled before the delete returned
+        again = await rt.create_thread("shop-1", agent_id="shop")
+        assert (await again.get_messages()).messages == []
+        assert await load_turns(rt, "shop-1") == {}
+        assert await charges(world) == ["charged order 42"]
+
+
+async def test_a_paused_thread_resumes_its_interrupted_turn_only_once_resumed(
+    tmp_path: Path, backend: StorageBackend, world: Path
+) -> None:
+    clock = FakeClock(start=START)
+    async with running(tmp_path, backend, clock) as rt:
+        thread = await rt.create_thread(agent_id="shop")
+        tid = thread.thread_id
+        await interrupt(rt, thread, "turn-1", world, 1)
+        await rt.pause_thread(tid)
+    async with running(tmp_path, backend, clock) as rt:
+        assert await resume_thread_turns(rt, tid) == 0  # paused: left for later
+        [row] = (await load_turns(rt, tid)).values()
+        assert (row.status, row.attempts) == ("running", 1)
+        await rt.resume_thread(tid)
+    async with running(tmp_path, backend, clock) as rt:
+        for _ in range(1000):
+            [row] = (await load_turns(rt, tid)).values()
+            if row.status != "running":
+                break
+            await asyncio.sleep(0.01)
+        assert (row.status, row.attempts) == ("succeeded", 2)
+        assert await charges(world) == ["charged order 42"]
+
+
+async def test_runtime_level_records_renew_only_the_owners_live_lease(
+    tmp_path: Path, backend: StorageBackend, world: Path
+) -> None:
+    clock = FakeClock(start=START)
+    async with running(tmp_path, backend, clock) as rt:
+        store = rt.runtime_records
+        claim = await store.begin("scope", "k", tool_name="refund", run_id=None, owner="a",
+                                  lease_seconds=10)
+        assert claim.claimed
+        clock.advance(8)
+        assert await store.renew("scope", "k", owner="a", lease_seconds=10)
+        clock.advance(8)  # 16 s after the claim: alive only because it was renewed
+        assert not (await store.begin("scope", "k", tool_name="refund", run_id=None,
+                                      owner="b", lease_seconds=10)).claimed
+        assert not await store.renew("scope", "k", owner="b", lease_seconds=10)
+        clock.advance(2)
+        assert (await store.begin("scope", "k", tool_name="refund", run_id=None, owner="b",
+                                  lease_seconds=10)).took_over
+        assert not await store.renew("scope", "k", owner="a", lease_seconds=10)  # lost it
+        with pytest.raises(ValueError, match="lease"):
+            await store.renew("scope", "k", owner="b", lease_seconds=0)

@@ -346,23 +346,88 @@ async def test_the_first_call_returns_exactly_what_a_replay_returns(
     assert first == replay == {"receipt": {"at": "2024-05-01T12:00:00Z", "pair": [1, 2]}}
 
 
-async def test_results_not_json_or_too_large_are_tool_errors_that_record_nothing(
-    store: EffectRecordStore,
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"nan": float("nan")}, "Tool odd returned a value of type dict that cannot be "
+                                "recorded as JSON"),
+        (object(), "Tool odd returned a value of type object that cannot be recorded"),
+        (b"\xff\xfe", "Tool odd returned a value of type bytes that cannot be recorded"),
+        ("x" * 2000, "Tool odd returned 2002 bytes of JSON, over the recorded-result limit of "
+                     "1000 bytes (EffectToolSettings.max_result_bytes)"),
+        ({"a": "\ud800"}, "Tool odd returned a string with a lone surrogate (U+D800)"),
+    ],
+)
+async def test_an_unrecordable_result_is_recorded_as_an_error_and_never_applied_again(
+    store: EffectRecordStore, value: Any, message: str,
 ) -> None:
+    applied: list[int] = []
+
     async def odd(state: ToolRunState, args: Comment) -> Any:
-        return {"nan": float("nan")} if args.issue == 1 else "x" * 2000
+        applied.append(args.issue)
+        return value
 
     settings = EffectToolSettings(max_result_bytes=1000, poll_interval_seconds=0.01)
+    same = {"issue": 1, "body": ""}
     messages = await run(
         [define_effect_tool("Odd.", Comment, odd)],
-        scripted([call("odd", {"issue": 1, "body": ""}, "c1")],
-                 [call("odd", {"issue": 2, "body": ""}, "c2")], "done"),
+        scripted([call("odd", same, "c1")], [call("odd", same, "c2")], "done"),
         store, settings=settings,
     )
-    nan, big = (str(r) for r in returns(messages))
-    assert "Tool odd returned a value of type dict that cannot be recorded as JSON" in nan
-    assert "Tool odd returned 2002 bytes of JSON, over the recorded-result limit of 1000" in big
-    assert (await store.list("t1")).records == []
+    first, retry = (str(r) for r in returns(messages))
+    assert message in first and message in retry
+    assert "it is not applied again" in retry
+    assert applied == [1]  # the retry returned the recorded error: no second application
+    (record,) = (await store.list("t1")).records
+    assert record.status is EffectRecordStatus.APPLIED
+    assert message in record.result["$effectResultError"]
+
+
+async def test_waiters_on_a_claim_share_a_raising_execute_error_a_later_call_applies(
+    store: EffectRecordStore,
+) -> None:
+    executions: list[int] = []
+
+    async def flaky(state: ToolRunState, args: Comment) -> dict[str, int]:
+        executions.append(args.issue)
+        await anyio.sleep(0.2)
+        if len(executions) == 1:
+            raise RuntimeError("timeout talking to remote")
+        return {"n": len(executions)}
+
+    args = {"issue": 1, "body": "b"}
+    messages = await run(
+        [define_effect_tool("Flaky.", Comment, flaky)],
+        scripted([call("flaky", args, f"c{i}") for i in range(3)],
+                 [call("flaky", args, "later")], "done"),
+        store,
+    )
+    seen = [str(r) for r in returns(messages)]
+    assert all("RuntimeError: timeout talking to remote" in r for r in seen[:3]), seen
+    assert len(executions) == 2  # the three waiting calls ran execute once; the later call
+    assert seen[3] == str({"n": 2})  # applied again, as a raising execute recorded nothing
+
+
+async def test_a_lease_shorter_than_execute_is_renewed_so_it_applies_once(
+    store: EffectRecordStore,
+) -> None:
+    executions: list[int] = []
+
+    async def slow(state: ToolRunState, args: Comment) -> str:
+        executions.append(args.issue)
+        await anyio.sleep(3)
+        return "done slowly"
+
+    settings = EffectToolSettings(lease_seconds=1, poll_interval_seconds=0.05,
+                                  wait_timeout_seconds=10)
+    args = {"issue": 1, "body": "b"}
+    messages = await run(
+        [define_effect_tool("Slow.", Comment, slow)],
+        scripted([call("slow", args, "c1"), call("slow", args, "c2")], "done"),
+        store, settings=settings,
+    )
+    assert executions == [1]
+    assert returns(messages) == ["done slowly", "done slowly"]
 
 
 async def test_a_call_waiting_on_a_held_key_gives_up_with_a_clear_error(

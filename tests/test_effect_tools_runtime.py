@@ -305,3 +305,43 @@ async def test_a_streaming_effect_tool_records_its_last_value_in_a_turn(rt: Runt
     [record] = (await thread.list_effect_records()).records
     assert record.tool_name == "count_up" and record.result == {"at": 3}
     assert record.key.startswith(f"{result.run_id}:count_up:")  # the default key
+
+
+async def test_listings_cut_large_results_and_the_single_record_route_serves_them_in_full(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    async with serve_api(tmp_path / "data", clock=FakeClock(start=1_800_000_000.0),
+                         app_dir=APP) as api:
+        tid = await api.new_thread(agent_id="notes")
+        records = api.rt.effect_records
+        big = {"text": "x" * 5000}
+        for key, result in (("run-1:big/one?", big), ("run-1:small", {"ok": True})):
+            await records.begin(tid, key, tool_name="post_note", run_id="run-1", owner="o",
+                                lease_seconds=60)
+            await records.complete(tid, key, owner="o", result_json=json.dumps(result))
+        listed = (await api.client.get(f"/api/threads/{tid}/effect-records")).json()
+        by_key = {r["key"]: r for r in listed["records"]}
+        cut = by_key["run-1:big/one?"]
+        assert cut["resultTruncated"] is True and cut["result"] is None
+        assert cut["resultChars"] == len(json.dumps(big))
+        assert cut["resultPreview"] == json.dumps(big)[:2000] + "…"
+        small = by_key["run-1:small"]
+        assert small["resultTruncated"] is False and small["result"] == {"ok": True}
+        assert "resultPreview" not in small
+
+        from urllib.parse import quote
+
+        res = await api.client.get(
+            f"/api/threads/{tid}/effect-records/{quote('run-1:big/one?', safe='')}")
+        assert res.status_code == 200, res.text
+        full = res.json()
+        assert full["result"] == big and full["resultTruncated"] is False
+        assert full["key"] == "run-1:big/one?" and full["status"] == "applied"
+        res = await api.client.get(f"/api/threads/{tid}/effect-records/run-1:nope")
+        assert res.status_code == 404
+        assert res.json()["error"]["code"] == "effect_record_not_found"
+        assert "run-1:nope" in res.json()["error"]["message"]
+        res = await api.client.get("/api/threads/nope/effect-records/k")
+        assert res.status_code == 404 and res.json()["error"]["code"] == "thread_not_found"

@@ -245,6 +245,33 @@ async def test_a_message_during_a_turn_gets_409(
     assert second.status_code == 409 and second.json()["error"]["code"] == "turn_in_progress"
 
 
+async def test_a_paused_thread_runs_no_turn_409_thread_paused_and_nothing_stored(
+    served: tuple[httpx.AsyncClient, Runtime],
+) -> None:
+    from runtime import ThreadPaused
+
+    client, rt = served
+    thread = await rt.create_thread()
+    tid = thread.thread_id
+    script = Script(call("echo", {"text": "tool ran"}), text("answered"))
+    assert (await client.post(f"/api/threads/{tid}/pause")).status_code == 200
+    with override_model(rt, script.model):
+        refused = await client.post(f"/api/threads/{tid}/messages", json={"content": "hi"})
+        assert refused.status_code == 409
+        error = refused.json()["error"]
+        assert error["code"] == "thread_paused"
+        assert f"Thread {tid} is paused" in error["message"]
+        with pytest.raises(ThreadPaused, match="runs no turn until resumed"):
+            await thread.send_message("hi")
+        assert len(script.steps) == 2  # the model was never asked: no tool ran
+        listed = await client.get(f"/api/threads/{tid}/messages")
+        assert listed.json()["messages"] == []
+
+        assert (await client.post(f"/api/threads/{tid}/resume")).status_code == 200
+        ok = await client.post(f"/api/threads/{tid}/messages", json={"content": "hi"})
+        assert ok.status_code == 200 and ok.json()["reply"]["content"] == "answered"
+
+
 @pytest.mark.parametrize(
     ("files", "bad", "message"),
     [

@@ -62,6 +62,9 @@ def test_models_dump_in_json_mode_and_special_types_take_their_json_form() -> No
         ({"big": 2**60}, "args.big", "the integer 1152921504606846976"),
         ({"o": object()}, "args.o", "a value of type object"),
         ({"raw": b"\xff"}, "args.raw", "a bytes without a JSON form"),
+        ({"a": "\ud800"}, "args.a", "a string with a lone surrogate (U+D800 at index 0"),
+        ({"l": ["ok", "x\udfff"]}, "args.l[1]", "a string with a lone surrogate (U+DFFF"),
+        ({"\ud800": 1}, "args['\\ud800']", "a mapping key with a lone surrogate"),
     ],
 )
 def test_unsupported_values_name_the_tool_and_the_path(value: Any, path: str, what: str) -> None:
@@ -69,6 +72,11 @@ def test_unsupported_values_name_the_tool_and_the_path(value: Any, path: str, wh
         default_effect_key("run-1", "post_comment", value)
     message = str(caught.value)
     assert message.startswith(f"canonical_json (tool post_comment): {path} is {what}")
+
+
+def test_a_lone_surrogate_without_a_tool_names_the_value_path() -> None:
+    with pytest.raises(TypeError, match=r"^canonical_json: value\.a is a string with a lone"):
+        canonical_json({"a": "\ud800"})
 
 
 def test_a_cycle_is_a_type_error_not_a_recursion_error() -> None:

@@ -115,7 +115,7 @@ async def test_the_guard_stops_a_runaway_chain_with_a_clear_error(tmp_path: Path
         assert await thread.get_scheduled_effects() == []
         assert failed.error is not None
         assert failed.error.startswith(f"{TooManyImmediateRuns.__name__}: Thread t: ")
-        assert "more than 50 zero-delay runs within one second" in failed.error
+        assert "more than 50 immediate runs (delay under 1 s) within one second" in failed.error
         assert "max_immediate_runs_per_second=50" in failed.error
 
         # A new second, a new allowance; schedules from outside effects are never counted.
@@ -125,6 +125,49 @@ async def test_the_guard_stops_a_runaway_chain_with_a_clear_error(tmp_path: Path
         await thread.schedule_effect("runaway")
         await rt.wait_idle()
         assert len(await runs_by_status(thread, "failed")) == 2
+
+
+@pytest.mark.parametrize("delay", [1e-9, 0.001])
+async def test_a_tiny_positive_delay_does_not_bypass_the_guard(
+    tmp_path: Path, delay: float
+) -> None:
+    effects = tmp_path / "app" / "effects"
+    effects.mkdir(parents=True)
+    (effects / "tinyaway.py").write_text(
+        "from runtime import ThreadState, define_effect\n\n"
+        "async def tinyaway(state: ThreadState) -> None:\n"
+        f"    await state.schedule_effect('tinyaway', None, {delay!r})\n\n"
+        "effect = define_effect('Schedules itself again after a tiny delay.', tinyaway)\n"
+    )
+    (effects / "patient.py").write_text(
+        "from runtime import ThreadState, define_effect\n\n"
+        "async def patient(state: ThreadState) -> None:\n"
+        "    for _ in range(30):\n"
+        "        await state.schedule_effect('tinyaway', None, 1.0)\n\n"
+        "effect = define_effect('Schedules 30 runs a second from now.', patient)\n"
+    )
+    clock = FakeClock(start=1_800_000_000.0)
+    async with Runtime(
+        app_dir=tmp_path / "app", data_dir=tmp_path / "data", clock=clock,
+        load_packages=False, max_immediate_runs_per_second=20,
+    ) as rt:
+        thread = await rt.create_thread("t")
+        await thread.schedule_effect("tinyaway")
+        for _ in range(40):  # each link is due `delay` later: let the clock reach it
+            await rt.wait_idle()
+            clock.advance(delay)
+            if await runs_by_status(thread, "failed"):
+                break
+        [failed] = await runs_by_status(thread, "failed")
+        assert failed.error is not None
+        assert "more than 20 immediate runs (delay under 1 s)" in failed.error
+        assert len(await runs_by_status(thread, "completed")) == 20
+
+        # A delay of 1 s or more is not counted: 30 at once from one effect is fine.
+        await thread.schedule_effect("patient")
+        await rt.wait_idle()
+        assert len(await runs_by_status(thread, "failed")) == 1
+        assert len(await thread.get_scheduled_effects()) == 30
 
 
 async def test_the_default_guard_never_trips_a_fan_out_of_normal_size(tmp_path: Path) -> None:

@@ -613,3 +613,67 @@ def test_a_turn_open_at_sigterm_gets_the_grace_period_then_a_json_503(
     assert res.headers["retry-after"] == "5"
     assert "timeout graceful shutdown exceeded" not in server.output()
     assert "still open after the 1s grace period" in server.output()
+
+
+SLOW_REMINDER = '''
+import asyncio
+from pydantic import BaseModel, Field
+from runtime import ThreadState, define_tool
+
+class SetReminder(BaseModel):
+    text: str
+    delay_seconds: float = Field(ge=0)
+
+async def set_reminder(state: ThreadState, args: SetReminder) -> dict:
+    await asyncio.sleep(1.5)  # SIGTERM arrives meanwhile
+    run_id = await state.schedule_effect("note", {"text": args.text}, args.delay_seconds)
+    return {"scheduled": True, "run_id": run_id}
+
+tool = define_tool("Sets a reminder, slowly.", SetReminder, set_reminder)
+'''
+
+
+def test_a_turn_going_at_sigterm_finishes_within_the_grace_period(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    app = tmp_path / "app"
+    for folder in ("agents", "tools", "effects"):
+        (app / folder).mkdir(parents=True)
+    (app / "agents" / "bot.py").write_text(
+        "from runtime import define_agent\n\n"
+        "agent = define_agent('bot', 'You set reminders.', tools=['set_reminder'])\n"
+    )
+    (app / "tools" / "set_reminder.py").write_text(SLOW_REMINDER)
+    (app / "effects" / "note.py").write_text(
+        (ROOT / "tests" / "apps" / "server_app" / "effects" / "note.py").read_text()
+    )
+    server = servers("--app-dir", str(app), "--shutdown-grace-seconds", "10")
+    tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        answers.append(httpx.post(
+            f"{server.url}/api/threads/{tid}/messages",
+            json={"content": "remind me in 100 seconds to stretch"}, timeout=GUARD_SECONDS,
+        ))
+
+    turn = threading.Thread(target=send)
+    turn.start()
+    time.sleep(0.4)  # SIGTERM while the tool sleeps, inside the turn
+    server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    turn.join(GUARD_SECONDS)
+    assert server.proc.wait(timeout=GUARD_SECONDS) in (0, -signal.SIGTERM)  # type: ignore[union-attr]
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert "stretch" in body["reply"]["content"]
+    roles = [m["role"] for m in body["messages"]]
+    assert roles[0] == "user" and roles[-1] == "assistant" and len(roles) >= 4
+
+    # After the restart: the turn's messages and the effect its tool scheduled are there.
+    again = servers("--app-dir", str(app))
+    stored = httpx.get(f"{again.url}/api/threads/{tid}/messages").json()["messages"]
+    assert [m["id"] for m in stored] == [m["id"] for m in body["messages"]]
+    runs = httpx.get(f"{again.url}/api/threads/{tid}/effects").json()
+    listed = runs["runs"] if isinstance(runs, dict) else runs
+    assert [(r["name"], r["status"]) for r in listed] == [("note", "pending")]

@@ -589,3 +589,118 @@ async def test_the_demo_reminds_offline_end_to_end(tmp_path: Path, clock: FakeCl
         assert [r.run_at_ts - clock.now() for r in await thread.get_scheduled_effects()] == [
             172_800.0
         ]
+
+
+SLOW_TOOL = '''
+import asyncio
+from runtime import ThreadState, define_tool
+
+SEEN: list[str] = []
+
+async def slow_step(state: ThreadState) -> str:
+    SEEN.append("started")
+    await asyncio.sleep(30)
+    SEEN.append("finished")
+    await state.inject_message("the old turn's tool wrote this")
+    return "done"
+
+tool = define_tool("Takes a long step.", slow_step)
+'''
+
+
+async def test_deleting_a_thread_cancels_its_running_turn(tmp_path: Path) -> None:
+    import asyncio
+
+    from runtime import ThreadNotFound
+
+    app = tmp_path / "app"
+
+    def write_app() -> None:
+        (app / "tools").mkdir(parents=True)
+        (app / "agents").mkdir()
+        (app / "tools" / "slow_step.py").write_text(SLOW_TOOL)
+        (app / "agents" / "stepper.py").write_text(
+            "from runtime import define_agent\n\n"
+            "agent = define_agent('stepper', 'You step.', tools=['slow_step'])\n"
+        )
+
+    await asyncio.to_thread(write_app)
+    async with Runtime(app_dir=app, data_dir=tmp_path / "data", load_packages=False) as rt:
+        seen = module_list(rt, "tool", "slow_step")
+        thread = await rt.create_thread("del1")
+        script = Script(call("slow_step", {}), text("the old turn's answer"))
+        with override_model(rt, script.model):
+            turn = asyncio.create_task(thread.send_message("go"))
+            async with asyncio.timeout(30):
+                while not seen:
+                    await asyncio.sleep(0.01)
+            assert await rt.delete_thread("del1")
+            with pytest.raises(ThreadNotFound):
+                await turn
+            again = await rt.create_thread("del1")
+            assert seen == ["started"]  # the tool was stopped: it never finished
+            assert (await again.get_messages()).messages == []
+            assert rt.turns.running("del1") is None
+            # The new thread runs its own turns.
+            script.steps = [text("a fresh answer")]
+            result = await again.send_message("hello")
+            assert result.reply is not None and result.reply.content == "a fresh answer"
+
+
+SHORT_TOOL = '''
+import asyncio
+from runtime import ThreadState, define_tool
+
+SEEN: list[str] = []
+
+async def short_step(state: ThreadState) -> str:
+    SEEN.append("started")
+    await asyncio.sleep(0.3)  # the shutdown begins meanwhile
+    await state.inject_message("written during the grace period")
+    SEEN.append("finished")
+    return "done"
+
+tool = define_tool("Takes a short step.", short_step)
+'''
+
+
+async def test_a_shutdown_lets_a_running_turn_finish_and_refuses_new_ones(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from runtime import RuntimeClosed
+
+    app = tmp_path / "app"
+
+    def write_app() -> None:
+        (app / "tools").mkdir(parents=True)
+        (app / "agents").mkdir()
+        (app / "tools" / "short_step.py").write_text(SHORT_TOOL)
+        (app / "agents" / "stepper.py").write_text(
+            "from runtime import define_agent\n\n"
+            "agent = define_agent('stepper', 'You step.', tools=['short_step'])\n"
+        )
+
+    await asyncio.to_thread(write_app)
+    async with Runtime(app_dir=app, data_dir=tmp_path / "data", load_packages=False,
+                       shutdown_grace_seconds=10) as rt:
+        seen = module_list(rt, "tool", "short_step")
+        first, other = await rt.create_thread("a"), await rt.create_thread("b")
+        script = Script(call("short_step", {}), text("finished in the grace period"))
+        with override_model(rt, script.model):
+            turn = asyncio.create_task(first.send_message("go"))
+            async with asyncio.timeout(30):
+                while not seen:
+                    await asyncio.sleep(0.01)
+            closing = asyncio.create_task(rt.close())
+            while not rt.shutting_down:
+                await asyncio.sleep(0)
+            with pytest.raises(RuntimeClosed, match="starts no new turn") as refused:
+                await other.send_message("too late")
+            assert refused.value.shutting_down
+            result = await turn
+            await closing
+    assert seen == ["started", "finished"]
+    assert result.reply is not None and result.reply.content == "finished in the grace period"
+    assert "written during the grace period" in [m.content for m in result.messages]

@@ -85,3 +85,54 @@ async def test_the_watchdog_can_be_switched_off(tmp_path: Path) -> None:
         data_dir=tmp_path, load_packages=False, loop_stall_warning_seconds=None
     ) as rt:
         assert rt.watchdog is None
+
+
+BLOCKING_TOOL = '''
+import time
+from runtime import ThreadState, define_tool
+
+async def block_tool(state: ThreadState) -> str:
+    time.sleep(1.2)  # the mistake the watchdog is for, in a tool
+    return "slept"
+
+tool = define_tool("Blocks the loop.", block_tool)
+'''
+
+
+async def test_a_blocking_async_tool_is_named_with_its_thread_and_turn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+
+    root = tmp_path / "app"
+    (root / "tools").mkdir(parents=True)
+    (root / "agents").mkdir()
+    (root / "tools" / "block_tool.py").write_text(BLOCKING_TOOL)
+    (root / "agents" / "blocker.py").write_text(
+        "from runtime import define_agent\n\n"
+        "agent = define_agent('blocker', 'You block.', tools=['block_tool'])\n"
+    )
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("block_tool", {}, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    caplog.set_level(logging.WARNING, logger="runtime")
+    async with Runtime(
+        app_dir=root, data_dir=tmp_path / "data", load_packages=False,
+        loop_stall_warning_seconds=0.3,
+    ) as rt:
+        thread = await rt.create_thread("t")
+        with override_model(rt, FunctionModel(answer)):
+            result = await thread.send_message("block")
+        async with asyncio.timeout(30):
+            while not stall_warnings(caplog):
+                await asyncio.sleep(0.05)
+    [warning] = stall_warnings(caplog)
+    assert f"by tool block_tool (thread t, turn run {result.run_id})" in warning
+    assert "Never block in an async tool" in warning
+    assert "sync tool runs in a worker thread" in warning

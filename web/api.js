@@ -162,6 +162,9 @@ export const api = {
   // Effect-tool records, newest first (docs/effect-tools.md).
   effectRecords: (tid, { status, limit, cursor } = {}, opts) =>
     request("GET", `/api/threads/${seg(tid)}/effect-records${query({ status, limit, cursor })}`, undefined, opts),
+  // One record, its result in full (listings cut results over 2,000 characters).
+  effectRecord: (tid, key, opts) =>
+    request("GET", `/api/threads/${seg(tid)}/effect-records/${seg(key)}`, undefined, opts),
 
   listEffects: () => request("GET", "/api/effects"),
   listAgents: () => request("GET", "/api/agents"),

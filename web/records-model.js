@@ -30,17 +30,47 @@ export function snapshotRecords(fetched, during) {
   return list;
 }
 
-/** A record's result as one line of JSON, cut to `max` characters ("" while in progress). */
+/**
+ * A record's result as one line of JSON, cut to `max` characters ("" while in progress).
+ * A listing cuts results over 2,000 characters (`resultTruncated`): its `resultPreview` is
+ * shown then; the full result comes from GET .../effect-records/{key}.
+ */
 export function resultText(record, max = 200) {
-  if (record.status !== "applied") return "";
+  if (!record || record.status === "in_progress") return "";
   let text;
-  try {
-    text = JSON.stringify(record.result);
-  } catch {
-    text = String(record.result);
+  if (record.resultTruncated && typeof record.resultPreview === "string") {
+    text = record.resultPreview.replace(/…$/, "");
+  } else {
+    try {
+      text = JSON.stringify(record.result);
+    } catch {
+      text = String(record.result);
+    }
   }
   if (text === undefined) text = "null";
-  return text.length > max ? `${text.slice(0, max)}…` : text;
+  const cut = text.length > max || record.resultTruncated;
+  return cut ? `${text.slice(0, max)}…` : text;
+}
+
+/** A record's full result as indented JSON (for the record's detail). */
+export function resultBlock(record) {
+  if (!record || record.status === "in_progress") return "";
+  try {
+    const text = JSON.stringify(record.result, null, 2);
+    return text === undefined ? "null" : text;
+  } catch {
+    return String(record.result);
+  }
+}
+
+/**
+ * The end of an effect key, which tells keys apart (keys of one turn share their start,
+ * the turn's run id): the whole key when it has at most `max` characters, else "…" and its
+ * last `max - 1`.
+ */
+export function keyTail(key, max = 28) {
+  const text = String(key ?? "");
+  return text.length > max ? `…${text.slice(text.length - (max - 1))}` : text;
 }
 
 /** "applied" → "applied", "in_progress" → "in progress": the status as the pane says it. */

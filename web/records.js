@@ -2,21 +2,39 @@
 // runs: key, tool, status (in progress / applied), result, when, and the turn that claimed
 // it. Loaded over HTTP (GET .../effect-records, newest first, paged) and kept live by the
 // effect_record_changed frames of the thread's stream; the list logic is records-model.js.
+// A key shows its distinguishing end (keys of one turn share their start); at phone width
+// the tool goes above it. Tapping a row (or Enter on it) opens the full record below it,
+// its result fetched in full (GET .../effect-records/{key}) when the listing cut it.
 
 import { html, render } from "./vendor/lit-html/lit-html.js";
 import { repeat } from "./vendor/lit-html/directives/repeat.js";
 import { api } from "./api.js";
 import { fmtLocal, fmtRelative, shortId } from "./format.js";
-import { mergeRecord, resultText, snapshotRecords, statusLabel } from "./records-model.js";
+import {
+  keyTail, mergeRecord, resultBlock, resultText, snapshotRecords, statusLabel,
+} from "./records-model.js";
 import { toastApiError } from "./toasts.js";
 
 const PAGE = 50;
+const NARROW = window.matchMedia("(max-width: 700px)"); // as style.css hides Tool and Turn
 const $ = (id) => document.getElementById(id);
 
-function recordRow(r, now) {
+function recordRow(r, now, view) {
   const status = String(r.status || "");
-  return html`<tr data-testid="record-row" data-key=${r.key} data-status=${status}>
-    <td class="rec-key mono" title=${r.key}>${r.key}</td>
+  const open = view.openKey === r.key;
+  const toggle = () => view.toggle(r.key);
+  const onKey = (e) => {
+    if (e.key === "Enter" || e.key === " ") {
+      e.preventDefault();
+      toggle();
+    }
+  };
+  return html`<tr data-testid="record-row" data-key=${r.key} data-status=${status}
+      class="rec-row${open ? " open" : ""}" tabindex="0" aria-expanded=${open ? "true" : "false"}
+      @click=${toggle} @keydown=${onKey}>
+    <td class="rec-key mono" title=${r.key}><span class="rec-key-tool"
+      data-testid="record-key-tool">${r.toolName}</span><span class="rec-key-tail"
+      data-testid="record-key"><span>${keyTail(r.key)}</span></span></td>
     <td class="rec-tool">${r.toolName}</td>
     <td class="rec-status"><span class="badge badge-${status === "applied" ? "completed" : "running"}"
       data-testid="record-status">${statusLabel(status)}</span></td>
@@ -24,6 +42,27 @@ function recordRow(r, now) {
     <td class="rec-when"><time datetime=${r.updatedAt || r.createdAt || ""}
       title=${r.updatedAt ? fmtLocal(r.updatedAt, { full: true }) : ""}>${fmtRelative(r.updatedAt || r.createdAt, now)}</time></td>
     <td class="rec-turn mono" data-testid="record-turn" title=${r.runId || ""}>${r.runId ? shortId(r.runId) : ""}</td>
+  </tr>`;
+}
+
+function recordDetail(r, view) {
+  const full = r.resultTruncated ? view.full.get(r.key) : r;
+  const result = r.status === "in_progress"
+    ? "(in progress: nothing recorded yet)"
+    : full ? resultBlock(full) : "Loading the full result…";
+  // Span the columns shown (style.css hides two at phone width), or the fixed layout of the
+  // table would make room for the hidden ones and squeeze the visible.
+  const span = NARROW.matches ? 4 : 6;
+  return html`<tr class="rec-detail" data-testid="record-detail" data-key=${r.key}>
+    <td colspan=${span}><dl class="rec-fields">
+      <dt>Effect key</dt><dd class="mono" data-testid="record-detail-key">${r.key}</dd>
+      <dt>Tool</dt><dd data-testid="record-detail-tool">${r.toolName}</dd>
+      <dt>Status</dt><dd>${statusLabel(r.status)}</dd>
+      <dt>Turn</dt><dd class="mono">${r.runId || "—"}</dd>
+      <dt>Updated</dt><dd>${r.updatedAt ? fmtLocal(r.updatedAt, { full: true }) : "—"}</dd>
+      <dt>Result</dt><dd><pre class="rec-result-full mono"
+        data-testid="record-detail-result">${result}</pre></dd>
+    </dl></td>
   </tr>`;
 }
 
@@ -40,10 +79,13 @@ export class RecordsView {
       count: $("records-count"),
     };
     this.el.more.addEventListener("click", () => this.loadMore());
+    NARROW.addEventListener("change", () => this.draw());
     this.resetState();
   }
 
   resetState() {
+    this.openKey = null; // the record whose detail is open
+    this.full = new Map(); // key -> the full record, for results the listing cut
     this.records = [];
     this.cursor = null;
     this.loading = false;
@@ -112,17 +154,41 @@ export class RecordsView {
     }
   }
 
+  /** Open (or close) a record's detail; fetch its full result when the listing cut it. */
+  async toggle(key) {
+    this.openKey = this.openKey === key ? null : key;
+    this.draw();
+    const s = this.session;
+    const r = this.records.find((x) => x.key === key);
+    if (!s || !r || this.openKey !== key || !r.resultTruncated || this.full.has(key)) return;
+    try {
+      const record = await api.effectRecord(s.tid, key, { signal: s.signal });
+      if (s.closed) return;
+      this.full.set(key, record);
+      this.draw();
+    } catch (err) {
+      if (s.closed) return;
+      if (!this.ctx.handledAsGone(s, err)) toastApiError("Could not load the effect record", err);
+    }
+  }
+
   /** An effect_record_changed frame's `data`. */
   onFrame(data) {
     if (!this.session || this.session.gone) return;
     if (this.during) this.during.push(data);
     this.records = mergeRecord(this.records, data);
+    this.full.delete(data.key); // a changed record's full result is fetched again
     this.draw();
   }
 
   draw(now = Date.now()) {
     const list = this.session && !this.session.gone ? this.records : [];
-    render(repeat(list, (r) => r.key, (r) => recordRow(r, now)), this.el.tbody);
+    const rows = [];
+    for (const r of list) {
+      rows.push({ id: `row:${r.key}`, tpl: () => recordRow(r, now, this) });
+      if (r.key === this.openKey) rows.push({ id: `detail:${r.key}`, tpl: () => recordDetail(r, this) });
+    }
+    render(repeat(rows, (x) => x.id, (x) => x.tpl()), this.el.tbody);
     this.el.empty.hidden = list.length > 0;
     const s = this.session;
     this.el.empty.textContent = s && s.broken

@@ -39,6 +39,10 @@ export function statusClass(status) {
   return STATUSES.includes(status) ? `badge badge-${status}` : "badge badge-unknown";
 }
 
+// Frames after which retention may have pruned runs (the counts are fetched again).
+const FINISHING = new Set(["completed", "failed", "canceled"]);
+const COUNTS_SYNC_MS = 2000;
+
 const ACTION_LABEL = { "run-now": "Run now", cancel: "Cancel", replay: "Replay" };
 
 /** The buttons a run offers: run now and cancel (pending), cancel (running), replay (finished). */
@@ -100,6 +104,8 @@ export class RunsView {
   }
 
   resetState() {
+    if (this.countsTimer) clearTimeout(this.countsTimer);
+    this.countsTimer = null; // a pending re-sync of the counts with the server's
     this.model = emptyModel();
     this.feeds = newFeeds();
     this.loading = false;
@@ -437,6 +443,31 @@ export class RunsView {
     if (id === null) return;
     if (this.framesDuringLoad) this.framesDuringLoad.add(id);
     this.changed([id]);
+    if (FINISHING.has(data.change)) this.scheduleCountsSync();
+  }
+
+  /**
+   * Counts follow the frames, but retention prunes old finished runs without a frame
+   * (docs/http-api.md: counts are of the runs kept): once runs finish, the server's counts
+   * are fetched again — COUNTS_SYNC_MS after the first such frame, so a busy thread costs
+   * one small request per interval, and the pane never shows more than retention keeps
+   * for longer than that.
+   */
+  scheduleCountsSync() {
+    if (this.countsTimer) return;
+    const s = this.session;
+    this.countsTimer = setTimeout(async () => {
+      this.countsTimer = null;
+      if (!s || s.closed || s.gone || s !== this.session) return;
+      try {
+        const res = await api.listRuns(s.tid, { limit: 1 }, { signal: s.signal });
+        if (s.closed || s !== this.session || !res || typeof res.counts !== "object") return;
+        this.model.counts = { ...res.counts };
+        this.scheduleDraw();
+      } catch {
+        // The next finishing frame (or reload) tries again; nothing to tell the user.
+      }
+    }, COUNTS_SYNC_MS);
   }
 
   // -------------------------------------------------------------------- actions

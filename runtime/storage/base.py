@@ -461,6 +461,19 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
+    def renew_effect_record(self, key: str, *, owner: str, lease_seconds: float,
+                            now: float) -> bool:
+        """Extend ``owner``'s in-progress lease to ``now + lease_seconds`` (a heartbeat).
+
+        Returns:
+            True if ``owner`` holds the record (renewed); False otherwise (nothing changes).
+
+        Raises:
+            ValueError: ``lease_seconds`` is not positive and finite.
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
     def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:
         """Drop ``owner``'s in-progress record (its execute raised): nothing is recorded.
 
@@ -694,6 +707,20 @@ class RuntimeStore(ABC):
 
         Raises:
             EffectRecordLost: ``owner`` no longer holds the key.
+        """
+
+    @abstractmethod
+    def renew_record(
+        self, scope: str, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        """Extend ``owner``'s live claim to ``now`` + ``lease_seconds`` (`EffectRecordStore.renew`).
+
+        Returns:
+            True if ``owner`` holds the in-progress record (renewed); False otherwise
+            (nothing changes).
+
+        Raises:
+            ValueError: ``lease_seconds`` is not positive and finite.
         """
 
     @abstractmethod

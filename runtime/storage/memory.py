@@ -443,6 +443,13 @@ class MemoryThreadStore(ThreadStore):
                 status=status,
             )
 
+    def renew_effect_record(  # noqa: D102
+        self, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        with self._data.lock:
+            return self._open_data().effect_records.renew(
+                self.thread_id, key, owner=owner, lease_seconds=lease_seconds, now=now)
+
     def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102
         with self._data.lock:
             table = self._open_data().effect_records
@@ -765,6 +772,13 @@ class MemoryRuntimeStore(RuntimeStore):
             return self._check().records.complete(
                 scope, key, owner=owner, result_json=result_json, now=now, status=status,
             )
+
+    def renew_record(  # noqa: D102
+        self, scope: str, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        with self._backend.lock:
+            return self._check().records.renew(
+                scope, key, owner=owner, lease_seconds=lease_seconds, now=now)
 
     def release_record(self, scope: str, key: str, *, owner: str) -> bool:  # noqa: D102
         with self._backend.lock:

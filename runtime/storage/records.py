@@ -227,6 +227,23 @@ class EffectRecordStore(abc.ABC):
                 lease was taken over after it expired, or the record is gone or applied).
         """
 
+    async def renew(
+        self, thread_id: str, key: str, *, owner: str, lease_seconds: float
+    ) -> bool:
+        """Extend ``owner``'s live claim to now + ``lease_seconds`` (a heartbeat while applying).
+
+        A backend without it keeps the lease it was claimed with (this default, True).
+
+        Returns:
+            True if ``owner`` still holds the key's in-progress record (now renewed);
+            False if it does not (taken over after it expired, or gone): nothing changes.
+
+        Raises:
+            ValueError: ``lease_seconds`` is not positive and finite.
+        """
+        check_lease(lease_seconds)
+        return True
+
     @abc.abstractmethod
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:
         """Drop ``owner``'s in-progress record (its execute raised): nothing is recorded.
@@ -370,6 +387,20 @@ def sql_complete(
     if not changed:
         raise _lost(thread_id, key, owner)
     return _require(conn, thread_id, key)
+
+
+def sql_renew(
+    conn: sqlite3.Connection, thread_id: str, key: str, *, owner: str, lease_seconds: float,
+    now: float,
+) -> bool:
+    """`EffectRecordStore.renew` on a connection."""
+    check_lease(lease_seconds)
+    return bool(conn.execute(
+        'UPDATE effect_records SET lease_expires_at = ? WHERE thread_id = ? AND "key" = ? '
+        "AND status = ? AND owner = ?",
+        (_quantize(now) + lease_seconds, thread_id, key, EffectRecordStatus.IN_PROGRESS.value,
+         owner),
+    ).rowcount)
 
 
 def sql_release(conn: sqlite3.Connection, thread_id: str, key: str, *, owner: str) -> bool:
@@ -605,6 +636,18 @@ class EffectRecordTable:
         self.records[(thread_id, key)] = record
         return record
 
+    def renew(self, thread_id: str, key: str, *, owner: str, lease_seconds: float,
+              now: float) -> bool:
+        """`EffectRecordStore.renew` at ``now``."""
+        check_lease(lease_seconds)
+        current = self.records.get((thread_id, key))
+        if (current is None or current.status is not EffectRecordStatus.IN_PROGRESS
+                or current.owner != owner):
+            return False
+        self.records[(thread_id, key)] = replace(
+            current, lease_expires_at=_dt(_quantize(now) + lease_seconds))
+        return True
+
     def release(self, thread_id: str, key: str, *, owner: str) -> bool:
         """`EffectRecordStore.release`."""
         current = self.records.get((thread_id, key))
@@ -706,6 +749,13 @@ class InMemoryEffectStore(EffectRecordStore):
                 thread_id, key, owner=owner, result_json=result_json, now=self._clock(),
                 status=status,
             )
+
+    async def renew(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, lease_seconds: float
+    ) -> bool:
+        with self._lock:
+            return self._table.renew(thread_id, key, owner=owner, lease_seconds=lease_seconds,
+                                     now=self._clock())
 
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
         with self._lock:
@@ -833,6 +883,14 @@ class SqliteEffectStore(EffectRecordStore):
             status=status,
         ))
         return record
+
+    async def renew(  # noqa: D102
+        self, thread_id: str, key: str, *, owner: str, lease_seconds: float
+    ) -> bool:
+        check_lease(lease_seconds)
+        renewed: bool = await self._run(lambda c: sql_renew(
+            c, thread_id, key, owner=owner, lease_seconds=lease_seconds, now=self._clock()))
+        return renewed
 
     async def release(self, thread_id: str, key: str, *, owner: str) -> bool:  # noqa: D102
         dropped: bool = await self._run(lambda c: sql_release(c, thread_id, key, owner=owner))

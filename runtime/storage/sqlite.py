@@ -755,6 +755,14 @@ class SQLiteThreadStore(ThreadStore):
             status=status,
         ))
 
+    def renew_effect_record(  # noqa: D102
+        self, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        _records.check_lease(lease_seconds)
+        renewed: bool = self._tx(lambda c: _records.sql_renew(
+            c, self.thread_id, key, owner=owner, lease_seconds=lease_seconds, now=now))
+        return renewed
+
     def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102
         def tx(c: sqlite3.Connection) -> EffectRecord | None:
             record = _records.sql_get(c, self.thread_id, key)
@@ -1194,6 +1202,14 @@ class SQLiteRuntimeStore(RuntimeStore):
         return self._tx(lambda c: _records.sql_complete(
             c, scope, key, owner=owner, result_json=result_json, now=now, status=status,
         ))
+
+    def renew_record(  # noqa: D102
+        self, scope: str, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        _records.check_lease(lease_seconds)
+        renewed: bool = self._tx(lambda c: _records.sql_renew(
+            c, scope, key, owner=owner, lease_seconds=lease_seconds, now=now))
+        return renewed
 
     def release_record(self, scope: str, key: str, *, owner: str) -> bool:  # noqa: D102
         return self._tx(lambda c: _records.sql_release(c, scope, key, owner=owner))

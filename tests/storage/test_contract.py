@@ -1285,3 +1285,31 @@ def test_the_run_index_keeps_a_runs_key_and_who_canceled_it(rtdb: RuntimeStore) 
     assert [(r.id, r.status, r.key, r.canceled_by) for r in page][1] == (
         "x0001", EffectStatus.CANCELED, "daily", "pane"
     )
+
+
+def test_a_renewed_lease_is_not_taken_over_until_it_expires(store: ThreadStore) -> None:
+    begin(store, "k", "a", T0)  # a 60 s lease
+    assert store.renew_effect_record("k", owner="a", lease_seconds=60, now=T0 + 50)
+    assert not begin(store, "k", "b", T0 + 61).claimed  # renewed until T0 + 110
+    assert not store.renew_effect_record("k", owner="b", lease_seconds=60, now=T0 + 61)
+    assert begin(store, "k", "b", T0 + 111).took_over
+    assert not store.renew_effect_record("k", owner="a", lease_seconds=60, now=T0 + 112)
+    assert not store.renew_effect_record("gone", owner="a", lease_seconds=60, now=T0)
+
+
+def test_a_renewed_runtime_record_is_not_taken_over_until_it_expires(
+    rtdb: RuntimeStore,
+) -> None:
+    def claim(owner: str, now: float) -> Claim:
+        return rtdb.begin_record("s", "k", tool_name="ship", run_id=None, owner=owner,
+                                 lease_seconds=60, now=now)
+
+    claim("a", T0)  # a 60 s lease
+    assert rtdb.renew_record("s", "k", owner="a", lease_seconds=60, now=T0 + 50)
+    assert not claim("b", T0 + 61).claimed  # renewed until T0 + 110
+    assert not rtdb.renew_record("s", "k", owner="b", lease_seconds=60, now=T0 + 61)
+    assert not rtdb.renew_record("other", "k", owner="a", lease_seconds=60, now=T0 + 61)
+    assert claim("b", T0 + 111).took_over
+    assert not rtdb.renew_record("s", "k", owner="a", lease_seconds=60, now=T0 + 112)
+    with pytest.raises(ValueError, match="lease"):
+        rtdb.renew_record("s", "k", owner="b", lease_seconds=0, now=T0 + 112)

@@ -115,6 +115,28 @@ async def test_complete_records_the_result_and_a_recorded_key_is_never_claimed(
     assert (await store.get("t1", "k")) == done
 
 
+async def test_renew_extends_only_the_owners_live_lease(
+    store: EffectRecordStore, clock: FakeClock
+) -> None:
+    assert await claim(store, "k", "a", lease=10)
+    clock.advance(8)
+    assert await store.renew("t1", "k", owner="a", lease_seconds=10)
+    record = await store.get("t1", "k")
+    assert record is not None
+    assert record.lease_expires_at == datetime.fromtimestamp(T0 + 18, UTC)
+    clock.advance(8)  # 16 s after the claim: alive only because it was renewed
+    assert not await claim(store, "k", "b", lease=10)
+    assert not await store.renew("t1", "k", owner="b", lease_seconds=10)  # not its claim
+    clock.advance(2)
+    assert await claim(store, "k", "b", lease=10)  # expired: taken over
+    assert not await store.renew("t1", "k", owner="a", lease_seconds=10)  # lost it
+    await store.complete("t1", "k", owner="b", result_json="1")
+    assert not await store.renew("t1", "k", owner="b", lease_seconds=10)  # applied
+    assert not await store.renew("t1", "gone", owner="b", lease_seconds=10)
+    with pytest.raises(ValueError):
+        await store.renew("t1", "k", owner="b", lease_seconds=0)
+
+
 async def test_release_drops_only_the_owners_in_progress_record(
     store: EffectRecordStore,
 ) -> None:

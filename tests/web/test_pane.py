@@ -158,7 +158,9 @@ def pane(tmp_path: Path, browser: Browser) -> Iterator[Pane]:
 
 
 @contextmanager
-def serve_pane(tmp_path: Path, browser: Browser, app_dir: Path) -> Iterator[Pane]:
+def serve_pane(
+    tmp_path: Path, browser: Browser, app_dir: Path, **settings: Any
+) -> Iterator[Pane]:
     """The app in ``app_dir`` served by uvicorn, and a fresh browser page (console errors kept)."""
     app = create_app(
         data_dir=tmp_path / "data",
@@ -167,6 +169,7 @@ def serve_pane(tmp_path: Path, browser: Browser, app_dir: Path) -> Iterator[Pane
         load_packages=False,
         synchronous="NORMAL",
         shutdown_grace_seconds=0,
+        **settings,
     )
     with ThreadedServer(app) as server, httpx.Client(base_url=server.url) as http:
         context = browser.new_context()
@@ -1223,6 +1226,116 @@ def test_the_conversation_shows_a_turns_state_and_results_from_the_journal(
         assert answered == [200]
         expect(running).to_have_count(0, timeout=WAIT_MS)  # succeeded at once: no tag
         expect(state).to_have_text("resumed")
+
+
+BIG_NOTE_TOOL = """
+from pydantic import BaseModel
+from runtime import define_effect_tool
+
+class Note(BaseModel):
+    topic: str
+    text: str
+
+async def post_note(state, args: Note) -> dict:
+    return {"topic": args.topic, "body": args.text * 1000}  # a result over 2,000 characters
+
+tool = define_effect_tool("Posts a long note.", Note, post_note)  # the default key
+"""
+
+
+def test_at_420px_a_record_shows_its_tool_and_key_end_and_a_tap_opens_it(
+    tmp_path: Path, browser: Browser
+) -> None:
+    app = tmp_path / "app"
+    (app / "tools").mkdir(parents=True)
+    (app / "agents").mkdir()
+    (app / "tools" / "post_note.py").write_text(BIG_NOTE_TOOL)
+    (app / "agents" / "notes.py").write_text(
+        "from runtime import define_agent\n\n"
+        "agent = define_agent('notes', 'Post notes.', tools=['post_note'])\n"
+    )
+    with serve_pane(tmp_path, browser, app) as pane:
+        check_phone_records(pane)
+
+
+def check_phone_records(pane: Pane) -> None:
+    page = pane.page
+    page.set_viewport_size(PHONE)
+    tid = pane.new_thread()
+    pane.open_thread(tid)
+    for topic in ("release", "launch"):
+        res = pane.http.post(f"/api/threads/{tid}/messages",
+                             json={"content": f"post a note about {topic}: done"},
+                             timeout=WAIT_MS / 1000)
+        assert res.status_code == 200, res.text
+    listed = pane.http.get(f"/api/threads/{tid}/effect-records").json()["records"]
+    assert len(listed) == 2 and all(r["resultTruncated"] for r in listed)
+    rows = page.get_by_test_id("record-row")
+    expect(rows).to_have_count(2, timeout=WAIT_MS)
+    for record in listed:
+        key = record["key"]
+        row = page.locator(f'[data-testid="record-row"][data-key="{key}"]')
+        expect(row).to_have_attribute("data-status", "applied", timeout=WAIT_MS)
+        tool = row.get_by_test_id("record-key-tool")
+        expect(tool).to_be_visible()
+        expect(tool).to_have_text("post_note")
+        shown = row.get_by_test_id("record-key")
+        expect(shown).to_be_visible()
+        # The visible part of the key is its end: the text's right edge is inside the cell.
+        tail_box = shown.locator("span").bounding_box()
+        cell_box = shown.bounding_box()
+        assert tail_box is not None and cell_box is not None
+        assert tail_box["x"] + tail_box["width"] <= cell_box["x"] + cell_box["width"] + 1
+        assert tail_box["x"] < cell_box["x"]  # cut on the left, not the right
+        expect(shown).to_contain_text(key[-8:])
+        expect(row.get_by_test_id("record-result")).to_contain_text('{"topic":')
+    snap(page, "phone-records")
+
+    key = listed[0]["key"]
+    row = page.locator(f'[data-testid="record-row"][data-key="{key}"]')
+    status_head = page.locator(".records-table th.col-rstatus")
+    before = status_head.bounding_box()
+    row.click()
+    detail = page.locator(f'[data-testid="record-detail"][data-key="{key}"]')
+    expect(detail).to_be_visible(timeout=WAIT_MS)
+    expect(detail.get_by_test_id("record-detail-key")).to_have_text(key)
+    expect(detail.get_by_test_id("record-detail-tool")).to_have_text("post_note")
+    # The listing cut the result: the detail shows it in full, fetched by its key.
+    expect(detail.get_by_test_id("record-detail-result")).to_contain_text(
+        "done" * 1000, timeout=WAIT_MS)
+    assert detail.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
+    assert status_head.bounding_box() == before  # the open detail leaves the columns be
+    snap(page, "phone-record-detail")
+    row.click()
+    expect(detail).to_have_count(0)
+    assert pane.errors == []
+
+
+def test_the_counts_never_stay_above_what_retention_keeps(
+    tmp_path: Path, browser: Browser
+) -> None:
+    from runtime.config import RetentionPolicy
+
+    with serve_pane(tmp_path, browser, ROOT / "agents",
+                    retention=RetentionPolicy(max_finished=5)) as pane:
+        page = pane.page
+        tid = pane.new_thread()
+        pane.open_thread(tid)
+        page.evaluate("window.__noReload = true")
+        ids = [pane.schedule(tid, "send_reminder", {"text": f"r{i}"}) for i in range(12)]
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while True:  # every run finished (pruned ones are gone: 404)
+            states = [pane.http.get(f"/api/threads/{tid}/effects/{i}") for i in ids]
+            if all(r.status_code == 404 or r.json()["status"] == "completed" for r in states):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        counts = pane.http.get(f"/api/threads/{tid}/effects").json()["counts"]
+        assert counts["completed"] < 12  # retention pruned some: the frames said 12
+        completed = page.get_by_test_id("filter-completed")
+        expect(completed).to_have_attribute("data-count", str(counts["completed"]),
+                                            timeout=WAIT_MS)
+        assert page.evaluate("window.__noReload") is True  # synced without a reload
         assert pane.errors == []
 
 

@@ -51,3 +51,26 @@ test("results and statuses as the pane shows them", () => {
   assert.equal(resultText(rec("a", 1, { status: "applied", result: "x".repeat(300) }), 10), `"${"x".repeat(9)}…`);
   assert.equal(statusLabel("in_progress"), "in progress");
 });
+
+test("a key shows its distinguishing end", async () => {
+  const { keyTail } = await import("../../../web/records-model.js");
+  assert.equal(keyTail("note:release"), "note:release");
+  const key = "01a22c9b9d36f3d283e8ed1621ea3445:note:release";
+  assert.equal(keyTail(key), `…${key.slice(-27)}`);
+  assert.equal(keyTail(key).length, 28);
+  assert.ok(keyTail(key).endsWith(":note:release"));
+});
+
+test("a result cut by the listing shows its preview, marked as cut", async () => {
+  const { resultBlock } = await import("../../../web/records-model.js");
+  const cut = rec("a", 1, {
+    status: "applied", result: null, resultTruncated: true,
+    resultPreview: `{"text":"${"x".repeat(1990)}…`, resultChars: 5012,
+  });
+  assert.equal(resultText(cut, 20), `{"text":"${"x".repeat(11)}…`);
+  assert.ok(resultText(cut, 4000).endsWith("x…"));
+  const failed = rec("b", 2, { status: "failed", result: { error: "boom" } });
+  assert.equal(resultText(failed), '{"error":"boom"}');
+  assert.equal(resultBlock(failed), '{\n  "error": "boom"\n}');
+  assert.equal(resultText(rec("c", 3)), "");
+});
