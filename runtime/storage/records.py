@@ -818,19 +818,31 @@ class SqliteEffectStore(EffectRecordStore):
         if self._conn is None:
             # isolation_level=None: transactions are ours (BEGIN IMMEDIATE takes the write
             # lock up front, so a racing claimant waits instead of failing on upgrade).
-            conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False,
-                timeout=self._busy_timeout_seconds,
-            )
-            try:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(f"PRAGMA synchronous={self._synchronous}")
-                conn.execute("BEGIN IMMEDIATE")
-                create_effect_records_table(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.close()
-                raise
+            deadline = time.monotonic() + self._busy_timeout_seconds
+            while True:
+                conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False,
+                    timeout=self._busy_timeout_seconds,
+                )
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                    conn.execute("BEGIN IMMEDIATE")
+                    create_effect_records_table(conn)
+                    conn.execute("COMMIT")
+                except sqlite3.OperationalError as exc:
+                    conn.close()
+                    # Switching a new file to WAL takes an exclusive lock without waiting on
+                    # the busy handler: a process opening the same file at the same moment
+                    # gets "database is locked" at once. Try again until the busy timeout.
+                    if "locked" not in str(exc) or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.01)
+                    continue
+                except BaseException:
+                    conn.close()
+                    raise
+                break
             self._conn = conn
         return self._conn
 
