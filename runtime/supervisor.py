@@ -46,6 +46,7 @@ from runtime._limits import MAX_DELAY_SECONDS, delay_seconds, parse_thread_curso
 from runtime._text import check_text
 from runtime.actors import ActorState, ActorTable, ThreadActor, ThreadLifecycle
 from runtime.alarms import AlarmIndex, Clock, SystemClock
+from runtime.all_runs import MAX_BULK_RUNS, AllRuns, BulkResult, RunsPage
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
 from runtime.dispatcher import Dispatcher
@@ -55,8 +56,6 @@ from runtime.errors import (
     EffectDefinitionError,
     InvalidArgument,
     InvalidThreadId,
-    RunNotFound,
-    RunStateError,
     RuntimeClosed,
     ThreadNotFound,
     ThreadStorageError,
@@ -67,8 +66,8 @@ from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.run_index import RunIndexer
-from runtime.runs import MAX_CANCELED_BY_CHARS, MAX_PAGE, RunOperations, check_limit, parse_statuses
-from runtime.storage.base import RunQuery, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.runs import MAX_PAGE, RunOperations, check_limit
+from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
@@ -122,45 +121,6 @@ def _describe(runs: Sequence[EffectRun], most: int = 10) -> str:
     """``"send_reminder (run 1a2b…, thread t1), …"`` for a log line, at most ``most``."""
     text = ", ".join(f"{r.name} (run {r.id}, thread {r.thread_id})" for r in runs[:most])
     return text + (f" and {len(runs) - most} more" if len(runs) > most else "")
-
-
-@dataclass(frozen=True, slots=True)
-class RunsPage:
-    """A page of runs across threads, newest first (by when they were scheduled).
-
-    Attributes:
-        runs: The runs (without args).
-        next_cursor: Pass as ``cursor`` for the next page; None on the last page.
-        counts: How many runs match the filters other than the status, per status.
-        complete: False while the run index is being rebuilt (runs may be missing).
-    """
-
-    runs: list[EffectRun]
-    next_cursor: str | None
-    counts: dict[EffectStatus, int]
-    complete: bool = True
-
-
-MAX_BULK_RUNS = 10_000
-"""Most runs one bulk action (`Runtime.cancel_runs`, `Runtime.replay_runs`) goes through."""
-
-
-@dataclass(frozen=True, slots=True)
-class BulkResult:
-    """What a bulk action did.
-
-    Attributes:
-        ids: The canceled runs, or the new runs of the replays.
-        more: True when it stopped at `MAX_BULK_RUNS` with matching runs left.
-    """
-
-    ids: list[str]
-    more: bool = False
-
-    @property
-    def count(self) -> int:
-        """How many runs it changed."""
-        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,12 +247,22 @@ class Runtime:
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open, executor=self.executor,
         )
+        self.all_runs = AllRuns(
+            store=self._opened_store, index=self.run_index, runs=self.runs,
+            actors=self.actors, run_sync=self.run_sync, now=self.clock.now,
+            retention=self.settings.retention, check_open=self._check_open,
+            get_thread=self.get_thread,
+        )
         self.effect_records = EffectRecords(
             self.actors, self.run_sync, self.hub, self.clock.now, self.settings.retention,
             self._thread_ids,
         )
         # Records of the runtime database: durable turns' "cross-run" keys.
         self.runtime_records = RuntimeRecords(self._runtime_store, self.run_sync, self.clock.now)
+
+    def _opened_store(self) -> RuntimeStore:
+        assert self._store is not None
+        return self._store
 
     def _runtime_store(self) -> RuntimeStore:
         self._check_open()
@@ -367,7 +337,8 @@ class Runtime:
         if rebuild:
             log.info("the run index is incomplete (a crash or an upgrade): rebuilding it")
             self._rebuild = asyncio.create_task(
-                self.run_index.rebuild(self._every_threads_runs), name="thread-effects-reindex"
+                self.run_index.rebuild(self.all_runs.every_threads_runs),
+                name="thread-effects-reindex",
             )
         for extension in self.extensions:
             try:
@@ -675,127 +646,21 @@ class Runtime:
             return ThreadState(self, actor.info)
         return ThreadState(self, await self.actors.info(thread_id))
 
-    async def list_runs(
-        self,
-        *,
-        status: EffectStatus | str | list[EffectStatus | str] | None = None,
-        name: str | None = None,
-        thread_id: str | None = None,
-        user_id: str | None = None,
-        tag: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> RunsPage:
-        """Runs across every thread, newest first (by when they were scheduled), no args.
-
-        Read from the cross-thread run index (`runtime.run_index`), after writing the
-        changes noted so far: a run changed before this call shows its change.
-
-        Args:
-            status: One status or several.
-            name: The effect name.
-            thread_id: The thread.
-            user_id: The threads' ``user_id``.
-            tag: A tag of the thread.
-            since: Due at or after this time, seconds since the epoch (UTC).
-            until: Due before this time.
-            limit: Page size, 1 to 500.
-            cursor: ``next_cursor`` of the previous page.
+    async def list_runs(self, **filters: Any) -> RunsPage:
+        """Runs across every thread, newest first, no args: `runtime.all_runs.AllRuns.list_runs`.
 
         Raises:
             ValueError: an unknown status, a bad limit or a malformed cursor.
         """
-        self._check_open()
-        assert self._store is not None
-        check_limit(limit)
-        statuses = parse_statuses(status)
-        before = parse_thread_cursor(cursor) if cursor is not None else None
-        query = RunQuery(
-            statuses=tuple(statuses) if statuses is not None else None, name=name,
-            thread_id=thread_id, user_id=user_id, tag=tag, since=since, until=until,
-        )
-        await self.run_index.flush()
-        now = self.clock.now()
-        retention = self.settings.retention
-        store = self._store
-
-        def read() -> tuple[list[EffectRun], tuple[float, str] | None, dict[EffectStatus, int]]:
-            runs, nxt = store.list_indexed_runs(query, now, retention, limit, before)
-            return runs, nxt, store.count_indexed_runs(query, now, retention)
-
-        runs, nxt, counts = await self.run_sync(read)
-        return RunsPage(
-            runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
-            self.run_index.complete,
-        )
+        return await self.all_runs.list_runs(**filters)
 
     async def cancel_runs(self, *, canceled_by: str = "code", **filters: Any) -> BulkResult:
-        """Cancel every pending run that matches ``filters`` (those of `list_runs`).
-
-        Walks the run index (at most `MAX_BULK_RUNS` runs per call) and cancels each run
-        in its thread as `ThreadState.remove_scheduled_effect` does, with ``canceled_by``
-        (1 to 256 characters): a run that started meanwhile is canceled while running
-        (counted); one that finished meanwhile is left alone (not counted).
-
-        Returns:
-            The canceled runs' ids, and whether matching runs remain.
-
-        Raises:
-            ValueError: a bad filter (as `list_runs`); `InvalidArgument` for a bad
-                ``canceled_by`` (nothing canceled).
-        """
-        if canceled_by == "":
-            raise InvalidArgument("canceled_by must not be empty")
-        check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
-        return await self._bulk(
-            "pending", filters,
-            lambda run: self.runs.cancel(run.thread_id, run.id, canceled_by),
-        )
+        """Cancel every pending run matching ``filters``: `runtime.all_runs.AllRuns.cancel_runs`."""
+        return await self.all_runs.cancel_runs(canceled_by=canceled_by, **filters)
 
     async def replay_runs(self, **filters: Any) -> BulkResult:
-        """Replay every failed run that matches ``filters`` (those of `list_runs`).
-
-        Each replay is a new run with the same name and args, due now, linked to its
-        original (`ThreadState.replay`); at most `MAX_BULK_RUNS` per call.
-
-        Returns:
-            The new runs' ids, and whether matching runs remain.
-
-        Raises:
-            ValueError: a bad filter (as `list_runs`).
-        """
-        async def replay(run: EffectRun) -> str:
-            state = await self.get_thread(run.thread_id)
-            return await state.replay(run.id)
-
-        return await self._bulk("failed", filters, replay)
-
-    async def _bulk(
-        self, status: str, filters: dict[str, Any], act: Callable[[EffectRun], Any]
-    ) -> BulkResult:
-        filters = {k: v for k, v in filters.items() if k not in ("status", "limit", "cursor")}
-        done: list[str] = []
-        seen = 0
-        cursor: str | None = None
-        while True:
-            page = await self.list_runs(status=status, limit=500, cursor=cursor, **filters)
-            for run in page.runs:
-                if seen >= MAX_BULK_RUNS:
-                    return BulkResult(done, more=True)
-                seen += 1
-                try:
-                    result = await act(run)
-                except (ThreadNotFound, RunNotFound, RunStateError):
-                    continue  # deleted, pruned or no longer in that status meanwhile
-                if result is True:
-                    done.append(run.id)
-                elif isinstance(result, str):
-                    done.append(result)
-            cursor = page.next_cursor
-            if cursor is None:
-                return BulkResult(done, more=False)
+        """Replay every failed run matching ``filters``: `runtime.all_runs.AllRuns.replay_runs`."""
+        return await self.all_runs.replay_runs(**filters)
 
     def subscribe_runs(self) -> Subscription:
         """A subscription to the run changes of every thread (`EffectChanged`, no args).
@@ -812,33 +677,6 @@ class Runtime:
         """Wait until a rebuild of the run index started at start-up (if any) has ended."""
         if self._rebuild is not None:
             await asyncio.shield(self._rebuild)
-
-    async def _every_threads_runs(self) -> AsyncIterator[list[EffectRun]]:
-        """Each thread's runs (those reads show), read under its lock: for a rebuild."""
-        assert self._store is not None
-        after: tuple[float, str] | None = None
-        while True:
-            infos, after = await self.run_sync(self._store.list_threads, 500, after)
-            for info in infos:
-                try:
-                    async with self.actors.writing(info.id) as actor:
-                        runs = await self.run_sync(self._all_runs, actor.store)
-                except (ThreadNotFound, ThreadStorageError) as exc:
-                    log.warning("run index: thread %s skipped: %s", info.id, exc)
-                    continue
-                yield runs
-            if after is None:
-                return
-
-    def _all_runs(self, store: ThreadStore) -> list[EffectRun]:
-        now, retention = self.clock.now(), self.settings.retention
-        out: list[EffectRun] = []
-        before: int | None = None
-        while True:
-            runs, before = store.list_runs(now, retention, limit=500, before_seq=before)
-            out.extend(replace(r, args=None) for r in runs)
-            if before is None:
-                return out
 
     async def list_threads(self, *, limit: int = 50, cursor: str | None = None) -> ThreadPage:
         """Threads, newest first.

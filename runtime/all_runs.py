@@ -1,0 +1,249 @@
+"""Runs across threads: listing from the cross-thread run index, and bulk actions.
+
+A part of `runtime.supervisor.Runtime` (which delegates `Runtime.list_runs`,
+`Runtime.cancel_runs` and `Runtime.replay_runs` here): reads go to the run index in the
+runtime store (`runtime.run_index`), after its pending changes are written; bulk actions
+walk that index and act on each run in its own thread, through the run operations.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from runtime._limits import parse_thread_cursor
+from runtime._text import check_text
+from runtime.abc import RunSync
+from runtime.actors import ActorTable
+from runtime.config import RetentionPolicy
+from runtime.effects import EffectRun, EffectStatus
+from runtime.errors import (
+    InvalidArgument,
+    RunNotFound,
+    RunStateError,
+    ThreadNotFound,
+    ThreadStorageError,
+)
+from runtime.run_index import RunIndexer
+from runtime.runs import MAX_CANCELED_BY_CHARS, RunOperations, check_limit, parse_statuses
+from runtime.storage.base import RunQuery, RuntimeStore, ThreadStore
+from runtime.thread import ThreadState
+
+log = logging.getLogger("runtime")
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPage:
+    """A page of runs across threads, newest first (by when they were scheduled).
+
+    Attributes:
+        runs: The runs (without args).
+        next_cursor: Pass as ``cursor`` for the next page; None on the last page.
+        counts: How many runs match the filters other than the status, per status.
+        complete: False while the run index is being rebuilt (runs may be missing).
+    """
+
+    runs: list[EffectRun]
+    next_cursor: str | None
+    counts: dict[EffectStatus, int]
+    complete: bool = True
+
+
+MAX_BULK_RUNS = 10_000
+"""Most runs one bulk action (`Runtime.cancel_runs`, `Runtime.replay_runs`) goes through."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkResult:
+    """What a bulk action did.
+
+    Attributes:
+        ids: The canceled runs, or the new runs of the replays.
+        more: True when it stopped at `MAX_BULK_RUNS` with matching runs left.
+    """
+
+    ids: list[str]
+    more: bool = False
+
+    @property
+    def count(self) -> int:
+        """How many runs it changed."""
+        return len(self.ids)
+
+
+class AllRuns:
+    """Runs across every thread (a part of the runtime; see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Callable[[], RuntimeStore],
+        index: RunIndexer,
+        runs: RunOperations,
+        actors: ActorTable,
+        run_sync: RunSync,
+        now: Callable[[], float],
+        retention: RetentionPolicy,
+        check_open: Callable[[], None],
+        get_thread: Callable[[str], Awaitable[ThreadState]],
+    ) -> None:
+        self._store = store
+        self._index = index
+        self._runs = runs
+        self._actors = actors
+        self._run_sync = run_sync
+        self._now = now
+        self._retention = retention
+        self._check_open = check_open
+        self._get_thread = get_thread
+
+    async def list_runs(
+        self,
+        *,
+        status: EffectStatus | str | list[EffectStatus | str] | None = None,
+        name: str | None = None,
+        thread_id: str | None = None,
+        user_id: str | None = None,
+        tag: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunsPage:
+        """Runs across every thread, newest first (by when they were scheduled), no args.
+
+        Read from the cross-thread run index (`runtime.run_index`), after writing the
+        changes noted so far: a run changed before this call shows its change.
+
+        Args:
+            status: One status or several.
+            name: The effect name.
+            thread_id: The thread.
+            user_id: The threads' ``user_id``.
+            tag: A tag of the thread.
+            since: Due at or after this time, seconds since the epoch (UTC).
+            until: Due before this time.
+            limit: Page size, 1 to 500.
+            cursor: ``next_cursor`` of the previous page.
+
+        Raises:
+            ValueError: an unknown status, a bad limit or a malformed cursor.
+        """
+        self._check_open()
+        check_limit(limit)
+        statuses = parse_statuses(status)
+        before = parse_thread_cursor(cursor) if cursor is not None else None
+        query = RunQuery(
+            statuses=tuple(statuses) if statuses is not None else None, name=name,
+            thread_id=thread_id, user_id=user_id, tag=tag, since=since, until=until,
+        )
+        await self._index.flush()
+        now = self._now()
+        retention = self._retention
+        store = self._store()
+
+        def read() -> tuple[list[EffectRun], tuple[float, str] | None, dict[EffectStatus, int]]:
+            runs, nxt = store.list_indexed_runs(query, now, retention, limit, before)
+            return runs, nxt, store.count_indexed_runs(query, now, retention)
+
+        runs, nxt, counts = await self._run_sync(read)
+        return RunsPage(
+            runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
+            self._index.complete,
+        )
+
+    async def cancel_runs(self, *, canceled_by: str = "code", **filters: Any) -> BulkResult:
+        """Cancel every pending run that matches ``filters`` (those of `list_runs`).
+
+        Walks the run index (at most `MAX_BULK_RUNS` runs per call) and cancels each run
+        in its thread as `ThreadState.remove_scheduled_effect` does, with ``canceled_by``
+        (1 to 256 characters): a run that started meanwhile is canceled while running
+        (counted); one that finished meanwhile is left alone (not counted).
+
+        Returns:
+            The canceled runs' ids, and whether matching runs remain.
+
+        Raises:
+            ValueError: a bad filter (as `list_runs`); `InvalidArgument` for a bad
+                ``canceled_by`` (nothing canceled).
+        """
+        if canceled_by == "":
+            raise InvalidArgument("canceled_by must not be empty")
+        check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
+        return await self._bulk(
+            "pending", filters,
+            lambda run: self._runs.cancel(run.thread_id, run.id, canceled_by),
+        )
+
+    async def replay_runs(self, **filters: Any) -> BulkResult:
+        """Replay every failed run that matches ``filters`` (those of `list_runs`).
+
+        Each replay is a new run with the same name and args, due now, linked to its
+        original (`ThreadState.replay`); at most `MAX_BULK_RUNS` per call.
+
+        Returns:
+            The new runs' ids, and whether matching runs remain.
+
+        Raises:
+            ValueError: a bad filter (as `list_runs`).
+        """
+        async def replay(run: EffectRun) -> str:
+            state = await self._get_thread(run.thread_id)
+            return await state.replay(run.id)
+
+        return await self._bulk("failed", filters, replay)
+
+    async def _bulk(
+        self, status: str, filters: dict[str, Any], act: Callable[[EffectRun], Any]
+    ) -> BulkResult:
+        filters = {k: v for k, v in filters.items() if k not in ("status", "limit", "cursor")}
+        done: list[str] = []
+        seen = 0
+        cursor: str | None = None
+        while True:
+            page = await self.list_runs(status=status, limit=500, cursor=cursor, **filters)
+            for run in page.runs:
+                if seen >= MAX_BULK_RUNS:
+                    return BulkResult(done, more=True)
+                seen += 1
+                try:
+                    result = await act(run)
+                except (ThreadNotFound, RunNotFound, RunStateError):
+                    continue  # deleted, pruned or no longer in that status meanwhile
+                if result is True:
+                    done.append(run.id)
+                elif isinstance(result, str):
+                    done.append(result)
+            cursor = page.next_cursor
+            if cursor is None:
+                return BulkResult(done, more=False)
+
+    async def every_threads_runs(self) -> AsyncIterator[list[EffectRun]]:
+        """Each thread's runs (those reads show), read under its lock: for a rebuild."""
+        store = self._store()
+        after: tuple[float, str] | None = None
+        while True:
+            infos, after = await self._run_sync(store.list_threads, 500, after)
+            for info in infos:
+                try:
+                    async with self._actors.writing(info.id) as actor:
+                        runs = await self._run_sync(self._all_runs, actor.store)
+                except (ThreadNotFound, ThreadStorageError) as exc:
+                    log.warning("run index: thread %s skipped: %s", info.id, exc)
+                    continue
+                yield runs
+            if after is None:
+                return
+
+    def _all_runs(self, store: ThreadStore) -> list[EffectRun]:
+        now, retention = self._now(), self._retention
+        out: list[EffectRun] = []
+        before: int | None = None
+        while True:
+            runs, before = store.list_runs(now, retention, limit=500, before_seq=before)
+            out.extend(replace(r, args=None) for r in runs)
+            if before is None:
+                return out
+
