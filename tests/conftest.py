@@ -27,6 +27,10 @@ import httpx
 import pytest
 import uvicorn
 from blockbuster import blockbuster_ctx
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 
 from runtime import Runtime
@@ -151,3 +155,26 @@ def no_blocking() -> Iterator[None]:
     """Fail the test if a blocking call (file, socket, sqlite3, sleep) runs on the loop."""
     with blockbuster_ctx():
         yield
+
+
+_SPANS: InMemorySpanExporter | None = None
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The spans finished during the test (the SDK's in-memory exporter).
+
+    The process-wide tracer provider can be set only once: the exporter is added to it
+    the first time, then cleared around each test that asks for it.
+    """
+    global _SPANS
+    if _SPANS is None:
+        if not isinstance(trace.get_tracer_provider(), TracerProvider):
+            trace.set_tracer_provider(TracerProvider())
+        provider = trace.get_tracer_provider()
+        assert isinstance(provider, TracerProvider)
+        _SPANS = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(_SPANS))
+    _SPANS.clear()
+    yield _SPANS
+    _SPANS.clear()

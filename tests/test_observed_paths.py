@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from conftest import Api, serve_api
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,27 +19,6 @@ from runtime import EffectStatus, Runtime, ThreadState
 from runtime.testing import FakeClock
 
 APP = Path(__file__).parent / "apps" / "scheduling"
-
-_EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _provider() -> None:
-    # The global provider can be set once per process (another module may have): add this
-    # module's exporter to it.
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
-
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Api]:
