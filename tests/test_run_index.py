@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio.to_thread
 import pytest
-from conftest import serve_api
+from conftest import release, serve_api
 
 from runtime import Runtime
 from runtime.storage.memory import MemoryBackend
@@ -219,3 +219,39 @@ async def test_bulk_cancel_and_replay_of_a_filtered_list(tmp_path: Path) -> None
         assert res.status_code == 400 and "ISO 8601" in res.json()["error"]["message"]
         res = await api.client.post("/api/runs/cancel")  # no body: not "everything"
         assert res.status_code == 400
+
+
+async def test_a_due_pending_run_behind_a_running_one_says_so_across_threads(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    async with runtime(tmp_path / "data", clock) as rt:
+        busy = await rt.create_thread()
+        paused = await rt.create_thread()
+        await rt.pause_thread(paused.thread_id)
+        async with rt.subscribe_runs() as frames:
+            held = await busy.schedule_effect("hold", {"key": "waiting"})
+            async for event in frames:
+                if event.run.id == held and event.run.status == "running":
+                    break
+            behind = await busy.schedule_effect("ping")
+            async for event in frames:
+                if event.run.id == behind:
+                    scheduled = event
+                    break
+        later = await busy.schedule_effect("ping", delay=3600)
+        alone = await paused.schedule_effect("ping")
+
+        assert scheduled.change == "scheduled" and scheduled.run.waiting_for == held
+        page = await rt.list_runs(status="pending")
+        waiting = {r.id: r.waiting_for for r in page.runs}
+        # Due behind the running run: named; not due yet, or in a thread running nothing: not.
+        assert waiting == {behind: held, later: None, alone: None}
+        assert waiting == {
+            r.id: r.waiting_for for r in await busy.get_scheduled_effects()
+        } | {alone: None}
+
+        release(rt, "waiting")
+        await rt.wait_idle()
+        page = await rt.list_runs(status="pending")
+        assert {r.id: r.waiting_for for r in page.runs} == {later: None, alone: None}
