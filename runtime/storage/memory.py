@@ -660,7 +660,7 @@ class MemoryRuntimeStore(RuntimeStore):
             for run in runs:
                 if run.thread_id in backend.threads:
                     previous = backend.run_index.get(run.id)
-                    entry = replace(run, args=None, trace_context=None)
+                    entry = replace(run, args=None, trace_context=None, waiting_for=None)
                     if previous is not None:  # what never changes stays as first written
                         entry = replace(entry, name=previous.name,
                                         created_at_ts=previous.created_at_ts,

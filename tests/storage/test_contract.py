@@ -1357,3 +1357,11 @@ def test_a_renewed_runtime_record_is_not_taken_over_until_it_expires(
     assert not rtdb.renew_record("s", "k", owner="a", lease_seconds=60, now=T0 + 112)
     with pytest.raises(ValueError, match="lease"):
         rtdb.renew_record("s", "k", owner="b", lease_seconds=0, now=T0 + 112)
+
+
+def test_the_run_index_keeps_no_waiting_for(rtdb: RuntimeStore) -> None:
+    # `waiting_for` is what a read says about the moment it reads, never stored.
+    assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0))
+    rtdb.index_runs([replace(run(), thread_id="a", waiting_for="other")])
+    [indexed], _ = rtdb.list_indexed_runs(RunQuery(), T0, RetentionPolicy(), 10)
+    assert indexed.waiting_for is None
