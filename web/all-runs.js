@@ -247,6 +247,7 @@ export class AllRunsView {
     this.loading = true;
     this.framesDuringLoad = new Set();
     this.el.table.setAttribute("aria-busy", "true");
+    this.drawEffectNames(); // the effects may have arrived since the view was shown
     const want = Math.max(this.loadedOnce ? this.model.runs.size : 0, 1);
     const fetched = [];
     let counts = null;

@@ -1473,6 +1473,17 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     expect(page.get_by_test_id("all-cancel-pending")).to_be_disabled()
     assert len(pane.dialogs) == 2
 
+    # Without filters: replay every failed run, after a question with their number.
+    page.get_by_test_id("all-clear").click()
+    expect(chip_count(pane, "failed")).to_have_attribute("data-count", "2", timeout=WAIT_MS)
+    expect(all_row(pane, ignored)).to_have_attribute("data-status", "failed")
+    page.get_by_test_id("all-replay-failed").click()
+    expect(page.get_by_test_id("all-notice")).to_have_text(re.compile("Replayed 2 failed runs."),
+                                                           timeout=WAIT_MS)
+    assert pane.dialogs[-1].startswith("Replay all 2 failed runs? Each replay is a new run")
+    replays = pane.http.get("/api/runs", params={"name": "fail_on_purpose"}).json()["runs"]
+    assert sorted(r["replayOf"] or "" for r in replays) == sorted(["", "", failed, ignored])
+
     # Selecting a run opens its thread with the run's detail.
     all_row(pane, theirs).click()
     expect(page).to_have_url(f"{pane.url}/#thread={t2}", timeout=WAIT_MS)
