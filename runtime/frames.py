@@ -62,25 +62,43 @@ class Subscription(AsyncIterator[ThreadEvent]):
         self.maxsize = maxsize
         self.overflowed = False
         self.closed = False
+        self.dropped = 0
         self._hub = hub
         self._buffer: deque[ThreadEvent] = deque()
         self._ready = asyncio.Event()
+        self._ended: asyncio.Event | None = None
 
     def _push(self, event: ThreadEvent) -> None:
         if self.closed:
             return
-        if len(self._buffer) >= self.maxsize:
+        buffer = self._buffer
+        if len(buffer) >= self.maxsize:
             self.overflowed = True
-            self._buffer.clear()
+            self.dropped = len(buffer) + 1
+            buffer.clear()
             self._end()
             return
-        self._buffer.append(event)
+        buffer.append(event)
         self._ready.set()
 
     def _end(self) -> None:
         self.closed = True
         self._hub._remove(self)
         self._ready.set()
+        if self._ended is not None:
+            self._ended.set()
+
+    async def wait_closed(self) -> None:
+        """Return once the subscription is closed (by `close`, the hub, or an overflow).
+
+        Events still buffered can be read afterwards (not after an overflow: ``dropped``
+        then counts the events it discarded, the one that did not fit included).
+        """
+        if self._ended is None:
+            self._ended = asyncio.Event()
+            if self.closed:
+                self._ended.set()
+        await self._ended.wait()
 
     def close(self) -> None:
         """Stop receiving; pending events are still yielded, then iteration ends."""

@@ -461,6 +461,23 @@ async def test_subscription_sees_every_change_without_args(rt: Runtime) -> None:
     assert all("args" not in e.to_frame()["data"] for e in events)
     assert all(e.run.args is None for e in events)  # not in the Python events either
     assert "secret-value" not in json.dumps([e.to_frame() for e in events])
+    # The text a WebSocket client gets is to_frame() as JSON, made once per event.
+    for e in events:
+        assert json.loads(e.frame_text()) == e.to_frame()
+        assert e.frame_text() is e.frame_text()
+
+
+async def test_two_subscribers_get_the_same_event_and_frame_text(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    first, second = thread.subscribe(), thread.subscribe()
+    await thread.schedule_effect("record", {"key": "k"})
+    await rt.wait_idle()
+    first.close()
+    second.close()
+    a, b = [e async for e in first], [e async for e in second]
+    assert [str(e.change) for e in a] == ["scheduled", "started", "completed"]
+    assert all(x is y for x, y in zip(a, b, strict=True))
+    assert [e.frame_text() for e in a] == [e.frame_text() for e in b]
 
 
 async def test_graceful_shutdown_requeues_a_running_run(tmp_path: Path) -> None:
