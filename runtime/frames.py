@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from runtime.effects import EffectRun
@@ -43,6 +43,18 @@ ALL_THREADS = "*"
 
 Listener = Callable[[ThreadEvent], None]
 """A callback that sees every event of every thread (`ChangeHub.add_listener`)."""
+
+
+_RUN_FIELDS = tuple(f.name for f in fields(EffectRun) if f.name != "args")
+
+
+def _without_args(run: EffectRun) -> EffectRun:
+    """A copy of ``run`` with ``args=None`` (what `dataclasses.replace` does, faster)."""
+    bare = object.__new__(EffectRun)
+    for name in _RUN_FIELDS:
+        object.__setattr__(bare, name, getattr(run, name))
+    object.__setattr__(bare, "args", None)
+    return bare
 
 
 class Subscription(AsyncIterator[ThreadEvent]):
@@ -181,7 +193,7 @@ class ChangeHub:
 
         The event's run carries no args (``args`` is None): changes never expose them.
         """
-        bare = replace(run, args=None)
+        bare = run if run.args is None else _without_args(run)
         return self._deliver(
             run.thread_id,
             lambda seq: EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=bare),
