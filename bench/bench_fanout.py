@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT  # the tree whose runtime serves (--source)
 FRAMES_PER_RUN = 3  # scheduled, started, completed
 GUARD_SECONDS = 600.0
 
@@ -106,8 +107,8 @@ async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--serve", "--runs", str(runs),
         "--synchronous", synchronous,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=SOURCE,
+        env={**os.environ, "PYTHONPATH": str(SOURCE)},
     )
     assert child.stdin is not None and child.stdout is not None
     hello = json.loads(await child.stdout.readline())
@@ -203,8 +204,12 @@ def main() -> None:
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--source", type=Path, default=ROOT,
+                        help="the source tree whose runtime serves (A/B against a checkout)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    global SOURCE
+    SOURCE = opts.source.resolve()
     if opts.serve:
         asyncio.run(_serve(opts.runs, opts.synchronous))
         return
