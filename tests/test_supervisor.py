@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -797,3 +798,28 @@ async def test_a_huge_non_ascii_error_is_cut_to_8_kib_of_utf8(rt: Runtime) -> No
     await rt.wait_idle()
     error = (await thread.get_run(run_id)).error
     assert error is not None and len(error.encode("utf-8")) <= 8192
+
+
+async def test_the_storage_pool_skips_a_call_cancelled_before_it_started() -> None:
+    # One thread, so the calls run strictly in order: the blocker, the canceled call,
+    # the marker. What Runtime.run_sync relies on (as with an executor): a caller that
+    # gave up before its call started does not have it run later; results and
+    # exceptions come back to the awaiting task.
+    from runtime.supervisor import _StoragePool
+
+    pool = _StoragePool(1, "test-storage")
+    loop = asyncio.get_running_loop()
+    gate = threading.Event()
+    ran: list[str] = []
+    try:
+        blocker = pool.submit(loop, gate.wait, ())
+        canceled = pool.submit(loop, ran.append, ("canceled",))
+        canceled.cancel()
+        gate.set()
+        assert await blocker is True
+        assert await pool.submit(loop, ran.append, ("marker",)) is None
+        assert ran == ["marker"]
+        with pytest.raises(ZeroDivisionError):
+            await pool.submit(loop, divmod, (1, 0))
+    finally:
+        pool.shutdown()
