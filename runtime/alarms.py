@@ -9,6 +9,14 @@ index calls its ``on_alarm`` callback (the dispatcher queues the thread).
 Because the row is written before the run row and cleared only after the due runs finished,
 a crash can cause a spurious wake-up but never a lost one.
 
+A thread that drained within the last `ALARM_KEEP_SECONDS` is *warm*: its row is not raised
+or removed but kept at or before the end of its last drain, so a schedule on it (due at or
+after its own "now", so after that row) commits only its run row and does not wait for a
+second, synchronous commit of the row. Once the thread has been idle that long, the
+flusher moves the row to its next pending run (or removes it); a clean shutdown does so at
+once. The price: after a crash, threads that were warm wake once at the next start and
+find nothing due.
+
 The timer is APScheduler 3's ``AsyncIOScheduler`` with its memory job store, one job per
 thread id (docs/design.md, "Decisions": its SQLAlchemy store can lose alarms, the memory store
 is fast: ≈30k adds/s). A due or overdue alarm fires on the next loop iteration without
@@ -36,8 +44,8 @@ from runtime.abc import AlarmCallback, AlarmTimer, Clock, RunSync
 from runtime.storage.base import RuntimeStore
 
 __all__ = [
-    "ALARM_FLUSH_SECONDS", "AlarmCallback", "AlarmIndex", "AlarmTimer", "Clock",
-    "SchedulerTimer", "SystemClock",
+    "ALARM_FLUSH_SECONDS", "ALARM_KEEP_SECONDS", "AlarmCallback", "AlarmIndex", "AlarmTimer",
+    "Clock", "SchedulerTimer", "SystemClock",
 ]
 
 log = logging.getLogger("runtime")
@@ -46,6 +54,12 @@ T = TypeVar("T")
 
 ALARM_FLUSH_SECONDS = 0.05
 """How long alarm-row updates (raise/remove) gather before one commit writes them."""
+
+ALARM_KEEP_SECONDS = 60.0
+"""How long after its last drain a thread's alarm row stays low (the thread is warm)."""
+
+_COOL_CHECK_SECONDS = 1.0
+"""How often (wall clock) the flusher looks for warm threads that cooled down."""
 
 _LATEST_ALARM = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
 
@@ -191,6 +205,9 @@ class AlarmIndex:
         on_alarm: Called on the loop with a thread id when its alarm goes off.
         is_draining: Whether the dispatcher drains that thread now (its timer is then
             left alone: the drain sets it when it ends).
+        keep_seconds: How long after its last drain a thread stays warm (its row kept
+            at or before that drain's end; see the module docstring), in seconds of
+            ``clock``; 0 raises and removes rows right after each drain.
     """
 
     def __init__(
@@ -199,6 +216,8 @@ class AlarmIndex:
         run_sync: RunSync,
         on_alarm: AlarmCallback,
         is_draining: Callable[[str], bool],
+        *,
+        keep_seconds: float = ALARM_KEEP_SECONDS,
     ) -> None:
         self._clock = clock
         self._run_sync = run_sync
@@ -213,6 +232,10 @@ class AlarmIndex:
         # before the earliest of those runs until they end (a crash then reopens the
         # thread and re-queues them), whatever the timer waits for.
         self._held: dict[str, float] = {}
+        # Warm threads: when their last drain ended (clock seconds), oldest first. Their
+        # row stays at or before that instant until they have been idle `keep_seconds`.
+        self._keep = keep_seconds
+        self._warm: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._flush_needed = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -250,12 +273,18 @@ class AlarmIndex:
             self._timer.shutdown()
 
     async def close(self) -> None:
-        """Stop the flusher and write the rows still dirty (errors are logged)."""
+        """Stop the flusher and write the rows still dirty (errors are logged).
+
+        Warm threads cool at once: after a clean shutdown every row is at its thread's
+        next pending run (or gone), so the next start wakes no thread for nothing.
+        """
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             self._flusher = None
+        self._dirty.update(self._warm)
+        self._warm.clear()
         try:
             await self.flush()
         except Exception:
@@ -292,11 +321,31 @@ class AlarmIndex:
         self._timer.arm(thread_id, due_at)
 
     def _target(self, thread_id: str) -> float | None:
-        """Where the thread's row belongs: its next due time, or earlier while held."""
+        """Where the thread's row belongs: its next due time, or earlier while held.
+
+        A warm thread's row stays where it is if that is at or before the end of its
+        last drain, else it goes there (the row is at or before every pending run
+        either way: `lower` keeps it so).
+        """
         due, held = self._due.get(thread_id), self._held.get(thread_id)
-        if held is None:
-            return due
-        return held if due is None else min(due, held)
+        target = due if held is None else held if due is None else min(due, held)
+        warm = self._warm.get(thread_id)
+        if warm is None:
+            return target
+        row = self._row.get(thread_id)
+        if row is not None and row <= warm and (target is None or row <= target):
+            return row
+        return warm if target is None else min(target, warm)
+
+    def _cool(self) -> None:
+        """Threads idle for `keep_seconds` are no longer warm: their rows move (dirty)."""
+        limit = self._clock.now() - self._keep
+        while self._warm:
+            thread_id, since = next(iter(self._warm.items()))
+            if since > limit:
+                break
+            del self._warm[thread_id]
+            self._dirty.add(thread_id)
 
     async def settle(
         self, thread_id: str, due_at: float | None, *, hold_row_at: float | None = None
@@ -315,6 +364,11 @@ class AlarmIndex:
                 self._held.pop(thread_id, None)
             else:
                 self._held[thread_id] = hold_row_at
+            if self._keep > 0:
+                if not self._warm:
+                    self._flush_needed.set()  # the flusher then wakes to cool it later
+                self._warm.pop(thread_id, None)  # to the end: the dict stays oldest first
+                self._warm[thread_id] = self._clock.now()
             if due_at is None:
                 self._due.pop(thread_id, None)
                 self._timer.disarm(thread_id)
@@ -331,6 +385,7 @@ class AlarmIndex:
             self._timer.disarm(thread_id)
         self._due.pop(thread_id, None)
         self._held.pop(thread_id, None)
+        self._warm.pop(thread_id, None)
         self._dirty.discard(thread_id)
 
     async def delete_with(self, thread_id: str, delete: Callable[[], T]) -> T:
@@ -372,12 +427,17 @@ class AlarmIndex:
                 return
             self._due.pop(thread_id, None)
             self._held.pop(thread_id, None)
+            self._warm.pop(thread_id, None)
             self._row.pop(thread_id, None)
             self._dirty.discard(thread_id)
 
     async def _flush_loop(self) -> None:
         while True:
-            await self._flush_needed.wait()
+            if self._warm:  # wake now and then to let warm threads cool
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._flush_needed.wait(), _COOL_CHECK_SECONDS)
+            else:
+                await self._flush_needed.wait()
             # Gather the drains of a moment into one commit.
             await asyncio.sleep(ALARM_FLUSH_SECONDS)
             self._flush_needed.clear()
@@ -387,9 +447,13 @@ class AlarmIndex:
                 log.exception("could not update alarm rows (they stay early: harmless)")
 
     async def flush(self) -> None:
-        """Move dirty alarm rows to the timer's due times, in one transaction."""
+        """Move dirty alarm rows to the timer's due times, in one transaction.
+
+        Threads idle for `keep_seconds` stop being warm first (their rows move too).
+        """
         assert self._store is not None
         async with self._lock:
+            self._cool()
             dirty, self._dirty = self._dirty, set()
             changes = [
                 (tid, self._row.get(tid), self._target(tid))

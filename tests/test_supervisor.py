@@ -32,6 +32,7 @@ from runtime import (
     ThreadStorageError,
     define_effect,
 )
+from runtime.alarms import ALARM_FLUSH_SECONDS, ALARM_KEEP_SECONDS
 from runtime.storage.base import StorageBackend
 from runtime.testing import FakeClock
 from tests.storage.backends import BACKENDS, has_thread_store, make_backend, stored_alarms
@@ -713,9 +714,18 @@ async def test_alarm_rows_follow_the_next_pending_run(frt: Runtime, clock: FakeC
     # Lowered at once, before the run row was written.
     assert stored_alarms(frt) == {"t": now}
     await frt.wait_idle()
-    # Raised back to the next pending run in the background (a stale, earlier row would
-    # only cause a harmless extra wake-up after a crash).
-    for _ in range(100):
+    # Just drained, the thread is warm: its row stays where it was (at or before the
+    # drain), so a schedule on it now commits its run row only.
+    await asyncio.sleep(ALARM_FLUSH_SECONDS * 3)
+    assert stored_alarms(frt) == {"t": now}
+    await thread.schedule_effect("record", {"key": "soon"}, delay=ALARM_KEEP_SECONDS / 2)
+    assert stored_alarms(frt) == {"t": now}
+    clock.advance(ALARM_KEEP_SECONDS / 2)
+    await frt.wait_idle()
+    # Idle for ALARM_KEEP_SECONDS: raised to the next pending run in the background (a
+    # stale, earlier row would only cause a harmless extra wake-up after a crash).
+    clock.advance(ALARM_KEEP_SECONDS)
+    for _ in range(150):
         if stored_alarms(frt) == {"t": now + 3600}:
             break
         await asyncio.sleep(0.02)
@@ -723,12 +733,33 @@ async def test_alarm_rows_follow_the_next_pending_run(frt: Runtime, clock: FakeC
 
     clock.advance(3600)
     await frt.wait_idle()
-    for _ in range(100):
+    clock.advance(ALARM_KEEP_SECONDS)
+    for _ in range(150):
         if not stored_alarms(frt):
             break
         await asyncio.sleep(0.02)
     assert stored_alarms(frt) == {}
-    assert [r["key"] for r in records(frt.settings.data_dir)] == ["now", "later"]
+    assert [r["key"] for r in records(frt.settings.data_dir)] == ["now", "soon", "later"]
+
+
+async def test_a_clean_shutdown_moves_warm_rows_to_the_next_pending_run(
+    tmp_path: Path, clock: FakeClock, storage: StorageBackend
+) -> None:
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as rt:
+        thread = await rt.create_thread("t")
+        now = clock.now()
+        await thread.schedule_effect("record", {"key": "later"}, delay=3600)
+        await thread.schedule_effect("record", {"key": "now"})
+        idle = await rt.create_thread("idle")
+        await idle.schedule_effect("record", {"key": "idle"})
+        await rt.wait_idle()
+        assert stored_alarms(rt) == {"t": now, "idle": now}  # both warm
+    async with Runtime(
+        app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False, storage=storage
+    ) as rt:
+        assert stored_alarms(rt) == {"t": now + 3600}
 
 
 async def test_a_run_scheduled_while_its_thread_drains_keeps_an_early_enough_alarm(
