@@ -9,6 +9,9 @@ Usage:
         opens it, "x" is deleted, and that deletion waits behind the deletion of "y",
         which never ends (a stuck disk). Prints "READY" once x's drain has given up, then
         runs until killed: the kill lands between the two halves of a deletion.
+    python tests/_child.py DATA_DIR serve-warm THREAD EFFECT ARGS_JSON DELAY
+        as serve with one run, but first THREAD runs a run of "record" due now and drains
+        (its alarm row stays low: the thread is warm), then the run is scheduled.
     python tests/_child.py DATA_DIR drain THREAD
         start, wait until THREAD has nothing pending-and-due or running, print its runs
         as JSON on one line, and exit.
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from runtime import Runtime, ThreadExists
 from runtime.actors import ThreadLifecycle
+from runtime.alarms import ALARM_FLUSH_SECONDS
 from runtime.storage.sqlite import SQLiteBackend, SQLiteRuntimeStore, SQLiteThreadStore
 
 APP = Path(__file__).parent / "apps" / "core"
@@ -88,7 +92,17 @@ async def main(argv: list[str]) -> None:
             await _delete_while_opening(rt, backend)
         return
     async with Runtime(app_dir=APP, data_dir=data_dir, load_packages=False) as rt:
-        if mode == "serve":
+        if mode == "serve-warm":
+            state = await rt.create_thread(argv[2])
+            await state.schedule_effect("record", {"key": "first"})
+            await rt.wait_idle()
+            await asyncio.sleep(ALARM_FLUSH_SECONDS * 4)  # past any flush of the row
+            run_id = await state.schedule_effect(argv[3], json.loads(argv[4]),
+                                                 delay=float(argv[5]))
+            print("SCHEDULED", run_id, flush=True)
+            print("READY", flush=True)
+            await asyncio.Event().wait()
+        elif mode == "serve":
             if len(argv) > 2:
                 thread_id, effect, args, delay = argv[2], argv[3], json.loads(argv[4]), argv[5]
                 try:

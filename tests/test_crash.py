@@ -28,6 +28,15 @@ def _start(data_dir: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _start_mode(data_dir: Path, mode: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(CHILD), str(data_dir), mode, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _wait_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30) -> str:
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
@@ -137,6 +146,33 @@ def test_run_scheduled_before_a_crash_runs_once_after_restart_past_due(tmp_path:
     # A second start has nothing left to do: still exactly one execution.
     _drain(tmp_path, "t1")
     assert len((tmp_path / "record.jsonl").read_text().splitlines()) == 1
+
+
+def test_run_scheduled_on_a_warm_thread_before_a_crash_runs_once_after_restart(
+    tmp_path: Path,
+) -> None:
+    # The thread drained just before: its alarm row stayed at that drain (it was not
+    # removed), so the schedule committed only its run row before it returned.
+    proc = _start_mode(tmp_path, "serve-warm", "t1", "record", json.dumps({"key": "k"}), "2")
+    _wait_line(proc, "SCHEDULED")
+    _kill(proc)  # right after schedule_effect returned
+    due = time.time() + 2
+    store = SQLiteRuntimeStore(tmp_path / "runtime.sqlite")
+    try:
+        alarms = dict(store.load_alarms())
+    finally:
+        store.close()
+    assert alarms["t1"] < due - 1  # the row of the first drain, not moved to this run
+    time.sleep(max(0.0, due - time.time()) + 0.2)
+
+    runs = _drain(tmp_path, "t1")
+
+    assert [(r["status"], r["attempts"]) for r in runs] == [("completed", 1)] * 2
+    keys = [json.loads(line)["key"] for line in
+            (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert keys == ["first", "k"]
+    _drain(tmp_path, "t1")  # a second start has nothing left to do
+    assert len((tmp_path / "record.jsonl").read_text().splitlines()) == 2
 
 
 def test_second_process_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
