@@ -72,3 +72,20 @@ def test_bench_fanout_small_runs_and_every_client_gets_every_frame() -> None:
     assert (figures["complete"], figures["closed_1013"], figures["other"]) == (5, 0, 0)
     assert figures["identical"] is True
     assert figures["runs_per_second_alone"] > 0 and figures["frames_per_second"] > 0
+
+
+def test_bench_schedule_wait_prints_both_cases_with_commit_counts() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_schedule_wait.py"),
+         "--threads", "2", "--runs", "6", "--synchronous", "NORMAL"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["case"] for line in lines] == ["idle", "stream"]
+    idle, stream = lines
+    assert idle["schedules"] == 6 and stream["schedules"] == 120
+    # Each thread's first schedule commits its alarm row; a schedule on a thread that
+    # drained a moment ago does not (the row stayed: the thread is warm).
+    assert idle["lower_alarm"] == 2
+    assert stream["lower_alarm"] == 20
