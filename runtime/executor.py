@@ -35,6 +35,7 @@ from runtime.effects import EffectDefinition, EffectRun, EffectStatus
 from runtime.errors import EffectNotFound, RunStateError, RuntimeClosed, ThreadStorageError
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
+from runtime.schedules import fire_due, publish_fires
 from runtime.storage.base import Finish, ThreadInfo
 from runtime.telemetry import end_run_span, run_span
 from runtime.watchdog import describe_tool
@@ -153,6 +154,10 @@ class EffectExecutor:
                 # wakes it (`runtime.Runtime.resume_thread`).
                 paused = actor.info.paused
                 stop = stopping or paused or done >= DRAIN_BATCH
+                if not stop:
+                    finish = await self._fire_schedules(actor, finish)
+                    if actor.deleted:
+                        return False
                 finished, claimed, next_due = await self._run_sync(
                     partial(
                         actor.store.finish_and_claim,
@@ -202,6 +207,33 @@ class EffectExecutor:
                 return False
             actor.current_run = None
             done += 1
+
+    async def _fire_schedules(self, actor: ThreadActor, finish: Finish | None) -> Finish | None:
+        """Fire the thread's due recurring schedules (with the actor lock held).
+
+        The previous run's outcome is recorded first (when a schedule is due), so that
+        its end time decides which fire times came while it was still running.
+
+        Returns:
+            The outcome still to record (None once it was recorded here).
+        """
+        now = self._now()
+        due = await self._run_sync(actor.store.due_schedules, now)
+        if not due:
+            return finish
+        if finish is not None:
+            finished, _, _ = await self._run_sync(
+                partial(actor.store.finish_and_claim, claim=False, retention=self._retention),
+                finish,
+                now,
+            )
+            if finished is not None:
+                self._hub.publish(_change_of(finished), finished)
+        fired = await self._run_sync(
+            fire_due, actor.store, now, self._retention or RetentionPolicy()
+        )
+        publish_fires(self._hub, fired)
+        return None
 
     def _concurrent_names(self) -> list[str]:
         return [d.qualified_name for d in self._registry().all() if d.concurrent]
