@@ -137,6 +137,9 @@ def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: 
         store.finish_and_claim(Finish("old", EffectStatus.COMPLETED, None, 151.0), 151.0,
                                claim=False)
         assert [(a.attempt, a.outcome) for a in store.run_attempts("old")] == [(1, "completed")]
+        # Version 7: no schedule yet, and the old run is no schedule's occurrence.
+        assert store.list_schedules() == []
+        assert kept.schedule_id is None
     finally:
         store.close()
     conn = sqlite3.connect(path)
