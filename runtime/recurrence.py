@@ -9,7 +9,10 @@ Fire times:
 
 - ``every``: ``created_at + k * every`` for k = 1, 2, ...; the grid is anchored at the
   schedule's creation, so it never drifts with late drains or restarts.
-- ``cron``: APScheduler's rule, in the schedule's time zone. On a spring-forward day a
+- ``cron``: a crontab expression (weekdays as crontab numbers them: 0 or 7 = Sunday,
+  1 = Monday; names ``mon``-``sun`` work too), read in the schedule's time zone by
+  APScheduler 3 (`_trigger` hands it the weekdays as names, since APScheduler 3 numbers
+  them from Monday). DST follows APScheduler's rule. On a spring-forward day a
   wall time that does not exist (02:30 in Europe/Berlin on 2026-03-29) fires once, at the
   instant that wall time would be without the shift (01:30 UTC, 03:30 local); on a
   fall-back day a wall time that happens twice (02:30 on 2026-10-25) fires twice, once in
@@ -104,7 +107,7 @@ class Recurrence:
         assert isinstance(zone, str)
         expr = " ".join(cron.split())
         try:
-            CronTrigger.from_crontab(expr, timezone=tz)
+            _trigger(expr, tz)
         except (ValueError, TypeError) as exc:
             raise InvalidSchedule(
                 f"cron {short_repr(cron)} is not a valid crontab expression "
@@ -131,7 +134,7 @@ class Recurrence:
                 fire = anchor_ts + k * every
             return fire
         assert self.cron is not None and self.timezone is not None
-        trigger = CronTrigger.from_crontab(self.cron, timezone=ZoneInfo(self.timezone))
+        trigger = _trigger(self.cron, ZoneInfo(self.timezone))
         if after_ts >= _ISO_MAX:
             return None
         start = datetime.fromtimestamp(after_ts, UTC) + timedelta(microseconds=1)
@@ -141,6 +144,64 @@ class Recurrence:
     def to_json(self) -> dict[str, Any]:
         """``{"cron", "timezone", "everySeconds"}`` (the unused ones null)."""
         return {"cron": self.cron, "timezone": self.timezone, "everySeconds": self.every_seconds}
+
+
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _trigger(expr: str, tz: ZoneInfo) -> CronTrigger:
+    """APScheduler's trigger for a crontab expression, weekdays numbered as crontab does.
+
+    APScheduler 3 reads weekday numbers with 0 = Monday (its ``from_crontab`` warns of it);
+    crontab (and so this runtime) has 0 or 7 = Sunday, 1 = Monday. The weekday field is
+    therefore handed over as names.
+
+    Raises:
+        ValueError: the expression is not valid (APScheduler's message, or ours).
+    """
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ValueError(f"expected 5 fields, got {len(fields)}")
+    minute, hour, day, month, weekday = fields
+    return CronTrigger(
+        minute=minute, hour=hour, day=day, month=month,
+        day_of_week=_weekday_names(weekday), timezone=tz,
+    )
+
+
+def _weekday_number(text: str) -> int:
+    lowered = text.lower()
+    if lowered in _WEEKDAYS:
+        return _WEEKDAYS.index(lowered)
+    if text.isdigit() and int(text) <= 7:
+        return int(text) % 7
+    raise ValueError(f"weekday {text!r} is not 0-7 (0 and 7: Sunday) nor sun-sat")
+
+
+def _weekday_names(field: str) -> str:
+    """A crontab weekday field (``1-5``, ``0,6``, ``*/2``, ``mon-fri``) as a list of names."""
+    if field == "*":
+        return "*"
+    days: set[int] = set()
+    for part in field.split(","):
+        span, _, step_text = part.partition("/")
+        step = 1
+        if step_text:
+            if not step_text.isdigit() or int(step_text) == 0:
+                raise ValueError(f"weekday step {step_text!r} is not a positive integer")
+            step = int(step_text)
+        if span == "*":
+            first, last = 0, 6
+        elif "-" in span:
+            a, _, b = span.partition("-")
+            first = _weekday_number(a)
+            last = 7 if b == "7" else _weekday_number(b)  # "5-7": Friday to Sunday
+            if last < first:
+                raise ValueError(f"weekday range {span!r} runs backwards")
+        else:
+            first = last = _weekday_number(span)
+        days.update(d % 7 for d in range(first, last + 1, step))
+    return ",".join(_WEEKDAYS[d] for d in sorted(days))
 
 
 def _zone(name: object) -> ZoneInfo:

@@ -318,3 +318,80 @@ async def test_schedule_frames_share_the_threads_seq_and_carry_no_args(api: Api)
     assert all("args" not in f["data"] for f in frames)
     fired = next(f for f in frames if f["eventType"] == "effect_changed")
     assert fired["data"]["scheduleId"] == sid
+
+
+# ------------------------------------------------------------------- HTTP
+
+
+async def test_http_create_list_pause_resume_cancel(api: Api) -> None:
+    tid = await api.new_thread()
+    base = f"/api/threads/{tid}/schedules"
+    res = await api.client.post(base, json={
+        "name": "ping", "cron": "0 9 * * 1-5", "timezone": "Europe/Istanbul", "key": "digest",
+    })
+    assert res.status_code == 201, res.text
+    made = res.json()
+    # 2026-03-28 is a Saturday: the next weekday 09:00 in Istanbul (UTC+3) is Monday 06:00Z.
+    assert made["nextFireAt"] == "2026-03-30T06:00:00Z"
+    assert (made["cron"], made["timezone"], made["everySeconds"]) == (
+        "0 9 * * 1-5", "Europe/Istanbul", None)
+    assert (made["state"], made["occurrences"], made["skipped"]) == ("active", 0, 0)
+    same = await api.client.post(base, json={"name": "ping", "every_seconds": 5, "key": "digest"})
+    assert same.status_code == 200 and same.json()["id"] == made["id"]
+    every = await api.client.post(base, json={"name": "ping", "every_seconds": 90})
+    assert every.status_code == 201 and every.json()["everySeconds"] == 90
+    listed = (await api.client.get(base)).json()["schedules"]
+    assert [s["id"] for s in listed] == [made["id"], every.json()["id"]]
+    assert "args" not in listed[0]
+    one = (await api.client.get(f"{base}/{made['id']}")).json()
+    assert one["args"] is None and one["id"] == made["id"]
+
+    paused = (await api.client.post(f"{base}/{made['id']}/pause")).json()
+    assert paused["state"] == "paused" and paused["nextFireAt"] is None
+    resumed = (await api.client.post(f"{base}/{made['id']}/resume")).json()
+    assert resumed["state"] == "active" and resumed["nextFireAt"] == "2026-03-30T06:00:00Z"
+    await step(api, 90)
+    runs = (await api.client.get(f"/api/threads/{tid}/effects")).json()["runs"]
+    assert [r["scheduleId"] for r in runs] == [every.json()["id"]]
+    canceled = await api.client.post(f"{base}/{made['id']}/cancel")
+    assert canceled.status_code == 200 and canceled.json()["id"] == made["id"]
+    gone = await api.client.get(f"{base}/{made['id']}")
+    assert gone.status_code == 404
+    assert gone.json()["error"]["code"] == "schedule_not_found"
+    again = await api.client.post(f"{base}/{made['id']}/pause")
+    assert again.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"cron": "0 25 * * *"}, "cron '0 25 * * *' is not a valid crontab"),
+        ({"cron": "0 9 * * *", "timezone": "Europe/Atlantis"}, "Unknown timezone"),
+        ({"every_seconds": 0.25}, "every must be at least 1 s"),
+        ({"cron": "0 9 * * *", "every_seconds": 60}, "either cron or every, not both"),
+        ({"every_seconds": "60"}, "every_seconds must be a number"),
+        ({}, "needs cron or every"),
+    ],
+)
+async def test_http_bad_schedules_are_422_naming_the_argument(
+    api: Api, body: dict[str, Any], message: str
+) -> None:
+    tid = await api.new_thread()
+    res = await api.client.post(f"/api/threads/{tid}/schedules", json={"name": "ping", **body})
+    assert res.status_code == 422, res.text
+    error = res.json()["error"]
+    assert error["code"] == "invalid_schedule"
+    assert message in error["message"]
+    assert (await api.client.get(f"/api/threads/{tid}/schedules")).json() == {"schedules": []}
+
+
+async def test_http_schedule_body_errors(api: Api) -> None:
+    tid = await api.new_thread()
+    base = f"/api/threads/{tid}/schedules"
+    res = await api.client.post(base, json={"name": "ping", "every_seconds": 60, "delay": 1})
+    assert res.status_code == 400 and "unknown field" in res.json()["error"]["message"]
+    res = await api.client.post(base, json={"name": "nope", "every_seconds": 60})
+    assert res.status_code == 404 and res.json()["error"]["code"] == "effect_not_found"
+    res = await api.client.post("/api/threads/missing/schedules",
+                                json={"name": "ping", "every_seconds": 60})
+    assert res.status_code == 404 and res.json()["error"]["code"] == "thread_not_found"
