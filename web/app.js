@@ -19,6 +19,7 @@ import { RecordsView } from "./records.js";
 import { PauseControl } from "./pause.js";
 import { RunsView } from "./runs.js";
 import { ScheduleForm } from "./schedule.js";
+import { SchedulesView } from "./schedules.js";
 import { ThreadSession } from "./session.js";
 import { ThreadsView } from "./threads.js";
 import { mountToasts } from "./toasts.js";
@@ -110,6 +111,8 @@ const detail = new DetailView(runs, {
 
 const records = new RecordsView({ handledAsGone });
 
+const schedules = new SchedulesView({ handledAsGone });
+
 const conversation = new ConversationView({
   handledAsGone,
   visible: () => view === "conversation" && !el.conversationPanel.hidden,
@@ -152,6 +155,7 @@ function showSession(s) {
   detail.close();
   runs.reset(s);
   records.reset(s);
+  schedules.reset(s);
   conversation.reset(s);
   schedule.reset(s);
   pause.reset(s, s ? threads.threads.get(s.tid)?.paused : false);
@@ -193,6 +197,7 @@ function selectThread(tid) {
       if (conn === "offline" && !runs.loadedOnce && !runs.loading) {
         runs.reload();
         records.reload();
+        schedules.reload();
       }
     },
     onOpen: () => {
@@ -204,6 +209,7 @@ function selectThread(tid) {
       // thread the runs answer says does not exist is asked nothing more.
       runs.reload().then(() => pause.refresh());
       records.reload();
+      schedules.reload();
       conversation.catchUp();
     },
     onFrame: (frame) => {
@@ -222,6 +228,7 @@ function selectThread(tid) {
   fallbackTimer = setTimeout(() => {
     if (s === session && !runs.loadedOnce && !runs.loading) runs.reload();
     if (s === session && !records.loadedOnce && !records.loading) records.reload();
+    if (s === session && !schedules.loading && !schedules.schedules.length) schedules.reload();
   }, 1500);
 }
 
@@ -267,6 +274,7 @@ function onFrame(frame) {
       // thread the runs answer says does not exist is asked nothing more.
       runs.reload().then(() => pause.refresh());
       records.reload();
+      schedules.reload();
       conversation.catchUp();
     }
   }
@@ -274,6 +282,7 @@ function onFrame(frame) {
   if (frame.eventType === "message_created") conversation.onFrame(frame.data);
   else if (frame.eventType === "effect_changed") runs.onFrame(frame.data);
   else if (frame.eventType === "effect_record_changed") records.onFrame(frame.data);
+  else if (frame.eventType === "schedule_changed") schedules.onFrame(frame.data);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -332,6 +341,7 @@ function wire() {
     const now = Date.now();
     runs.draw(now);
     records.draw(now);
+    schedules.draw(now);
     detail.draw(now);
     threads.render(now);
   }, 1000);
