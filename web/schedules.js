@@ -8,33 +8,11 @@
 import { html, nothing, render } from "./vendor/lit-html/lit-html.js";
 import { repeat } from "./vendor/lit-html/directives/repeat.js";
 import { api } from "./api.js";
-import { fmtDuration, fmtLocal, fmtRelative, shortId } from "./format.js";
+import { fmtLocal, fmtRelative, shortId } from "./format.js";
+import { cancelScheduleQuestion, mergeSchedule, recurrenceText } from "./schedules-model.js";
 import { toastApiError } from "./toasts.js";
 
 const $ = (id) => document.getElementById(id);
-
-/** "cron 0 9 * * 1-5 (Europe/Istanbul)" or "every 1m 30s": how a schedule recurs. */
-export function recurrenceText(s) {
-  if (s.cron) return `cron ${s.cron} (${s.timezone || "UTC"})`;
-  if (s.everySeconds != null) return `every ${fmtDuration(s.everySeconds * 1000)}`;
-  return "";
-}
-
-/** A schedule_changed frame's data merged into the list: `canceled` removes it. */
-export function mergeSchedule(list, data) {
-  const rest = list.filter((s) => s.id !== data.id);
-  if (data.change === "canceled") return rest;
-  const old = list.find((s) => s.id === data.id);
-  const next = { ...(old || {}), ...data };
-  delete next.change;
-  if (!old) return [...rest, next].sort((a, b) => String(a.createdAt).localeCompare(String(b.createdAt)));
-  return list.map((s) => (s.id === data.id ? next : s));
-}
-
-export function cancelScheduleQuestion(s) {
-  return `Cancel the recurring schedule of ${s.name} (${recurrenceText(s)}, ${s.id})? ` +
-    "It makes no more runs; the runs it made stay.";
-}
 
 function scheduleRow(s, now, view) {
   const paused = s.state === "paused";
