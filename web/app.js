@@ -195,9 +195,8 @@ function selectThread(tid) {
       connection.setStreamState(conn, detailText);
       // If the socket cannot be opened at all, still show the list over plain HTTP.
       if (conn === "offline" && !runs.loadedOnce && !runs.loading) {
-        runs.reload();
+        runs.reload().then(() => schedules.reload());
         records.reload();
-        schedules.reload();
       }
     },
     onOpen: () => {
@@ -205,11 +204,13 @@ function selectThread(tid) {
       // Frames sent while we were away are gone: reload on every (re)connect, and seq
       // numbering restarts from whatever the first frame says.
       lastSeq = null;
-      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
-      // thread the runs answer says does not exist is asked nothing more.
-      runs.reload().then(() => pause.refresh());
+      // Then whether it was paused or resumed elsewhere meanwhile, and its schedules:
+      // after the runs, so a thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => {
+        pause.refresh();
+        schedules.reload();
+      });
       records.reload();
-      schedules.reload();
       conversation.catchUp();
     },
     onFrame: (frame) => {
@@ -270,11 +271,13 @@ function onFrame(frame) {
     const gap = lastSeq !== null && frame.seq !== lastSeq + 1;
     lastSeq = frame.seq;
     if (gap) {
-      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
-      // thread the runs answer says does not exist is asked nothing more.
-      runs.reload().then(() => pause.refresh());
+      // Then whether it was paused or resumed elsewhere meanwhile, and its schedules:
+      // after the runs, so a thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => {
+        pause.refresh();
+        schedules.reload();
+      });
       records.reload();
-      schedules.reload();
       conversation.catchUp();
     }
   }
