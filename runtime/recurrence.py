@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -149,12 +150,14 @@ class Recurrence:
 _WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
 
+@lru_cache(maxsize=256)
 def _trigger(expr: str, tz: ZoneInfo) -> CronTrigger:
     """APScheduler's trigger for a crontab expression, weekdays numbered as crontab does.
 
     APScheduler 3 reads weekday numbers with 0 = Monday (its ``from_crontab`` warns of it);
     crontab (and so this runtime) has 0 or 7 = Sunday, 1 = Monday. The weekday field is
-    therefore handed over as names.
+    therefore handed over as names. Cached: a fire computes the fire times it skipped one
+    by one, and a trigger is immutable.
 
     Raises:
         ValueError: the expression is not valid (APScheduler's message, or ours).

@@ -19,6 +19,7 @@ from runtime import (
     ScheduleState,
     ThreadState,
 )
+from runtime.recurrence import Recurrence
 from runtime.testing import FakeClock
 from tests.conftest import Api, release, serve_api
 
@@ -395,3 +396,38 @@ async def test_http_schedule_body_errors(api: Api) -> None:
     res = await api.client.post("/api/threads/missing/schedules",
                                 json={"name": "ping", "every_seconds": 60})
     assert res.status_code == 404 and res.json()["error"]["code"] == "thread_not_found"
+
+
+# ------------------------------------------------------- crontab weekdays
+
+
+@pytest.mark.parametrize(
+    ("weekdays", "first_days"),
+    [
+        ("1-5", ["Mon", "Tue", "Wed", "Thu", "Fri", "Mon"]),
+        ("0", ["Sun", "Sun"]),
+        ("7", ["Sun", "Sun"]),
+        ("5-7", ["Sun", "Fri", "Sat", "Sun"]),
+        ("sat,sun", ["Sun", "Sat", "Sun"]),
+        ("*/3", ["Sun", "Wed", "Sat", "Sun"]),
+    ],
+)
+def test_cron_weekdays_are_numbered_as_crontab_numbers_them(
+    weekdays: str, first_days: list[str]
+) -> None:
+    # APScheduler 3 counts weekdays from Monday; a crontab's 0 (and 7) is Sunday.
+    recurrence = Recurrence.parse(cron=f"0 9 * * {weekdays}", timezone="UTC")
+    at: float | None = ts("2026-03-29T00:00:00")  # a Sunday
+    days = []
+    for _ in first_days:
+        assert at is not None
+        at = recurrence.next_fire(at, 0)
+        assert at is not None
+        days.append(datetime.fromtimestamp(at, UTC).strftime("%a"))
+    assert days == first_days
+
+
+@pytest.mark.parametrize("weekdays", ["8", "5-2", "mon-xyz", "*/0"])
+def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
+    with pytest.raises(InvalidSchedule, match=r"cron .* is not a valid crontab"):
+        Recurrence.parse(cron=f"0 9 * * {weekdays}")
