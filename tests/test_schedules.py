@@ -124,6 +124,11 @@ async def test_every_makes_one_run_per_period_on_a_grid(api: Api) -> None:
     assert (schedule.occurrences, schedule.skipped) == (3, 0)
     assert schedule.next_fire_at_ts == start + 2400
     assert schedule.to_json()["everySeconds"] == 600
+    # Across threads too (the run index keeps the schedule id).
+    across = await api.rt.list_runs(thread_id=thread.thread_id)
+    assert [r.schedule_id for r in across.runs] == [sid, sid, sid]
+    listed = (await api.client.get("/api/runs")).json()["runs"]
+    assert {r["scheduleId"] for r in listed} == {sid}
 
 
 async def test_a_schedule_never_stacks_runs_it_skips_and_counts(api: Api) -> None:

@@ -46,10 +46,10 @@ from runtime.storage.records import (
     instant,
 )
 
-THREAD_SCHEMA_VERSION = 6
+THREAD_SCHEMA_VERSION = 7
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
-RUNTIME_SCHEMA_VERSION = 4
+RUNTIME_SCHEMA_VERSION = 5
 """The version of the registry and alarm index this code knows."""
 
 

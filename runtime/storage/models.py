@@ -247,6 +247,7 @@ class RunIndexRow(SQLModel, table=True):
     replay_of: str | None = None
     key: str | None = None  # the run's scheduling key (`EffectRun.key`), if any
     canceled_by: str | None = None
+    schedule_id: str | None = None  # its recurring schedule (from runtime version 5)
 
 
 class RuntimeMetaRow(SQLModel, table=True):
@@ -309,10 +310,13 @@ RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     1: (PausedThreadRow,),
     2: (EffectRecordRow,),  # runtime-level records: durable turns' "cross-run" keys
     3: (RunIndexRow, RuntimeMetaRow),
+    4: (),
 }
 """The same for ``runtime.sqlite``."""
 
-RUNTIME_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {}
+RUNTIME_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {
+    4: ((RunIndexRow, "schedule_id"),),
+}
 """The same for ``runtime.sqlite``."""
 
 

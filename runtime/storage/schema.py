@@ -194,6 +194,7 @@ RUN_INDEX_DDL: tuple[str, ...] = (
         "\treplay_of VARCHAR, \n"
         "\t\"key\" VARCHAR, \n"
         "\tcanceled_by VARCHAR, \n"
+        "\tschedule_id VARCHAR, \n"
         "\tPRIMARY KEY (run_id)\n"
         ")"
     ),
@@ -423,6 +424,9 @@ RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
             "\tPRIMARY KEY (\"key\")\n"
             ")"
         ),
+    ),
+    4: (
+        "ALTER TABLE run_index ADD COLUMN schedule_id VARCHAR",
     ),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

@@ -66,15 +66,15 @@ THREAD_SCHEMA_VERSION = 7
 table; 6: the ``run_attempts`` table; 7: the ``schedules`` table and a run's
 ``schedule_id``)."""
 
-RUNTIME_SCHEMA_VERSION = 4
+RUNTIME_SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
 runtime-level ``effect_records`` table, `RuntimeStore.begin_record`; 4: the run index and
-``runtime_meta``)."""
+``runtime_meta``; 5: a run's ``schedule_id`` in the run index)."""
 
 
 _INDEX_COLUMNS = (
     "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
-    "attempts, error, replay_of, \"key\", canceled_by"
+    "attempts, error, replay_of, \"key\", canceled_by, schedule_id"
 )
 _INDEX_COMPLETE = "run_index_complete"
 
@@ -1185,13 +1185,13 @@ class SQLiteRuntimeStore(RuntimeStore):
         rows = [
             (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
              r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
-             r.canceled_by)
+             r.canceled_by, r.schedule_id)
             for r in runs
         ]
         self._tx(
             lambda c: c.executemany(
                 f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
-                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
+                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
                 f"FROM threads t WHERE t.id = ?2 "
                 f"ON CONFLICT(run_id) DO UPDATE SET status = excluded.status, "
                 f"run_at = excluded.run_at, started_at = excluded.started_at, "
@@ -1253,7 +1253,7 @@ class SQLiteRuntimeStore(RuntimeStore):
                 id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
                 run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
                 attempts=r[8], error=r[9], replay_of=r[10], key=r[11],
-                canceled_by=r[12],
+                canceled_by=r[12], schedule_id=r[13],
             )
             for r in rows[:limit]
         ]
