@@ -218,9 +218,13 @@ class EffectExecutor:
             The outcome still to record (None once it was recorded here).
         """
         now = self._now()
-        due = await self._run_sync(actor.store.due_schedules, now)
-        if not due:
-            return finish
+        if actor.next_fire_known and (actor.next_fire is None or actor.next_fire > now):
+            return finish  # nothing due: no trip to the storage pool
+        if not actor.next_fire_known:
+            actor.next_fire = await self._run_sync(actor.store.next_schedule_fire)
+            actor.next_fire_known = True
+            if actor.next_fire is None or actor.next_fire > now:
+                return finish
         if finish is not None:
             finished, _, _ = await self._run_sync(
                 partial(actor.store.finish_and_claim, claim=False, retention=self._retention),
@@ -229,9 +233,11 @@ class EffectExecutor:
             )
             if finished is not None:
                 self._hub.publish(_change_of(finished), finished)
-        fired = await self._run_sync(
+        actor.next_fire_known = False  # unknown if the fire fails
+        fired, actor.next_fire = await self._run_sync(
             fire_due, actor.store, now, self._retention or RetentionPolicy()
         )
+        actor.next_fire_known = True
         publish_fires(self._hub, fired)
         return None
 

@@ -57,7 +57,7 @@ skips beyond it are not counted."""
 
 def fire_due(
     store: ThreadStore, now: float, retention: RetentionPolicy
-) -> list[tuple[Schedule, EffectRun | None]]:
+) -> tuple[list[tuple[Schedule, EffectRun | None]], float | None]:
     """Fire every due schedule of a thread's store (blocking: call off the loop).
 
     For each due schedule, its fire times from its stored ``next_fire_at`` up to ``now``
@@ -67,8 +67,9 @@ def fire_due(
     coalesced into it. The next fire time is then the first after ``now``.
 
     Returns:
-        ``(schedule, run)`` per schedule written: the schedule after it, and its new
-        occurrence run, or None when every due fire time was skipped.
+        ``(fired, next_fire)``: ``(schedule, run)`` per schedule written (the schedule
+        after it, and its new occurrence run, or None when every due fire time was
+        skipped), and the store's earliest next fire time afterwards (None: none).
     """
     out: list[tuple[Schedule, EffectRun | None]] = []
     for schedule in store.due_schedules(now):
@@ -115,7 +116,7 @@ def fire_due(
             stored is not None or written.last_fire_at_ts == last
         ):
             out.append((written, stored))
-    return out
+    return out, store.next_schedule_fire()
 
 
 class ScheduleOperations:
@@ -200,6 +201,7 @@ class ScheduleOperations:
             # The alarm first, as for a run: a crash in between leaves an early wake-up.
             if schedule.next_fire_at_ts is not None:
                 await self._alarms.lower(state.thread_id, schedule.next_fire_at_ts)
+            actor.next_fire_known = False
             held = await self._run_sync(actor.store.insert_schedule, schedule)
         if held is not None:
             return held, False
@@ -247,6 +249,7 @@ class ScheduleOperations:
                 next_fire = current.recurrence.next_fire(self._now(), current.created_at_ts)
                 if next_fire is not None:
                     await self._alarms.lower(thread_id, next_fire)
+            actor.next_fire_known = False
             written = await self._run_sync(
                 actor.store.set_schedule_state, schedule_id, state, next_fire
             )
@@ -261,6 +264,7 @@ class ScheduleOperations:
         self._check_open()
         schedule_id = str(schedule_id)
         async with self._actors.writing(thread_id) as actor:
+            actor.next_fire_known = False
             removed = await self._run_sync(actor.store.delete_schedule, schedule_id)
         if removed is None:
             raise ScheduleNotFound(thread_id, schedule_id)

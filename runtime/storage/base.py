@@ -260,6 +260,14 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
+    def next_schedule_fire(self) -> float | None:
+        """The earliest ``next_fire_at`` of the active schedules (None: none). A read.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
     def fire_schedule(
         self,
         schedule_id: str,

@@ -348,6 +348,14 @@ class MemoryThreadStore(ThreadStore):
             due.sort(key=lambda e: (e[0].next_fire_at_ts, order[e[0].id]))
             return [self._schedule_out(e) for e in due]
 
+    def next_schedule_fire(self) -> float | None:  # noqa: D102
+        with self._data.lock:
+            return min(
+                (sc.next_fire_at_ts for sc, _ in self._open_data().schedules.values()
+                 if sc.state is ScheduleState.ACTIVE and sc.next_fire_at_ts is not None),
+                default=None,
+            )
+
     def fire_schedule(  # noqa: D102
         self,
         schedule_id: str,

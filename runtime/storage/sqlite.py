@@ -479,6 +479,12 @@ class SQLiteThreadStore(ThreadStore):
             self._tx(self._refresh_next_fire, write=False)
         return [_row_to_schedule(self.thread_id, r) for r in rows]
 
+    def next_schedule_fire(self) -> float | None:  # noqa: D102
+        if self._next_fire is _UNKNOWN:
+            self._tx(self._refresh_next_fire, write=False)
+        fire = self._next_fire
+        return fire if isinstance(fire, float | int) else None
+
     def fire_schedule(  # noqa: D102
         self,
         schedule_id: str,

@@ -1346,11 +1346,14 @@ def test_schedules_are_stored_listed_and_keyed(store: ThreadStore) -> None:
 
 
 def test_pause_resume_and_the_next_wake_time(store: ThreadStore) -> None:
+    assert store.next_schedule_fire() is None
     store.insert_run(run(run_at=T0 + 500))
     store.insert_schedule(schedule("s1", next_fire=T0 + 60))
+    assert store.next_schedule_fire() == T0 + 60
     # Nothing due: the thread wakes for the schedule's fire time, before the run.
     assert store.finish_and_claim(None, T0) == (None, None, T0 + 60)
     paused = store.set_schedule_state("s1", ScheduleState.PAUSED, None)
+    assert store.next_schedule_fire() is None
     assert paused is not None and paused.state is ScheduleState.PAUSED
     assert paused.next_fire_at_ts is None
     assert store.finish_and_claim(None, T0) == (None, None, T0 + 500)
