@@ -8,7 +8,11 @@ import { fmtDuration } from "./format.js";
 /** "cron 0 9 * * 1-5 (Europe/Istanbul)" or "every 1m 30s": how a schedule recurs. */
 export function recurrenceText(s) {
   if (s.cron) return `cron ${s.cron} (${s.timezone || "UTC"})`;
-  if (s.everySeconds != null) return `every ${fmtDuration(s.everySeconds * 1000)}`;
+  if (s.everySeconds != null) {
+    const n = s.everySeconds;
+    // Whole seconds under a minute as typed ("every 5s"), the rest as a duration.
+    return `every ${Number.isInteger(n) && n < 60 ? `${n}s` : fmtDuration(n * 1000)}`;
+  }
   return "";
 }
 

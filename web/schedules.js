@@ -16,25 +16,31 @@ const $ = (id) => document.getElementById(id);
 
 function scheduleRow(s, now, view) {
   const paused = s.state === "paused";
+  const when = recurrenceText(s);
   const next = s.nextFireAt
-    ? html`<time datetime=${s.nextFireAt} title=${fmtLocal(s.nextFireAt, { full: true })}>${fmtRelative(s.nextFireAt, now)}</time>`
-    : html`<span class="muted">${paused ? "paused" : "never"}</span>`;
-  return html`<tr data-testid="schedule-row" data-schedule-id=${s.id} data-state=${s.state}>
-    <td class="cell-name" title=${s.id}>${s.name}${
-      s.key ? html`<span class="run-key muted mono" title=${`Key: ${s.key}`}>key ${s.key}</span>` : nothing
-    }</td>
-    <td class="mono" data-testid="schedule-when">${recurrenceText(s)}</td>
-    <td data-testid="schedule-next">${next}</td>
-    <td><span class="badge badge-${paused ? "canceled" : "completed"}" data-testid="schedule-state">${s.state}</span></td>
-    <td data-testid="schedule-counts" title="Runs made · fire times skipped (the previous run was still pending or running)">
-      ${s.occurrences} runs · ${s.skipped} skipped</td>
-    <td class="cell-actions">
+    ? html`next <time datetime=${s.nextFireAt} title=${fmtLocal(s.nextFireAt, { full: true })}>${fmtRelative(s.nextFireAt, now)}</time>`
+    : html`<span class="muted">${paused ? "paused" : "never again"}</span>`;
+  const runs = `${s.occurrences} run${s.occurrences === 1 ? "" : "s"} · ${s.skipped} skipped`;
+  return html`<li class="schedule-item" data-testid="schedule-row" data-schedule-id=${s.id} data-state=${s.state}>
+    <span class="sch-what">
+      <span class="sch-name" title=${`${s.name} (schedule ${s.id})`}>${s.name}</span>
+      <code class="sch-when mono" data-testid="schedule-when" title=${when}>${when}</code>${
+        s.key ? html`<span class="run-key muted mono" title=${`Key: ${s.key}`}>key ${s.key}</span>` : nothing
+      }
+    </span>
+    <span class="sch-status">
+      <span class="badge badge-${paused ? "canceled" : "completed"}" data-testid="schedule-state">${s.state}</span>
+      <span data-testid="schedule-next">${next}</span>
+      <span class="muted" data-testid="schedule-counts"
+        title="Runs made · fire times skipped (the previous run was still pending or running)">${runs}</span>
+    </span>
+    <span class="sch-actions">
       <button type="button" class="btn btn-small" data-testid=${paused ? "schedule-resume" : "schedule-pause"}
         ?disabled=${view.busy.has(s.id)} @click=${() => view.act(s, paused ? "resume" : "pause")}>${paused ? "Resume" : "Pause"}</button>
       <button type="button" class="btn btn-small btn-danger" data-testid="schedule-cancel"
         ?disabled=${view.busy.has(s.id)} @click=${() => view.act(s, "cancel")}>Cancel</button>
-    </td>
-  </tr>`;
+    </span>
+  </li>`;
 }
 
 export class SchedulesView {

@@ -1419,16 +1419,21 @@ def test_recurring_schedules_show_live_and_pause_resume_cancel(pane: Pane) -> No
     }).json()
     expect(rows).to_have_count(2, timeout=WAIT_MS)
     tick_row = page.locator(f'[data-testid="schedule-row"][data-schedule-id="{tick["id"]}"]')
-    expect(tick_row.get_by_test_id("schedule-when")).to_have_text("every 1.0s")
+    expect(tick_row.get_by_test_id("schedule-when")).to_have_text("every 1s")
     tagged = page.locator('[data-testid="run-row"]').get_by_test_id("run-schedule")
     expect(tagged.first).to_have_attribute(
         "title", f"An occurrence of recurring schedule {tick['id']}", timeout=WAIT_MS)
     expect(tick_row.get_by_test_id("schedule-counts")).not_to_contain_text(
         "0 runs", timeout=WAIT_MS)
+    expect(row.get_by_test_id("schedule-counts")).to_have_text("0 runs · 0 skipped")
 
     # Pause: no more runs; the row says so.
+    page.set_viewport_size({"width": 1400, "height": 900})
+    snap(page, "schedules-1400")
     tick_row.get_by_test_id("schedule-pause").click()
     expect(tick_row.get_by_test_id("schedule-state")).to_have_text("paused", timeout=WAIT_MS)
+    page.set_viewport_size({"width": 420, "height": 900})
+    snap(page, "schedules-420", full_page=True)
     expect(tick_row.get_by_test_id("schedule-next")).to_have_text("paused")
     made = pane.http.get(f"/api/threads/{tid}/schedules/{tick['id']}").json()
     assert made["state"] == "paused" and made["nextFireAt"] is None

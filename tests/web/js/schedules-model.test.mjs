@@ -21,6 +21,8 @@ test("how a schedule recurs, in words", () => {
   assert.equal(recurrenceText(sch("a", 1, { cron: "0 9 * * 1-5", timezone: "Europe/Istanbul" })),
     "cron 0 9 * * 1-5 (Europe/Istanbul)");
   assert.equal(recurrenceText(sch("a", 1, { everySeconds: 90 })), "every 1m 30s");
+  assert.equal(recurrenceText(sch("a", 1, { everySeconds: 5 })), "every 5s");
+  assert.equal(recurrenceText(sch("a", 1, { everySeconds: 2.5 })), "every 2.5s");
   assert.equal(recurrenceText(sch("a", 1, { cron: "* * * * *" })), "cron * * * * * (UTC)");
 });
 
