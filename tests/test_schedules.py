@@ -20,6 +20,7 @@ from runtime import (
     ThreadState,
 )
 from runtime.recurrence import Recurrence
+from runtime.storage.memory import MemoryBackend
 from runtime.testing import FakeClock
 from tests.conftest import Api, release, serve_api
 
@@ -436,3 +437,31 @@ def test_cron_weekdays_are_numbered_as_crontab_numbers_them(
 def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
     with pytest.raises(InvalidSchedule, match=r"cron .* is not a valid crontab"):
         Recurrence.parse(cron=f"0 9 * * {weekdays}")
+
+
+async def test_the_memory_backend_fires_skips_and_coalesces_the_same(tmp_path: Path) -> None:
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    (tmp_path / "m").mkdir()  # where the hold effect keeps its log
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "m", clock=clock,
+                       storage=MemoryBackend()) as rt:
+        thread = await rt.create_thread()
+        sid = await thread.schedule_effect("hold", {"key": "mem"}, every=60)
+        clock.advance(60)
+        await _running_of(thread, sid)
+        for _ in range(2):
+            clock.advance(60)
+            await asyncio.sleep(0.05)
+        release(rt, "mem")
+        await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        assert (schedule.occurrences, schedule.skipped) == (1, 2)
+        await thread.pause_schedule(sid)
+        clock.advance(600)
+        await rt.wait_idle()
+        resumed = await thread.resume_schedule(sid)
+        # From now, on the grid: the ten fire times it was paused for are not made up.
+        assert resumed.next_fire_at_ts == clock.now() + 60
+        assert (await thread.get_schedule(sid)).occurrences == 1
+        clock.advance(60)
+        await rt.wait_idle()
+        assert (await thread.get_schedule(sid)).occurrences == 2
