@@ -283,12 +283,21 @@ class EffectExecutor:
         return main.result()
 
     async def _start_due_side(self, actor: ThreadActor) -> None:
-        """Claim and start every due run of a concurrent effect; arm the timer for the next."""
+        """Fire due schedules, start every due run of a concurrent effect; arm the timer.
+
+        The timer is armed for the next due run of a concurrent effect or the next fire
+        time of a schedule, whichever comes first.
+        """
         names = self._concurrent_names()
         while not self._stopping():
             async with actor.lock:
                 # A paused thread starts nothing, beside a running run either.
                 if actor.deleted or actor.info.paused:
+                    return
+                # Schedules fire on time beside a running run: their runs of concurrent
+                # effects start now, the others wait in line.
+                await self._fire_schedules(actor, None)
+                if actor.deleted:
                     return
                 _, claimed, next_due = await self._run_sync(
                     partial(actor.store.finish_and_claim, only_names=names),
@@ -296,8 +305,10 @@ class EffectExecutor:
                     self._now(),
                 )
                 if claimed is None:
-                    if next_due is not None:
-                        self._alarms.arm_timer(actor.thread_id, next_due)
+                    fire = actor.next_fire if actor.next_fire_known else None
+                    wake = min((t for t in (next_due, fire) if t is not None), default=None)
+                    if wake is not None:
+                        self._alarms.arm_timer(actor.thread_id, wake)
                     return
                 actor.side_runs[claimed.id] = claimed
             self._hub.publish(RunChange.STARTED, claimed)

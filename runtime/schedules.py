@@ -132,6 +132,8 @@ class ScheduleOperations:
         now: The clock's ``now``.
         check_open: Raises `RuntimeClosed` unless the runtime is running.
         runs: Encodes and checks args as a run's are.
+        poke: Tells a drain running a run in line that the thread's schedules changed
+            (it then fires them on time beside that run).
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class ScheduleOperations:
         now: Callable[[], float],
         check_open: Callable[[], None],
         runs: RunOperations,
+        poke: Callable[[str], None] | None = None,
     ) -> None:
         self._registry = registry
         self._actors = actors
@@ -153,6 +156,7 @@ class ScheduleOperations:
         self._now = now
         self._check_open = check_open
         self._runs = runs
+        self._poke = poke or (lambda thread_id: None)
 
     async def create(
         self,
@@ -206,6 +210,7 @@ class ScheduleOperations:
         if held is not None:
             return held, False
         self._hub.publish_schedule(ScheduleChange.CREATED, schedule)
+        self._poke(state.thread_id)
         return schedule, True
 
     async def list(self, thread_id: str) -> list[Schedule]:
@@ -257,6 +262,7 @@ class ScheduleOperations:
             raise ScheduleNotFound(thread_id, schedule_id)
         change = ScheduleChange.RESUMED if state is ScheduleState.ACTIVE else ScheduleChange.PAUSED
         self._hub.publish_schedule(change, written)
+        self._poke(thread_id)
         return written
 
     async def cancel(self, thread_id: str, schedule_id: str) -> Schedule:

@@ -465,3 +465,34 @@ async def test_the_memory_backend_fires_skips_and_coalesces_the_same(tmp_path: P
         clock.advance(60)
         await rt.wait_idle()
         assert (await thread.get_schedule(sid)).occurrences == 2
+
+
+async def test_a_schedule_of_a_concurrent_effect_fires_on_time_beside_a_long_run(
+    api: Api,
+) -> None:
+    # A long run in line holds the thread; the schedule's runs (a concurrent effect, whose
+    # gate is open, so each ends at once) start at their fire times all the same.
+    gates = api.rt.registry.app["long_work"].fn.__globals__["GATES"]
+    gates.setdefault("beat", asyncio.Event()).set()
+    thread = await api.rt.create_thread()
+    blocker = await thread.schedule_effect("hold", {"key": "block"})
+    for _ in range(2000):
+        if (await thread.get_run(blocker)).status is EffectStatus.RUNNING:
+            break
+        await asyncio.sleep(0.005)
+    sid = await thread.schedule_effect("long_work", {"key": "beat"}, every=60)
+    for n in range(1, 4):
+        clock_of(api).advance(60)
+        for _ in range(2000):
+            if (await thread.get_schedule(sid)).occurrences == n:
+                break
+            await asyncio.sleep(0.005)
+    schedule = await thread.get_schedule(sid)
+    assert (schedule.occurrences, schedule.skipped) == (3, 0)
+    assert (await thread.get_run(blocker)).status is EffectStatus.RUNNING
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert len(runs) == 3
+    release(api.rt, "block")
+    await api.rt.wait_idle()
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert {r.status for r in runs} == {EffectStatus.COMPLETED}
