@@ -16,6 +16,7 @@ Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame(
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
@@ -23,6 +24,9 @@ from typing import Any, TypeAlias
 from runtime.effects import EffectRun
 from runtime.messages import Message
 from runtime.recurrence import Schedule
+
+_ENCODE_SCHEDULE = json.JSONEncoder(separators=(",", ":")).encode
+"""Compact JSON of a schedule frame (as ``json.dumps`` would, ASCII-escaped)."""
 
 
 class RunChange(StrEnum):
@@ -181,6 +185,7 @@ class ScheduleChanged:
     seq: int
     change: ScheduleChange
     schedule: Schedule = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -199,6 +204,14 @@ class ScheduleChanged:
             "seq": self.seq,
             "data": self.data,
         }
+
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE_SCHEDULE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged | ScheduleChanged

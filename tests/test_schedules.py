@@ -4,6 +4,7 @@ pause/resume/cancel, keys, frames and the HTTP routes."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +16,9 @@ from runtime import (
     EffectStatus,
     InvalidSchedule,
     Runtime,
+    Schedule,
+    ScheduleChange,
+    ScheduleChanged,
     ScheduleNotFound,
     ScheduleState,
     ThreadState,
@@ -497,3 +501,13 @@ async def test_a_schedule_of_a_concurrent_effect_fires_on_time_beside_a_long_run
     await api.rt.wait_idle()
     runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
     assert {r.status for r in runs} == {EffectStatus.COMPLETED}
+
+
+def test_a_schedule_frame_serializes_once_as_compact_json() -> None:
+    event = ScheduleChanged("t", 3, ScheduleChange.CREATED, Schedule(
+        id="s", thread_id="t", name="ping", args=None, recurrence=Recurrence.parse(every=60),
+        state=ScheduleState.ACTIVE, next_fire_at_ts=60.0, created_at_ts=0.0,
+    ))
+    text = event.frame_text()
+    assert text is event.frame_text()
+    assert json.loads(text) == event.to_frame() and ", " not in text
