@@ -10,7 +10,8 @@ Every event class lives here. A thread has two kinds of event, numbered on one s
 - `ScheduleChanged`: a recurring schedule was created, fired, skipped a fire, paused,
   resumed or canceled (``schedule_changed`` frame).
 
-Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame()`` as is.
+Each has ``thread_id``, ``seq``, ``to_frame()`` and ``frame_text()`` (``to_frame()`` as
+compact JSON, made once per event and shared by every WebSocket client that sends it).
 `runtime.frames.ChangeHub` numbers and delivers them.
 """
 
@@ -27,6 +28,9 @@ from runtime.recurrence import Schedule
 
 _ENCODE_SCHEDULE = json.JSONEncoder(separators=(",", ":")).encode
 """Compact JSON of a schedule frame (as ``json.dumps`` would, ASCII-escaped)."""
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+"""The one JSON encoder of frames (compact, ASCII-escaped, as ``json.dumps`` would)."""
 
 
 class RunChange(StrEnum):
@@ -57,6 +61,7 @@ class EffectChanged:
     seq: int
     change: RunChange
     run: EffectRun = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -76,6 +81,14 @@ class EffectChanged:
             "data": self.data,
         }
 
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
+
 
 @dataclass(frozen=True, slots=True)
 class MessageCreated:
@@ -94,6 +107,7 @@ class MessageCreated:
     thread_id: str
     seq: int
     message: Message = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -109,6 +123,14 @@ class MessageCreated:
             "seq": self.seq,
             "data": self.data,
         }
+
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 class RecordChange(StrEnum):
@@ -138,6 +160,7 @@ class EffectRecordChanged:
     seq: int
     change: RecordChange
     record: dict[str, Any] = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -153,6 +176,14 @@ class EffectRecordChanged:
             "seq": self.seq,
             "data": self.data,
         }
+
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 class ScheduleChange(StrEnum):

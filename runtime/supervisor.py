@@ -30,12 +30,12 @@ thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import gc
 import logging
 import os
-import time
+import queue
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -68,7 +68,7 @@ from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.schedules import ScheduleOperations
-from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
+from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo, ThreadQuery
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
@@ -97,6 +97,69 @@ _STORAGE_THREADS = 16
 """OS threads for store calls. Measured with bench/bench_effects.py (2 cores, FULL): 16
 gave lag p99 88 ms and loop stalls of 13 ms where 32 gave 199 ms and 25 ms; more threads
 mostly add GIL contention, fewer leave the disk's parallel fsyncs unused."""
+
+
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+class _StoragePool:
+    """OS threads that run blocking store calls for the event loop.
+
+    Lighter than ``loop.run_in_executor`` on a ``ThreadPoolExecutor``: a call is one queue
+    item and its outcome one ``call_soon_threadsafe`` onto an asyncio future (no
+    ``concurrent.futures.Future`` with its condition variable, no future chaining) — the
+    hop is paid by every scheduled and every executed run. A call whose future was
+    cancelled before a thread took it up is skipped, as the executor would.
+    """
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[
+            tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any],
+                  tuple[Any, ...]] | None
+        ] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        get = self._queue.get
+        while (item := get()) is not None:
+            loop, future, fn, args = item
+            if future.cancelled():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the caller, as an executor does
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    loop.call_soon_threadsafe(_set_exception, future, exc)
+            else:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_set_result, future, result)
+            del item, future, fn, args
+
+    def submit(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> asyncio.Future[T]:
+        """Queue ``fn(*args)``; the future gets its result or exception."""
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put((loop, future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Let every thread stop once the calls already queued have run (does not wait)."""
+        for _ in self._threads:
+            self._queue.put(None)
+
 
 MAX_ID_CHARS = 256
 """Longest ``agent_id`` and ``user_id`` of a thread, in characters."""
@@ -212,7 +275,7 @@ class Runtime:
         self.registry = EffectRegistry()
         self.hub = ChangeHub(self.settings.subscriber_queue_size)
         self.hub.add_listener(log_run_change)  # one log line per run transition
-        self._executor_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_pool: _StoragePool | None = None
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
@@ -458,7 +521,7 @@ class Runtime:
         await self.run_sync(self._store.close)
         await self.run_sync(self.storage.close)
         if self._executor_pool is not None:
-            self._executor_pool.shutdown(wait=False)
+            self._executor_pool.shutdown()
             self._executor_pool = None
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -510,14 +573,9 @@ class Runtime:
         """
         if self._executor_pool is None:
             # Started eagerly, so the first busy moment does not pay for thread creation.
-            self._executor_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=_STORAGE_THREADS, thread_name_prefix="thread-effects-storage"
-            )
-            for _ in range(_STORAGE_THREADS):
-                self._executor_pool.submit(time.sleep, 0)
-        loop = asyncio.get_running_loop()
+            self._executor_pool = _StoragePool(_STORAGE_THREADS, "thread-effects-storage")
         try:
-            return await loop.run_in_executor(self._executor_pool, partial(fn, *args))
+            return await self._executor_pool.submit(asyncio.get_running_loop(), fn, args)
         except (ThreadStorageError, RuntimeClosed) as exc:
             if self._stores_closing and not isinstance(exc, RuntimeClosed):
                 # A call in flight met a store that close() just closed.
@@ -684,12 +742,31 @@ class Runtime:
         if self._rebuild is not None:
             await asyncio.shield(self._rebuild)
 
-    async def list_threads(self, *, limit: int = 50, cursor: str | None = None) -> ThreadPage:
-        """Threads, newest first.
+    async def list_threads(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        tag: str | None = None,
+        by_activity: bool = False,
+    ) -> ThreadPage:
+        """Threads, newest first: by creation, or by last activity.
+
+        Last activity (`ThreadInfo.last_activity_ts`) is the latest of the thread's
+        creation, its runs' transitions and its messages, kept in the registry with the
+        run index's writes; the changes noted so far are written before the read.
 
         Args:
             limit: Page size, 1 to 500.
-            cursor: ``next_cursor`` from the previous page.
+            cursor: ``next_cursor`` from the previous page (of the same order).
+            user_id: Only threads of this user.
+            agent_id: Only threads served by this agent.
+            tag: Only threads with this tag.
+            by_activity: Most recently active first (ties by id, descending). Pages never
+                repeat a thread; one that becomes active while pages are read moves to
+                the top and is not met again.
 
         Raises:
             ValueError: a bad limit or a malformed cursor.
@@ -700,7 +777,12 @@ class Runtime:
         after: tuple[float, str] | None = None
         if cursor is not None:
             after = parse_thread_cursor(cursor)
-        infos, nxt = await self.run_sync(self._store.list_threads, limit, after)
+        query = ThreadQuery(
+            user_id=user_id, agent_id=agent_id, tag=tag, by_activity=by_activity
+        )
+        if by_activity:
+            await self.run_index.flush()
+        infos, nxt = await self.run_sync(self._store.list_threads, limit, after, query)
         return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
 
     async def pause_thread(self, thread_id: str) -> ThreadState:

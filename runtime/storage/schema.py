@@ -149,9 +149,11 @@ THREADS_DDL: tuple[str, ...] = (
         "\tagent_id VARCHAR, \n"
         "\tuser_id VARCHAR, \n"
         "\ttags VARCHAR NOT NULL, \n"
+        "\tlast_activity_at FLOAT, \n"
         "\tPRIMARY KEY (id)\n"
         ")"
     ),
+    "CREATE INDEX ix_threads_activity ON threads (last_activity_at, id)",
     "CREATE INDEX ix_threads_created ON threads (created_at, id)",
 )
 """Table ``threads`` and its indexes (ThreadRow)."""
@@ -426,6 +428,10 @@ RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
         ),
     ),
     4: (
+        "ALTER TABLE threads ADD COLUMN last_activity_at FLOAT",
+        "CREATE INDEX ix_threads_activity ON threads (last_activity_at, id)",
+    ),
+    5: (
         "ALTER TABLE run_index ADD COLUMN schedule_id VARCHAR",
     ),
 }

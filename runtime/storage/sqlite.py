@@ -22,7 +22,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -46,6 +46,7 @@ from runtime.storage.base import (
     RuntimeStore,
     StorageBackend,
     ThreadInfo,
+    ThreadQuery,
     ThreadStore,
 )
 from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
@@ -66,10 +67,25 @@ THREAD_SCHEMA_VERSION = 7
 table; 6: the ``run_attempts`` table; 7: the ``schedules`` table and a run's
 ``schedule_id``)."""
 
-RUNTIME_SCHEMA_VERSION = 5
+RUNTIME_SCHEMA_VERSION = 6
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
 runtime-level ``effect_records`` table, `RuntimeStore.begin_record`; 4: the run index and
-``runtime_meta``; 5: a run's ``schedule_id`` in the run index)."""
+``runtime_meta``; 5: a thread's ``last_activity_at``; 6: a run's ``schedule_id`` in the run
+index)."""
+
+# A thread's latest activity the registry can tell without opening its file: its creation
+# and its indexed runs' latest times. Fills in rows from before version 5 (and any left
+# NULL): their messages are not known until the thread's next message or run.
+_BACKFILL_ACTIVITY = (
+    "UPDATE threads SET last_activity_at = max(created_at, coalesce(("
+    "SELECT max(max(r.created_at, coalesce(r.started_at, 0), coalesce(r.finished_at, 0))) "
+    "FROM run_index r WHERE r.thread_id = threads.id), 0)) "
+    "WHERE last_activity_at IS NULL"
+)
+_TOUCH = (
+    "UPDATE threads SET last_activity_at = max(coalesce(last_activity_at, created_at), ?) "
+    "WHERE id = ?"
+)
 
 
 _INDEX_COLUMNS = (
@@ -250,6 +266,9 @@ class SQLiteThreadStore(ThreadStore):
         # writer of its file (one process holds the data directory).
         self._finished: int | None = None
         self._swept_at: float | None = None
+        # Rows in run_traces (None: unknown, counted on demand). Most runs are scheduled
+        # without a span context: then a claim need not look one up nor a finish delete it.
+        self._traces: int | None = None
         self._records_swept_at: float | None = None
         # The earliest next fire of an active schedule (None: none), as this store wrote
         # it; _UNKNOWN until read. Lets `due_schedules` answer most drains without a query.
@@ -287,6 +306,7 @@ class SQLiteThreadStore(ThreadStore):
                 self._finished = None
                 self._swept_at = None
                 self._next_fire = _UNKNOWN
+                self._traces = None
                 if not isinstance(exc, sqlite3.DatabaseError):
                     raise
                 raise ThreadStorageError(
@@ -372,8 +392,7 @@ class SQLiteThreadStore(ThreadStore):
 
         return self._tx(tx)
 
-    @staticmethod
-    def _insert_run_in(c: sqlite3.Connection, run: EffectRun) -> None:
+    def _insert_run_in(self, c: sqlite3.Connection, run: EffectRun) -> None:
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         c.execute(
             "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
@@ -382,10 +401,12 @@ class SQLiteThreadStore(ThreadStore):
              run.replay_of, run.key, run.schedule_id),
         )
         if run.trace_context is not None:
+            traces = self._count_traces(c)
             c.execute(
                 "INSERT INTO run_traces (run_id, context) VALUES (?, ?)",
                 (run.id, run.trace_context),
             )
+            self._traces = traces + 1
 
     # ------------------------------------------------------ recurring schedules
 
@@ -520,9 +541,13 @@ class SQLiteThreadStore(ThreadStore):
 
         return self._tx(tx)
 
-    @staticmethod
-    def _with_trace(c: sqlite3.Connection, run: EffectRun | None) -> EffectRun | None:
-        if run is None or run.status.finished:
+    def _count_traces(self, c: sqlite3.Connection) -> int:
+        if self._traces is None:
+            self._traces = int(c.execute("SELECT count(*) FROM run_traces").fetchone()[0])
+        return self._traces
+
+    def _with_trace(self, c: sqlite3.Connection, run: EffectRun | None) -> EffectRun | None:
+        if run is None or run.status.finished or not self._count_traces(c):
             return run
         row = c.execute("SELECT context FROM run_traces WHERE run_id = ?", (run.id,)).fetchone()
         return replace(run, trace_context=row[0]) if row is not None else run
@@ -553,10 +578,10 @@ class SQLiteThreadStore(ThreadStore):
             "DELETE FROM run_attempts WHERE run_id NOT IN (SELECT id FROM effect_runs)"
         )
 
-    @staticmethod
-    def _drop_trace(c: sqlite3.Connection, run: EffectRun | None) -> None:
-        if run is not None:
-            c.execute("DELETE FROM run_traces WHERE run_id = ?", (run.id,))
+    def _drop_trace(self, c: sqlite3.Connection, run: EffectRun | None) -> None:
+        if run is not None and self._count_traces(c):
+            deleted = c.execute("DELETE FROM run_traces WHERE run_id = ?", (run.id,)).rowcount
+            self._traces = self._count_traces(c) - deleted
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -1084,7 +1109,8 @@ _MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
 
 _THREAD_COLUMNS = (
     "id, created_at, agent_id, user_id, tags, "
-    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id)"
+    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id), "
+    "coalesce(last_activity_at, created_at)"
 )
 
 
@@ -1105,6 +1131,8 @@ class SQLiteRuntimeStore(RuntimeStore):
         _migrate(self._conn, RUNTIME_SCHEMA_VERSION, RUNTIME_MIGRATIONS, str(path))
         if before == 0:  # a new database: its (empty) index holds every run there is
             self.set_run_index_complete(True)
+        elif before < RUNTIME_SCHEMA_VERSION:
+            self._tx(lambda c: c.execute(_BACKFILL_ACTIVITY))
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         with self._lock:
@@ -1121,15 +1149,16 @@ class SQLiteRuntimeStore(RuntimeStore):
             # list unanswerable, so an old row's is shown as U+FFFD.
             tags=tuple(replace_lone_surrogates(t) for t in json.loads(row[4])),
             paused=bool(row[5]),
+            last_activity_ts=row[6],
         )
 
     def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
             cur = c.execute(
-                "INSERT INTO threads (id, created_at, agent_id, user_id, tags) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                "INSERT INTO threads (id, created_at, agent_id, user_id, tags, "
+                "last_activity_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
                 (info.id, info.created_at_ts, info.agent_id, info.user_id,
-                 json.dumps(list(info.tags))),
+                 json.dumps(list(info.tags)), info.created_at_ts),
             )
             return cur.rowcount == 1
 
@@ -1146,18 +1175,41 @@ class SQLiteRuntimeStore(RuntimeStore):
         return self._info(row) if row is not None else None
 
     def list_threads(  # noqa: D102
-        self, limit: int, after: tuple[float, str] | None
+        self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
-        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
-        params: tuple[Any, ...] = ()
+        query = query or ThreadQuery()
+        # Rows always hold last_activity_at (set when added, filled in by the upgrade), so
+        # the order uses ix_threads_activity as it is.
+        key = "last_activity_at" if query.by_activity else "created_at"
+        parts: list[str] = []
+        params: list[Any] = []
+        for column, value in (("user_id", query.user_id), ("agent_id", query.agent_id)):
+            if value is not None:
+                parts.append(f"{column} = ?")
+                params.append(value)
+        if query.tag is not None:
+            parts.append("EXISTS (SELECT 1 FROM json_each(threads.tags) WHERE value = ?)")
+            params.append(query.tag)
         if after is not None:
-            sql += " WHERE (created_at, id) < (?, ?)"
-            params = (after[0], after[1])
-        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+            parts.append(f"({key}, id) < (?, ?)")
+            params += [after[0], after[1]]
+        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
+        if parts:
+            sql += " WHERE " + " AND ".join(parts)
+        sql += f" ORDER BY {key} DESC, id DESC LIMIT ?"
         rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall(), write=False)
         infos = [self._info(r) for r in rows[:limit]]
-        cursor = (infos[-1].created_at_ts, infos[-1].id) if len(rows) > limit else None
+        cursor = None
+        if len(rows) > limit:
+            last = infos[-1]
+            ts = last.last_activity_ts if query.by_activity else last.created_at_ts
+            cursor = (ts if ts is not None else last.created_at_ts, last.id)
         return infos, cursor
+
+    def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
+        if activity:
+            rows = [(ts, tid) for tid, ts in activity.items()]
+            self._tx(lambda c: c.executemany(_TOUCH, rows))
 
     def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
@@ -1194,8 +1246,13 @@ class SQLiteRuntimeStore(RuntimeStore):
              r.canceled_by, r.schedule_id)
             for r in runs
         ]
-        self._tx(
-            lambda c: c.executemany(
+        latest: dict[str, float] = {}
+        for r in runs:
+            ts = max(r.created_at_ts, r.started_at_ts or 0.0, r.finished_at_ts or 0.0)
+            latest[r.thread_id] = max(ts, latest.get(r.thread_id, ts))
+
+        def tx(c: sqlite3.Connection) -> None:
+            c.executemany(
                 f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
                 f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
                 f"FROM threads t WHERE t.id = ?2 "
@@ -1205,7 +1262,9 @@ class SQLiteRuntimeStore(RuntimeStore):
                 f"error = excluded.error, canceled_by = excluded.canceled_by",
                 rows,
             )
-        )
+            c.executemany(_TOUCH, [(ts, tid) for tid, ts in latest.items()])
+
+        self._tx(tx)
 
     @staticmethod
     def _where(
