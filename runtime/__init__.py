@@ -57,6 +57,7 @@ from runtime.events import (
     MessageCreated,
     RecordChange,
     RunChange,
+    ThreadDeleted,
 )
 from runtime.extension import Extension
 from runtime.frames import Subscription
@@ -140,6 +141,7 @@ __all__ = [
     "SqliteEffectStore",
     "Subscription",
     "SubscriptionOverflow",
+    "ThreadDeleted",
     "ThreadEndpointDefinition",
     "ThreadExists",
     "ThreadInfo",

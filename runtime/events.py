@@ -6,7 +6,9 @@ Every event class lives here. A thread has two kinds of event, numbered on one s
 - `EffectChanged`: a run was scheduled, started, finished, ... (``effect_changed`` frame);
 - `MessageCreated`: a message was stored in the conversation (``message_created`` frame);
 - `EffectRecordChanged`: an effect tool claimed, applied or released an effect key
-  (``effect_record_changed`` frame).
+  (``effect_record_changed`` frame);
+- `ThreadDeleted`: the thread was deleted (``thread_deleted`` frame), sent only to the
+  subscribers of every thread (a thread's own subscriptions end instead).
 
 Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame()`` as is.
 `runtime.frames.ChangeHub` numbers and delivers them.
@@ -148,5 +150,31 @@ class EffectRecordChanged:
         }
 
 
-ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged
-"""What a `runtime.frames.Subscription` yields."""
+@dataclass(frozen=True, slots=True)
+class ThreadDeleted:
+    """A thread was deleted: for the subscribers of every thread (`Runtime.subscribe_runs`).
+
+    The thread's own subscriptions end instead (their iteration stops). Sent after the
+    thread and its runs are gone, so a client that holds its runs drops them.
+
+    Attributes:
+        thread_id: The deleted thread.
+        seq: The thread's next event number (see `EffectChanged`); its last event.
+    """
+
+    thread_id: str
+    seq: int
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``thread_deleted`` WebSocket frame (no ``data``)."""
+        return {
+            "type": "event",
+            "eventType": "thread_deleted",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+        }
+
+
+ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged | ThreadDeleted
+"""What a `runtime.frames.Subscription` yields (`ThreadDeleted`: only to those of every
+thread)."""

@@ -682,7 +682,8 @@ class Runtime:
     def subscribe_runs(self) -> Subscription:
         """A subscription to the run changes of every thread (`EffectChanged`, no args).
 
-        Each event keeps its thread's ``seq``; the subscription ends at shutdown.
+        Each event keeps its thread's ``seq``; a deleted thread's last event is a
+        `ThreadDeleted` (after its runs are gone). The subscription ends at shutdown.
 
         Raises:
             RuntimeClosed: the runtime is not running.
