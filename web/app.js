@@ -12,6 +12,7 @@
 // record and larger user base; see docs/design.md.
 
 import { AllRunsView } from "./all-runs.js";
+import { filtersFromHash, isAllRunsHash } from "./all-runs-model.js";
 import { ApiError, RunStream, askForToken, onReach } from "./api.js";
 import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
@@ -46,8 +47,6 @@ const el = {
   showThreads: $("show-threads"),
   showAllRuns: $("show-all-runs"),
 };
-
-const ALL_RUNS_HASH = "#all-runs";
 
 // The selection: the only state this module keeps.
 let session = null; // ThreadSession of the shown thread, or null
@@ -297,15 +296,19 @@ function markView(all) {
   off.removeAttribute("aria-current");
 }
 
+/** Show All runs with the filters of the URL hash (#all-runs?status=failed&user=u1). */
 function showAllRuns() {
-  if (allRuns.shown) return;
+  const filters = filtersFromHash(location.hash);
+  if (allRuns.shown) {
+    allRuns.show(filters);
+    return;
+  }
   selectThread(null);
-  if (location.hash !== ALL_RUNS_HASH) history.replaceState(null, "", location.pathname + location.search + ALL_RUNS_HASH);
   el.noThread.hidden = true;
   markView(true);
   document.title = "All runs · Effects pane";
   connection.setThread(true, true);
-  allRuns.show();
+  allRuns.show(filters);
 }
 
 function leaveAllRuns() {
@@ -368,7 +371,7 @@ function wire() {
     if (ev.key === "Escape" && !ev.defaultPrevented && !tokenDialogOpen() && detail.id !== null) detail.close();
   });
   window.addEventListener("hashchange", () => {
-    if (location.hash === ALL_RUNS_HASH) {
+    if (isAllRunsHash(location.hash)) {
       showAllRuns();
       return;
     }
@@ -420,7 +423,7 @@ function init() {
   schedule.load();
   threads.loadAgents();
   const tid = hashParams().get("thread");
-  if (location.hash === ALL_RUNS_HASH) showAllRuns();
+  if (isAllRunsHash(location.hash)) showAllRuns();
   else if (tid) selectThread(tid);
   else connection.setThread(false, false);
 }
