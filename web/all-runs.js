@@ -67,8 +67,9 @@ function localFromIso(iso) {
 
 export class AllRunsView {
   /**
-   * `ctx`: {openRun(threadId, runId), onStreamState(conn, detail), effects()} — effects():
-   * the discovered effects, for the name filter's suggestions.
+   * `ctx`: {openRun(threadId, runId), onStreamState(conn, detail), onThreadFrame(frame),
+   * effects()} — onThreadFrame: every frame, for the thread list; effects(): the
+   * discovered effects, for the name filter's suggestions.
    */
   constructor(ctx) {
     this.ctx = ctx;
@@ -354,6 +355,7 @@ export class AllRunsView {
   /** One frame of `WS /api/stream`: an effect_changed or a thread_deleted of any thread. */
   onFrame(frame) {
     if (!frame || frame.type !== "event") return;
+    if (frame.threadId != null) this.ctx.onThreadFrame(frame); // the thread list follows too
     if (frame.eventType === "thread_deleted") {
       if (frame.threadId == null) return;
       // Its runs are gone: nothing to show or act on; the counts are asked for again.

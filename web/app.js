@@ -127,6 +127,7 @@ const conversation = new ConversationView({
 const allRuns = new AllRunsView({
   openRun: (tid, id) => openRun(tid, id),
   onStreamState: (conn, detailText) => connection.setStreamState(conn, detailText),
+  onThreadFrame: (frame) => threads.onFrame(frame.threadId, frame),
   effects: () => schedule.effects,
 });
 
@@ -282,6 +283,7 @@ function onFrame(frame) {
     }
   }
   if (frame.type !== "event") return;
+  threads.onFrame(session.tid, frame);
   if (frame.eventType === "message_created") conversation.onFrame(frame.data);
   else if (frame.eventType === "effect_changed") runs.onFrame(frame.data);
   else if (frame.eventType === "effect_record_changed") records.onFrame(frame.data);

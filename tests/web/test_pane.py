@@ -1444,8 +1444,16 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     expect(chip_count(pane, "all")).to_have_attribute("data-count", "3")
 
     # Live, from another thread: a new run appears; one that runs and finishes changes.
+    # The thread list follows the stream too: the thread moves up, "active" now.
+    items = page.get_by_test_id("thread-item")
+    expect(items.first).not_to_have_attribute("data-thread-id", t3)
+    expect(page.locator(f'[data-testid="thread-item"][data-thread-id="{t3}"]')).to_contain_text(
+        "created"
+    )
     later = pane.schedule(t3, "send_reminder", {"text": "live"}, delay=3600)
     expect(all_row(pane, later)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
+    expect(items.first).to_have_attribute("data-thread-id", t3, timeout=WAIT_MS)
+    expect(items.first).to_contain_text("active")
     expect(chip_count(pane, "pending")).to_have_attribute("data-count", "4")
     assert pane.http.post(f"/api/threads/{t3}/effects/{later}/run").status_code == 200
     expect(all_row(pane, later)).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
@@ -1512,6 +1520,7 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     assert pane.http.delete(f"/api/threads/{t3}").status_code == 200
     for run_id in (later, ignored, marker):
         expect(all_row(pane, run_id)).to_have_count(0, timeout=WAIT_MS)
+    expect(page.locator(f'[data-testid="thread-item"][data-thread-id="{t3}"]')).to_have_count(0)
     expect(chip_count(pane, "completed")).to_have_attribute("data-count", "0", timeout=WAIT_MS)
     expect(chip_count(pane, "canceled")).to_have_attribute("data-count", "3", timeout=WAIT_MS)
 
