@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import http.server
 import json
-import shlex
 import os
+import shlex
 import signal
 import socket
 import subprocess

@@ -1476,7 +1476,9 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     pane.refuse = True
     page.get_by_test_id("all-cancel-pending").click()
     expect(page.get_by_test_id("all-cancel-pending")).to_be_enabled(timeout=WAIT_MS)
-    assert pane.dialogs[-1].startswith("Cancel all 2 pending runs named send_reminder, of user ann?")
+    assert pane.dialogs[-1].startswith(
+        "Cancel all 2 pending runs named send_reminder, of user ann?"
+    )
     expect(page).to_have_url(f"{pane.url}/#all-runs?name=send_reminder&user=ann")
     expect(page.get_by_test_id("all-user")).to_have_value("ann")
     expect(all_row(pane, theirs)).to_have_count(0, timeout=WAIT_MS)  # not ann's
