@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 from runtime.effects import EffectRun
@@ -28,13 +28,17 @@ from runtime.events import (
     MessageCreated,
     RecordChange,
     RunChange,
+    ScheduleChange,
+    ScheduleChanged,
+    ThreadDeleted,
     ThreadEvent,
 )
 from runtime.messages import Message
+from runtime.recurrence import Schedule
 
 __all__ = ["ChangeHub", "Listener", "Subscription", "ThreadEvent"]
 
-_E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged)
+_E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged, ScheduleChanged)
 
 log = logging.getLogger("runtime")
 
@@ -60,7 +64,8 @@ def _without_args(run: EffectRun) -> EffectRun:
 class Subscription(AsyncIterator[ThreadEvent]):
     """An async iterator over one thread's events, from the moment it was made.
 
-    It yields `EffectChanged`, `MessageCreated` and `EffectRecordChanged` events in the
+    It yields `EffectChanged`, `MessageCreated`, `EffectRecordChanged` and
+    `ScheduleChanged` events in the
     order they happened; tell them apart with ``isinstance`` (or use ``to_frame()``, which
     says which it is).
 
@@ -175,7 +180,8 @@ class ChangeHub:
         """A new subscription to the run changes (`EffectChanged`) of every thread.
 
         Each event keeps its thread's ``seq``. It ends at shutdown (`close_all`), not when
-        a thread is deleted; like any subscription it overflows when read too slowly.
+        a thread is deleted: it gets a `ThreadDeleted` event then. Like any subscription
+        it overflows when read too slowly.
         """
         sub = Subscription(self, ALL_THREADS, self.queue_size)
         self._subs.setdefault(ALL_THREADS, set()).add(sub)
@@ -217,6 +223,16 @@ class ChangeHub:
             ),
         )
 
+    def publish_schedule(self, change: ScheduleChange, schedule: Schedule) -> ScheduleChanged:
+        """Number a schedule's change and hand it to the subscribers (never its args)."""
+        bare = replace(schedule, args=None)
+        return self._deliver(
+            schedule.thread_id,
+            lambda seq: ScheduleChanged(
+                thread_id=schedule.thread_id, seq=seq, change=change, schedule=bare
+            ),
+        )
+
     def _deliver(self, thread_id: str, make: Callable[[int], _E]) -> _E:
         # One counter per thread for every kind of event: a gap means "missed something".
         seq = self._seq.get(thread_id, 0) + 1
@@ -235,7 +251,15 @@ class ChangeHub:
         return event
 
     def close_thread(self, thread_id: str) -> None:
-        """End every subscription of a thread (it was deleted) and forget its counter."""
+        """End every subscription of a thread (it was deleted) and forget its counter.
+
+        The subscribers of every thread (`subscribe_runs`) get a `ThreadDeleted` event
+        first, numbered after the thread's last one; listeners do not (the stores forget
+        the thread themselves).
+        """
+        event = ThreadDeleted(thread_id=thread_id, seq=self._seq.get(thread_id, 0) + 1)
+        for sub in list(self._subs.get(ALL_THREADS, ())):
+            sub._push(event)
         for sub in list(self._subs.get(thread_id, ())):
             sub.close()
         self._seq.pop(thread_id, None)

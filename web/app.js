@@ -12,6 +12,7 @@
 // record and larger user base; see docs/design.md.
 
 import { AllRunsView } from "./all-runs.js";
+import { filtersFromHash, isAllRunsHash } from "./all-runs-model.js";
 import { ApiError, RunStream, askForToken, onReach } from "./api.js";
 import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
@@ -20,6 +21,7 @@ import { RecordsView } from "./records.js";
 import { PauseControl } from "./pause.js";
 import { RunsView } from "./runs.js";
 import { ScheduleForm } from "./schedule.js";
+import { SchedulesView } from "./schedules.js";
 import { ThreadSession } from "./session.js";
 import { ThreadsView } from "./threads.js";
 import { mountToasts } from "./toasts.js";
@@ -46,8 +48,6 @@ const el = {
   showThreads: $("show-threads"),
   showAllRuns: $("show-all-runs"),
 };
-
-const ALL_RUNS_HASH = "#all-runs";
 
 // The selection: the only state this module keeps.
 let session = null; // ThreadSession of the shown thread, or null
@@ -115,6 +115,8 @@ const detail = new DetailView(runs, {
 
 const records = new RecordsView({ handledAsGone });
 
+const schedules = new SchedulesView({ handledAsGone });
+
 const conversation = new ConversationView({
   handledAsGone,
   visible: () => view === "conversation" && !el.conversationPanel.hidden,
@@ -128,6 +130,7 @@ const conversation = new ConversationView({
 const allRuns = new AllRunsView({
   openRun: (tid, id) => openRun(tid, id),
   onStreamState: (conn, detailText) => connection.setStreamState(conn, detailText),
+  onThreadFrame: (frame) => threads.onFrame(frame.threadId, frame),
   effects: () => schedule.effects,
 });
 
@@ -163,6 +166,7 @@ function showSession(s) {
   detail.close();
   runs.reset(s);
   records.reset(s);
+  schedules.reset(s);
   conversation.reset(s);
   schedule.reset(s);
   pause.reset(s, s ? threads.threads.get(s.tid)?.paused : false);
@@ -203,7 +207,7 @@ function selectThread(tid) {
       connection.setStreamState(conn, detailText);
       // If the socket cannot be opened at all, still show the list over plain HTTP.
       if (conn === "offline" && !runs.loadedOnce && !runs.loading) {
-        runs.reload();
+        runs.reload().then(() => schedules.reload());
         records.reload();
       }
     },
@@ -212,9 +216,12 @@ function selectThread(tid) {
       // Frames sent while we were away are gone: reload on every (re)connect, and seq
       // numbering restarts from whatever the first frame says.
       lastSeq = null;
-      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
-      // thread the runs answer says does not exist is asked nothing more.
-      runs.reload().then(() => pause.refresh());
+      // Then whether it was paused or resumed elsewhere meanwhile, and its schedules:
+      // after the runs, so a thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => {
+        pause.refresh();
+        schedules.reload();
+      });
       records.reload();
       conversation.catchUp();
     },
@@ -234,6 +241,7 @@ function selectThread(tid) {
   fallbackTimer = setTimeout(() => {
     if (s === session && !runs.loadedOnce && !runs.loading) runs.reload();
     if (s === session && !records.loadedOnce && !records.loading) records.reload();
+    if (s === session && !schedules.loading && !schedules.schedules.length) schedules.reload();
   }, 1500);
 }
 
@@ -275,17 +283,22 @@ function onFrame(frame) {
     const gap = lastSeq !== null && frame.seq !== lastSeq + 1;
     lastSeq = frame.seq;
     if (gap) {
-      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
-      // thread the runs answer says does not exist is asked nothing more.
-      runs.reload().then(() => pause.refresh());
+      // Then whether it was paused or resumed elsewhere meanwhile, and its schedules:
+      // after the runs, so a thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => {
+        pause.refresh();
+        schedules.reload();
+      });
       records.reload();
       conversation.catchUp();
     }
   }
   if (frame.type !== "event") return;
+  threads.onFrame(session.tid, frame);
   if (frame.eventType === "message_created") conversation.onFrame(frame.data);
   else if (frame.eventType === "effect_changed") runs.onFrame(frame.data);
   else if (frame.eventType === "effect_record_changed") records.onFrame(frame.data);
+  else if (frame.eventType === "schedule_changed") schedules.onFrame(frame.data);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -297,15 +310,19 @@ function markView(all) {
   off.removeAttribute("aria-current");
 }
 
+/** Show All runs with the filters of the URL hash (#all-runs?status=failed&user=u1). */
 function showAllRuns() {
-  if (allRuns.shown) return;
+  const filters = filtersFromHash(location.hash);
+  if (allRuns.shown) {
+    allRuns.show(filters);
+    return;
+  }
   selectThread(null);
-  if (location.hash !== ALL_RUNS_HASH) history.replaceState(null, "", location.pathname + location.search + ALL_RUNS_HASH);
   el.noThread.hidden = true;
   markView(true);
   document.title = "All runs · Effects pane";
   connection.setThread(true, true);
-  allRuns.show();
+  allRuns.show(filters);
 }
 
 function leaveAllRuns() {
@@ -368,7 +385,7 @@ function wire() {
     if (ev.key === "Escape" && !ev.defaultPrevented && !tokenDialogOpen() && detail.id !== null) detail.close();
   });
   window.addEventListener("hashchange", () => {
-    if (location.hash === ALL_RUNS_HASH) {
+    if (isAllRunsHash(location.hash)) {
       showAllRuns();
       return;
     }
@@ -386,6 +403,7 @@ function wire() {
     const now = Date.now();
     runs.draw(now);
     records.draw(now);
+    schedules.draw(now);
     allRuns.draw(now);
     detail.draw(now);
     threads.render(now);
@@ -420,7 +438,7 @@ function init() {
   schedule.load();
   threads.loadAgents();
   const tid = hashParams().get("thread");
-  if (location.hash === ALL_RUNS_HASH) showAllRuns();
+  if (isAllRunsHash(location.hash)) showAllRuns();
   else if (tid) selectThread(tid);
   else connection.setThread(false, false);
 }
