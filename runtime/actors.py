@@ -218,10 +218,12 @@ class ActorTable:
 
     # ---------------------------------------------------------------- creating
 
-    async def create(self, info: ThreadInfo) -> ThreadActor:
+    async def create(self, info: ThreadInfo, *, alarm_at: float | None = None) -> ThreadActor:
         """Make the thread's store, register it and open its actor.
 
         A failure while creating leaves no store and no registry entry behind.
+        ``alarm_at``: the thread's alarm row is written with its registry entry, at that
+        time (seconds since the epoch, UTC; `runtime.alarms.AlarmIndex.created`).
 
         Raises:
             ThreadExists: the id is taken (registered, or being created or deleted).
@@ -240,7 +242,9 @@ class ActorTable:
                 raise ThreadExists(tid)
             store = await self._run_sync(self._backend.create_thread_store, info)
             try:
-                added = await self._run_sync(self.registry.add_thread, info)
+                added = await self._run_sync(
+                    partial(self.registry.add_thread, alarm_at=alarm_at), info
+                )
             except BaseException:
                 # No registry entry: the store would belong to no thread.
                 await self._run_sync(self._discard_store, store, tid)

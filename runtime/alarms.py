@@ -311,6 +311,22 @@ class AlarmIndex:
                 if not self._is_draining(thread_id):
                     self._timer.arm(thread_id, due_at)
 
+    def created(self, thread_id: str, row_at: float) -> None:
+        """A thread was registered with its alarm row at ``row_at`` (its creation time).
+
+        The thread is warm from now on: its first schedules (due at or after its
+        creation) commit no row of their own, and the flusher removes the row once the
+        thread has been idle for `keep_seconds` with nothing pending. A row already known
+        (a schedule that raced the creation) is left as known.
+        """
+        if thread_id not in self._row:
+            self._row[thread_id] = row_at
+        if self._keep > 0:
+            if not self._warm:
+                self._flush_needed.set()
+            self._warm.pop(thread_id, None)
+            self._warm[thread_id] = self._clock.now()
+
     def arm_timer(self, thread_id: str, due_at: float) -> None:
         """Arm the in-process timer only (the durable row stays where it is).
 

@@ -690,7 +690,9 @@ class Runtime:
             id=tid, created_at_ts=self.clock.now(), agent_id=agent_id, user_id=user_id,
             tags=checked_tags,
         )
-        actor = await self.actors.create(info)
+        # With its alarm row, so that its first schedule commits only its run row.
+        actor = await self.actors.create(info, alarm_at=info.created_at_ts)
+        self.alarms.created(actor.thread_id, info.created_at_ts)
         state = ThreadState(self, actor.info)
         for extension in self.extensions:
             await extension.thread_created(state)

@@ -330,7 +330,7 @@ async def test_create_thread_leaves_no_file_when_the_registry_write_fails(
 ) -> None:
     assert rt.actors.registry is not None
 
-    def fail(info: object) -> bool:
+    def fail(info: object, **kwargs: object) -> bool:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(rt.actors.registry, "add_thread", fail)
@@ -708,10 +708,12 @@ async def test_a_restart_on_the_same_backend_finds_threads_runs_and_alarms(
 async def test_alarm_rows_follow_the_next_pending_run(frt: Runtime, clock: FakeClock) -> None:
     thread = await frt.create_thread("t")
     now = clock.now()
+    # The row was written with the thread, at its creation: a schedule due at or after
+    # that writes no row.
+    assert stored_alarms(frt) == {"t": now}
     await thread.schedule_effect("record", {"key": "later"}, delay=3600)
-    assert stored_alarms(frt) == {"t": now + 3600}
+    assert stored_alarms(frt) == {"t": now}
     await thread.schedule_effect("record", {"key": "now"})
-    # Lowered at once, before the run row was written.
     assert stored_alarms(frt) == {"t": now}
     await frt.wait_idle()
     # Just drained, the thread is warm: its row stays where it was (at or before the
@@ -740,6 +742,18 @@ async def test_alarm_rows_follow_the_next_pending_run(frt: Runtime, clock: FakeC
         await asyncio.sleep(0.02)
     assert stored_alarms(frt) == {}
     assert [r["key"] for r in records(frt.settings.data_dir)] == ["now", "soon", "later"]
+
+    # Idle and raised: a run due before the row lowers it at once, before its run row.
+    await thread.schedule_effect("record", {"key": "far"}, delay=7200)
+    clock.advance(ALARM_KEEP_SECONDS)
+    for _ in range(150):
+        if stored_alarms(frt) == {"t": clock.now() + 7200 - ALARM_KEEP_SECONDS}:
+            break
+        await asyncio.sleep(0.02)
+    far = clock.now() + 7200 - ALARM_KEEP_SECONDS
+    assert stored_alarms(frt) == {"t": far}
+    await thread.schedule_effect("record", {"key": "sooner"}, delay=10)
+    assert stored_alarms(frt) == {"t": clock.now() + 10}
 
 
 async def test_a_clean_shutdown_moves_warm_rows_to_the_next_pending_run(

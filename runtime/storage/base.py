@@ -693,8 +693,13 @@ class RuntimeStore(ABC):
     """
 
     @abstractmethod
-    def add_thread(self, info: ThreadInfo) -> bool:
-        """Register a thread; False (nothing written) if the id is taken."""
+    def add_thread(self, info: ThreadInfo, *, alarm_at: float | None = None) -> bool:
+        """Register a thread; False (nothing written) if the id is taken.
+
+        ``alarm_at`` (seconds since the epoch, UTC): also write the thread's alarm row at
+        that time, in the same transaction (the runtime passes the creation time, so
+        that the thread's first schedule need not commit a row of its own).
+        """
 
     @abstractmethod
     def get_thread(self, thread_id: str) -> ThreadInfo | None:

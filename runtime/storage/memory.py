@@ -718,12 +718,18 @@ class MemoryRuntimeStore(RuntimeStore):
             raise RuntimeClosed("The memory backend's runtime store is closed")
         return self._backend
 
-    def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
+    def add_thread(  # noqa: D102
+        self, info: ThreadInfo, *, alarm_at: float | None = None
+    ) -> bool:
         with self._backend.lock:
-            threads = self._check().threads
-            if info.id in threads:
+            data = self._check()
+            if info.id in data.threads:
                 return False
-            threads[info.id] = replace(info, paused=False, last_activity_ts=info.created_at_ts)
+            data.threads[info.id] = replace(
+                info, paused=False, last_activity_ts=info.created_at_ts
+            )
+            if alarm_at is not None:
+                data.alarms[info.id] = min(data.alarms.get(info.id, alarm_at), alarm_at)
             return True
 
     def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102

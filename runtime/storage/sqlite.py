@@ -1152,7 +1152,9 @@ class SQLiteRuntimeStore(RuntimeStore):
             last_activity_ts=row[6],
         )
 
-    def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
+    def add_thread(  # noqa: D102
+        self, info: ThreadInfo, *, alarm_at: float | None = None
+    ) -> bool:
         def tx(c: sqlite3.Connection) -> bool:
             cur = c.execute(
                 "INSERT INTO threads (id, created_at, agent_id, user_id, tags, "
@@ -1160,7 +1162,15 @@ class SQLiteRuntimeStore(RuntimeStore):
                 (info.id, info.created_at_ts, info.agent_id, info.user_id,
                  json.dumps(list(info.tags)), info.created_at_ts),
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            if alarm_at is not None:
+                c.execute(
+                    "INSERT INTO alarms (thread_id, due_at) VALUES (?, ?) ON CONFLICT"
+                    "(thread_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)",
+                    (info.id, alarm_at),
+                )
+            return True
 
         return self._tx(tx)
 

@@ -437,6 +437,19 @@ def test_set_and_lower_alarms(rtdb: RuntimeStore) -> None:
     assert rtdb.load_alarms() == [("a", T0 + 5)]
 
 
+def test_adding_a_thread_can_write_its_alarm_row_with_it(rtdb: RuntimeStore) -> None:
+    assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0), alarm_at=T0)
+    assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0))  # no alarm_at: no row
+    assert rtdb.load_alarms() == [("a", T0)]
+    # A taken id writes nothing, the alarm row included.
+    assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0), alarm_at=T0 - 5) is False
+    assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0), alarm_at=T0 - 5) is False
+    assert rtdb.load_alarms() == [("a", T0)]
+    # The row is an alarm like any other: it goes with the thread.
+    assert rtdb.delete_thread("a")
+    assert rtdb.load_alarms() == []
+
+
 def test_alarm_moves_are_compare_and_set(rtdb: RuntimeStore) -> None:
     for tid in "abcd":
         rtdb.set_alarm(tid, T0 + 10)
