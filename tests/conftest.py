@@ -178,3 +178,20 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _SPANS.clear()
     yield _SPANS
     _SPANS.clear()
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """The URL of this session's fresh PostgreSQL database (dropped at the end)."""
+    from tests.pg import session_database
+
+    with session_database() as url:
+        yield url
+
+
+@pytest.fixture
+def pg_url(pg_database: str) -> str:
+    """A database URL whose ``schema`` parameter names a schema no other test uses."""
+    from tests.pg import new_schema
+
+    return f"{pg_database}?schema={new_schema()}"

@@ -54,6 +54,8 @@ class Harness:
     """Stamp a (closed) thread's store with a schema version."""
     make_runtime_newer: Callable[[int], None]
     """Stamp the (closed) runtime store with a schema version."""
+    make_runtime_current: Callable[[], None]
+    """Stamp the (closed) runtime store with the version the code knows."""
 
 
 def _sqlite_harness(data_dir: Path) -> Harness:
@@ -71,6 +73,7 @@ def _sqlite_harness(data_dir: Path) -> Harness:
         twin=lambda: SQLiteBackend(data_dir, "NORMAL"),
         make_thread_newer=lambda tid, v: stamp(backend.thread_path(tid), v),
         make_runtime_newer=lambda v: stamp(backend.runtime_path, v),
+        make_runtime_current=lambda: stamp(backend.runtime_path, RUNTIME_SCHEMA_VERSION),
     )
 
 
@@ -85,13 +88,38 @@ def _memory_harness() -> Harness:
         twin=lambda: backend,
         make_thread_newer=backend.set_thread_schema_version,
         make_runtime_newer=runtime_newer,
+        make_runtime_current=lambda: runtime_newer(RUNTIME_SCHEMA_VERSION),
     )
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+def _postgres_harness(url: str) -> Harness:
+    from runtime.storage.pg_schema import SCHEMA_VERSION
+    from runtime.storage.postgres import PostgresBackend, split_schema
+    from tests.pg import set_schema_version
+
+    backend = PostgresBackend(url)
+    base, schema = split_schema(url)
+    assert schema is not None
+
+    def stamp(version: int) -> None:
+        set_schema_version(base, schema, version)
+
+    return Harness(
+        backend=backend,
+        twin=lambda: PostgresBackend(url),
+        # One schema version for the whole database: every thread's store is in it.
+        make_thread_newer=lambda _tid, v: stamp(v),
+        make_runtime_newer=stamp,
+        make_runtime_current=lambda: stamp(SCHEMA_VERSION),
+    )
+
+
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     if request.param == "sqlite":
         h = _sqlite_harness(tmp_path)
+    elif request.param == "postgres":
+        h = _postgres_harness(request.getfixturevalue("pg_url"))
     else:
         h = _memory_harness()
     yield h
@@ -296,7 +324,7 @@ def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harn
     harness.make_runtime_newer(99)
     with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
         harness.backend.open()
-    harness.make_runtime_newer(RUNTIME_SCHEMA_VERSION)  # back to the current version
+    harness.make_runtime_current()
     harness.backend.open().close()
 
 

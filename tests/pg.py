@@ -1,0 +1,45 @@
+"""The PostgreSQL server the tests use: a fresh database per test session, a schema per test.
+
+The server is the local one on 127.0.0.1:5432 (``scripts/test.sh`` starts it when it is not
+answering); `session_database` creates ``te_test_<pid>_<random>`` and drops it at the end,
+and every test gets a new schema in it (`new_schema`), so its tables start empty.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+
+SERVER_URL = os.environ.get("THREAD_EFFECTS_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+"""The server, without a database name."""
+
+_schemas = itertools.count()
+
+
+@contextmanager
+def session_database() -> Iterator[str]:
+    """Create a fresh database for this test session; yield its URL; drop it afterwards."""
+    name = f"te_test_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(f"{SERVER_URL}/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"{SERVER_URL}/{name}"
+    finally:
+        with psycopg.connect(f"{SERVER_URL}/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def new_schema() -> str:
+    """A schema name no test of this session used yet."""
+    return f"t{next(_schemas)}"
+
+
+def set_schema_version(url: str, schema: str, version: int) -> None:
+    """Stamp a (closed) PostgreSQL backend's schema with a schema version."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema}.schema_version SET version = %s", (version,))
