@@ -29,11 +29,8 @@ import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
-
-import psycopg
-from psycopg_pool import ConnectionPool
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
@@ -63,10 +60,26 @@ from runtime.storage.records import (
     EffectRecordStatus,
 )
 
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+    Cursor = psycopg.Cursor[tuple[Any, ...]]
+
 log = logging.getLogger("runtime")
 
 T = TypeVar("T")
-Cursor = psycopg.Cursor[tuple[Any, ...]]
+
+
+def _db_error() -> type[Exception]:
+    """`psycopg.Error`, imported when first needed (in a storage thread, never at import).
+
+    Constructing a backend happens on the event loop (`runtime.Runtime`); psycopg is
+    imported by `PostgresBackend.open`, which the runtime calls from a storage thread.
+    """
+    import psycopg
+
+    return psycopg.Error
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -354,7 +367,7 @@ class PostgresThreadStore(ThreadStore):
         try:
             with self._backend.transaction() as c:
                 return fn(c)
-        except (psycopg.Error, RuntimeClosed) as exc:
+        except (_db_error(), RuntimeClosed) as exc:
             self._swept_at = None
             raise ThreadStorageError(
                 self.thread_id, f"Thread {self.thread_id}: PostgreSQL failed: {exc}"
@@ -1285,8 +1298,10 @@ class PostgresBackend(StorageBackend):
             "connect_timeout": max(1, round(self.connect_timeout)),
         }
 
-    def connected(self) -> bool:
-        """Whether the backend is open and holds a live connection to the server."""
+    kind = "postgres"
+
+    def connection_held(self) -> bool:
+        """Whether the backend is open and its lock's connection to the server is alive."""
         conn = self._lock_conn
         return conn is not None and not conn.closed and not conn.broken
 
@@ -1306,6 +1321,9 @@ class PostgresBackend(StorageBackend):
             yield cur
 
     def open(self) -> PostgresRuntimeStore:  # noqa: D102 - contract in base
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
         where = f"PostgreSQL database {redact_url(self.url)} (schema {self.schema})"
         with self._guard:
             if self._lock_conn is not None:
@@ -1313,7 +1331,7 @@ class PostgresBackend(StorageBackend):
                                     f"one process per database schema")
             try:
                 lock_conn = psycopg.connect(self.url, **self._connect_kwargs())
-            except psycopg.Error as exc:
+            except _db_error() as exc:
                 raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
             try:
                 row = lock_conn.execute("SELECT pg_try_advisory_lock(%s)",
@@ -1339,7 +1357,7 @@ class PostgresBackend(StorageBackend):
             self._discard_orphans()
         except BaseException as exc:
             self.close()
-            if isinstance(exc, psycopg.Error):
+            if isinstance(exc, _db_error()):
                 raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
             raise
         return store
@@ -1378,7 +1396,7 @@ class PostgresBackend(StorageBackend):
                     conn.execute("INSERT INTO schema_version (version) VALUES (%s)",
                                  (version,))
                 return start == 0
-        except psycopg.Error as exc:
+        except _db_error() as exc:
             raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
 
     def schema_version(self) -> int:
@@ -1424,7 +1442,7 @@ class PostgresBackend(StorageBackend):
                     [(thread_id, "thread_id", thread_id),
                      (thread_id, "created_at", repr(info.created_at_ts))],
                 )
-        except (psycopg.Error, RuntimeClosed) as exc:
+        except (_db_error(), RuntimeClosed) as exc:
             raise ThreadStorageError(
                 thread_id, f"Thread {thread_id}: its store cannot be made: {exc}"
             ) from exc
@@ -1440,7 +1458,7 @@ class PostgresBackend(StorageBackend):
                     "SELECT 1 FROM thread_meta WHERE thread_id = %s AND key = 'thread_id'",
                     (thread_id,),
                 ).fetchone()
-        except (psycopg.Error, RuntimeClosed) as exc:
+        except (_db_error(), RuntimeClosed) as exc:
             raise ThreadStorageError(
                 thread_id, f"Thread {thread_id}: PostgreSQL failed: {exc}"
             ) from exc
