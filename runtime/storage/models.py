@@ -347,20 +347,14 @@ POSTGRES_SCHEMA_VERSION = 1
 ``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
 models above (as of thread schema 6 and runtime schema 4)."""
 
-POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = (
-    ThreadMetaRow, EffectRunRow, MessageRow, EffectRecordRow, RunTraceRow, RunAttemptRow,
-)
+POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
 """The tables of a thread's store, all threads in one table each, keyed by ``thread_id``
 first (a model without that column gets it prepended: its key, unique constraints and
 indexes become ``(thread_id, ...)``)."""
 
-POSTGRES_RUNTIME_MODELS: tuple[tuple[type[SQLModel], str], ...] = (
-    (ThreadRow, "threads"),
-    (AlarmRow, "alarms"),
-    (PausedThreadRow, "paused_threads"),
-    (EffectRecordRow, "runtime_effect_records"),
-    (RunIndexRow, "run_index"),
-    (RuntimeMetaRow, "runtime_meta"),
+POSTGRES_RUNTIME_MODELS: tuple[tuple[type[SQLModel], str], ...] = tuple(
+    (m, "runtime_effect_records" if m is EffectRecordRow else _table(m).name)
+    for m in RUNTIME_MODELS
 )
 """The runtime database's tables and their PostgreSQL names: the runtime-level effect
 records (keyed by scope, in ``thread_id``) get a table of their own beside the threads'."""
