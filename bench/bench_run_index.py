@@ -4,7 +4,9 @@ Fills the SQLite runtime store's run index for --threads threads with --runs run
 (mixed statuses, users and tags, as `RunIndexer` writes them: batches of 1,000), then
 times the listings the API serves: the first page, a status filter, a user filter, a tag
 filter, a thread filter, a time window, the counts, and walking every page of a filter
-through its cursors. Prints a Markdown table of milliseconds per call (median of --repeat).
+through its cursors; then the thread listings by last activity (GET /api/threads: first
+page, user / agent / tag filters, every page). Prints a Markdown table of milliseconds per
+call (median of --repeat).
 
     .venv/bin/python bench/bench_run_index.py [--threads 10000] [--runs 10]
 """
@@ -24,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
-from runtime.storage.base import RunQuery, ThreadInfo
+from runtime.storage.base import RunQuery, ThreadInfo, ThreadQuery
 from runtime.storage.sqlite import SQLiteRuntimeStore
 
 STATUSES = [EffectStatus.COMPLETED] * 6 + [EffectStatus.PENDING] * 2 + [
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace, base: Path) -> None:
     batch: list[EffectRun] = []
     for t in range(args.threads):
         tid = f"t{t:06d}"
-        store.add_thread(ThreadInfo(id=tid, created_at_ts=now, user_id=f"u{t % 500}",
+        store.add_thread(ThreadInfo(id=tid, created_at_ts=now - 1e6, user_id=f"u{t % 500}",
+                                    agent_id="helper" if t % 10 == 0 else "assistant",
                                     tags=("vip",) if t % 50 == 0 else ()))
         for r in range(args.runs):
             status = STATUSES[(t + r) % len(STATUSES)]
@@ -87,6 +90,17 @@ def run(args: argparse.Namespace, base: Path) -> None:
             if cursor is None:
                 return seen
 
+    def threads(query: ThreadQuery) -> Callable[[], object]:
+        return lambda: store.list_threads(50, None, query)
+
+    def every_thread() -> int:
+        seen, cursor = 0, None
+        while True:
+            infos, cursor = store.list_threads(500, cursor, ThreadQuery(by_activity=True))
+            seen += len(infos)
+            if cursor is None:
+                return seen
+
     cases: list[tuple[str, Callable[[], object]]] = [
         ("first page (50), no filter", page(RunQuery())),
         ("status=failed", page(RunQuery(statuses=(EffectStatus.FAILED,)))),
@@ -100,6 +114,13 @@ def run(args: argparse.Namespace, base: Path) -> None:
         ("counts, user_id=u42", lambda: store.count_indexed_runs(RunQuery(user_id="u42"),
                                                                  now, keep)),
         ("every failed run (pages of 500)", walk),
+        ("threads by activity, first page (50)", threads(ThreadQuery(by_activity=True))),
+        ("threads by activity, user_id=u42",
+         threads(ThreadQuery(user_id="u42", by_activity=True))),
+        ("threads by activity, agent_id=helper",
+         threads(ThreadQuery(agent_id="helper", by_activity=True))),
+        ("threads by activity, tag=vip", threads(ThreadQuery(tag="vip", by_activity=True))),
+        ("every thread by activity (pages of 500)", every_thread),
     ]
     print(f"run index: {args.threads} threads x {args.runs} runs = {total} runs; "
           f"filled in {fill:.1f} s ({total / fill:,.0f} runs/s in batches of 1,000)\n")

@@ -115,7 +115,9 @@ class AllRuns:
         """Runs across every thread, newest first (by when they were scheduled), no args.
 
         Read from the cross-thread run index (`runtime.run_index`), after writing the
-        changes noted so far: a run changed before this call shows its change.
+        changes noted so far: a run changed before this call shows its change. A due
+        pending run of a thread that runs another run (not of a concurrent effect) has
+        ``waiting_for`` set to that run, as a thread's own listing has.
 
         Args:
             status: One status or several.
@@ -149,6 +151,8 @@ class AllRuns:
             return runs, nxt, store.count_indexed_runs(query, now, retention)
 
         runs, nxt, counts = await self._run_sync(read)
+        # The index does not know which run a thread runs now; its actor does.
+        runs = self._runs.mark_waiting(runs, self._now())
         return RunsPage(
             runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
             self._index.complete,

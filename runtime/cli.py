@@ -461,6 +461,7 @@ _ATTEMPT_COLUMNS = [
 
 _THREAD_COLUMNS = [
     _Column("Thread"),
+    _Column("Last activity (UTC)", drop=2),
     _Column("Created (UTC)", drop=1),
     _Column("Agent", shrinks=True),
     _Column("User", shrinks=True),
@@ -589,7 +590,13 @@ def threads() -> None:
     """List, show and delete threads."""
 
 
-@threads.command("list", short_help="List threads.")
+@threads.command("list", short_help="List threads, most recently active first.")
+@click.option("--user", "user_id", default=None, help="Only threads of this user.")
+@click.option("--agent", "agent_id", default=None, help="Only threads served by this agent.")
+@click.option("--tag", default=None, help="Only threads with this tag.")
+@click.option("--sort", type=click.Choice(["activity", "created"]), default="activity",
+              show_default=True,
+              help="Most recently active first, or most recently created first.")
 @click.option("--limit", type=click.IntRange(min=1, max=_MAX_PAGE), default=None,
               help="Threads per page, at most 500 [default: 50; 500 with --all].")
 @click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
@@ -597,11 +604,13 @@ def threads() -> None:
 @_json_option
 @click.pass_context
 def threads_list(
-    ctx: click.Context, limit: int | None, cursor: str | None, every: bool, as_json: bool
+    ctx: click.Context, user_id: str | None, agent_id: str | None, tag: str | None,
+    sort: str, limit: int | None, cursor: str | None, every: bool, as_json: bool,
 ) -> None:
-    """List threads (GET /api/threads)."""
+    """List threads (GET /api/threads): filters, and the order by last activity or creation."""
     api = _api(ctx, as_json)
-    params = {"limit": _page_size(limit, every), "cursor": cursor}
+    params = {"limit": _page_size(limit, every), "cursor": cursor, "user_id": user_id,
+              "agent_id": agent_id, "tag": tag, "sort": sort}
     if every:
         found = [t for page in api.pages("/api/threads", "threads", params)
                  for t in page["threads"]]
@@ -617,8 +626,8 @@ def threads_list(
         console.print("No threads.")
         return
     console.print(_table(console, _THREAD_COLUMNS, [
-        [_text(t["id"]), _when(t["createdAt"]), _text(t["agentId"]), _text(t["userId"]),
-         _text(t["tags"])]
+        [_text(t["id"]), _when(t["lastActivityAt"]), _when(t["createdAt"]),
+         _text(t["agentId"]), _text(t["userId"]), _text(t["tags"])]
         for t in items
     ]))
     _more(console, answer.get("nextCursor"), "threads")

@@ -684,6 +684,15 @@ def thread_json(info: ThreadInfo) -> dict[str, Any]:
     }
 
 
+def listed_thread_json(info: ThreadInfo) -> dict[str, Any]:
+    """A thread as `GET /api/threads` lists it: `thread_json` and ``"lastActivityAt"``."""
+    activity = info.last_activity_ts
+    return {
+        **thread_json(info),
+        "lastActivityAt": iso(activity if activity is not None else info.created_at_ts),
+    }
+
+
 async def _thread(request: Request) -> ThreadState:
     return await _runtime(request).get_thread(request.path_params["tid"])
 
@@ -716,12 +725,24 @@ async def _create_thread(request: Request) -> Response:
 
 async def _list_threads(request: Request) -> Response:
     limit, cursor = _page_params(request)
+    q = request.query_params
+    sort = q.get("sort") or "activity"
+    if sort not in ("activity", "created"):
+        raise ApiError(
+            400, "invalid_parameter",
+            f"sort must be activity or created, got {_quoted(sort)}",
+        )
     try:
-        page = await _runtime(request).list_threads(limit=limit, cursor=cursor)
+        page = await _runtime(request).list_threads(
+            limit=limit, cursor=cursor, user_id=q.get("user_id") or None,
+            agent_id=q.get("agent_id") or None, tag=q.get("tag") or None,
+            by_activity=sort == "activity",
+        )
     except ValueError as exc:  # a bad limit or a malformed cursor
         raise ApiError(400, "invalid_parameter", str(exc)) from None
     return JSONResponse(
-        {"threads": [thread_json(t) for t in page.threads], "nextCursor": page.next_cursor}
+        {"threads": [listed_thread_json(t) for t in page.threads],
+         "nextCursor": page.next_cursor}
     )
 
 

@@ -13,6 +13,11 @@ final flush of a clean close. A start that finds it False (after a crash, or an 
 from a version without the index) rebuilds the index in the background from every
 thread's store (`RunIndexer.rebuild`); until that ends, listings may miss runs, and say so
 (``complete`` False).
+
+The same flush moves each thread's *last activity* in the registry forward (the store
+does it for every indexed run, `RuntimeStore.index_runs`, and for the threads whose
+messages were noted, `RuntimeStore.touch_threads`), so threads can be listed by last
+activity from the registry alone.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 from runtime.abc import RunSync
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun
-from runtime.events import EffectChanged, ThreadEvent
+from runtime.events import EffectChanged, MessageCreated, ThreadEvent
 from runtime.storage.base import RuntimeStore
 
 log = logging.getLogger("runtime")
@@ -55,6 +60,7 @@ class RunIndexer:
         self._retention = retention
         self._store: RuntimeStore | None = None
         self._dirty: dict[str, EffectRun] = {}
+        self._touched: dict[str, float] = {}  # thread id -> its latest message's time
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
@@ -63,9 +69,13 @@ class RunIndexer:
         """Whether the index holds every run (False while a rebuild is due or running)."""
 
     def observe(self, event: ThreadEvent) -> None:
-        """Note a run's change (a change-hub listener)."""
+        """Note a run's change or a thread's message (a change-hub listener)."""
         if isinstance(event, EffectChanged):
             self._dirty[event.run.id] = event.run
+            self._wake.set()
+        elif isinstance(event, MessageCreated):
+            ts = event.message.created_at_ts
+            self._touched[event.thread_id] = max(ts, self._touched.get(event.thread_id, ts))
             self._wake.set()
 
     async def start(self, store: RuntimeStore) -> bool:
@@ -94,13 +104,19 @@ class RunIndexer:
         async with self._flush_lock:
             self._wake.clear()
             batch, self._dirty = self._dirty, {}
+            touched, self._touched = self._touched, {}
             try:
                 if batch:
                     await self._run_sync(store.index_runs, list(batch.values()))
+                    batch = {}
+                if touched:
+                    await self._run_sync(store.touch_threads, touched)
             except BaseException:
                 # Not written: keep them, unless a newer change of the run came meanwhile.
                 for run_id, run in batch.items():
                     self._dirty.setdefault(run_id, run)
+                for tid, ts in touched.items():
+                    self._touched[tid] = max(ts, self._touched.get(tid, ts))
                 self._wake.set()
                 raise
             now = self._now()
@@ -144,7 +160,7 @@ class RunIndexer:
             log.exception("could not write the run index at shutdown (rebuilt at next start)")
 
     def pending_changes(self) -> int:
-        """How many noted changes wait for the flusher."""
+        """How many noted run changes wait for the flusher."""
         return len(self._dirty)
 
     def describe(self) -> dict[str, Any]:

@@ -237,7 +237,8 @@ class RunOperations:
             return Scheduled(existing.id, created=False)
         if defn.concurrent and self._executor is not None:
             self._executor.poke(state.thread_id)  # it need not wait for a running run
-        self._hub.publish(RunChange.SCHEDULED, run)
+        # Due at once behind a running run: the frame says so, as a listing would.
+        self._hub.publish(RunChange.SCHEDULED, self._waiting(actor, [run], self._now())[0])
         return Scheduled(run.id, created=True)
 
     def _waiting(self, actor: ThreadActor, runs: list[EffectRun], now: float) -> list[EffectRun]:
@@ -256,6 +257,22 @@ class RunOperations:
                 and not self._concurrent(run.name)
             ):
                 run = replace(run, waiting_for=current.id)
+            out.append(run)
+        return out
+
+    def mark_waiting(self, runs: list[EffectRun], now: float) -> list[EffectRun]:
+        """``runs`` of any threads, each due pending one marked as `_waiting` marks it.
+
+        For listings across threads: a thread with a running run has its actor open
+        (`ActorTable.peek`), so this reads no store and costs a dictionary look-up per
+        due pending run of the page.
+        """
+        out = []
+        for run in runs:
+            if run.status is EffectStatus.PENDING and run.run_at_ts <= now:
+                actor = self._actors.peek(run.thread_id)
+                if actor is not None and actor.current_run is not None:
+                    run = self._waiting(actor, [run], now)[0]
             out.append(run)
         return out
 

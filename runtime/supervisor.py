@@ -67,7 +67,7 @@ from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
-from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo
+from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo, ThreadQuery
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
@@ -691,12 +691,31 @@ class Runtime:
         if self._rebuild is not None:
             await asyncio.shield(self._rebuild)
 
-    async def list_threads(self, *, limit: int = 50, cursor: str | None = None) -> ThreadPage:
-        """Threads, newest first.
+    async def list_threads(
+        self,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        tag: str | None = None,
+        by_activity: bool = False,
+    ) -> ThreadPage:
+        """Threads, newest first: by creation, or by last activity.
+
+        Last activity (`ThreadInfo.last_activity_ts`) is the latest of the thread's
+        creation, its runs' transitions and its messages, kept in the registry with the
+        run index's writes; the changes noted so far are written before the read.
 
         Args:
             limit: Page size, 1 to 500.
-            cursor: ``next_cursor`` from the previous page.
+            cursor: ``next_cursor`` from the previous page (of the same order).
+            user_id: Only threads of this user.
+            agent_id: Only threads served by this agent.
+            tag: Only threads with this tag.
+            by_activity: Most recently active first (ties by id, descending). Pages never
+                repeat a thread; one that becomes active while pages are read moves to
+                the top and is not met again.
 
         Raises:
             ValueError: a bad limit or a malformed cursor.
@@ -707,7 +726,12 @@ class Runtime:
         after: tuple[float, str] | None = None
         if cursor is not None:
             after = parse_thread_cursor(cursor)
-        infos, nxt = await self.run_sync(self._store.list_threads, limit, after)
+        query = ThreadQuery(
+            user_id=user_id, agent_id=agent_id, tag=tag, by_activity=by_activity
+        )
+        if by_activity:
+            await self.run_index.flush()
+        infos, nxt = await self.run_sync(self._store.list_threads, limit, after, query)
         return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
 
     async def pause_thread(self, thread_id: str) -> ThreadState:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -136,7 +137,11 @@ def test_threads_list_as_a_table_and_as_json(server: ServerProcess) -> None:
     assert second["id"] in table
 
     listed = ok_json(server.url, "threads", "list")
-    assert first in listed["threads"] and second in listed["threads"]
+    by_id = {t["id"]: t for t in listed["threads"]}
+    for made in (first, second):  # as created, with when it last did something
+        listed_one = dict(by_id[made["id"]])
+        assert listed_one.pop("lastActivityAt") >= made["createdAt"]
+        assert listed_one == made
     assert listed["nextCursor"] is None
 
     one = ok_json(server.url, "threads", "list", "--limit", "1")
@@ -149,6 +154,38 @@ def test_threads_list_as_a_table_and_as_json(server: ServerProcess) -> None:
     every = ok_json(server.url, "threads", "list", "--limit", "1", "--all")
     assert every == {"threads": listed["threads"], "nextCursor": None}
     assert ok_json(server.url, "threads", "list", "--all") == every
+
+
+def test_threads_list_filters_and_sorts_by_last_activity(server: ServerProcess) -> None:
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    older = new_thread(server.url, user_id=user, tags=["cli-filter"])
+    newer = new_thread(server.url, user_id=user)
+    new_thread(server.url, user_id="someone-else", tags=["cli-filter"])
+    # The older thread does something: it goes first by activity, second by creation.
+    schedule(server.url, older["id"], "send_reminder", {"text": "later"}, delay=3600)
+
+    mine = ok_json(server.url, "threads", "list", "--user", user)
+    assert [t["id"] for t in mine["threads"]] == [older["id"], newer["id"]]
+    assert mine["threads"][0]["lastActivityAt"] > older["createdAt"]
+    created = ok_json(server.url, "threads", "list", "--user", user, "--sort", "created")
+    assert [t["id"] for t in created["threads"]] == [newer["id"], older["id"]]
+    tagged = ok_json(server.url, "threads", "list", "--user", user, "--tag", "cli-filter")
+    assert [t["id"] for t in tagged["threads"]] == [older["id"]]
+    assert ok_json(server.url, "threads", "list", "--user", user, "--agent", "nobody") == {
+        "threads": [], "nextCursor": None
+    }
+    # Paged one at a time, in the same order.
+    walked = ok_json(server.url, "threads", "list", "--user", user, "--limit", "1", "--all")
+    assert walked == {"threads": mine["threads"], "nextCursor": None}
+
+    table = ok(server.url, "threads", "list", "--user", user, "--tag", "cli-filter")
+    assert "Last activity (UTC)" in table and older["id"] in table
+    assert newer["id"] not in table
+    assert ok(server.url, "threads", "list", "--user", user, "--agent", "nobody").strip() == (
+        "No threads."
+    )
+    bad = te(server.url, "threads", "list", "--sort", "recent")
+    assert bad.exit_code == 2 and "recent" in bad.output
 
 
 def test_threads_show(server: ServerProcess) -> None:

@@ -7,8 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import anyio.to_thread
+import pydantic_ai  # noqa: F401 - imported by messages on first use; that reads files (blocking)
 import pytest
-from conftest import serve_api
+from conftest import release, serve_api
 
 from runtime import Runtime
 from runtime.storage.memory import MemoryBackend
@@ -219,3 +220,80 @@ async def test_bulk_cancel_and_replay_of_a_filtered_list(tmp_path: Path) -> None
         assert res.status_code == 400 and "ISO 8601" in res.json()["error"]["message"]
         res = await api.client.post("/api/runs/cancel")  # no body: not "everything"
         assert res.status_code == 400
+
+
+async def test_a_due_pending_run_behind_a_running_one_says_so_across_threads(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    async with runtime(tmp_path / "data", clock) as rt:
+        busy = await rt.create_thread()
+        paused = await rt.create_thread()
+        await rt.pause_thread(paused.thread_id)
+        async with rt.subscribe_runs() as frames:
+            held = await busy.schedule_effect("hold", {"key": "waiting"})
+            async for event in frames:
+                if event.run.id == held and event.run.status == "running":
+                    break
+            behind = await busy.schedule_effect("ping")
+            async for event in frames:
+                if event.run.id == behind:
+                    scheduled = event
+                    break
+        later = await busy.schedule_effect("ping", delay=3600)
+        alone = await paused.schedule_effect("ping")
+
+        assert scheduled.change == "scheduled" and scheduled.run.waiting_for == held
+        page = await rt.list_runs(status="pending")
+        waiting = {r.id: r.waiting_for for r in page.runs}
+        # Due behind the running run: named; not due yet, or in a thread running nothing: not.
+        assert waiting == {behind: held, later: None, alone: None}
+        assert waiting == {
+            r.id: r.waiting_for for r in await busy.get_scheduled_effects()
+        } | {alone: None}
+
+        release(rt, "waiting")
+        await rt.wait_idle()
+        page = await rt.list_runs(status="pending")
+        assert {r.id: r.waiting_for for r in page.runs} == {later: None, alone: None}
+
+
+async def test_threads_by_last_activity_over_http_with_filters(tmp_path: Path) -> None:
+    clock = FakeClock()
+    async with serve_api(tmp_path / "data", clock=clock) as api:
+        quiet = await api.new_thread(user_id="erin", tags=["vip"])
+        clock.advance(1)
+        ran = await api.new_thread(user_id="erin")
+        clock.advance(1)
+        talked = await api.new_thread(user_id="erin", tags=["vip"])
+        clock.advance(1)
+        newest = await api.new_thread(user_id="frank", agent_id=None)
+        clock.advance(1)
+        await api.schedule(ran, "ping")  # scheduled, started, completed: activity
+        await api.rt.wait_idle()
+        clock.advance(1)
+        state = await api.rt.get_thread(talked)
+        message = await state.inject_message("a notice")  # a message: activity too
+
+        async def listed(**params: str) -> list[str]:
+            res = await api.client.get("/api/threads", params=params)
+            assert res.status_code == 200, res.text
+            return [t["id"] for t in res.json()["threads"]]
+
+        assert await listed() == [talked, ran, newest, quiet]
+        assert await listed(sort="created") == [newest, talked, ran, quiet]
+        assert await listed(user_id="erin") == [talked, ran, quiet]
+        assert await listed(user_id="erin", tag="vip") == [talked, quiet]
+        assert await listed(agent_id="nobody") == []
+        first = (await api.client.get("/api/threads", params={"limit": "1"})).json()
+        assert first["threads"][0]["lastActivityAt"] == message.to_json()["createdAt"]
+        rest = (await api.client.get(
+            "/api/threads", params={"limit": "10", "cursor": first["nextCursor"]}
+        )).json()
+        assert [t["id"] for t in rest["threads"]] == [ran, newest, quiet]
+        res = await api.client.get("/api/threads", params={"sort": "recent"})
+        assert res.status_code == 400 and "sort must be activity or created" in res.text
+
+        # The same from the runtime, which the CLI and the pane reach through the API.
+        page = await api.rt.list_threads(by_activity=True, tag="vip")
+        assert [t.id for t in page.threads] == [talked, quiet]

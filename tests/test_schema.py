@@ -154,7 +154,8 @@ def test_a_runtime_database_of_every_older_version_migrates(
 
     Its threads and alarms are kept, from version 2 on its pause marks too, from version 3
     on its runtime-level records; its run index (version 4) starts empty and incomplete, so
-    that the runtime rebuilds it.
+    that the runtime rebuilds it. A thread's last activity (version 5) is filled in from its
+    creation and, from version 4 on, its indexed runs.
     """
     path = tmp_path / "runtime.sqlite"
     conn = sqlite3.connect(path)
@@ -170,6 +171,12 @@ def test_a_runtime_database_of_every_older_version_migrates(
             "INSERT INTO effect_records (thread_id, key, tool_name, status, result, "
             "created_at, updated_at) VALUES ('t', 'k', 'ship', 'succeeded', '1', 1.0, 1.0)"
         )
+    if version >= 4:
+        conn.execute(
+            "INSERT INTO run_index (run_id, thread_id, name, status, run_at, created_at, "
+            "started_at, finished_at, attempts) "
+            "VALUES ('old', 't', 'a.note', 'completed', 0.5, 0.5, 3.5, 4.0, 1)"
+        )
     conn.execute(f"PRAGMA user_version={version}")
     conn.commit()
     conn.close()
@@ -179,6 +186,7 @@ def test_a_runtime_database_of_every_older_version_migrates(
         info = store.get_thread("t")
         assert info is not None and info.user_id == "u"
         assert info.paused == (version >= 2)
+        assert info.last_activity_ts == (4.0 if version >= 4 else 1.0)
         assert store.load_alarms() == [("t", 5.0)]
         record = store.get_record("t", "k")
         assert (record is not None and record.result == 1) == (version >= 3)
@@ -186,9 +194,7 @@ def test_a_runtime_database_of_every_older_version_migrates(
         run = EffectRun(id="r", thread_id="t", name="a.note", status=EffectStatus.PENDING,
                         args=None, run_at_ts=5.0, created_at_ts=1.0, key="daily")
         store.index_runs([run])
-        [indexed], _ = store.list_indexed_runs(
-            RunQuery(), 2.0, RetentionPolicy(), 10
-        )
+        indexed = store.list_indexed_runs(RunQuery(), 2.0, RetentionPolicy(), 10)[0][0]
         assert (indexed.id, indexed.key, indexed.thread_id) == ("r", "daily", "t")
     finally:
         store.close()

@@ -166,6 +166,12 @@ export const api = {
   effectRecord: (tid, key, opts) =>
     request("GET", `/api/threads/${seg(tid)}/effect-records/${seg(key)}`, undefined, opts),
 
+  // Runs across threads (GET /api/runs): query {status, name, user_id, tag, since, until,
+  // limit, cursor}; bulk actions take the same filters (no status) as their body.
+  listAllRuns: (q = {}, opts) => request("GET", `/api/runs${query(q)}`, undefined, opts),
+  cancelAll: (filters, opts) => request("POST", "/api/runs/cancel", { ...filters, by: "pane" }, opts),
+  replayAll: (filters, opts) => request("POST", "/api/runs/replay", filters, opts),
+
   listEffects: () => request("GET", "/api/effects"),
   listAgents: () => request("GET", "/api/agents"),
 
@@ -202,6 +208,8 @@ const AUTH_CLOSE_CODES = new Set([1008, 4001, 4003, 4401, 4403]);
  * does not exist (4404), its id is malformed (4400) or its database cannot be used (4500):
  * the stream stops for good then —
  * and onAuth() (resolve to retry).
+ *
+ * `threadId` null: the stream of every thread (`WS /api/stream`, effect_changed frames only).
  */
 export class RunStream {
   constructor(threadId, handlers) {
@@ -241,7 +249,8 @@ export class RunStream {
 
   url() {
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
-    let url = `${proto}//${location.host}/api/threads/${seg(this.threadId)}/stream`;
+    const path = this.threadId === null ? "/api/stream" : `/api/threads/${seg(this.threadId)}/stream`;
+    let url = `${proto}//${location.host}${path}`;
     const token = getToken();
     if (token) url += `?token=${encodeURIComponent(token)}`;
     return url;

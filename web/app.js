@@ -11,6 +11,7 @@
 // because it needs no virtual DOM nor a template compiler, and over uhtml for its longer
 // record and larger user base; see docs/design.md.
 
+import { AllRunsView } from "./all-runs.js";
 import { ApiError, RunStream, askForToken, onReach } from "./api.js";
 import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
@@ -42,7 +43,11 @@ const el = {
   runsPanel: $("runs-panel"),
   conversationPanel: $("conversation-panel"),
   scheduleBox: $("schedule-box"),
+  showThreads: $("show-threads"),
+  showAllRuns: $("show-all-runs"),
 };
+
+const ALL_RUNS_HASH = "#all-runs";
 
 // The selection: the only state this module keeps.
 let session = null; // ThreadSession of the shown thread, or null
@@ -120,6 +125,12 @@ const conversation = new ConversationView({
   },
 });
 
+const allRuns = new AllRunsView({
+  openRun: (tid, id) => openRun(tid, id),
+  onStreamState: (conn, detailText) => connection.setStreamState(conn, detailText),
+  effects: () => schedule.effects,
+});
+
 const schedule = new ScheduleForm({
   handledAsGone,
   // The frame usually wins; fetching covers a dead socket.
@@ -162,6 +173,7 @@ function showSession(s) {
 
 function selectThread(tid) {
   tid = tid ? String(tid) : null;
+  if (tid) leaveAllRuns();
   if (tid === (session ? session.tid : null)) return;
   const s = tid ? new ThreadSession(tid) : null;
   showSession(s);
@@ -277,6 +289,43 @@ function onFrame(frame) {
 }
 
 // ---------------------------------------------------------------------------------------
+// All runs (#all-runs): the runs of every thread, instead of one thread's view
+
+function markView(all) {
+  const [on, off] = all ? [el.showAllRuns, el.showThreads] : [el.showThreads, el.showAllRuns];
+  on.setAttribute("aria-current", "page");
+  off.removeAttribute("aria-current");
+}
+
+function showAllRuns() {
+  if (allRuns.shown) return;
+  selectThread(null);
+  if (location.hash !== ALL_RUNS_HASH) history.replaceState(null, "", location.pathname + location.search + ALL_RUNS_HASH);
+  el.noThread.hidden = true;
+  markView(true);
+  document.title = "All runs · Effects pane";
+  connection.setThread(true, true);
+  allRuns.show();
+}
+
+function leaveAllRuns() {
+  if (!allRuns.shown) return;
+  allRuns.hide();
+  markView(false);
+  document.title = "Effects pane · thread-effects";
+  el.noThread.hidden = Boolean(session);
+  if (!session) connection.setThread(false, false);
+}
+
+/** A run chosen in All runs: its thread's Runs tab, with the run's detail open. */
+function openRun(tid, id) {
+  if (!tid) return;
+  setView("runs", { writeHash: false });
+  selectThread(tid);
+  if (session && session.tid === tid) detail.open(id);
+}
+
+// ---------------------------------------------------------------------------------------
 // Tabs
 
 function setView(next, { writeHash = true } = {}) {
@@ -319,6 +368,11 @@ function wire() {
     if (ev.key === "Escape" && !ev.defaultPrevented && !tokenDialogOpen() && detail.id !== null) detail.close();
   });
   window.addEventListener("hashchange", () => {
+    if (location.hash === ALL_RUNS_HASH) {
+      showAllRuns();
+      return;
+    }
+    leaveAllRuns();
     const params = hashParams();
     const next = params.get("view") === "conversation" ? "conversation" : "runs";
     if (next !== view) setView(next, { writeHash: false });
@@ -332,6 +386,7 @@ function wire() {
     const now = Date.now();
     runs.draw(now);
     records.draw(now);
+    allRuns.draw(now);
     detail.draw(now);
     threads.render(now);
   }, 1000);
@@ -350,6 +405,7 @@ function init() {
       threads.load(false);
       schedule.load();
       threads.loadAgents();
+      allRuns.reconnect();
       if (stream) stream.reconnectNow();
       else if (session) {
         runs.reload();
@@ -364,7 +420,8 @@ function init() {
   schedule.load();
   threads.loadAgents();
   const tid = hashParams().get("thread");
-  if (tid) selectThread(tid);
+  if (location.hash === ALL_RUNS_HASH) showAllRuns();
+  else if (tid) selectThread(tid);
   else connection.setThread(false, false);
 }
 

@@ -200,7 +200,7 @@ export function visibleRuns(model, filter) {
 
 /**
  * The id of the running run a pending run waits behind, or null: the run is due (by
- * `now`, ms) and the thread runs another run (one at a time). The server's `waitingFor`
+ * `now`, ms) and its thread runs another run (one at a time). The server's `waitingFor`
  * (from a list or a single-run answer) wins while that run still runs; frames carry none,
  * so between answers the running run of the model stands in.
  */
@@ -214,7 +214,13 @@ export function waitingFor(model, run, now) {
   }
   for (const id of model.order) {
     const other = model.runs.get(id);
-    if (other.status === "running" && id !== String(run.id)) return id;
+    if (other.status === "running" && id !== String(run.id) && sameThread(run, other)) return id;
   }
   return null;
+}
+
+// A model of runs across threads (the "All runs" view) holds runs of many threads; only a
+// running run of the same thread holds a run back. Runs of one thread's model may lack it.
+function sameThread(a, b) {
+  return a.threadId == null || b.threadId == null || String(a.threadId) === String(b.threadId);
 }

@@ -11,6 +11,20 @@ import { toast, toastApiError } from "./toasts.js";
 const PAGE = 50;
 const $ = (id) => document.getElementById(id);
 
+// The list is most recently active first (GET /api/threads): each thread says when it last
+// did something (a run changed, a message), or when it was created if nothing since.
+function activityText(thread, now) {
+  const created = Date.parse(thread.createdAt);
+  const active = Date.parse(thread.lastActivityAt);
+  if (Number.isFinite(active) && (!Number.isFinite(created) || active - created >= 1000)) {
+    return html`<span class="muted" title=${`Last activity ${thread.lastActivityAt}; created ${thread.createdAt}`}
+      >active ${fmtRelative(thread.lastActivityAt, now)}</span>`;
+  }
+  return thread.createdAt
+    ? html`<span class="muted" title=${thread.createdAt}>created ${fmtRelative(thread.createdAt, now)}</span>`
+    : null;
+}
+
 export class ThreadsView {
   /** `onSelect(tid)`: a thread was chosen or created; `onForget(tid)`: it is gone. */
   constructor({ onSelect, onForget }) {
@@ -86,9 +100,7 @@ export class ThreadsView {
         aria-current=${id === this.selected ? "true" : "false"}>
       <button type="button" class="thread-select" title=${id} @click=${() => this.onSelect(id)}>
         <span class="thread-id mono">${id}</span>
-        <span class="thread-meta">${thread.createdAt
-          ? html`<span class="muted" title=${thread.createdAt}>created ${fmtRelative(thread.createdAt, now)}</span>`
-          : null}${tags}</span>
+        <span class="thread-meta">${activityText(thread, now)}${tags}</span>
       </button>
       <button type="button" class="thread-delete" data-testid="delete-thread" aria-label="Delete thread ${id}"
         title="Delete thread" @click=${(ev) => this.remove(id, ev.currentTarget)}>Delete</button>

@@ -40,8 +40,8 @@ finish runs, see `ThreadStore.finish_and_claim`) and in `ThreadStore.prune`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus, RunAttempt
@@ -72,6 +72,12 @@ class ThreadInfo:
         user_id: The user it belongs to, if any.
         tags: Free-form labels.
         paused: Whether the thread is paused (it runs nothing until resumed).
+        last_activity_ts: When the thread last did something, seconds since the epoch
+            (UTC): the latest of its creation, its runs' transitions (scheduled, started,
+            finished, canceled: a run's latest time) and its messages, as the registry
+            knows it (written with the run index, at most a flush interval late). None
+            for an entry not read from a store. Not compared: two reads of one entry are
+            equal however active the thread was between them.
     """
 
     id: str
@@ -80,6 +86,26 @@ class ThreadInfo:
     user_id: str | None = None
     tags: tuple[str, ...] = ()
     paused: bool = False
+    last_activity_ts: float | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadQuery:
+    """Which threads a listing returns (every field given must match), and its order.
+
+    Attributes:
+        user_id: The thread's ``user_id``.
+        agent_id: The thread's ``agent_id``.
+        tag: One of the thread's tags.
+        by_activity: Order by last activity (``last_activity_ts``), newest first, ties by
+            id descending; the cursor is then ``(last_activity_ts, id)``. Otherwise by
+            creation, as without a query.
+    """
+
+    user_id: str | None = None
+    agent_id: str | None = None
+    tag: str | None = None
+    by_activity: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,17 +601,31 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def list_threads(
-        self, limit: int, after: tuple[float, str] | None
+        self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
         """Threads newest first (``created_at`` descending, ties by id descending).
 
         Args:
             limit: The page size (at least 1).
             after: The cursor of the previous page, ``(created_at, id)`` of its last
-                thread; only threads after it in that order.
+                thread (``(last_activity_ts, id)`` when ordered by activity); only
+                threads after it in that order.
+            query: Filters, and ordering by last activity instead (`ThreadQuery`).
+                Activity only moves forward, so a walk by activity never meets a thread
+                twice; a thread that becomes active during the walk moves before the
+                cursor and is not met again (the next first page has it on top).
 
         Returns:
             A page and the cursor for the next one (None when no thread follows).
+        """
+
+    @abstractmethod
+    def touch_threads(self, activity: Mapping[str, float]) -> None:
+        """Move threads' ``last_activity_ts`` forward: ``{thread id: seconds since the epoch}``.
+
+        One transaction. A time earlier than the thread's current one changes nothing (it
+        never moves back); an unknown thread is skipped. `add_thread` starts it at the
+        creation time, and `index_runs` moves it to each run's latest time.
         """
 
     @abstractmethod
@@ -601,7 +641,9 @@ class RuntimeStore(ABC):
         """Write the index entries of ``runs`` (their state as given, never the args).
 
         One transaction. An entry replaces the run's previous one; a run of a thread
-        that is not registered (deleted meanwhile) is skipped.
+        that is not registered (deleted meanwhile) is skipped. Each run's thread's
+        ``last_activity_ts`` moves forward to the run's latest time (created, started or
+        finished), as `touch_threads` would.
         """
 
     @abstractmethod

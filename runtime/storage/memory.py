@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from runtime.config import RetentionPolicy
@@ -31,6 +31,7 @@ from runtime.storage.base import (
     RuntimeStore,
     StorageBackend,
     ThreadInfo,
+    ThreadQuery,
     ThreadStore,
 )
 from runtime.storage.records import (
@@ -48,7 +49,7 @@ from runtime.storage.records import (
 THREAD_SCHEMA_VERSION = 6
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
-RUNTIME_SCHEMA_VERSION = 4
+RUNTIME_SCHEMA_VERSION = 5
 """The version of the registry and alarm index this code knows."""
 
 
@@ -593,7 +594,7 @@ class MemoryRuntimeStore(RuntimeStore):
             threads = self._check().threads
             if info.id in threads:
                 return False
-            threads[info.id] = replace(info, paused=False)
+            threads[info.id] = replace(info, paused=False, last_activity_ts=info.created_at_ts)
             return True
 
     def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
@@ -601,17 +602,38 @@ class MemoryRuntimeStore(RuntimeStore):
             return self._check().threads.get(thread_id)
 
     def list_threads(  # noqa: D102
-        self, limit: int, after: tuple[float, str] | None
+        self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
+        q = query or ThreadQuery()
+
+        def key(i: ThreadInfo) -> tuple[float, str]:
+            if q.by_activity and i.last_activity_ts is not None:
+                return (i.last_activity_ts, i.id)
+            return (i.created_at_ts, i.id)
+
         with self._backend.lock:
             infos = [
                 i for i in self._check().threads.values()
-                if after is None or (i.created_at_ts, i.id) < after
+                if (q.user_id is None or i.user_id == q.user_id)
+                and (q.agent_id is None or i.agent_id == q.agent_id)
+                and (q.tag is None or q.tag in i.tags)
+                and (after is None or key(i) < after)
             ]
-        infos.sort(key=lambda i: (i.created_at_ts, i.id), reverse=True)
+        infos.sort(key=key, reverse=True)
         page = infos[:limit]
-        cursor = (page[-1].created_at_ts, page[-1].id) if len(infos) > limit else None
+        cursor = key(page[-1]) if len(infos) > limit else None
         return page, cursor
+
+    def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
+        with self._backend.lock:
+            self._touch(self._check().threads, activity)
+
+    @staticmethod
+    def _touch(threads: dict[str, ThreadInfo], activity: Mapping[str, float]) -> None:
+        for tid, ts in activity.items():
+            info = threads.get(tid)
+            if info is not None and (info.last_activity_ts is None or ts > info.last_activity_ts):
+                threads[tid] = replace(info, last_activity_ts=ts)
 
     def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
         with self._backend.lock:
@@ -638,12 +660,17 @@ class MemoryRuntimeStore(RuntimeStore):
             for run in runs:
                 if run.thread_id in backend.threads:
                     previous = backend.run_index.get(run.id)
-                    entry = replace(run, args=None, trace_context=None)
+                    entry = replace(run, args=None, trace_context=None, waiting_for=None)
                     if previous is not None:  # what never changes stays as first written
                         entry = replace(entry, name=previous.name,
                                         created_at_ts=previous.created_at_ts,
                                         replay_of=previous.replay_of)
                     backend.run_index[run.id] = entry
+            latest: dict[str, float] = {}
+            for r in runs:
+                ts = max(r.created_at_ts, r.started_at_ts or 0.0, r.finished_at_ts or 0.0)
+                latest[r.thread_id] = max(ts, latest.get(r.thread_id, ts))
+            self._touch(backend.threads, latest)
 
     def _matching(
         self, query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool

@@ -167,13 +167,20 @@ class ThreadRow(SQLModel, table=True):
     """The registry: one row per existing thread."""
 
     __tablename__ = "threads"
-    __table_args__ = (Index("ix_threads_created", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_threads_created", "created_at", "id"),
+        Index("ix_threads_activity", "last_activity_at", "id"),
+    )
 
     id: str = Field(primary_key=True)
     created_at: float
     agent_id: str | None = None
     user_id: str | None = None
     tags: str = "[]"
+    # The latest of its creation, its runs' transitions and its messages (seconds, UTC):
+    # moved forward with the run index's writes, so "threads by last activity" reads
+    # this table alone. Added by the version-5 migration (which fills it in).
+    last_activity_at: float | None = None
 
 
 class PausedThreadRow(SQLModel, table=True):
@@ -285,10 +292,13 @@ RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     1: (PausedThreadRow,),
     2: (EffectRecordRow,),  # runtime-level records: durable turns' "cross-run" keys
     3: (RunIndexRow, RuntimeMetaRow),
+    4: (),
 }
 """The same for ``runtime.sqlite``."""
 
-RUNTIME_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {}
+RUNTIME_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {
+    4: ((ThreadRow, "last_activity_at"),),
+}
 """The same for ``runtime.sqlite``."""
 
 

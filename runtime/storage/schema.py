@@ -121,9 +121,11 @@ THREADS_DDL: tuple[str, ...] = (
         "\tagent_id VARCHAR, \n"
         "\tuser_id VARCHAR, \n"
         "\ttags VARCHAR NOT NULL, \n"
+        "\tlast_activity_at FLOAT, \n"
         "\tPRIMARY KEY (id)\n"
         ")"
     ),
+    "CREATE INDEX ix_threads_activity ON threads (last_activity_at, id)",
     "CREATE INDEX ix_threads_created ON threads (created_at, id)",
 )
 """Table ``threads`` and its indexes (ThreadRow)."""
@@ -369,6 +371,10 @@ RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
             "\tPRIMARY KEY (\"key\")\n"
             ")"
         ),
+    ),
+    4: (
+        "ALTER TABLE threads ADD COLUMN last_activity_at FLOAT",
+        "CREATE INDEX ix_threads_activity ON threads (last_activity_at, id)",
     ),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

@@ -22,7 +22,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -45,6 +45,7 @@ from runtime.storage.base import (
     RuntimeStore,
     StorageBackend,
     ThreadInfo,
+    ThreadQuery,
     ThreadStore,
 )
 from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
@@ -64,10 +65,24 @@ THREAD_SCHEMA_VERSION = 6
 ``effect_records`` table; 4: a run's ``key`` and ``canceled_by``; 5: the ``run_traces``
 table; 6: the ``run_attempts`` table)."""
 
-RUNTIME_SCHEMA_VERSION = 4
+RUNTIME_SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
 runtime-level ``effect_records`` table, `RuntimeStore.begin_record`; 4: the run index and
-``runtime_meta``)."""
+``runtime_meta``; 5: a thread's ``last_activity_at``)."""
+
+# A thread's latest activity the registry can tell without opening its file: its creation
+# and its indexed runs' latest times. Fills in rows from before version 5 (and any left
+# NULL): their messages are not known until the thread's next message or run.
+_BACKFILL_ACTIVITY = (
+    "UPDATE threads SET last_activity_at = max(created_at, coalesce(("
+    "SELECT max(max(r.created_at, coalesce(r.started_at, 0), coalesce(r.finished_at, 0))) "
+    "FROM run_index r WHERE r.thread_id = threads.id), 0)) "
+    "WHERE last_activity_at IS NULL"
+)
+_TOUCH = (
+    "UPDATE threads SET last_activity_at = max(coalesce(last_activity_at, created_at), ?) "
+    "WHERE id = ?"
+)
 
 
 _INDEX_COLUMNS = (
@@ -905,7 +920,8 @@ _MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
 
 _THREAD_COLUMNS = (
     "id, created_at, agent_id, user_id, tags, "
-    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id)"
+    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id), "
+    "coalesce(last_activity_at, created_at)"
 )
 
 
@@ -926,6 +942,8 @@ class SQLiteRuntimeStore(RuntimeStore):
         _migrate(self._conn, RUNTIME_SCHEMA_VERSION, RUNTIME_MIGRATIONS, str(path))
         if before == 0:  # a new database: its (empty) index holds every run there is
             self.set_run_index_complete(True)
+        elif before < RUNTIME_SCHEMA_VERSION:
+            self._tx(lambda c: c.execute(_BACKFILL_ACTIVITY))
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
         with self._lock:
@@ -942,15 +960,16 @@ class SQLiteRuntimeStore(RuntimeStore):
             # list unanswerable, so an old row's is shown as U+FFFD.
             tags=tuple(replace_lone_surrogates(t) for t in json.loads(row[4])),
             paused=bool(row[5]),
+            last_activity_ts=row[6],
         )
 
     def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
             cur = c.execute(
-                "INSERT INTO threads (id, created_at, agent_id, user_id, tags) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                "INSERT INTO threads (id, created_at, agent_id, user_id, tags, "
+                "last_activity_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
                 (info.id, info.created_at_ts, info.agent_id, info.user_id,
-                 json.dumps(list(info.tags))),
+                 json.dumps(list(info.tags)), info.created_at_ts),
             )
             return cur.rowcount == 1
 
@@ -967,18 +986,41 @@ class SQLiteRuntimeStore(RuntimeStore):
         return self._info(row) if row is not None else None
 
     def list_threads(  # noqa: D102
-        self, limit: int, after: tuple[float, str] | None
+        self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
-        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
-        params: tuple[Any, ...] = ()
+        query = query or ThreadQuery()
+        # Rows always hold last_activity_at (set when added, filled in by the upgrade), so
+        # the order uses ix_threads_activity as it is.
+        key = "last_activity_at" if query.by_activity else "created_at"
+        parts: list[str] = []
+        params: list[Any] = []
+        for column, value in (("user_id", query.user_id), ("agent_id", query.agent_id)):
+            if value is not None:
+                parts.append(f"{column} = ?")
+                params.append(value)
+        if query.tag is not None:
+            parts.append("EXISTS (SELECT 1 FROM json_each(threads.tags) WHERE value = ?)")
+            params.append(query.tag)
         if after is not None:
-            sql += " WHERE (created_at, id) < (?, ?)"
-            params = (after[0], after[1])
-        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+            parts.append(f"({key}, id) < (?, ?)")
+            params += [after[0], after[1]]
+        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
+        if parts:
+            sql += " WHERE " + " AND ".join(parts)
+        sql += f" ORDER BY {key} DESC, id DESC LIMIT ?"
         rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall(), write=False)
         infos = [self._info(r) for r in rows[:limit]]
-        cursor = (infos[-1].created_at_ts, infos[-1].id) if len(rows) > limit else None
+        cursor = None
+        if len(rows) > limit:
+            last = infos[-1]
+            ts = last.last_activity_ts if query.by_activity else last.created_at_ts
+            cursor = (ts if ts is not None else last.created_at_ts, last.id)
         return infos, cursor
+
+    def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
+        if activity:
+            rows = [(ts, tid) for tid, ts in activity.items()]
+            self._tx(lambda c: c.executemany(_TOUCH, rows))
 
     def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
@@ -1015,8 +1057,13 @@ class SQLiteRuntimeStore(RuntimeStore):
              r.canceled_by)
             for r in runs
         ]
-        self._tx(
-            lambda c: c.executemany(
+        latest: dict[str, float] = {}
+        for r in runs:
+            ts = max(r.created_at_ts, r.started_at_ts or 0.0, r.finished_at_ts or 0.0)
+            latest[r.thread_id] = max(ts, latest.get(r.thread_id, ts))
+
+        def tx(c: sqlite3.Connection) -> None:
+            c.executemany(
                 f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
                 f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
                 f"FROM threads t WHERE t.id = ?2 "
@@ -1026,7 +1073,9 @@ class SQLiteRuntimeStore(RuntimeStore):
                 f"error = excluded.error, canceled_by = excluded.canceled_by",
                 rows,
             )
-        )
+            c.executemany(_TOUCH, [(ts, tid) for tid, ts in latest.items()])
+
+        self._tx(tx)
 
     @staticmethod
     def _where(

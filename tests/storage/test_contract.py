@@ -31,6 +31,7 @@ from runtime.storage.base import (
     RuntimeStore,
     StorageBackend,
     ThreadInfo,
+    ThreadQuery,
     ThreadStore,
 )
 from runtime.storage.memory import MemoryBackend
@@ -238,6 +239,8 @@ def test_a_closed_runtime_store_refuses_every_call_with_runtime_closed(
         lambda: rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0)),
         lambda: rtdb.get_thread("a"),
         lambda: rtdb.list_threads(10, None),
+        lambda: rtdb.list_threads(10, None, ThreadQuery(by_activity=True)),
+        lambda: rtdb.touch_threads({"a": T0}),
         lambda: rtdb.set_paused("a", True),
         lambda: rtdb.delete_thread("a"),
         lambda: rtdb.set_alarm("a", T0),
@@ -403,6 +406,47 @@ def test_thread_pages_are_newest_first_with_ties_by_id(rtdb: RuntimeStore) -> No
     assert cursor == (T0, "d")
     assert rtdb.delete_thread("d")
     assert [i.id for i in rtdb.list_threads(3, cursor)[0]] == ["c", "b", "a"]
+
+
+def test_threads_by_last_activity_with_filters_and_a_stable_cursor(rtdb: RuntimeStore) -> None:
+    for i, tid in enumerate(["a", "b", "c", "d"]):
+        assert rtdb.add_thread(ThreadInfo(
+            id=tid, created_at_ts=T0 + i, user_id="ann" if tid in "abc" else "bob",
+            agent_id="helper" if tid in "ab" else None, tags=("vip",) if tid in "ac" else (),
+        ))
+    by_activity = ThreadQuery(by_activity=True)
+    # Added: its activity is its creation.
+    assert rtdb.get_thread("a").last_activity_ts == T0  # type: ignore[union-attr]
+    assert [i.id for i in rtdb.list_threads(10, None, by_activity)[0]] == ["d", "c", "b", "a"]
+
+    # A run's latest time (here its finish) moves its thread forward; a message too.
+    r = replace(run(), thread_id="a", created_at_ts=T0 + 5, started_at_ts=T0 + 6,
+                finished_at_ts=T0 + 20, status=EffectStatus.COMPLETED)
+    rtdb.index_runs([r])
+    rtdb.touch_threads({"b": T0 + 10, "gone": T0 + 99})  # an unknown thread is skipped
+    rtdb.touch_threads({"b": T0 + 7})  # never moves back
+    page, _ = rtdb.list_threads(10, None, by_activity)
+    assert [(i.id, i.last_activity_ts) for i in page] == [
+        ("a", T0 + 20), ("b", T0 + 10), ("d", T0 + 3), ("c", T0 + 2)
+    ]
+    # By creation, as without a query; filters apply to either order.
+    assert [i.id for i in rtdb.list_threads(10, None, ThreadQuery())[0]] == ["d", "c", "b", "a"]
+    ann = ThreadQuery(user_id="ann", by_activity=True)
+    assert [i.id for i in rtdb.list_threads(10, None, ann)[0]] == ["a", "b", "c"]
+    vip = ThreadQuery(user_id="ann", tag="vip", by_activity=True)
+    assert [i.id for i in rtdb.list_threads(10, None, vip)[0]] == ["a", "c"]
+    helper = ThreadQuery(agent_id="helper")
+    assert [i.id for i in rtdb.list_threads(10, None, helper)[0]] == ["b", "a"]
+    assert rtdb.list_threads(10, None, ThreadQuery(tag="nope"))[0] == []
+
+    # Pages: the cursor is (last activity, id); a thread active meanwhile moves ahead of
+    # the cursor and is not met twice.
+    first, cursor = rtdb.list_threads(2, None, by_activity)
+    assert [i.id for i in first] == ["a", "b"] and cursor == (T0 + 10, "b")
+    rtdb.touch_threads({"c": T0 + 30})
+    rest, cursor = rtdb.list_threads(2, cursor, by_activity)
+    assert [i.id for i in rest] == ["d"] and cursor is None
+    assert [i.id for i in rtdb.list_threads(1, None, by_activity)[0]] == ["c"]
 
 
 # ------------------------------------------------------------------ alarms
@@ -1341,3 +1385,11 @@ def test_a_renewed_runtime_record_is_not_taken_over_until_it_expires(
     assert not rtdb.renew_record("s", "k", owner="a", lease_seconds=60, now=T0 + 112)
     with pytest.raises(ValueError, match="lease"):
         rtdb.renew_record("s", "k", owner="b", lease_seconds=0, now=T0 + 112)
+
+
+def test_the_run_index_keeps_no_waiting_for(rtdb: RuntimeStore) -> None:
+    # `waiting_for` is what a read says about the moment it reads, never stored.
+    assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0))
+    rtdb.index_runs([replace(run(), thread_id="a", waiting_for="other")])
+    [indexed], _ = rtdb.list_indexed_runs(RunQuery(), T0, RetentionPolicy(), 10)
+    assert indexed.waiting_for is None

@@ -1394,3 +1394,100 @@ def test_a_failed_turn_is_retried_under_its_run_id_and_its_error_is_on_screen(
             (first["runId"], "succeeded", 3)]
         assert world.read_text().splitlines() == ["charged order 42"]
         assert [e for e in pane.errors if "502" not in e] == []
+
+
+def all_row(pane: Pane, run_id: str) -> Any:
+    return pane.page.locator(f'[data-testid="all-run-row"][data-run-id="{run_id}"]')
+
+
+def chip_count(pane: Pane, status: str) -> Any:
+    return pane.page.get_by_test_id(f"all-filter-{status}")
+
+
+def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
+    page = pane.page
+    t1, t2, t3 = pane.new_thread(), pane.new_thread(), pane.new_thread()
+    mine = [pane.schedule(t1, "send_reminder", {"text": f"r{i}"}, delay=3600) for i in range(2)]
+    theirs = pane.schedule(t2, "send_reminder", {"text": "other"}, delay=3600)
+    failed = pane.schedule(t2, "fail_on_purpose", {})
+    page.set_viewport_size(WIDE)
+    page.goto(f"{pane.url}/")
+    page.get_by_test_id("show-all-runs").click()
+    expect(page).to_have_url(f"{pane.url}/#all-runs", timeout=WAIT_MS)
+    expect(page.get_by_test_id("show-all-runs")).to_have_attribute("aria-current", "page")
+    expect(all_row(pane, failed)).to_have_attribute("data-status", "failed", timeout=WAIT_MS)
+    expect(page.get_by_test_id("all-run-row")).to_have_count(4)
+    expect(chip_count(pane, "pending")).to_have_attribute("data-count", "3")
+    expect(chip_count(pane, "failed")).to_have_attribute("data-count", "1")
+    expect(all_row(pane, theirs).get_by_test_id("run-thread")).to_have_attribute(
+        "aria-label", f"Open thread {t2}"
+    )
+
+    # By status: the chip shows only those rows; by name: the counts follow the filter.
+    chip_count(pane, "failed").click()
+    expect(page.get_by_test_id("all-run-row")).to_have_count(1)
+    expect(all_row(pane, failed)).to_be_visible()
+    page.get_by_test_id("all-name").fill("send_reminder")
+    page.get_by_test_id("all-apply").click()
+    expect(chip_count(pane, "failed")).to_have_attribute("data-count", "0", timeout=WAIT_MS)
+    expect(page.get_by_test_id("all-run-row")).to_have_count(0)
+    chip_count(pane, "all").click()
+    expect(page.get_by_test_id("all-run-row")).to_have_count(3, timeout=WAIT_MS)
+    expect(chip_count(pane, "all")).to_have_attribute("data-count", "3")
+
+    # Live, from another thread: a new run appears; one that runs and finishes changes.
+    later = pane.schedule(t3, "send_reminder", {"text": "live"}, delay=3600)
+    expect(all_row(pane, later)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
+    expect(chip_count(pane, "pending")).to_have_attribute("data-count", "4")
+    assert pane.http.post(f"/api/threads/{t3}/effects/{later}/run").status_code == 200
+    expect(all_row(pane, later)).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+    expect(chip_count(pane, "completed")).to_have_attribute("data-count", "1", timeout=WAIT_MS)
+    # Another name: the filtered list ignores it (the marker after it comes in its wake).
+    ignored = pane.schedule(t3, "fail_on_purpose", {})
+    marker = pane.schedule(t3, "send_reminder", {"text": "marker"}, delay=3600)
+    expect(all_row(pane, marker)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
+    expect(all_row(pane, ignored)).to_have_count(0)
+    expect(chip_count(pane, "pending")).to_have_attribute("data-count", "4")
+    expect(chip_count(pane, "failed")).to_have_attribute("data-count", "0")
+    snap(page, "all-runs-1400")
+    page.set_viewport_size(PHONE)
+    snap(page, "all-runs-420")
+    page.set_viewport_size(WIDE)
+
+    # Bulk cancel of the filtered list: the question names the server's count.
+    pane.refuse = True
+    page.get_by_test_id("all-cancel-pending").click()
+    expect(page.get_by_test_id("all-cancel-pending")).to_be_enabled(timeout=WAIT_MS)
+    assert pane.dialogs[-1].startswith("Cancel all 4 pending runs named send_reminder?")
+    expect(all_row(pane, theirs)).to_have_attribute("data-status", "pending")
+    pane.refuse = False
+    page.get_by_test_id("all-cancel-pending").click()
+    expect(page.get_by_test_id("all-notice")).to_have_text(re.compile("Canceled 4 runs."),
+                                                           timeout=WAIT_MS)
+    for tid, run_id in [(t1, mine[0]), (t1, mine[1]), (t2, theirs), (t3, marker)]:
+        expect(all_row(pane, run_id)).to_have_attribute("data-status", "canceled", timeout=WAIT_MS)
+        body = pane.http.get(f"/api/threads/{tid}/effects/{run_id}")
+        assert body.json()["status"] == "canceled"
+    expect(chip_count(pane, "canceled")).to_have_attribute("data-count", "4")
+    expect(chip_count(pane, "pending")).to_have_attribute("data-count", "0")
+    expect(page.get_by_test_id("all-cancel-pending")).to_be_disabled()
+    assert len(pane.dialogs) == 2
+
+    # Without filters: replay every failed run, after a question with their number.
+    page.get_by_test_id("all-clear").click()
+    expect(chip_count(pane, "failed")).to_have_attribute("data-count", "2", timeout=WAIT_MS)
+    expect(all_row(pane, ignored)).to_have_attribute("data-status", "failed")
+    page.get_by_test_id("all-replay-failed").click()
+    expect(page.get_by_test_id("all-notice")).to_have_text(re.compile("Replayed 2 failed runs."),
+                                                           timeout=WAIT_MS)
+    assert pane.dialogs[-1].startswith("Replay all 2 failed runs? Each replay is a new run")
+    replays = pane.http.get("/api/runs", params={"name": "fail_on_purpose"}).json()["runs"]
+    assert sorted(r["replayOf"] or "" for r in replays) == sorted(["", "", failed, ignored])
+
+    # Selecting a run opens its thread with the run's detail.
+    all_row(pane, theirs).click()
+    expect(page).to_have_url(f"{pane.url}/#thread={t2}", timeout=WAIT_MS)
+    expect(page.get_by_test_id("run-detail")).to_have_attribute("data-run-id", theirs)
+    expect(page.get_by_test_id("detail-status")).to_have_text("canceled", timeout=WAIT_MS)
+    expect(page.get_by_test_id("all-runs")).to_be_hidden()
+    assert pane.errors == []

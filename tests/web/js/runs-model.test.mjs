@@ -143,3 +143,12 @@ test("canceling a running run moves it out of the running count", () => {
     pending: 0, running: 0, completed: 0, failed: 0, canceled: 2,
   });
 });
+
+test("across threads, only a running run of the same thread holds a due run back", () => {
+  const m = emptyModel();
+  mergeRun(m, { id: "busy", threadId: "t1", status: "running", createdAt: at(-10), runAt: at(-10) }, NOW);
+  mergeRun(m, { id: "mine", threadId: "t1", status: "pending", createdAt: at(-5), runAt: at(-5) }, NOW);
+  mergeRun(m, { id: "theirs", threadId: "t2", status: "pending", createdAt: at(-4), runAt: at(-4) }, NOW);
+  assert.equal(waitingFor(m, m.runs.get("mine"), NOW), "busy");
+  assert.equal(waitingFor(m, m.runs.get("theirs"), NOW), null);
+});
