@@ -355,7 +355,7 @@ def migration_ddl(
 POSTGRES_SCHEMA_VERSION = 1
 """The schema version of a current PostgreSQL database (`runtime.storage.postgres`); its
 ``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
-models above (as of thread schema 6 and runtime schema 4)."""
+models above (as of thread schema 6 and runtime schema 5)."""
 
 POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
 """The tables of a thread's store, all threads in one table each, keyed by ``thread_id``

@@ -110,9 +110,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             "\tagent_id VARCHAR, \n"
             "\tuser_id VARCHAR, \n"
             "\ttags VARCHAR NOT NULL, \n"
+            "\tlast_activity_at FLOAT, \n"
             "\tPRIMARY KEY (id)\n"
             ")"
         ),
+        "CREATE INDEX ix_threads_activity ON threads (last_activity_at, id)",
         "CREATE INDEX ix_threads_created ON threads (created_at, id)",
         (
             "CREATE TABLE alarms (\n"

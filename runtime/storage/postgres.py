@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 import zlib
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -50,6 +50,7 @@ from runtime.storage.base import (
     RuntimeStore,
     StorageBackend,
     ThreadInfo,
+    ThreadQuery,
     ThreadStore,
 )
 from runtime.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION, THREAD_TABLES
@@ -94,7 +95,12 @@ _INDEX_COLUMNS = (
 _MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
 _THREAD_COLUMNS = (
     "id, created_at, agent_id, user_id, tags, "
-    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id)"
+    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id), "
+    "coalesce(last_activity_at, created_at)"
+)
+_TOUCH = (
+    "UPDATE threads SET last_activity_at = GREATEST(coalesce(last_activity_at, created_at), %s) "
+    "WHERE id = %s"
 )
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
 _INDEX_COMPLETE = "run_index_complete"
@@ -974,14 +980,15 @@ class PostgresRuntimeStore(RuntimeStore):
             id=row[0], created_at_ts=row[1], agent_id=row[2], user_id=row[3],
             tags=tuple(replace_lone_surrogates(t) for t in json.loads(row[4])),
             paused=bool(row[5]),
+            last_activity_ts=row[6],
         )
 
     def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
         return self._tx(lambda c: c.execute(
-            "INSERT INTO threads (id, created_at, agent_id, user_id, tags) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO threads (id, created_at, agent_id, user_id, tags, last_activity_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
             (info.id, info.created_at_ts, info.agent_id, info.user_id,
-             json.dumps(list(info.tags))),
+             json.dumps(list(info.tags)), info.created_at_ts),
         ).rowcount == 1)
 
     def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
@@ -991,18 +998,39 @@ class PostgresRuntimeStore(RuntimeStore):
         return self._info(row) if row is not None else None
 
     def list_threads(  # noqa: D102
-        self, limit: int, after: tuple[float, str] | None
+        self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
-        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
-        params: tuple[Any, ...] = ()
+        query = query or ThreadQuery()
+        key = "last_activity_at" if query.by_activity else "created_at"
+        parts: list[str] = []
+        params: list[Any] = []
+        for column, value in (("user_id", query.user_id), ("agent_id", query.agent_id)):
+            if value is not None:
+                parts.append(f"{column} = %s")
+                params.append(value)
+        if query.tag is not None:
+            parts.append("tags::jsonb ? %s")
+            params.append(query.tag)
         if after is not None:
-            sql += " WHERE (created_at, id) < (%s, %s)"
-            params = (after[0], after[1])
-        sql += " ORDER BY created_at DESC, id DESC LIMIT %s"
+            parts.append(f"({key}, id) < (%s, %s)")
+            params += [after[0], after[1]]
+        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
+        if parts:
+            sql += " WHERE " + " AND ".join(parts)
+        sql += f" ORDER BY {key} DESC, id DESC LIMIT %s"
         rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall())
         infos = [self._info(r) for r in rows[:limit]]
-        cursor = (infos[-1].created_at_ts, infos[-1].id) if len(rows) > limit else None
+        cursor = None
+        if len(rows) > limit:
+            last = infos[-1]
+            ts = last.last_activity_ts if query.by_activity else last.created_at_ts
+            cursor = (ts if ts is not None else last.created_at_ts, last.id)
         return infos, cursor
+
+    def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
+        if activity:
+            rows = [(ts, tid) for tid, ts in activity.items()]
+            self._tx(lambda c: c.executemany(_TOUCH, rows))
 
     def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
         def tx(c: Cursor) -> bool:
@@ -1037,16 +1065,25 @@ class PostgresRuntimeStore(RuntimeStore):
              r.canceled_by, r.thread_id)
             for r in runs
         ]
-        self._tx(lambda c: c.executemany(
-            f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
-            f"SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, t.user_id "
-            f"FROM threads t WHERE t.id = %s "
-            f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
-            f"run_at = excluded.run_at, started_at = excluded.started_at, "
-            f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
-            f"error = excluded.error, canceled_by = excluded.canceled_by",
-            rows,
-        ))
+        latest: dict[str, float] = {}
+        for r in runs:
+            ts = max(r.created_at_ts, r.started_at_ts or 0.0, r.finished_at_ts or 0.0)
+            latest[r.thread_id] = max(ts, latest.get(r.thread_id, ts))
+
+        def tx(c: Cursor) -> None:
+            c.executemany(
+                f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
+                f"SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, t.user_id "
+                f"FROM threads t WHERE t.id = %s "
+                f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
+                f"run_at = excluded.run_at, started_at = excluded.started_at, "
+                f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
+                f"error = excluded.error, canceled_by = excluded.canceled_by",
+                rows,
+            )
+            c.executemany(_TOUCH, [(ts, tid) for tid, ts in latest.items()])
+
+        self._tx(tx)
 
     @staticmethod
     def _where(
