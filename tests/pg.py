@@ -21,11 +21,30 @@ SERVER_URL = os.environ.get("THREAD_EFFECTS_TEST_PG", "postgresql://postgres@127
 _schemas = itertools.count()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextmanager
 def session_database() -> Iterator[str]:
-    """Create a fresh database for this test session; yield its URL; drop it afterwards."""
+    """Create a fresh database for this test session; yield its URL; drop it afterwards.
+
+    Databases left by sessions whose process is gone (killed mid-run) are dropped first.
+    """
     name = f"te_test_{os.getpid()}_{secrets.token_hex(4)}"
     with psycopg.connect(f"{SERVER_URL}/postgres", autocommit=True) as conn:
+        for (old,) in conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'te\\_test\\_%'"
+        ).fetchall():
+            pid = old.split("_")[2]
+            if pid.isdigit() and not _alive(int(pid)):
+                conn.execute(f"DROP DATABASE IF EXISTS {old} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {name}")
     try:
         yield f"{SERVER_URL}/{name}"

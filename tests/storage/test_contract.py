@@ -8,6 +8,7 @@ than the code, which only a backend knows how to do). The tests speak the contra
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -522,6 +523,41 @@ def test_claims_go_by_due_time_then_scheduling_order(store: ThreadStore) -> None
     assert store.finish_and_claim(None, T0) == (None, None, T0 + 10)
     assert store.finish_and_claim(None, T0, claim=False) == (None, None, None)
     assert store.pending_runs() == [late]
+
+
+def test_two_stores_of_one_thread_claiming_at_once_never_claim_a_run_twice(
+    harness: Harness, store: ThreadStore
+) -> None:
+    """Claims are atomic against every connection: each due run goes to one claimer."""
+    runs = [run() for _ in range(40)]
+    for r in runs:
+        store.insert_run(r)
+    other = harness.backend.open_thread_store("t")
+    claimed: list[list[str]] = [[], []]
+
+    def claim_all(s: ThreadStore, into: list[str]) -> None:
+        while True:
+            _, got, _ = s.finish_and_claim(None, T0)
+            if got is None:
+                return
+            into.append(got.id)
+
+    try:
+        workers = [
+            threading.Thread(target=claim_all, args=(s, into))
+            for s, into in ((store, claimed[0]), (other, claimed[1]))
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=60)
+        assert not any(w.is_alive() for w in workers)
+    finally:
+        other.close()
+    every = claimed[0] + claimed[1]
+    assert sorted(every) == sorted(ids(runs))  # each run claimed exactly once
+    statuses = {r.id: r.status for r in store.list_runs(T0, KEEP, limit=100)[0]}
+    assert set(statuses.values()) == {EffectStatus.RUNNING}
 
 
 def test_finish_and_claim_records_the_outcome_and_claims_in_one_step(
