@@ -206,18 +206,26 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _SPANS.clear()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def pg_database() -> Iterator[str]:
-    """The URL of this session's fresh PostgreSQL database (dropped at the end)."""
-    from tests.pg import session_database
+    """The URL of this session's fresh PostgreSQL database (dropped at the end).
 
-    with session_database() as url:
-        yield url
+    Autouse: `tests.storage.backends.make_backend` builds PostgreSQL backends outside
+    fixtures, from `tests.pg.session_url`.
+    """
+    from tests import pg
+
+    with pg.session_database() as url:
+        pg.session_url = url
+        try:
+            yield url
+        finally:
+            pg.session_url = None
 
 
 @pytest.fixture
 def pg_url(pg_database: str) -> str:
     """A database URL whose ``schema`` parameter names a schema no other test uses."""
-    from tests.pg import new_schema
+    from tests.pg import fresh_url
 
-    return f"{pg_database}?schema={new_schema()}"
+    return fresh_url()

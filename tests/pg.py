@@ -20,6 +20,9 @@ SERVER_URL = os.environ.get("THREAD_EFFECTS_TEST_PG", "postgresql://postgres@127
 
 _schemas = itertools.count()
 
+session_url: str | None = None
+"""This session's database (set by the ``pg_database`` fixture of tests/conftest.py)."""
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -56,6 +59,22 @@ def session_database() -> Iterator[str]:
 def new_schema() -> str:
     """A schema name no test of this session used yet."""
     return f"t{next(_schemas)}"
+
+
+def fresh_url() -> str:
+    """This session's database URL with a schema no test used yet."""
+    assert session_url is not None, "the pg_database fixture has not run"
+    return f"{session_url}?schema={new_schema()}"
+
+
+def query(url: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Rows of one statement on a backend's schema (``url`` with its ``schema`` parameter)."""
+    from runtime.storage.postgres import split_schema
+
+    base, schema = split_schema(url)
+    with psycopg.connect(base, autocommit=True,
+                         options=f"-c search_path={schema or 'public'}") as conn:
+        return list(conn.execute(sql, params).fetchall())  # type: ignore[arg-type]
 
 
 def set_schema_version(url: str, schema: str, version: int) -> None:

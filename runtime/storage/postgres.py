@@ -21,10 +21,12 @@ data-directory lock, one process uses a database (schema) at a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import threading
+import time
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -104,6 +106,9 @@ _TOUCH = (
 )
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
 _INDEX_COMPLETE = "run_index_complete"
+
+LOCK_WAIT_SECONDS = 1.0
+"""How long `PostgresBackend.open` retries the schema's lock before refusing."""
 
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
@@ -1371,9 +1376,7 @@ class PostgresBackend(StorageBackend):
             except _db_error() as exc:
                 raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
             try:
-                row = lock_conn.execute("SELECT pg_try_advisory_lock(%s)",
-                                        (self._lock_key,)).fetchone()
-                if row is None or not row[0]:
+                if not self._try_lock(lock_conn):
                     raise DataDirLocked(f"{where} is in use by another process; "
                                         f"one process per database schema")
                 created = self._migrate(lock_conn, where)
@@ -1398,6 +1401,21 @@ class PostgresBackend(StorageBackend):
                 raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
             raise
         return store
+
+    def _try_lock(self, conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+        """Take the schema's session advisory lock; False if another session holds it.
+
+        Retries for `LOCK_WAIT_SECONDS`: the server releases a killed process's lock when
+        it notices the connection is gone, which can take a moment.
+        """
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_key,)).fetchone()
+            if row is not None and row[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
     def _migrate(self, conn: psycopg.Connection[tuple[Any, ...]], where: str) -> bool:
         """Create or upgrade the schema; True if it was created. Refuses a newer one."""
@@ -1526,5 +1544,10 @@ class PostgresBackend(StorageBackend):
         if pool is not None:
             pool.close()
         if lock_conn is not None:
-            lock_conn.close()  # ends the session: the advisory lock goes with it
+            # Unlocked explicitly: the server ends a closed session's locks only once it
+            # has processed the close, and a new open may come first.
+            if not lock_conn.closed and not lock_conn.broken:
+                with contextlib.suppress(_db_error()):
+                    lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
+            lock_conn.close()
 
