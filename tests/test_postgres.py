@@ -73,3 +73,33 @@ def test_urls_are_shown_without_passwords_and_the_schema_parameter_is_taken_off(
     assert split_schema("postgresql://h/db") == ("postgresql://h/db", None)
     with pytest.raises(ValueError, match="Invalid PostgreSQL schema name"):
         PostgresBackend("postgresql://h/db?schema=Bad-Name")
+
+
+def test_connections_the_server_ended_are_replaced_without_failing_a_call(pg_url: str) -> None:
+    """A blink (the server restarted, a proxy cut the connections): the next calls work."""
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.storage.base import ThreadInfo
+
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    try:
+        info = ThreadInfo(id="a", created_at_ts=1.0)
+        assert rtdb.add_thread(info)
+        store = backend.create_thread_store(info)
+        url, schema = split_schema(pg_url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            ended = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s", (f"thread-effects:{schema}",),
+            ).fetchall()
+        assert ended  # the pool held at least one connection
+        assert rtdb.get_thread("a") == info
+        run = EffectRun(id="r1", thread_id="a", name="note", status=EffectStatus.PENDING,
+                        args={"text": "x"}, run_at_ts=1.0, created_at_ts=1.0)
+        assert store.insert_run(run) is None
+        assert [r.id for r in store.pending_runs()] == ["r1"]
+        assert backend.connection_held()  # the lock's own connection was left alone
+        store.close()
+    finally:
+        rtdb.close()
+        backend.close()

@@ -1333,11 +1333,13 @@ class PostgresBackend(StorageBackend):
         """The advisory lock key of this schema (a signed 64-bit integer)."""
         return zlib.crc32(f"thread-effects:{self.schema}".encode())
 
-    def _connect_kwargs(self) -> dict[str, Any]:
+    def _connect_kwargs(self, role: str = "thread-effects") -> dict[str, Any]:
         return {
             "autocommit": True,
             "options": f"-c search_path={self.schema}",
             "connect_timeout": max(1, round(self.connect_timeout)),
+            # Seen in pg_stat_activity: which schema's pool (or lock) a connection is.
+            "application_name": f"{role}:{self.schema}",
         }
 
     kind = "postgres"
@@ -1372,7 +1374,9 @@ class PostgresBackend(StorageBackend):
                 raise DataDirLocked(f"{where} is already open in this backend; "
                                     f"one process per database schema")
             try:
-                lock_conn = psycopg.connect(self.url, **self._connect_kwargs())
+                lock_conn = psycopg.connect(
+                    self.url, **self._connect_kwargs("thread-effects-lock")
+                )
             except _db_error() as exc:
                 raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
             try:
@@ -1387,7 +1391,9 @@ class PostgresBackend(StorageBackend):
             self._pool = ConnectionPool(
                 self.url, min_size=1, max_size=self.pool_size, kwargs=self._connect_kwargs(),
                 timeout=self.connect_timeout, name=f"thread-effects:{self.schema}",
-                open=False,
+                # Checked when taken from the pool: a connection the server ended (a
+                # restart, a failover, a proxy's cut) is replaced, not handed to a call.
+                check=ConnectionPool.check_connection, open=False,
             )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
