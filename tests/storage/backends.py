@@ -38,6 +38,18 @@ def make_backend(name: str, data_dir: Path) -> StorageBackend:
     raise ValueError(f"unknown backend {name!r}; one of {', '.join(BACKENDS)}")
 
 
+def same_data(backend: StorageBackend) -> StorageBackend:
+    """A backend on the data ``backend`` holds, for a second runtime (the memory one itself)."""
+    if isinstance(backend, SQLiteBackend):
+        return SQLiteBackend(backend.data_dir, backend.synchronous)
+    if backend.kind == "postgres":
+        from runtime.storage.postgres import PostgresBackend
+
+        assert isinstance(backend, PostgresBackend)
+        return PostgresBackend(backend.url, schema=backend.schema)
+    return backend
+
+
 def stored_alarms(rt: Runtime) -> dict[str, float]:
     """The durable alarm index as stored now (readable while the runtime runs)."""
     backend = rt.storage
