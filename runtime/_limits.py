@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import weakref
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -323,6 +324,38 @@ def validate_args(schema: type[BaseModel], value: Any, name: str) -> None:
         raise InvalidEffectArgs(f"Args for effect {name} fail its schema: {problem}")
 
 
+_PLAIN_FIELDS: weakref.WeakKeyDictionary[type[BaseModel], frozenset[str] | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _plain_fields(model: type[BaseModel]) -> frozenset[str] | None:
+    """The model's field names if none has an alias (a key is then known iff it is one)."""
+    try:
+        return _PLAIN_FIELDS[model]
+    except KeyError:
+        pass
+    fields = model.model_fields
+    plain = None if any(
+        f.alias is not None or f.validation_alias is not None for f in fields.values()
+    ) else frozenset(fields)
+    _PLAIN_FIELDS[model] = plain
+    return plain
+
+
+def _only_declared_scalars(model: type[BaseModel], given: Any) -> bool:
+    """``given`` is an object of declared fields whose values hold no object or array."""
+    if type(given) is not dict:
+        return False
+    names = _plain_fields(model)
+    if names is None:
+        return False
+    for key, value in given.items():
+        if key not in names or isinstance(value, dict | list):
+            return False
+    return True
+
+
 def unknown_fields(model: BaseModel, given: Any) -> str | None:
     """Describe the fields of ``given`` that validating it into ``model`` dropped.
 
@@ -338,6 +371,8 @@ def unknown_fields(model: BaseModel, given: Any) -> str | None:
         ``"unknown field(s) extra, inner.typo; the schema Note does not allow extra
         fields"``, or None when every field is known.
     """
+    if _only_declared_scalars(type(model), given):
+        return None  # the common case, without dumping the model twice to compare
     unknown = _unknown_fields(
         given,
         model.model_dump(mode="json", by_alias=True),

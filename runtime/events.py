@@ -8,18 +8,23 @@ Every event class lives here. A thread has two kinds of event, numbered on one s
 - `EffectRecordChanged`: an effect tool claimed, applied or released an effect key
   (``effect_record_changed`` frame).
 
-Each has ``thread_id``, ``seq`` and ``to_frame()``; the server sends ``to_frame()`` as is.
+Each has ``thread_id``, ``seq``, ``to_frame()`` and ``frame_text()`` (``to_frame()`` as
+compact JSON, made once per event and shared by every WebSocket client that sends it).
 `runtime.frames.ChangeHub` numbers and delivers them.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
 
 from runtime.effects import EffectRun
 from runtime.messages import Message
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+"""The one JSON encoder of frames (compact, ASCII-escaped, as ``json.dumps`` would)."""
 
 
 class RunChange(StrEnum):
@@ -50,6 +55,7 @@ class EffectChanged:
     seq: int
     change: RunChange
     run: EffectRun = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -69,6 +75,14 @@ class EffectChanged:
             "data": self.data,
         }
 
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
+
 
 @dataclass(frozen=True, slots=True)
 class MessageCreated:
@@ -87,6 +101,7 @@ class MessageCreated:
     thread_id: str
     seq: int
     message: Message = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -102,6 +117,14 @@ class MessageCreated:
             "seq": self.seq,
             "data": self.data,
         }
+
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 class RecordChange(StrEnum):
@@ -131,6 +154,7 @@ class EffectRecordChanged:
     seq: int
     change: RecordChange
     record: dict[str, Any] = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -146,6 +170,14 @@ class EffectRecordChanged:
             "seq": self.seq,
             "data": self.data,
         }
+
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
 
 
 ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged

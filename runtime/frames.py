@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import fields
 from typing import Any, TypeVar
 
 from runtime.effects import EffectRun
@@ -45,6 +45,18 @@ Listener = Callable[[ThreadEvent], None]
 """A callback that sees every event of every thread (`ChangeHub.add_listener`)."""
 
 
+_RUN_FIELDS = tuple(f.name for f in fields(EffectRun) if f.name != "args")
+
+
+def _without_args(run: EffectRun) -> EffectRun:
+    """A copy of ``run`` with ``args=None`` (what `dataclasses.replace` does, faster)."""
+    bare = object.__new__(EffectRun)
+    for name in _RUN_FIELDS:
+        object.__setattr__(bare, name, getattr(run, name))
+    object.__setattr__(bare, "args", None)
+    return bare
+
+
 class Subscription(AsyncIterator[ThreadEvent]):
     """An async iterator over one thread's events, from the moment it was made.
 
@@ -62,25 +74,43 @@ class Subscription(AsyncIterator[ThreadEvent]):
         self.maxsize = maxsize
         self.overflowed = False
         self.closed = False
+        self.dropped = 0
         self._hub = hub
         self._buffer: deque[ThreadEvent] = deque()
         self._ready = asyncio.Event()
+        self._ended: asyncio.Event | None = None
 
     def _push(self, event: ThreadEvent) -> None:
         if self.closed:
             return
-        if len(self._buffer) >= self.maxsize:
+        buffer = self._buffer
+        if len(buffer) >= self.maxsize:
             self.overflowed = True
-            self._buffer.clear()
+            self.dropped = len(buffer) + 1
+            buffer.clear()
             self._end()
             return
-        self._buffer.append(event)
+        buffer.append(event)
         self._ready.set()
 
     def _end(self) -> None:
         self.closed = True
         self._hub._remove(self)
         self._ready.set()
+        if self._ended is not None:
+            self._ended.set()
+
+    async def wait_closed(self) -> None:
+        """Return once the subscription is closed (by `close`, the hub, or an overflow).
+
+        Events still buffered can be read afterwards (not after an overflow: ``dropped``
+        then counts the events it discarded, the one that did not fit included).
+        """
+        if self._ended is None:
+            self._ended = asyncio.Event()
+            if self.closed:
+                self._ended.set()
+        await self._ended.wait()
 
     def close(self) -> None:
         """Stop receiving; pending events are still yielded, then iteration ends."""
@@ -163,7 +193,7 @@ class ChangeHub:
 
         The event's run carries no args (``args`` is None): changes never expose them.
         """
-        bare = replace(run, args=None)
+        bare = run if run.args is None else _without_args(run)
         return self._deliver(
             run.thread_id,
             lambda seq: EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=bare),

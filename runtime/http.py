@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import hmac
-import json
 import logging
 import os
 import re
@@ -88,7 +86,7 @@ from runtime.errors import (
     ThreadNotFound,
     ThreadStorageError,
 )
-from runtime.frames import Subscription, ThreadEvent
+from runtime.frames import Subscription
 from runtime.messages import MAX_CONTENT_CHARS
 from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.metrics import RuntimeMetrics
@@ -1189,24 +1187,19 @@ def thread_endpoint_routes(app_dir: str | os.PathLike[str] | None) -> list[BaseR
 # ------------------------------------------------------------------------ the stream
 
 
-class _End(enum.Enum):
-    OVERFLOW = "overflow"
-    CLOSED = "closed"
-
-
 class FrameStream:
-    """One WebSocket client of a thread's ``effect_changed`` and ``message_created`` frames.
+    """One WebSocket client of a thread's frames (or of every thread's run changes).
 
-    A pump moves events from the `Subscription` into this client's bounded queue without
-    ever waiting for the client; a writer sends them. If the queue holds ``max_queued``
-    unsent frames (the client reads too slowly) the client is closed with 1013 — the
-    runtime and the other clients never wait for it. Frames are the events' ``to_frame()``
-    (`EffectChanged`, which never carries args, and `MessageCreated`).
+    A writer sends the subscription's events as they come; the subscription is this
+    client's bounded queue, filled without ever waiting for the client. If it holds more
+    than its ``maxsize`` unsent events (the client reads too slowly) the client is closed
+    with 1013 — the runtime and the other clients never wait for it. Frames are the events'
+    ``frame_text()``: serialized once per event, the same string for every client.
 
     Args:
         websocket: The accepted socket.
-        subscription: The thread's subscription (closed when the stream ends).
-        max_queued: Frames buffered for this client before it is dropped.
+        subscription: The thread's subscription (closed when the stream ends); its
+            ``maxsize`` is how many frames are buffered for this client before it is dropped.
         close_timeout_seconds: How long to try to deliver the final frames and the close.
         metrics: Where connected clients and dropped frames are counted, if anywhere.
     """
@@ -1215,31 +1208,19 @@ class FrameStream:
         self,
         websocket: WebSocket,
         subscription: Subscription,
-        max_queued: int,
         close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
         metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.metrics = metrics
         self.websocket = websocket
         self.subscription = subscription
-        self.max_queued = max_queued
         self.close_timeout_seconds = close_timeout_seconds
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
-
-    async def _pump(self) -> _End:
-        try:
-            async for event in self.subscription:
-                if self._queue.qsize() >= self.max_queued:
-                    return _End.OVERFLOW
-                self._queue.put_nowait(_frame_text(event))
-        except SubscriptionOverflow:
-            return _End.OVERFLOW
-        self._queue.put_nowait(None)  # the writer sends what is queued, then stops
-        return _End.CLOSED
 
     async def _write(self) -> None:
-        while (text := await self._queue.get()) is not None:
-            await self.websocket.send_text(text)
+        send = self.websocket.send_text
+        with contextlib.suppress(SubscriptionOverflow):  # `run` sees it and closes with 1013
+            async for event in self.subscription:
+                await send(event.frame_text())
 
     async def _read(self) -> None:
         # The pane sends nothing; reading is how a disconnect is noticed.
@@ -1253,30 +1234,32 @@ class FrameStream:
             on_closed: Called when the subscription ended (thread deleted or runtime
                 shutting down); gives the ``(code, reason)`` to close with.
         """
-        pump = asyncio.create_task(self._pump(), name="frames-pump")
+        sub = self.subscription
+        ended = asyncio.create_task(sub.wait_closed(), name="frames-ended")
         writer = asyncio.create_task(self._write(), name="frames-writer")
         reader = asyncio.create_task(self._read(), name="frames-reader")
-        tasks = (pump, writer, reader)
+        tasks = (ended, writer, reader)
         if self.metrics is not None:
             self.metrics.ws_clients.inc()
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if not pump.done():
-                return  # the client left, or sending failed: nothing more to do
-            if pump.result() is _End.OVERFLOW:
+            if sub.overflowed:
                 writer.cancel()
-                unsent = self._queue.qsize()
                 if self.metrics is not None:
-                    self.metrics.frames_dropped.inc(unsent)
+                    self.metrics.frames_dropped.inc(sub.dropped)
                 log.info(
                     "closing a slow client of thread %s: %d frames unsent",
-                    self.subscription.thread_id, unsent,
+                    sub.thread_id, sub.dropped,
                 )
                 await self._close(
                     CLOSE_TRY_AGAIN_LATER,
-                    f"Too slow: over {self.max_queued} frames queued; reload and reconnect",
+                    f"Too slow: over {sub.maxsize} frames queued; reload and reconnect",
                 )
                 return
+            if not sub.closed or reader.done() or (
+                writer.done() and (writer.cancelled() or writer.exception() is not None)
+            ):
+                return  # the client left, or sending failed: nothing more to do
             # The subscription ended: deliver what is queued, then say why.
             await asyncio.wait(
                 (writer, reader),
@@ -1289,7 +1272,7 @@ class FrameStream:
         finally:
             if self.metrics is not None:
                 self.metrics.ws_clients.dec()
-            self.subscription.close()
+            sub.close()
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -1302,10 +1285,6 @@ class FrameStream:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
             async with asyncio.timeout(self.close_timeout_seconds):
                 await self.websocket.close(code, _close_reason(reason))
-
-
-def _frame_text(event: ThreadEvent) -> str:
-    return json.dumps(event.to_frame(), separators=(",", ":"))
 
 
 async def _stream(websocket: WebSocket) -> None:
@@ -1354,8 +1333,7 @@ async def _stream(websocket: WebSocket) -> None:
     try:
         await websocket.accept()
         stream = FrameStream(
-            websocket, subscription, rt.settings.subscriber_queue_size,
-            websocket.app.state.ws_close_timeout_seconds,
+            websocket, subscription, websocket.app.state.ws_close_timeout_seconds,
             getattr(websocket.app.state, "metrics", None),
         )
         await stream.run(why_closed)
@@ -1380,8 +1358,7 @@ async def _stream_runs(websocket: WebSocket) -> None:
     try:
         await websocket.accept()
         stream = FrameStream(
-            websocket, subscription, rt.settings.subscriber_queue_size,
-            websocket.app.state.ws_close_timeout_seconds,
+            websocket, subscription, websocket.app.state.ws_close_timeout_seconds,
             getattr(websocket.app.state, "metrics", None),
         )
         await stream.run(why_closed)

@@ -30,12 +30,12 @@ thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import gc
 import logging
 import os
-import time
+import queue
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -107,6 +107,68 @@ def _default_backend(settings: Settings) -> StorageBackend:
         # One pooled connection per storage thread (the lock has one of its own).
         return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS)
     return SQLiteBackend(settings.data_dir, settings.synchronous)
+
+
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+class _StoragePool:
+    """OS threads that run blocking store calls for the event loop.
+
+    Lighter than ``loop.run_in_executor`` on a ``ThreadPoolExecutor``: a call is one queue
+    item and its outcome one ``call_soon_threadsafe`` onto an asyncio future (no
+    ``concurrent.futures.Future`` with its condition variable, no future chaining) — the
+    hop is paid by every scheduled and every executed run. A call whose future was
+    cancelled before a thread took it up is skipped, as the executor would.
+    """
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[
+            tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any],
+                  tuple[Any, ...]] | None
+        ] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        get = self._queue.get
+        while (item := get()) is not None:
+            loop, future, fn, args = item
+            if future.cancelled():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the caller, as an executor does
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    loop.call_soon_threadsafe(_set_exception, future, exc)
+            else:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_set_result, future, result)
+            del item, future, fn, args
+
+    def submit(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> asyncio.Future[T]:
+        """Queue ``fn(*args)``; the future gets its result or exception."""
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put((loop, future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Let every thread stop once the calls already queued have run (does not wait)."""
+        for _ in self._threads:
+            self._queue.put(None)
 
 
 MAX_ID_CHARS = 256
@@ -223,7 +285,7 @@ class Runtime:
         self.registry = EffectRegistry()
         self.hub = ChangeHub(self.settings.subscriber_queue_size)
         self.hub.add_listener(log_run_change)  # one log line per run transition
-        self._executor_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_pool: _StoragePool | None = None
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
@@ -465,7 +527,7 @@ class Runtime:
         await self.run_sync(self._store.close)
         await self.run_sync(self.storage.close)
         if self._executor_pool is not None:
-            self._executor_pool.shutdown(wait=False)
+            self._executor_pool.shutdown()
             self._executor_pool = None
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -517,14 +579,9 @@ class Runtime:
         """
         if self._executor_pool is None:
             # Started eagerly, so the first busy moment does not pay for thread creation.
-            self._executor_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=_STORAGE_THREADS, thread_name_prefix="thread-effects-storage"
-            )
-            for _ in range(_STORAGE_THREADS):
-                self._executor_pool.submit(time.sleep, 0)
-        loop = asyncio.get_running_loop()
+            self._executor_pool = _StoragePool(_STORAGE_THREADS, "thread-effects-storage")
         try:
-            return await loop.run_in_executor(self._executor_pool, partial(fn, *args))
+            return await self._executor_pool.submit(asyncio.get_running_loop(), fn, args)
         except (ThreadStorageError, RuntimeClosed) as exc:
             if self._stores_closing and not isinstance(exc, RuntimeClosed):
                 # A call in flight met a store that close() just closed.

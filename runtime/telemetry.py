@@ -114,6 +114,10 @@ def _scheduler_context(text: str | None) -> otel_context.Context | None:
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
+_NO_OP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+"""The tracer providers OpenTelemetry gives when no SDK is installed: their spans record nothing."""
+
+
 @contextmanager
 def run_span(run: EffectRun) -> Iterator[Span]:
     """A span for one attempt of ``run``, current inside the ``with`` block.
@@ -121,6 +125,16 @@ def run_span(run: EffectRun) -> Iterator[Span]:
     Its parent and link are the context the run was scheduled in (``run.trace_context``),
     if any; without one it is a root span. Set the outcome with `end_run_span`.
     """
+    if run.trace_context is None and isinstance(trace.get_tracer_provider(), _NO_OP_PROVIDERS):
+        # No SDK installed and nothing to continue: the span would be the invalid one.
+        # Skip building it (attributes, links, the tracer lookup), but keep what a span
+        # would make current: nothing, not what the worker happens to have.
+        token = otel_context.attach(otel_context.Context())
+        try:
+            yield trace.INVALID_SPAN
+        finally:
+            otel_context.detach(token)
+        return
     parent = _scheduler_context(run.trace_context)
     links = [Link(trace.get_current_span(parent).get_span_context())] if parent else []
     tracer = trace.get_tracer(TRACER_NAME)

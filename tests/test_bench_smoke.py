@@ -1,6 +1,7 @@
 """The benchmark runs end to end in --quick mode. No timing is asserted (docs/design.md:
 performance is measured by bench/, never by timed tests)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,17 @@ def test_bench_durable_quick_runs_and_prints_the_tables(tmp_path: Path) -> None:
                 "| resume (replay 10 steps, 1 model request) |"):
         assert row in result.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_fanout_small_runs_and_every_client_gets_every_frame() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_fanout.py"), "--clients", "5",
+         "--runs", "30", "--synchronous", "NORMAL", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    # Real uvicorn, real clients: each got all 3 frames of each run, the same bytes.
+    assert (figures["complete"], figures["closed_1013"], figures["other"]) == (5, 0, 0)
+    assert figures["identical"] is True
+    assert figures["runs_per_second_alone"] > 0 and figures["frames_per_second"] > 0

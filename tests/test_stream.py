@@ -158,6 +158,27 @@ async def test_the_server_wide_stream_needs_the_token(tmp_path: Path) -> None:
 
 
 @pytest.mark.every_backend
+async def test_several_clients_of_a_thread_get_the_same_frames(live: Live) -> None:
+    tid = await live.api.new_thread()
+    url = live.url(tid)
+    async with stream(url) as a, stream(url) as b, stream(url) as c, stream(
+        f"ws://{live.host}/api/stream"
+    ) as everything:
+        ids = [await live.api.schedule(tid, "note", {"text": str(i)}) for i in range(5)]
+        await live.api.rt.wait_idle()
+        texts = []
+        for ws in (a, b, c, everything):
+            async with asyncio.timeout(GUARD_SECONDS):
+                texts.append([await ws.recv() for _ in range(3 * len(ids))])
+    assert texts[0] == texts[1] == texts[2] == texts[3]
+    frames = [json.loads(t) for t in texts[0]]
+    for run_id in ids:
+        assert [f["data"]["change"] for f in frames if f["data"]["id"] == run_id] == [
+            "scheduled", "started", "completed"
+        ]
+
+
+@pytest.mark.every_backend
 async def test_failed_and_replayed(live: Live) -> None:
     tid = await live.api.new_thread()
     async with stream(live.url(tid)) as ws:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -461,6 +462,23 @@ async def test_subscription_sees_every_change_without_args(rt: Runtime) -> None:
     assert all("args" not in e.to_frame()["data"] for e in events)
     assert all(e.run.args is None for e in events)  # not in the Python events either
     assert "secret-value" not in json.dumps([e.to_frame() for e in events])
+    # The text a WebSocket client gets is to_frame() as JSON, made once per event.
+    for e in events:
+        assert json.loads(e.frame_text()) == e.to_frame()
+        assert e.frame_text() is e.frame_text()
+
+
+async def test_two_subscribers_get_the_same_event_and_frame_text(rt: Runtime) -> None:
+    thread = await rt.create_thread()
+    first, second = thread.subscribe(), thread.subscribe()
+    await thread.schedule_effect("record", {"key": "k"})
+    await rt.wait_idle()
+    first.close()
+    second.close()
+    a, b = [e async for e in first], [e async for e in second]
+    assert [str(e.change) for e in a] == ["scheduled", "started", "completed"]
+    assert all(x is y for x, y in zip(a, b, strict=True))
+    assert [e.frame_text() for e in a] == [e.frame_text() for e in b]
 
 
 async def test_graceful_shutdown_requeues_a_running_run(tmp_path: Path) -> None:
@@ -780,3 +798,28 @@ async def test_a_huge_non_ascii_error_is_cut_to_8_kib_of_utf8(rt: Runtime) -> No
     await rt.wait_idle()
     error = (await thread.get_run(run_id)).error
     assert error is not None and len(error.encode("utf-8")) <= 8192
+
+
+async def test_the_storage_pool_skips_a_call_cancelled_before_it_started() -> None:
+    # One thread, so the calls run strictly in order: the blocker, the canceled call,
+    # the marker. What Runtime.run_sync relies on (as with an executor): a caller that
+    # gave up before its call started does not have it run later; results and
+    # exceptions come back to the awaiting task.
+    from runtime.supervisor import _StoragePool
+
+    pool = _StoragePool(1, "test-storage")
+    loop = asyncio.get_running_loop()
+    gate = threading.Event()
+    ran: list[str] = []
+    try:
+        blocker = pool.submit(loop, gate.wait, ())
+        canceled = pool.submit(loop, ran.append, ("canceled",))
+        canceled.cancel()
+        gate.set()
+        assert await blocker is True
+        assert await pool.submit(loop, ran.append, ("marker",)) is None
+        assert ran == ["marker"]
+        with pytest.raises(ZeroDivisionError):
+            await pool.submit(loop, divmod, (1, 0))
+    finally:
+        pool.shutdown()

@@ -233,6 +233,9 @@ class SQLiteThreadStore(ThreadStore):
         # writer of its file (one process holds the data directory).
         self._finished: int | None = None
         self._swept_at: float | None = None
+        # Rows in run_traces (None: unknown, counted on demand). Most runs are scheduled
+        # without a span context: then a claim need not look one up nor a finish delete it.
+        self._traces: int | None = None
         self._records_swept_at: float | None = None
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
@@ -266,6 +269,7 @@ class SQLiteThreadStore(ThreadStore):
                 # Rolled back: what the transaction counted is unknown again.
                 self._finished = None
                 self._swept_at = None
+                self._traces = None
                 if not isinstance(exc, sqlite3.DatabaseError):
                     raise
                 raise ThreadStorageError(
@@ -355,17 +359,23 @@ class SQLiteThreadStore(ThreadStore):
                  run.replay_of, run.key),
             )
             if run.trace_context is not None:
+                traces = self._count_traces(c)
                 c.execute(
                     "INSERT INTO run_traces (run_id, context) VALUES (?, ?)",
                     (run.id, run.trace_context),
                 )
+                self._traces = traces + 1
             return None
 
         return self._tx(tx)
 
-    @staticmethod
-    def _with_trace(c: sqlite3.Connection, run: EffectRun | None) -> EffectRun | None:
-        if run is None or run.status.finished:
+    def _count_traces(self, c: sqlite3.Connection) -> int:
+        if self._traces is None:
+            self._traces = int(c.execute("SELECT count(*) FROM run_traces").fetchone()[0])
+        return self._traces
+
+    def _with_trace(self, c: sqlite3.Connection, run: EffectRun | None) -> EffectRun | None:
+        if run is None or run.status.finished or not self._count_traces(c):
             return run
         row = c.execute("SELECT context FROM run_traces WHERE run_id = ?", (run.id,)).fetchone()
         return replace(run, trace_context=row[0]) if row is not None else run
@@ -396,10 +406,10 @@ class SQLiteThreadStore(ThreadStore):
             "DELETE FROM run_attempts WHERE run_id NOT IN (SELECT id FROM effect_runs)"
         )
 
-    @staticmethod
-    def _drop_trace(c: sqlite3.Connection, run: EffectRun | None) -> None:
-        if run is not None:
-            c.execute("DELETE FROM run_traces WHERE run_id = ?", (run.id,))
+    def _drop_trace(self, c: sqlite3.Connection, run: EffectRun | None) -> None:
+        if run is not None and self._count_traces(c):
+            deleted = c.execute("DELETE FROM run_traces WHERE run_id = ?", (run.id,)).rowcount
+            self._traces = self._count_traces(c) - deleted
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,

@@ -1,0 +1,221 @@
+"""Frames fanned out to many WebSocket clients of one thread, beside the same runs without clients.
+
+    .venv/bin/python bench/bench_fanout.py [--clients 200] [--runs 2000]
+                                           [--synchronous FULL] [--repeat 1] [--json]
+
+A real server (uvicorn + `runtime.http.create_app` with the no-op app of ``bench/app``)
+runs in a child process; this process is the clients (the ``websockets`` library), so the
+clients' own parsing does not share the server's CPU. In the child, one caller schedules
+``--runs`` no-op runs on one thread, due at once, one after another, and waits until all
+ran; the runs/s figure is runs / (first schedule call → `wait_idle` returns). That is done
+once with no client connected and once with ``--clients`` clients on the thread's stream,
+each in a fresh child. Each run sends three frames (scheduled, started, completed); a
+client must receive all of them or be closed with 1013 (too slow). Delivered frames/s is
+every client's frames / (first schedule call → the last client has its last frame).
+
+Prints one Markdown table (or one JSON line with ``--json``): runs/s with and without
+clients, their ratio (issue 14, target 5: ≥ 0.8), delivered frames/s (goal ≥ 20,000/s),
+how many clients got every frame, how many were closed with 1013, and whether every
+client that got every frame got the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT  # the tree whose runtime serves (--source)
+FRAMES_PER_RUN = 3  # scheduled, started, completed
+GUARD_SECONDS = 600.0
+
+
+async def _serve(runs: int, synchronous: str) -> None:
+    """The child: serve, print ``{"port", "tid"}``, wait for a line on stdin, run, report."""
+    import uvicorn
+
+    from runtime import Runtime
+    from runtime.http import create_app, server_options
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        app = create_app(
+            data_dir=data_dir, app_dir=ROOT / "bench" / "app", web_dir=None,
+            load_packages=False, synchronous=synchronous, freeze_gc=True,
+        )
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        config = uvicorn.Config(
+            app, lifespan="on", log_config=None, log_level="warning", **server_options()
+        )
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:  # noqa: ASYNC110 (uvicorn offers no event)
+            await asyncio.sleep(0.01)
+        rt: Runtime = app.state.runtime
+        thread = await rt.create_thread()
+        print(json.dumps({"port": sock.getsockname()[1], "tid": thread.thread_id}), flush=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.readline)  # the clients are connected
+        gc.collect()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        now = time.time()
+        for _ in range(runs):
+            await thread.schedule_effect("noop", {"due": now}, delay=0)
+        await rt.wait_idle(GUARD_SECONDS)
+        cpu1, wall1 = time.process_time(), time.perf_counter()
+        print(json.dumps({
+            "runs_per_second": runs / (wall1 - wall0),
+            "cpu_us_per_run": (cpu1 - cpu0) * 1e6 / runs,
+        }), flush=True)
+        await loop.run_in_executor(None, sys.stdin.readline)  # the clients are done
+        server.should_exit = True
+        await serving
+
+
+async def _client(url: str, expected: int, ready: asyncio.Event) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    got, crc, last = 0, 0, 0.0
+    code: int | None = None
+    async with connect(url, ping_interval=None, max_queue=None, compression=None) as ws:
+        ready.set()
+        try:
+            while got < expected:
+                raw = await ws.recv(decode=False)
+                crc = zlib.crc32(raw, crc)
+                got += 1
+                last = time.perf_counter()
+        except ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd is not None else None
+    return {"frames": got, "crc": crc, "last": last, "code": code}
+
+
+async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--serve", "--runs", str(runs),
+        "--synchronous", synchronous,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=SOURCE,
+        env={**os.environ, "PYTHONPATH": str(SOURCE)},
+    )
+    assert child.stdin is not None and child.stdout is not None
+    hello = json.loads(await child.stdout.readline())
+    url = f"ws://127.0.0.1:{hello['port']}/api/threads/{hello['tid']}/stream"
+    expected = FRAMES_PER_RUN * runs
+    readies = [asyncio.Event() for _ in range(clients)]
+    tasks = [asyncio.create_task(_client(url, expected, r)) for r in readies]
+    for r in readies:
+        await r.wait()
+    start = time.perf_counter()
+    child.stdin.write(b"go\n")
+    await child.stdin.drain()
+    result = json.loads(await child.stdout.readline())
+    async with asyncio.timeout(GUARD_SECONDS):
+        got = await asyncio.gather(*tasks)
+    child.stdin.write(b"done\n")
+    await child.stdin.drain()
+    await child.wait()
+    complete = [g for g in got if g["frames"] == expected]
+    delivered = sum(g["frames"] for g in got)
+    if got:
+        end = max(g["last"] for g in got)
+        result["frames_per_second"] = delivered / (end - start) if end > start else 0.0
+    result.update(
+        clients=clients,
+        complete=len(complete),
+        closed_1013=sum(1 for g in got if g["code"] == 1013 and g["frames"] < expected),
+        other=sum(1 for g in got if g["frames"] < expected and g["code"] != 1013),
+        identical=len({g["crc"] for g in complete}) <= 1,
+        delivered=delivered,
+    )
+    return result
+
+
+async def measure(clients: int, runs: int, synchronous: str, repeat: int) -> dict[str, Any]:
+    """Run the pair ``repeat`` times (without, then with clients); medians of each figure."""
+    pairs = []
+    for i in range(repeat):
+        print(f"[{i + 1}/{repeat}] {runs} runs, no client", file=sys.stderr)
+        alone = await _one(0, runs, synchronous)
+        print(f"[{i + 1}/{repeat}] {runs} runs, {clients} clients", file=sys.stderr)
+        fanned = await _one(clients, runs, synchronous)
+        pairs.append((alone, fanned))
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    alone_rate = med([a["runs_per_second"] for a, _ in pairs])
+    fanned_rate = med([f["runs_per_second"] for _, f in pairs])
+    return {
+        "synchronous": synchronous, "runs": runs, "clients": clients, "repeat": repeat,
+        "runs_per_second_alone": alone_rate,
+        "runs_per_second_with_clients": fanned_rate,
+        "ratio": med([f["runs_per_second"] / a["runs_per_second"] for a, f in pairs]),
+        "cpu_us_per_run_alone": med([a["cpu_us_per_run"] for a, _ in pairs]),
+        "cpu_us_per_run_with_clients": med([f["cpu_us_per_run"] for _, f in pairs]),
+        "frames_per_second": med([f.get("frames_per_second", 0.0) for _, f in pairs]),
+        "complete": min(f["complete"] for _, f in pairs),
+        "closed_1013": max(f["closed_1013"] for _, f in pairs),
+        "other": max(f["other"] for _, f in pairs),
+        "identical": all(f["identical"] for _, f in pairs),
+    }
+
+
+def table(r: dict[str, Any]) -> str:
+    """The Markdown table of `measure`'s result."""
+    ok = r["ratio"] >= 0.8 and r["complete"] + r["closed_1013"] == r["clients"] and r["other"] == 0
+    rows = [
+        "| figure | value | target | result |",
+        "|---|--:|---|---|",
+        f"| runs/s, no client ({r['runs']} runs, one thread, {r['synchronous']}) "
+        f"| {r['runs_per_second_alone']:,.0f} |  |  |",
+        f"| runs/s, {r['clients']} clients | {r['runs_per_second_with_clients']:,.0f} |  |  |",
+        f"| ratio | {r['ratio']:.2f} | ≥ 0.80, every client every frame or 1013 "
+        f"| {'PASS' if ok else 'MISS'} |",
+        f"| delivered frames/s | {r['frames_per_second']:,.0f} | ≥ 20,000 "
+        f"| {'PASS' if r['frames_per_second'] >= 20_000 else 'MISS'} |",
+        f"| clients with every frame / closed 1013 / other | {r['complete']} / "
+        f"{r['closed_1013']} / {r['other']} |  |  |",
+        f"| every complete client got the same bytes | {'yes' if r['identical'] else 'NO'} "
+        "|  |  |",
+        f"| server CPU µs per run, no client / {r['clients']} clients "
+        f"| {r['cpu_us_per_run_alone']:,.0f} / {r['cpu_us_per_run_with_clients']:,.0f} |  |  |",
+    ]
+    return "\n".join(rows)
+
+
+def main() -> None:
+    """Parse the options; serve (child) or measure and print."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--source", type=Path, default=ROOT,
+                        help="the source tree whose runtime serves (A/B against a checkout)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    global SOURCE
+    SOURCE = opts.source.resolve()
+    if opts.serve:
+        asyncio.run(_serve(opts.runs, opts.synchronous))
+        return
+    result = asyncio.run(measure(opts.clients, opts.runs, opts.synchronous, opts.repeat))
+    print(json.dumps(result) if opts.json else table(result))
+
+
+if __name__ == "__main__":
+    main()
