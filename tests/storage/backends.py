@@ -75,6 +75,14 @@ def stored_runs(backend: StorageBackend, thread_id: str) -> list[EffectRun]:
 
     Call it when no runtime holds the backend (or, for SQLite, while one does).
     """
+    if backend.kind == "postgres" and not backend.connection_held():
+        # A closed PostgreSQL backend opens no store: read through one on the same data.
+        twin = same_data(backend)
+        twin.open().close()
+        try:
+            return stored_runs(twin, thread_id)
+        finally:
+            twin.close()
     store = backend.open_thread_store(thread_id)
     try:
         runs, _ = store.list_runs(0.0, _EVERYTHING, limit=1_000_000)
