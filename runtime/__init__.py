@@ -34,6 +34,7 @@ from runtime.errors import (
     InvalidArgument,
     InvalidDelay,
     InvalidEffectArgs,
+    InvalidSchedule,
     InvalidThreadId,
     MessageNotFound,
     ModelNotAvailable,
@@ -41,6 +42,7 @@ from runtime.errors import (
     RunStateError,
     RuntimeClosed,
     RuntimeStorageError,
+    ScheduleNotFound,
     SubscriptionOverflow,
     ThreadExists,
     ThreadNotFound,
@@ -57,6 +59,8 @@ from runtime.events import (
     MessageCreated,
     RecordChange,
     RunChange,
+    ScheduleChange,
+    ScheduleChanged,
 )
 from runtime.extension import Extension
 from runtime.frames import Subscription
@@ -71,6 +75,7 @@ from runtime.messages import (
     ToolResult,
     TurnResult,
 )
+from runtime.recurrence import Schedule, ScheduleState
 from runtime.storage.base import ThreadInfo
 from runtime.storage.records import (
     EffectRecord,
@@ -81,7 +86,7 @@ from runtime.storage.records import (
     SqliteEffectStore,
 )
 from runtime.supervisor import RunsPage, Runtime, ThreadPage
-from runtime.thread import Execution, RunPage, Scheduled, ThreadState
+from runtime.thread import Execution, RunPage, ScheduleCreated, Scheduled, ThreadState
 from runtime.tools import ToolDefinition, define_tool
 
 __all__ = [
@@ -117,6 +122,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidDelay",
     "InvalidEffectArgs",
+    "InvalidSchedule",
     "InvalidThreadId",
     "Message",
     "MessageCreated",
@@ -135,6 +141,12 @@ __all__ = [
     "Runtime",
     "RuntimeClosed",
     "RuntimeStorageError",
+    "Schedule",
+    "ScheduleChange",
+    "ScheduleChanged",
+    "ScheduleCreated",
+    "ScheduleNotFound",
+    "ScheduleState",
     "Scheduled",
     "Settings",
     "SqliteEffectStore",

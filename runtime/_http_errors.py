@@ -15,11 +15,13 @@ from runtime.errors import (
     InvalidArgument,
     InvalidDelay,
     InvalidEffectArgs,
+    InvalidSchedule,
     InvalidThreadId,
     MessageNotFound,
     RunNotFound,
     RunStateError,
     RuntimeClosed,
+    ScheduleNotFound,
     ThreadExists,
     ThreadNotFound,
     ThreadPaused,
@@ -52,10 +54,10 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
 
     Returns:
         ``(status, code)``: 400 for a malformed id or a refused text argument, 404 for an
-        unknown thread, run, effect, agent or message, 409 for a wrong state (or a turn
-        already running), 413 for args over the size limit, 422 for args that fail the
-        schema or a bad delay, 502 when the model failed a turn, 503 while the runtime is
-        not running, else 500.
+        unknown thread, run, schedule, effect, agent or message, 409 for a wrong state (or
+        a turn already running), 413 for args over the size limit, 422 for args that fail
+        the schema, a bad delay or a bad recurring schedule (cron, timezone, every),
+        502 when the model failed a turn, 503 while the runtime is not running, else 500.
     """
     if isinstance(exc, InvalidThreadId):
         return 400, "invalid_thread_id"
@@ -65,6 +67,8 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return 404, "thread_not_found"
     if isinstance(exc, RunNotFound):
         return 404, "run_not_found"
+    if isinstance(exc, ScheduleNotFound):
+        return 404, "schedule_not_found"
     if isinstance(exc, EffectNotFound):
         return 404, "effect_not_found"
     if isinstance(exc, RunStateError):
@@ -75,6 +79,8 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return (413, "args_too_large") if exc.too_large else (422, "invalid_args")
     if isinstance(exc, InvalidDelay):
         return 422, "invalid_delay"
+    if isinstance(exc, InvalidSchedule):
+        return 422, "invalid_schedule"
     if isinstance(exc, ThreadStorageError):
         return 500, "thread_storage_error"
     if isinstance(exc, RuntimeClosed):

@@ -77,6 +77,9 @@ class ThreadActor:
             effects scheduled in the current one-second window (the runaway guard, `runtime.runs`).
         side_runs: The runs of concurrent effects it executes now, by id (beside
             ``current_run``), and ``side_tasks`` the tasks of their code.
+        next_fire: The earliest next fire time of its active recurring schedules (None:
+            none), valid while ``next_fire_known``; a drain asks the store only when it is
+            unknown or due. Whoever changes the thread's schedules sets it unknown.
         users: Callers inside `ActorTable.use` (the actor is not evicted meanwhile).
         state: `ActorState.OPEN` while in the table.
     """
@@ -91,6 +94,8 @@ class ThreadActor:
         self.immediate_runs: tuple[float, int] = (0.0, 0)
         self.side_runs: dict[str, EffectRun] = {}
         self.side_tasks: dict[str, asyncio.Task[None]] = {}
+        self.next_fire: float | None = None
+        self.next_fire_known = False
         self.users = 0
         self.state = ActorState.OPEN
 

@@ -230,6 +230,8 @@ class EffectRun:
         trace_context: The span context it was scheduled in, as W3C trace-context JSON
             text (`runtime.telemetry`), while it is pending or running; None without one
             and once it finished. Never part of `to_json`.
+        schedule_id: The recurring schedule whose occurrence this run is
+            (`runtime.recurrence.Schedule`), or None.
     """
 
     id: str
@@ -248,6 +250,7 @@ class EffectRun:
     canceled_by: str | None = None
     waiting_for: str | None = None
     trace_context: str | None = None
+    schedule_id: str | None = None
 
     @property
     def run_at(self) -> datetime:
@@ -276,6 +279,7 @@ class EffectRun:
             "key": self.key,
             "canceledBy": self.canceled_by,
             "waitingFor": self.waiting_for,
+            "scheduleId": self.schedule_id,
         }
         if include_args:
             out["args"] = self.args

@@ -7,6 +7,7 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── EffectDefinitionError   a file in agents/effects/ (or a package) is not a valid effect
     ├── InvalidEffectArgs       args are not JSON, too large, or fail the effect's schema
     ├── InvalidDelay            a delay that is negative, NaN or infinite
+    ├── InvalidSchedule         a recurring schedule's cron, timezone or every is not valid
     ├── InvalidThreadId         a thread id that is not ^[A-Za-z0-9_-]{1,64}$
     ├── InvalidArgument         a text argument that is not valid Unicode or over its limit
     ├── ThreadNotFound          no thread with that id
@@ -16,6 +17,7 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── RuntimeStorageError     runtime.sqlite cannot be used (the runtime cannot start)
     ├── RunNotFound             no run with that id in the thread
     ├── RunStateError           the run is in the wrong status for the operation
+    ├── ScheduleNotFound        no recurring schedule with that id in the thread
     ├── TooManyImmediateRuns    a thread's effects scheduled too many immediate runs a second
     ├── RuntimeClosed           the runtime is not running (not started or shut down)
     ├── SubscriptionOverflow    a change subscriber fell behind its bounded queue
@@ -31,11 +33,11 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── EffectResultError       an effect tool's result is not JSON or over the size limit
     └── EffectRecordLost        completing an effect record whose lease the caller lost
 
-`InvalidThreadId`, `InvalidArgument`, `InvalidDelay`, `InvalidEffectArgs` and
-`EffectResultError` are also
-`ValueError`s; `EffectNotFound`, `ThreadNotFound`, `RunNotFound`, `AgentNotFound` and
-`MessageNotFound` are also `LookupError`s, so callers that only know the builtin hierarchy
-still catch them.
+`InvalidThreadId`, `InvalidArgument`, `InvalidDelay`, `InvalidSchedule`,
+`InvalidEffectArgs` and `EffectResultError` are also
+`ValueError`s; `EffectNotFound`, `ThreadNotFound`, `RunNotFound`, `ScheduleNotFound`,
+`AgentNotFound` and `MessageNotFound` are also `LookupError`s, so callers that only know
+the builtin hierarchy still catch them.
 """
 
 from __future__ import annotations
@@ -121,6 +123,16 @@ class RunStateError(EffectsError):
     """The run's status does not allow the operation (e.g. run-now on a completed run)."""
 
 
+class ScheduleNotFound(EffectsError, LookupError):
+    """No recurring schedule with the given id exists in the thread (or it was canceled)."""
+
+    def __init__(self, thread_id: str, schedule_id: str) -> None:
+        self.thread_id = thread_id
+        self.schedule_id = schedule_id
+        shown = schedule_id if len(schedule_id) <= 80 else f"{schedule_id[:79]}…"
+        super().__init__(f"Schedule not found: {shown} in thread {thread_id}")
+
+
 class TooManyImmediateRuns(EffectsError):
     """A thread's effects scheduled more immediate runs within a second than allowed.
 
@@ -151,6 +163,14 @@ class SubscriptionOverflow(EffectsError):
 
 class InvalidDelay(EffectsError, ValueError):
     """A delay that is negative, NaN, infinite or not a number of seconds."""
+
+
+class InvalidSchedule(EffectsError, ValueError):
+    """A recurring schedule that cannot be made (the message names the argument).
+
+    A bad ``cron`` expression, an unknown ``timezone``, an ``every`` under the minimum, or
+    arguments that exclude each other.
+    """
 
 
 class ThreadExists(EffectsError):

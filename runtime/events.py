@@ -6,7 +6,9 @@ Every event class lives here. A thread has two kinds of event, numbered on one s
 - `EffectChanged`: a run was scheduled, started, finished, ... (``effect_changed`` frame);
 - `MessageCreated`: a message was stored in the conversation (``message_created`` frame);
 - `EffectRecordChanged`: an effect tool claimed, applied or released an effect key
-  (``effect_record_changed`` frame).
+  (``effect_record_changed`` frame);
+- `ScheduleChanged`: a recurring schedule was created, fired, skipped a fire, paused,
+  resumed or canceled (``schedule_changed`` frame).
 
 Each has ``thread_id``, ``seq``, ``to_frame()`` and ``frame_text()`` (``to_frame()`` as
 compact JSON, made once per event and shared by every WebSocket client that sends it).
@@ -22,6 +24,10 @@ from typing import Any, TypeAlias
 
 from runtime.effects import EffectRun
 from runtime.messages import Message
+from runtime.recurrence import Schedule
+
+_ENCODE_SCHEDULE = json.JSONEncoder(separators=(",", ":")).encode
+"""Compact JSON of a schedule frame (as ``json.dumps`` would, ASCII-escaped)."""
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 """The one JSON encoder of frames (compact, ASCII-escaped, as ``json.dumps`` would)."""
@@ -180,5 +186,64 @@ class EffectRecordChanged:
         return text
 
 
-ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged
+class ScheduleChange(StrEnum):
+    """What happened to a recurring schedule."""
+
+    CREATED = "created"
+    FIRED = "fired"
+    """A fire time came: its occurrence run was stored (``lastRunId``)."""
+    SKIPPED = "skipped"
+    """A fire time came while its previous occurrence was pending or running: nothing was
+    stored, ``skipped`` grew by one."""
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    CANCELED = "canceled"
+    """It was deleted (its runs stay)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleChanged:
+    """A change of one recurring schedule, for the thread's subscribers. Never carries args.
+
+    Attributes:
+        thread_id: The thread.
+        seq: The thread's event number, shared with run changes (see `EffectChanged`).
+        change: What happened.
+        schedule: The schedule after the change (as it was, for ``canceled``).
+    """
+
+    thread_id: str
+    seq: int
+    change: ScheduleChange
+    schedule: Schedule = field(repr=False)
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The frame payload: the schedule's wire form without args, plus ``change``."""
+        d = self.schedule.to_json(include_args=False)
+        d.pop("threadId", None)
+        d["change"] = str(self.change)
+        return d
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``schedule_changed`` WebSocket frame."""
+        return {
+            "type": "event",
+            "eventType": "schedule_changed",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+            "data": self.data,
+        }
+
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE_SCHEDULE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
+
+
+ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged | ScheduleChanged
 """What a `runtime.frames.Subscription` yields."""

@@ -35,6 +35,7 @@ from runtime.effects import EffectDefinition, EffectRun, EffectStatus
 from runtime.errors import EffectNotFound, RunStateError, RuntimeClosed, ThreadStorageError
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
+from runtime.schedules import fire_due, publish_fires
 from runtime.storage.base import Finish, ThreadInfo
 from runtime.telemetry import end_run_span, run_span
 from runtime.watchdog import describe_tool
@@ -153,6 +154,10 @@ class EffectExecutor:
                 # wakes it (`runtime.Runtime.resume_thread`).
                 paused = actor.info.paused
                 stop = stopping or paused or done >= DRAIN_BATCH
+                if not stop:
+                    finish = await self._fire_schedules(actor, finish)
+                    if actor.deleted:
+                        return False
                 finished, claimed, next_due = await self._run_sync(
                     partial(
                         actor.store.finish_and_claim,
@@ -203,6 +208,39 @@ class EffectExecutor:
             actor.current_run = None
             done += 1
 
+    async def _fire_schedules(self, actor: ThreadActor, finish: Finish | None) -> Finish | None:
+        """Fire the thread's due recurring schedules (with the actor lock held).
+
+        The previous run's outcome is recorded first (when a schedule is due), so that
+        its end time decides which fire times came while it was still running.
+
+        Returns:
+            The outcome still to record (None once it was recorded here).
+        """
+        now = self._now()
+        if actor.next_fire_known and (actor.next_fire is None or actor.next_fire > now):
+            return finish  # nothing due: no trip to the storage pool
+        if not actor.next_fire_known:
+            actor.next_fire = await self._run_sync(actor.store.next_schedule_fire)
+            actor.next_fire_known = True
+            if actor.next_fire is None or actor.next_fire > now:
+                return finish
+        if finish is not None:
+            finished, _, _ = await self._run_sync(
+                partial(actor.store.finish_and_claim, claim=False, retention=self._retention),
+                finish,
+                now,
+            )
+            if finished is not None:
+                self._hub.publish(_change_of(finished), finished)
+        actor.next_fire_known = False  # unknown if the fire fails
+        fired, actor.next_fire = await self._run_sync(
+            fire_due, actor.store, now, self._retention or RetentionPolicy()
+        )
+        actor.next_fire_known = True
+        publish_fires(self._hub, fired)
+        return None
+
     def _concurrent_names(self) -> list[str]:
         return [d.qualified_name for d in self._registry().all() if d.concurrent]
 
@@ -245,12 +283,21 @@ class EffectExecutor:
         return main.result()
 
     async def _start_due_side(self, actor: ThreadActor) -> None:
-        """Claim and start every due run of a concurrent effect; arm the timer for the next."""
+        """Fire due schedules, start every due run of a concurrent effect; arm the timer.
+
+        The timer is armed for the next due run of a concurrent effect or the next fire
+        time of a schedule, whichever comes first.
+        """
         names = self._concurrent_names()
         while not self._stopping():
             async with actor.lock:
                 # A paused thread starts nothing, beside a running run either.
                 if actor.deleted or actor.info.paused:
+                    return
+                # Schedules fire on time beside a running run: their runs of concurrent
+                # effects start now, the others wait in line.
+                await self._fire_schedules(actor, None)
+                if actor.deleted:
                     return
                 _, claimed, next_due = await self._run_sync(
                     partial(actor.store.finish_and_claim, only_names=names),
@@ -258,8 +305,10 @@ class EffectExecutor:
                     self._now(),
                 )
                 if claimed is None:
-                    if next_due is not None:
-                        self._alarms.arm_timer(actor.thread_id, next_due)
+                    fire = actor.next_fire if actor.next_fire_known else None
+                    wake = min((t for t in (next_due, fire) if t is not None), default=None)
+                    if wake is not None:
+                        self._alarms.arm_timer(actor.thread_id, wake)
                     return
                 actor.side_runs[claimed.id] = claimed
             self._hub.publish(RunChange.STARTED, claimed)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 from runtime.effects import EffectRun
@@ -28,13 +28,16 @@ from runtime.events import (
     MessageCreated,
     RecordChange,
     RunChange,
+    ScheduleChange,
+    ScheduleChanged,
     ThreadEvent,
 )
 from runtime.messages import Message
+from runtime.recurrence import Schedule
 
 __all__ = ["ChangeHub", "Listener", "Subscription", "ThreadEvent"]
 
-_E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged)
+_E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged, ScheduleChanged)
 
 log = logging.getLogger("runtime")
 
@@ -60,7 +63,8 @@ def _without_args(run: EffectRun) -> EffectRun:
 class Subscription(AsyncIterator[ThreadEvent]):
     """An async iterator over one thread's events, from the moment it was made.
 
-    It yields `EffectChanged`, `MessageCreated` and `EffectRecordChanged` events in the
+    It yields `EffectChanged`, `MessageCreated`, `EffectRecordChanged` and
+    `ScheduleChanged` events in the
     order they happened; tell them apart with ``isinstance`` (or use ``to_frame()``, which
     says which it is).
 
@@ -214,6 +218,16 @@ class ChangeHub:
             thread_id,
             lambda seq: EffectRecordChanged(
                 thread_id=thread_id, seq=seq, change=change, record=record
+            ),
+        )
+
+    def publish_schedule(self, change: ScheduleChange, schedule: Schedule) -> ScheduleChanged:
+        """Number a schedule's change and hand it to the subscribers (never its args)."""
+        bare = replace(schedule, args=None)
+        return self._deliver(
+            schedule.thread_id,
+            lambda seq: ScheduleChanged(
+                thread_id=schedule.thread_id, seq=seq, change=change, schedule=bare
             ),
         )
 

@@ -143,6 +143,7 @@ _THREAD_FIELDS = frozenset({"id", "agent_id", "user_id", "tags"})
 _SCHEDULE_FIELDS = frozenset({"name", "args", "delay_seconds", "key", "run_at"})
 _MESSAGE_FIELDS = frozenset({"content", "run_id"})
 _CANCEL_FIELDS = frozenset({"by"})
+_RECURRING_FIELDS = frozenset({"name", "args", "cron", "timezone", "every_seconds", "key"})
 
 MAX_MESSAGE_BODY_BYTES = 1 << 20
 """Largest ``POST .../messages`` body (1 MiB)."""
@@ -944,6 +945,61 @@ async def _cancel(request: Request) -> Response:
     if not canceled:
         await state.get_run(run_id)  # RunNotFound (404) for an id the thread never had
     return JSONResponse({"canceled": canceled})
+
+
+async def _create_schedule(request: Request) -> Response:
+    what = f"POST /api/threads/{request.path_params['tid']}/schedules"
+    state = await _thread(request)
+    body = await read_object(request, _RECURRING_FIELDS, what)
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "invalid_body", f"{what}: name must be a non-empty string")
+    every = body.get("every_seconds")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int | float)):
+        raise ApiError(
+            422, "invalid_schedule", f"every_seconds must be a number, got {_quoted(every)}"
+        )
+    made = await state.schedule_recurring(
+        name, body.get("args"),
+        cron=_optional_str(body, "cron", what),
+        timezone=_optional_str(body, "timezone", what),
+        every=every,
+        key=_optional_str(body, "key", what),
+    )
+    # 200: the key was held by a schedule, which this is (nothing was stored).
+    return JSONResponse(
+        made.schedule.to_json(include_args=True), status_code=201 if made.created else 200
+    )
+
+
+async def _list_schedules(request: Request) -> Response:
+    state = await _thread(request)
+    found = await state.list_schedules()
+    return JSONResponse({"schedules": [s.to_json() for s in found]})
+
+
+async def _get_schedule(request: Request) -> Response:
+    state = await _thread(request)
+    found = await state.get_schedule(request.path_params["sid"])
+    return JSONResponse(found.to_json(include_args=True))
+
+
+async def _pause_schedule(request: Request) -> Response:
+    await _no_fields(request)
+    state = await _thread(request)
+    return JSONResponse((await state.pause_schedule(request.path_params["sid"])).to_json())
+
+
+async def _resume_schedule(request: Request) -> Response:
+    await _no_fields(request)
+    state = await _thread(request)
+    return JSONResponse((await state.resume_schedule(request.path_params["sid"])).to_json())
+
+
+async def _cancel_schedule(request: Request) -> Response:
+    await _no_fields(request)
+    state = await _thread(request)
+    return JSONResponse((await state.cancel_schedule(request.path_params["sid"])).to_json())
 
 
 async def _list_effects(request: Request) -> Response:
@@ -1825,6 +1881,11 @@ def create_app(
         _route("/api/threads/{tid}/effects/{run_id}/run", POST=_run_now),
         _route("/api/threads/{tid}/effects/{run_id}/replay", POST=_replay),
         _route("/api/threads/{tid}/effects/{run_id}/cancel", POST=_cancel),
+        _route("/api/threads/{tid}/schedules", GET=_list_schedules, POST=_create_schedule),
+        _route("/api/threads/{tid}/schedules/{sid}", GET=_get_schedule),
+        _route("/api/threads/{tid}/schedules/{sid}/pause", POST=_pause_schedule),
+        _route("/api/threads/{tid}/schedules/{sid}/resume", POST=_resume_schedule),
+        _route("/api/threads/{tid}/schedules/{sid}/cancel", POST=_cancel_schedule),
         _route("/api/threads/{tid}/effect-records", GET=_list_effect_records),
         _route("/api/threads/{tid}/effect-records/{key:path}", GET=_get_effect_record),
         _route("/api/effects", GET=_list_effects),

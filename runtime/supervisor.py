@@ -67,6 +67,7 @@ from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
+from runtime.schedules import ScheduleOperations
 from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo, ThreadQuery
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.telemetry import log_run_change
@@ -247,6 +248,7 @@ class Runtime:
         dispatcher: Due threads and the workers (`runtime.dispatcher.Dispatcher`).
         executor: Drains a thread, calls effects (`runtime.executor.EffectExecutor`).
         runs: Schedule, cancel, run now, replay, list (`runtime.runs.RunOperations`).
+        schedules: Recurring schedules (`runtime.schedules.ScheduleOperations`).
         effect_records: The effect-tool records of every thread, in its own store
             (`runtime.effect_records.EffectRecords`, an ``EffectRecordStore``).
         watchdog: Warns of event-loop stalls, naming the effect that held the loop
@@ -321,6 +323,10 @@ class Runtime:
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open, executor=self.executor,
+        )
+        self.schedules = ScheduleOperations(
+            lambda: self.registry, self.actors, self.alarms, self.hub, self.run_sync,
+            self.clock.now, self._check_open, self.runs, poke=self.executor.poke,
         )
         self.all_runs = AllRuns(
             store=self._opened_store, index=self.run_index, runs=self.runs,

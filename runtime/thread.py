@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.discovery import PACKAGE_ID_RE
 from runtime.effects import EffectRun, EffectStatus, RunAttempt
-from runtime.errors import InvalidArgument
+from runtime.errors import InvalidArgument, InvalidSchedule
 from runtime.frames import Subscription
+from runtime.recurrence import Schedule
 from runtime.storage.base import ThreadInfo
 from runtime.storage.records import EffectRecord, EffectRecordPage, EffectRecordStatus
 
@@ -68,6 +69,20 @@ class Scheduled:
     """
 
     run_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleCreated:
+    """What `ThreadState.schedule_recurring` returns.
+
+    Attributes:
+        schedule: The schedule: the new one, or the one that holds the key.
+        created: True if a new schedule was stored; False if the thread already had a
+            schedule with the same key (nothing was stored).
+    """
+
+    schedule: Schedule
     created: bool
 
 
@@ -199,8 +214,14 @@ class ThreadState:
         *,
         key: str | None = None,
         at: datetime | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every: float | timedelta | None = None,
     ) -> str:
-        """Schedule a run of an effect on this thread.
+        """Schedule a run of an effect on this thread, or a recurring schedule of it.
+
+        With ``cron`` or ``every`` this makes a recurring schedule instead of one run
+        (see `schedule_recurring`, which this calls) and returns the schedule's id.
 
         Args:
             name: The effect name: ``"send_reminder"``, or ``"{packageId}/{effect}"`` for a
@@ -214,10 +235,17 @@ class ThreadState:
                 the thread has a pending or running run with this key, no run is stored
                 and that run's id is returned (concurrent calls store exactly one run).
                 The key is free again once its run finished. `schedule` says whether the
-                run is new.
+                run is new. With ``cron``/``every``: the schedule's key instead (see
+                `schedule_recurring`).
+            cron: A crontab expression (minute hour day month weekday), such as
+                ``"0 9 * * 1-5"``: a recurring schedule.
+            timezone: The IANA zone ``cron`` is read in (default ``"UTC"``).
+            every: A recurring schedule every so many seconds (int/float, at least 1) or
+                a `timedelta`.
 
         Returns:
-            The run id (the existing run's when the key is taken).
+            The run id (the existing run's when the key is taken); with ``cron`` or
+            ``every``, the schedule id.
 
         Raises:
             EffectNotFound: no effect of that name ("Effect not found: <name>").
@@ -227,11 +255,119 @@ class ThreadState:
                 delay and ``at`` (a ValueError, as InvalidEffectArgs is).
             InvalidArgument: a key that is empty, not a string, not valid Unicode or over
                 256 characters (a ValueError).
+            InvalidSchedule: (a ValueError) ``cron`` or ``every`` with ``delay`` or
+                ``at``, or the errors of `schedule_recurring`.
             ThreadNotFound: the thread was deleted.
             ThreadStorageError: the thread's database cannot be used.
         """
+        if cron is not None or every is not None or timezone is not None:
+            if at is not None or (delay != 0 and delay != timedelta(0)):
+                raise InvalidSchedule(
+                    "give cron or every (a recurring schedule) or delay/at (one run), "
+                    "not both"
+                )
+            made = await self.schedule_recurring(
+                name, args, cron=cron, timezone=timezone, every=every, key=key
+            )
+            return made.schedule.id
         scheduled = await self._rt.runs.schedule(self, name, args, delay, key=key, at=at)
         return scheduled.run_id
+
+    async def schedule_recurring(
+        self,
+        name: str,
+        args: Any = None,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every: float | timedelta | None = None,
+        key: str | None = None,
+    ) -> ScheduleCreated:
+        """Make a recurring schedule: a run of the effect at each fire time.
+
+        Each occurrence is its own run (``schedule_id`` set) with the usual statuses,
+        attempts and frames, due at its fire time. A fire time that comes while the
+        previous occurrence is still pending or running is skipped and counted
+        (``skipped``): runs never stack. Fire times missed while the process was down
+        (or the thread paused) make one run, not one per missed time. The schedule
+        survives restarts; see docs/scheduling.md.
+
+        Args:
+            name: The effect name (as for `schedule_effect`).
+            args: The args every occurrence gets, validated now (and at each run).
+            cron: A crontab expression, minute hour day month weekday (``"0 9 * * 1-5"``;
+                APScheduler 3's ``CronTrigger.from_crontab``). DST: a wall time skipped
+                by a spring-forward fires once, shifted by the gap; one repeated by a
+                fall-back fires twice (once per offset).
+            timezone: The IANA zone ``cron`` is read in; default ``"UTC"``. Not with
+                ``every``.
+            every: The period: seconds (int/float) or a `timedelta`, at least 1 s and at
+                most 10 years. Fire times are ``created_at + k * every``.
+            key: At most one schedule per key in this thread (1 to 256 characters): while
+                one has it, no schedule is stored and that one is returned
+                (``created=False``), so "ensure the daily digest" can run at every start.
+                Free again once that schedule is canceled.
+
+        Returns:
+            ``ScheduleCreated(schedule, created)``.
+
+        Raises:
+            InvalidSchedule: (a ValueError) both or neither of ``cron`` and ``every``; a
+                ``timezone`` with ``every``; a bad cron expression; an unknown time zone;
+                an ``every`` under 1 s, over 10 years, or not a number or `timedelta`.
+                The message names the argument.
+            EffectNotFound: no effect of that name.
+            InvalidEffectArgs: args not JSON, over the size limit, or failing the schema.
+            InvalidArgument: a bad key, or the thread has 1000 schedules already.
+            ThreadNotFound: the thread was deleted.
+        """
+        schedule, created = await self._rt.schedules.create(
+            self, name, args, cron=cron, timezone=timezone, every=every, key=key
+        )
+        return ScheduleCreated(schedule, created)
+
+    async def list_schedules(self) -> list[Schedule]:
+        """The thread's recurring schedules, oldest first, with their args and counts."""
+        return await self._rt.schedules.list(self.thread_id)
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        """One recurring schedule.
+
+        Raises:
+            ScheduleNotFound: no such schedule in this thread (or it was canceled).
+        """
+        return await self._rt.schedules.get(self.thread_id, schedule_id)
+
+    async def pause_schedule(self, schedule_id: str) -> Schedule:
+        """Pause a recurring schedule: it creates no run until resumed (a no-op if paused).
+
+        Its runs already stored are left as they are.
+
+        Raises:
+            ScheduleNotFound: no such schedule in this thread.
+        """
+        return await self._rt.schedules.pause(self.thread_id, schedule_id)
+
+    async def resume_schedule(self, schedule_id: str) -> Schedule:
+        """Resume a paused schedule: its next fire time is the first one after now.
+
+        The fire times it missed while paused are not made up (a no-op if active).
+
+        Raises:
+            ScheduleNotFound: no such schedule in this thread.
+        """
+        return await self._rt.schedules.resume(self.thread_id, schedule_id)
+
+    async def cancel_schedule(self, schedule_id: str) -> Schedule:
+        """Delete a recurring schedule; its runs stay (a pending one still runs).
+
+        Returns:
+            The schedule as it was.
+
+        Raises:
+            ScheduleNotFound: no such schedule in this thread (or canceled already).
+        """
+        return await self._rt.schedules.cancel(self.thread_id, schedule_id)
 
     async def schedule(
         self,

@@ -176,3 +176,37 @@ async def test_pause_and_resume_answer_the_thread_as_documented(api: Api) -> Non
         assert res.status_code == 200, res.text
         res = await api.client.post(f"/api/threads/nope/{route}")
         assert res.status_code == 404
+
+
+async def test_schedule_shapes_routes_and_frames(api: Api) -> None:
+    tid = await api.new_thread()
+    state = await api.rt.get_thread(tid)
+    base = f"/api/threads/{tid}/schedules"
+    required, optional = keys_after("A schedule as JSON (`args` only in the answers\nabout one "
+                                    "schedule: create and get):")
+    async with state.subscribe() as sub:
+        res = await api.client.post(base, json={"name": "note", "args": {"text": "x"},
+                                                "every_seconds": 60, "key": "k"})
+        assert res.status_code == 201, res.text
+        made = res.json()
+        assert set(made) == required | optional
+        again = await api.client.post(base, json={"name": "note", "args": {"text": "x"},
+                                                  "cron": "0 9 * * *", "key": "k"})
+        assert again.status_code == 200 and again.json()["id"] == made["id"]
+        listed = (await api.client.get(base)).json()
+        assert set(listed) == field_list("GET  /api/threads/{tid}/schedules                 -> ")
+        assert set(listed["schedules"][0]) == required
+        for action in ("pause", "resume", "cancel"):
+            res = await api.client.post(f"{base}/{made['id']}/{action}")
+            assert res.status_code == 200 and set(res.json()) == required
+        frames = []
+        while sub._buffer:
+            frames.append((await sub.__anext__()).to_frame())
+    documented = field_list('"eventType": "schedule_changed", "threadId": "...", "seq": 10,\n'
+                            ' "data": ')
+    changes = re.search(r'"change": "(created\|[a-z|]+)"', DOC)
+    assert changes is not None
+    assert [f["data"]["change"] for f in frames] == ["created", "paused", "resumed", "canceled"]
+    for frame in frames:
+        assert set(frame["data"]) == documented == (required - {"threadId"}) | {"change"}
+        assert frame["data"]["change"] in changes.group(1).split("|")

@@ -137,6 +137,9 @@ def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: 
         store.finish_and_claim(Finish("old", EffectStatus.COMPLETED, None, 151.0), 151.0,
                                claim=False)
         assert [(a.attempt, a.outcome) for a in store.run_attempts("old")] == [(1, "completed")]
+        # Version 7: no schedule yet, and the old run is no schedule's occurrence.
+        assert store.list_schedules() == []
+        assert kept.schedule_id is None
     finally:
         store.close()
     conn = sqlite3.connect(path)
@@ -155,7 +158,8 @@ def test_a_runtime_database_of_every_older_version_migrates(
     Its threads and alarms are kept, from version 2 on its pause marks too, from version 3
     on its runtime-level records; its run index (version 4) starts empty and incomplete, so
     that the runtime rebuilds it. A thread's last activity (version 5) is filled in from its
-    creation and, from version 4 on, its indexed runs.
+    creation and, from version 4 on, its indexed runs. An indexed run keeps the schedule it
+    is an occurrence of (version 6); one indexed before has none.
     """
     path = tmp_path / "runtime.sqlite"
     conn = sqlite3.connect(path)
@@ -192,15 +196,36 @@ def test_a_runtime_database_of_every_older_version_migrates(
         assert (record is not None and record.result == 1) == (version >= 3)
         assert store.run_index_complete() is False  # an upgrade: the runtime rebuilds it
         run = EffectRun(id="r", thread_id="t", name="a.note", status=EffectStatus.PENDING,
-                        args=None, run_at_ts=5.0, created_at_ts=1.0, key="daily")
+                        args=None, run_at_ts=5.0, created_at_ts=1.0, key="daily",
+                        schedule_id="s1")
         store.index_runs([run])
-        indexed = store.list_indexed_runs(RunQuery(), 2.0, RetentionPolicy(), 10)[0][0]
-        assert (indexed.id, indexed.key, indexed.thread_id) == ("r", "daily", "t")
+        indexed = store.list_indexed_runs(RunQuery(), 2.0, RetentionPolicy(), 10)[0]
+        assert [(r.id, r.key, r.thread_id, r.schedule_id) for r in indexed] == [
+            ("r", "daily", "t", "s1"),
+            *([("old", None, "t", None)] if version >= 4 else []),
+        ]
     finally:
         store.close()
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite.RUNTIME_SCHEMA_VERSION
+    finally:
+        conn.close()
+
+
+def test_a_runtime_database_one_version_newer_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "runtime.sqlite"
+    sqlite.SQLiteRuntimeStore(path).close()
+    newer = sqlite.RUNTIME_SCHEMA_VERSION + 1
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version={newer}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(sqlite3.DatabaseError, match=f"schema version {newer}, newer than"):
+        sqlite.SQLiteRuntimeStore(path)
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == newer
     finally:
         conn.close()
 

@@ -695,3 +695,63 @@ def test_a_turn_going_at_sigterm_finishes_within_the_grace_period(
     runs = httpx.get(f"{again.url}/api/threads/{tid}/effects").json()
     listed = runs["runs"] if isinstance(runs, dict) else runs
     assert [(r["name"], r["status"]) for r in listed] == [("note", "pending")]
+
+
+def _occurrences(url: str, tid: str, sid: str) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = httpx.get(
+        f"{url}/api/threads/{tid}/effects", params={"limit": 500}
+    ).json()["runs"]
+    return [r for r in runs if r["scheduleId"] == sid]
+
+
+def _wait_occurrences(url: str, tid: str, sid: str, count: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + GUARD_SECONDS
+    while True:
+        done = [r for r in _occurrences(url, tid, sid) if r["status"] == "completed"]
+        if len(done) >= count:
+            return done
+        assert time.monotonic() < deadline, f"only {len(done)} occurrences completed"
+        time.sleep(0.1)
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_schedule_survives_sigkill_with_no_lost_or_doubled_occurrence(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    first = servers()
+    tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
+    res = httpx.post(f"{first.url}/api/threads/{tid}/schedules", json={
+        "name": "send_reminder", "args": {"text": "tick"}, "every_seconds": 1,
+    })
+    assert res.status_code == 201, res.text
+    sid, anchor = res.json()["id"], _ts(res.json()["createdAt"])
+    before = _wait_occurrences(first.url, tid, sid, 3)
+    killed_at = time.time()
+    assert first.signal(signal.SIGKILL) == -signal.SIGKILL
+    time.sleep(2.5)  # down across at least two fire times
+
+    second = servers()
+    back_at = time.time()
+    _wait_occurrences(second.url, tid, sid, len(before) + 3)
+    schedule = httpx.get(f"{second.url}/api/threads/{tid}/schedules/{sid}").json()
+    runs = _occurrences(second.url, tid, sid)
+    fires = sorted(_ts(r["runAt"]) for r in runs)
+
+    # Never doubled: one run per fire time, each on the schedule's grid.
+    assert len(fires) == len(set(fires)) == schedule["occurrences"]
+    steps = [round(f - anchor) for f in fires]
+    assert all(abs(f - anchor - k) < 1e-3 for f, k in zip(fires, steps, strict=True))
+    # Never lost: every fire time up to the last one is a run, a counted skip (its
+    # previous occurrence still ran), or lies in the outage, which made at most one run.
+    outage = [k for k in range(1, steps[-1]) if killed_at < anchor + k < back_at]
+    missing = [k for k in range(1, steps[-1]) if k not in steps and k not in outage]
+    assert len(missing) <= schedule["skipped"], (missing, schedule)
+    assert len([k for k in steps if k in outage]) <= 1, (steps, outage)
+    assert len(outage) >= 2
+    # Each ran: completed, at most the one killed mid-run with a second attempt.
+    finished = [r for r in runs if r["status"] != "pending"]
+    assert all(r["status"] in ("completed", "running") for r in finished)
+    assert sum(r["attempts"] == 2 for r in runs) <= 1

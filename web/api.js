@@ -159,6 +159,12 @@ export const api = {
   replay: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/replay`, undefined, opts),
   cancel: (tid, id, opts) => request("POST", `/api/threads/${seg(tid)}/effects/${seg(id)}/cancel`, { by: "pane" }, opts),
 
+  // Recurring schedules, oldest first (docs/scheduling.md).
+  listSchedules: (tid, opts) => request("GET", `/api/threads/${seg(tid)}/schedules`, undefined, opts),
+  // action: "pause" | "resume" | "cancel"; answers the schedule (as it was, for cancel).
+  scheduleAction: (tid, sid, action, opts) =>
+    request("POST", `/api/threads/${seg(tid)}/schedules/${seg(sid)}/${action}`, undefined, opts),
+
   // Effect-tool records, newest first (docs/effect-tools.md).
   effectRecords: (tid, { status, limit, cursor } = {}, opts) =>
     request("GET", `/api/threads/${seg(tid)}/effect-records${query({ status, limit, cursor })}`, undefined, opts),

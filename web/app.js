@@ -20,6 +20,7 @@ import { RecordsView } from "./records.js";
 import { PauseControl } from "./pause.js";
 import { RunsView } from "./runs.js";
 import { ScheduleForm } from "./schedule.js";
+import { SchedulesView } from "./schedules.js";
 import { ThreadSession } from "./session.js";
 import { ThreadsView } from "./threads.js";
 import { mountToasts } from "./toasts.js";
@@ -115,6 +116,8 @@ const detail = new DetailView(runs, {
 
 const records = new RecordsView({ handledAsGone });
 
+const schedules = new SchedulesView({ handledAsGone });
+
 const conversation = new ConversationView({
   handledAsGone,
   visible: () => view === "conversation" && !el.conversationPanel.hidden,
@@ -163,6 +166,7 @@ function showSession(s) {
   detail.close();
   runs.reset(s);
   records.reset(s);
+  schedules.reset(s);
   conversation.reset(s);
   schedule.reset(s);
   pause.reset(s, s ? threads.threads.get(s.tid)?.paused : false);
@@ -203,7 +207,7 @@ function selectThread(tid) {
       connection.setStreamState(conn, detailText);
       // If the socket cannot be opened at all, still show the list over plain HTTP.
       if (conn === "offline" && !runs.loadedOnce && !runs.loading) {
-        runs.reload();
+        runs.reload().then(() => schedules.reload());
         records.reload();
       }
     },
@@ -212,9 +216,12 @@ function selectThread(tid) {
       // Frames sent while we were away are gone: reload on every (re)connect, and seq
       // numbering restarts from whatever the first frame says.
       lastSeq = null;
-      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
-      // thread the runs answer says does not exist is asked nothing more.
-      runs.reload().then(() => pause.refresh());
+      // Then whether it was paused or resumed elsewhere meanwhile, and its schedules:
+      // after the runs, so a thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => {
+        pause.refresh();
+        schedules.reload();
+      });
       records.reload();
       conversation.catchUp();
     },
@@ -234,6 +241,7 @@ function selectThread(tid) {
   fallbackTimer = setTimeout(() => {
     if (s === session && !runs.loadedOnce && !runs.loading) runs.reload();
     if (s === session && !records.loadedOnce && !records.loading) records.reload();
+    if (s === session && !schedules.loading && !schedules.schedules.length) schedules.reload();
   }, 1500);
 }
 
@@ -275,9 +283,12 @@ function onFrame(frame) {
     const gap = lastSeq !== null && frame.seq !== lastSeq + 1;
     lastSeq = frame.seq;
     if (gap) {
-      // Then whether it was paused or resumed elsewhere meanwhile: after the runs, so a
-      // thread the runs answer says does not exist is asked nothing more.
-      runs.reload().then(() => pause.refresh());
+      // Then whether it was paused or resumed elsewhere meanwhile, and its schedules:
+      // after the runs, so a thread the runs answer says does not exist is asked nothing more.
+      runs.reload().then(() => {
+        pause.refresh();
+        schedules.reload();
+      });
       records.reload();
       conversation.catchUp();
     }
@@ -286,6 +297,7 @@ function onFrame(frame) {
   if (frame.eventType === "message_created") conversation.onFrame(frame.data);
   else if (frame.eventType === "effect_changed") runs.onFrame(frame.data);
   else if (frame.eventType === "effect_record_changed") records.onFrame(frame.data);
+  else if (frame.eventType === "schedule_changed") schedules.onFrame(frame.data);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -386,6 +398,7 @@ function wire() {
     const now = Date.now();
     runs.draw(now);
     records.draw(now);
+    schedules.draw(now);
     allRuns.draw(now);
     detail.draw(now);
     threads.render(now);

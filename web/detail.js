@@ -115,6 +115,8 @@ export class DetailView {
       ["Duration", duration ? `${duration}${run.status === "running" ? " so far" : ""}` : "—"],
       ["Attempts", run.attempts == null ? "—" : String(run.attempts)],
       ["Key", run.key ? html`<code class="mono" data-testid="detail-key">${run.key}</code>` : "—"],
+      ["Schedule", run.scheduleId
+        ? html`<code class="mono" data-testid="detail-schedule">${run.scheduleId}</code>` : "—"],
     ];
     const waiting = waitingFor(this.runs.model, run, now);
     if (waiting) {

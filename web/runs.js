@@ -193,6 +193,11 @@ export class RunsView {
         run.key
           ? html`<span class="run-key muted mono" data-testid="run-key" title=${`Key: ${run.key}`}>key ${run.key}</span>`
           : nothing
+      }${
+        run.scheduleId
+          ? html`<span class="run-key muted mono" data-testid="run-schedule"
+              title=${`An occurrence of recurring schedule ${run.scheduleId}`}>schedule ${shortId(run.scheduleId)}</span>`
+          : nothing
       }</td>
       <td class="cell-status"><span class=${statusClass(run.status)} title=${badgeTitle}>${run.status || "?"}</span>${
         waiting

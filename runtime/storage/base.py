@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus, RunAttempt
 from runtime.messages import Message
+from runtime.recurrence import Schedule, ScheduleState
 from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
 
 
@@ -206,8 +207,117 @@ class ThreadStore(ABC):
             claimed run (status ``running``, ``attempts`` incremented, ``started_at =
             now``, its ``trace_context`` as inserted; the earliest due by ``run_at``, ties
             by scheduling order) or None, and,
-            when nothing was claimed (and ``claim``), the ``run_at`` of the earliest
-            pending run (or None).
+            when nothing was claimed (and ``claim``), the earlier of the ``run_at`` of
+            the earliest pending run and (unless ``only_names``) the ``next_fire_at`` of
+            the earliest active schedule (or None: the thread has nothing to wake for).
+
+        Raises:
+            ThreadStorageError: the transaction failed; nothing was written.
+        """
+
+    # ------------------------------------------------------ recurring schedules
+    # A schedule (`runtime.recurrence.Schedule`) is stored with its fire state; the
+    # runtime computes fire times and `fire_schedule` records one fire in one transaction
+    # (its occurrence run, or the skip, and the next fire time together), so a crash
+    # never loses nor doubles an occurrence.
+
+    @abstractmethod
+    def insert_schedule(self, schedule: Schedule) -> Schedule | None:
+        """Store a new schedule, unless another schedule of the store has its key.
+
+        ``occurrences``, ``skipped``, ``last_run_id`` and ``last_fire_at`` of the given
+        schedule are ignored (0, 0, None, None). Checked and written in one transaction.
+
+        Returns:
+            None when it was stored; the schedule holding its key otherwise (nothing is
+            written). A key is free again once its schedule is deleted.
+
+        Raises:
+            ThreadStorageError: the write failed, or a schedule with that id exists.
+        """
+
+    @abstractmethod
+    def get_schedule(self, schedule_id: str) -> Schedule | None:
+        """One schedule with its args, or None (unknown or deleted). A read.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def list_schedules(self) -> list[Schedule]:
+        """Every schedule of the store, oldest first (by creation order), with args. A read.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def set_schedule_state(
+        self, schedule_id: str, state: ScheduleState, next_fire_at: float | None
+    ) -> Schedule | None:
+        """Pause or resume a schedule: set its state and its next fire time.
+
+        Returns:
+            The schedule as written; None for an unknown id (nothing changes).
+
+        Raises:
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
+    def delete_schedule(self, schedule_id: str) -> Schedule | None:
+        """Delete a schedule (its key is free again); its runs stay, with their ``schedule_id``.
+
+        Returns:
+            The schedule as it was; None for an unknown id.
+
+        Raises:
+            ThreadStorageError: the write failed.
+        """
+
+    @abstractmethod
+    def due_schedules(self, now: float) -> list[Schedule]:
+        """The active schedules with ``next_fire_at <= now``, earliest first (ties: creation).
+
+        A read. A backend may answer from what it knows of its own writes without a query.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def next_schedule_fire(self) -> float | None:
+        """The earliest ``next_fire_at`` of the active schedules (None: none). A read.
+
+        Raises:
+            ThreadStorageError: the read failed.
+        """
+
+    @abstractmethod
+    def fire_schedule(
+        self,
+        schedule_id: str,
+        fire_at: float,
+        run: EffectRun | None,
+        skipped: int,
+        last_fire_at: float,
+        next_fire_at: float | None,
+    ) -> tuple[Schedule | None, EffectRun | None]:
+        """Record what the due fire times of a schedule made, in one transaction.
+
+        Only if the schedule exists, is ``active`` and its ``next_fire_at`` is still
+        ``fire_at`` (else nothing is written: those fire times were recorded already, or
+        the schedule was paused or deleted). Then ``run`` (if given) is stored as
+        `insert_run` would (pending, last in scheduling order, its ``schedule_id`` kept;
+        its key is not checked) with ``occurrences + 1`` and ``last_run_id = run.id``;
+        ``skipped`` is added to the schedule's count; ``last_fire_at`` and
+        ``next_fire_at`` are set to the values given.
+
+        Returns:
+            ``(schedule, stored_run)``: the schedule as written (as it is when nothing
+            was written; None if it does not exist) and ``run`` as stored, or None when
+            no run was given or nothing was written.
 
         Raises:
             ThreadStorageError: the transaction failed; nothing was written.

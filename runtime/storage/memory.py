@@ -25,6 +25,7 @@ from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import DataDirLocked, RuntimeClosed, RuntimeStorageError, ThreadStorageError
 from runtime.messages import Message, message_from_row
+from runtime.recurrence import Schedule, ScheduleState
 from runtime.storage.base import (
     Finish,
     RunQuery,
@@ -46,10 +47,10 @@ from runtime.storage.records import (
     instant,
 )
 
-THREAD_SCHEMA_VERSION = 6
+THREAD_SCHEMA_VERSION = 7
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
-RUNTIME_SCHEMA_VERSION = 5
+RUNTIME_SCHEMA_VERSION = 6
 """The version of the registry and alarm index this code knows."""
 
 
@@ -88,6 +89,8 @@ class _ThreadData:
     message_index: dict[str, int] = field(default_factory=dict)  # id -> position
     meta: dict[str, str] = field(default_factory=dict)
     effect_records: EffectRecordTable = field(default_factory=EffectRecordTable)
+    # Recurring schedules by id, in creation order, each with its args as JSON text.
+    schedules: dict[str, tuple[Schedule, str | None]] = field(default_factory=dict)
     removed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -270,7 +273,133 @@ class MemoryThreadStore(ThreadStore):
                 first.attempts.append(RunAttempt(claimed.attempts, now, None, "running"))
                 return finished, claimed, None
             next_due = min((r.run.run_at_ts for r in pending), default=None)
+            if wanted is None:
+                fires = [
+                    sc.next_fire_at_ts for sc, _ in data.schedules.values()
+                    if sc.state is ScheduleState.ACTIVE and sc.next_fire_at_ts is not None
+                ]
+                next_due = min([*fires, *([] if next_due is None else [next_due])], default=None)
             return finished, None, next_due
+
+    # ------------------------------------------------------ recurring schedules
+
+    @staticmethod
+    def _schedule_out(entry: tuple[Schedule, str | None]) -> Schedule:
+        schedule, args_json = entry
+        return replace(schedule, args=json.loads(args_json) if args_json is not None else None)
+
+    def insert_schedule(self, schedule: Schedule) -> Schedule | None:  # noqa: D102
+        args_json = (
+            json.dumps(schedule.args, separators=(",", ":")) if schedule.args is not None
+            else None
+        )
+        with self._data.lock:
+            data = self._open_data()
+            if schedule.key is not None:
+                for entry in data.schedules.values():
+                    if entry[0].key == schedule.key:
+                        return self._schedule_out(entry)
+            if schedule.id in data.schedules:
+                raise ThreadStorageError(
+                    self.thread_id,
+                    f"Thread {self.thread_id}: a schedule with id {schedule.id} exists already",
+                )
+            stored = replace(
+                schedule, thread_id=self.thread_id, args=None, occurrences=0, skipped=0,
+                last_run_id=None, last_fire_at_ts=None,
+            )
+            data.schedules[schedule.id] = (stored, args_json)
+            return None
+
+    def get_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        with self._data.lock:
+            entry = self._open_data().schedules.get(schedule_id)
+            return None if entry is None else self._schedule_out(entry)
+
+    def list_schedules(self) -> list[Schedule]:  # noqa: D102
+        with self._data.lock:
+            return [self._schedule_out(e) for e in self._open_data().schedules.values()]
+
+    def set_schedule_state(  # noqa: D102
+        self, schedule_id: str, state: ScheduleState, next_fire_at: float | None
+    ) -> Schedule | None:
+        with self._data.lock:
+            data = self._open_data()
+            entry = data.schedules.get(schedule_id)
+            if entry is None:
+                return None
+            entry = (replace(entry[0], state=state, next_fire_at_ts=next_fire_at), entry[1])
+            data.schedules[schedule_id] = entry
+            return self._schedule_out(entry)
+
+    def delete_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        with self._data.lock:
+            entry = self._open_data().schedules.pop(schedule_id, None)
+            return None if entry is None else self._schedule_out(entry)
+
+    def due_schedules(self, now: float) -> list[Schedule]:  # noqa: D102
+        with self._data.lock:
+            entries = list(self._open_data().schedules.values())
+            order = {e[0].id: i for i, e in enumerate(entries)}
+            due = [
+                e for e in entries
+                if e[0].state is ScheduleState.ACTIVE
+                and e[0].next_fire_at_ts is not None and e[0].next_fire_at_ts <= now
+            ]
+            due.sort(key=lambda e: (e[0].next_fire_at_ts, order[e[0].id]))
+            return [self._schedule_out(e) for e in due]
+
+    def next_schedule_fire(self) -> float | None:  # noqa: D102
+        with self._data.lock:
+            return min(
+                (sc.next_fire_at_ts for sc, _ in self._open_data().schedules.values()
+                 if sc.state is ScheduleState.ACTIVE and sc.next_fire_at_ts is not None),
+                default=None,
+            )
+
+    def fire_schedule(  # noqa: D102
+        self,
+        schedule_id: str,
+        fire_at: float,
+        run: EffectRun | None,
+        skipped: int,
+        last_fire_at: float,
+        next_fire_at: float | None,
+    ) -> tuple[Schedule | None, EffectRun | None]:
+        with self._data.lock:
+            data = self._open_data()
+            entry = data.schedules.get(schedule_id)
+            if entry is None:
+                return None, None
+            current, args_json = entry
+            if current.state is not ScheduleState.ACTIVE or current.next_fire_at_ts != fire_at:
+                return self._schedule_out(entry), None
+            stored_run = None
+            if run is not None:
+                if run.id in data.seq_of:
+                    raise ThreadStorageError(
+                        self.thread_id,
+                        f"Thread {self.thread_id}: a run with id {run.id} exists already",
+                    )
+                seq = data.next_seq
+                data.next_seq += 1
+                run_args = (
+                    json.dumps(run.args, separators=(",", ":")) if run.args is not None
+                    else None
+                )
+                kept = replace(
+                    run, thread_id=self.thread_id, args=None, attempts=0, started_at_ts=None,
+                    finished_at_ts=None, error=None, canceled_by=None, schedule_id=schedule_id,
+                )
+                data.runs[seq] = _StoredRun(seq, kept, run_args)
+                data.seq_of[run.id] = seq
+                stored_run = self._out(data.runs[seq])
+                current = replace(current, occurrences=current.occurrences + 1,
+                                  last_run_id=run.id)
+            current = replace(current, skipped=current.skipped + skipped,
+                              last_fire_at_ts=last_fire_at, next_fire_at_ts=next_fire_at)
+            data.schedules[schedule_id] = (current, args_json)
+            return self._schedule_out((current, args_json)), stored_run
 
     def recover_interrupted(  # noqa: D102 - contract in base
         self,

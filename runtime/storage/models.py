@@ -17,7 +17,8 @@ models:
 - each thread's file (``threads/<id>.sqlite``): `ThreadMetaRow`, `EffectRunRow`,
   `MessageRow` (the conversation, from schema version 2), `EffectRecordRow` (effect-tool
   records, from schema version 3); a run's ``key`` and ``canceled_by`` columns are added by
-  schema version 4;
+  schema version 4; `ScheduleRow` (recurring schedules) and a run's ``schedule_id`` by
+  version 7;
 - the runtime database (``runtime.sqlite``): `ThreadRow` (the registry), `AlarmRow`
   (the durable alarm index: one row per thread with pending work), `PausedThreadRow`
   (the paused threads, from schema version 2).
@@ -88,6 +89,37 @@ class EffectRunRow(SQLModel, table=True):
     replay_of: str | None = None
     key: str | None = None
     canceled_by: str | None = None
+    schedule_id: str | None = None  # the recurring schedule it is an occurrence of
+
+
+class ScheduleRow(SQLModel, table=True):
+    """A recurring schedule of the thread (`runtime.recurrence.Schedule`), from version 7.
+
+    ``cron`` + ``timezone`` or ``every_seconds``; ``next_fire_at`` is None while paused.
+    Times are seconds since the epoch, UTC.
+    """
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        Index("ix_schedules_key", "key", unique=True),
+        Index("ix_schedules_due", "state", "next_fire_at"),
+    )
+
+    seq: int | None = Field(default=None, primary_key=True)
+    id: str = Field(unique=True)
+    name: str
+    args: str | None = None
+    cron: str | None = None
+    timezone: str | None = None
+    every_seconds: float | None = None
+    state: str
+    next_fire_at: float | None = None
+    created_at: float
+    key: str | None = None
+    occurrences: int = 0
+    skipped: int = 0
+    last_run_id: str | None = None
+    last_fire_at: float | None = None
 
 
 class RunTraceRow(SQLModel, table=True):
@@ -233,6 +265,7 @@ class RunIndexRow(SQLModel, table=True):
     replay_of: str | None = None
     key: str | None = None  # the run's scheduling key (`EffectRun.key`), if any
     canceled_by: str | None = None
+    schedule_id: str | None = None  # its recurring schedule (from runtime version 5)
 
 
 class RuntimeMetaRow(SQLModel, table=True):
@@ -264,6 +297,7 @@ def sqlite_ddl(*models: type[SQLModel]) -> list[str]:
 
 THREAD_MODELS: tuple[type[SQLModel], ...] = (
     ThreadMetaRow, EffectRunRow, MessageRow, EffectRecordRow, RunTraceRow, RunAttemptRow,
+    ScheduleRow,
 )
 RUNTIME_MODELS: tuple[type[SQLModel], ...] = (
     ThreadRow, AlarmRow, PausedThreadRow, EffectRecordRow, RunIndexRow, RuntimeMetaRow,
@@ -276,12 +310,14 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     3: (),
     4: (RunTraceRow,),
     5: (RunAttemptRow,),
+    6: (ScheduleRow,),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
 
 THREAD_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {
     3: ((EffectRunRow, "key"), (EffectRunRow, "canceled_by")),
+    6: ((EffectRunRow, "schedule_id"),),
 }
 """The columns each migration of a thread file adds to a table an earlier step created
 (nullable ones: ``ALTER TABLE ... ADD COLUMN``). The earlier step creates the table without
@@ -293,11 +329,13 @@ RUNTIME_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     2: (EffectRecordRow,),  # runtime-level records: durable turns' "cross-run" keys
     3: (RunIndexRow, RuntimeMetaRow),
     4: (),
+    5: (),
 }
 """The same for ``runtime.sqlite``."""
 
 RUNTIME_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {
     4: ((ThreadRow, "last_activity_at"),),
+    5: ((RunIndexRow, "schedule_id"),),
 }
 """The same for ``runtime.sqlite``."""
 

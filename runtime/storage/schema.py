@@ -36,6 +36,7 @@ EFFECT_RUNS_DDL: tuple[str, ...] = (
         "\treplay_of VARCHAR, \n"
         "\t\"key\" VARCHAR, \n"
         "\tcanceled_by VARCHAR, \n"
+        "\tschedule_id VARCHAR, \n"
         "\tPRIMARY KEY (seq), \n"
         "\tUNIQUE (id)\n"
         ")"
@@ -113,6 +114,33 @@ RUN_ATTEMPTS_DDL: tuple[str, ...] = (
 )
 """Table ``run_attempts`` and its indexes (RunAttemptRow)."""
 
+SCHEDULES_DDL: tuple[str, ...] = (
+    (
+        "CREATE TABLE schedules (\n"
+        "\tseq INTEGER NOT NULL, \n"
+        "\tid VARCHAR NOT NULL, \n"
+        "\tname VARCHAR NOT NULL, \n"
+        "\targs VARCHAR, \n"
+        "\tcron VARCHAR, \n"
+        "\ttimezone VARCHAR, \n"
+        "\tevery_seconds FLOAT, \n"
+        "\tstate VARCHAR NOT NULL, \n"
+        "\tnext_fire_at FLOAT, \n"
+        "\tcreated_at FLOAT NOT NULL, \n"
+        "\t\"key\" VARCHAR, \n"
+        "\toccurrences INTEGER NOT NULL, \n"
+        "\tskipped INTEGER NOT NULL, \n"
+        "\tlast_run_id VARCHAR, \n"
+        "\tlast_fire_at FLOAT, \n"
+        "\tPRIMARY KEY (seq), \n"
+        "\tUNIQUE (id)\n"
+        ")"
+    ),
+    "CREATE INDEX ix_schedules_due ON schedules (state, next_fire_at)",
+    "CREATE UNIQUE INDEX ix_schedules_key ON schedules (\"key\")",
+)
+"""Table ``schedules`` and its indexes (ScheduleRow)."""
+
 THREADS_DDL: tuple[str, ...] = (
     (
         "CREATE TABLE threads (\n"
@@ -168,6 +196,7 @@ RUN_INDEX_DDL: tuple[str, ...] = (
         "\treplay_of VARCHAR, \n"
         "\t\"key\" VARCHAR, \n"
         "\tcanceled_by VARCHAR, \n"
+        "\tschedule_id VARCHAR, \n"
         "\tPRIMARY KEY (run_id)\n"
         ")"
     ),
@@ -286,6 +315,32 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
             ")"
         ),
     ),
+    6: (
+        (
+            "CREATE TABLE schedules (\n"
+            "\tseq INTEGER NOT NULL, \n"
+            "\tid VARCHAR NOT NULL, \n"
+            "\tname VARCHAR NOT NULL, \n"
+            "\targs VARCHAR, \n"
+            "\tcron VARCHAR, \n"
+            "\ttimezone VARCHAR, \n"
+            "\tevery_seconds FLOAT, \n"
+            "\tstate VARCHAR NOT NULL, \n"
+            "\tnext_fire_at FLOAT, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\t\"key\" VARCHAR, \n"
+            "\toccurrences INTEGER NOT NULL, \n"
+            "\tskipped INTEGER NOT NULL, \n"
+            "\tlast_run_id VARCHAR, \n"
+            "\tlast_fire_at FLOAT, \n"
+            "\tPRIMARY KEY (seq), \n"
+            "\tUNIQUE (id)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_schedules_due ON schedules (state, next_fire_at)",
+        "CREATE UNIQUE INDEX ix_schedules_key ON schedules (\"key\")",
+        "ALTER TABLE effect_runs ADD COLUMN schedule_id VARCHAR",
+    ),
 }
 """Thread file: the statements that take schema version N to N + 1."""
 
@@ -375,6 +430,9 @@ RUNTIME_MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: (
         "ALTER TABLE threads ADD COLUMN last_activity_at FLOAT",
         "CREATE INDEX ix_threads_activity ON threads (last_activity_at, id)",
+    ),
+    5: (
+        "ALTER TABLE run_index ADD COLUMN schedule_id VARCHAR",
     ),
 }
 """``runtime.sqlite``: the statements that take schema version N to N + 1."""

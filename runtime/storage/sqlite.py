@@ -38,6 +38,7 @@ from runtime.errors import (
 )
 from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
+from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage import records as _records
 from runtime.storage.base import (
     Finish,
@@ -60,15 +61,17 @@ log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 6
+THREAD_SCHEMA_VERSION = 7
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
 ``effect_records`` table; 4: a run's ``key`` and ``canceled_by``; 5: the ``run_traces``
-table; 6: the ``run_attempts`` table)."""
+table; 6: the ``run_attempts`` table; 7: the ``schedules`` table and a run's
+``schedule_id``)."""
 
-RUNTIME_SCHEMA_VERSION = 5
+RUNTIME_SCHEMA_VERSION = 6
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
 runtime-level ``effect_records`` table, `RuntimeStore.begin_record`; 4: the run index and
-``runtime_meta``; 5: a thread's ``last_activity_at``)."""
+``runtime_meta``; 5: a thread's ``last_activity_at``; 6: a run's ``schedule_id`` in the run
+index)."""
 
 # A thread's latest activity the registry can tell without opening its file: its creation
 # and its indexed runs' latest times. Fills in rows from before version 5 (and any left
@@ -87,14 +90,25 @@ _TOUCH = (
 
 _INDEX_COLUMNS = (
     "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
-    "attempts, error, replay_of, \"key\", canceled_by"
+    "attempts, error, replay_of, \"key\", canceled_by, schedule_id"
 )
 _INDEX_COMPLETE = "run_index_complete"
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
-    "attempts, error, replay_of, \"key\", canceled_by"
+    "attempts, error, replay_of, \"key\", canceled_by, schedule_id"
 )
+_SCHEDULE_COLUMNS = (
+    "id, name, args, cron, timezone, every_seconds, state, next_fire_at, created_at, "
+    "\"key\", occurrences, skipped, last_run_id, last_fire_at"
+)
+# The earliest time the thread must wake for: its earliest pending run, or the next fire
+# of an active schedule.
+_NEXT_WAKE = (
+    "SELECT min(t) FROM (SELECT min(run_at) AS t FROM effect_runs WHERE status = 'pending' "
+    "UNION ALL SELECT min(next_fire_at) FROM schedules WHERE state = 'active')"
+)
+_UNKNOWN = object()
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
 
 SWEEP_SECONDS = 60.0
@@ -209,6 +223,25 @@ def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
         replay_of=row[11],
         key=row[12],
         canceled_by=row[13],
+        schedule_id=row[14],
+    )
+
+
+def _row_to_schedule(thread_id: str, row: Sequence[Any]) -> Schedule:
+    return Schedule(
+        id=row[0],
+        thread_id=thread_id,
+        name=row[1],
+        args=json.loads(row[2]) if row[2] is not None else None,
+        recurrence=Recurrence(cron=row[3], timezone=row[4], every_seconds=row[5]),
+        state=ScheduleState(row[6]),
+        next_fire_at_ts=row[7],
+        created_at_ts=row[8],
+        key=row[9],
+        occurrences=row[10],
+        skipped=row[11],
+        last_run_id=row[12],
+        last_fire_at_ts=row[13],
     )
 
 
@@ -237,6 +270,9 @@ class SQLiteThreadStore(ThreadStore):
         # without a span context: then a claim need not look one up nor a finish delete it.
         self._traces: int | None = None
         self._records_swept_at: float | None = None
+        # The earliest next fire of an active schedule (None: none), as this store wrote
+        # it; _UNKNOWN until read. Lets `due_schedules` answer most drains without a query.
+        self._next_fire: object = _UNKNOWN
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
                 thread_id,
@@ -269,6 +305,7 @@ class SQLiteThreadStore(ThreadStore):
                 # Rolled back: what the transaction counted is unknown again.
                 self._finished = None
                 self._swept_at = None
+                self._next_fire = _UNKNOWN
                 self._traces = None
                 if not isinstance(exc, sqlite3.DatabaseError):
                     raise
@@ -339,8 +376,6 @@ class SQLiteThreadStore(ThreadStore):
     def insert_run(  # noqa: D102 - contract in base
         self, run: EffectRun, *, hand_off_from: str | None = None
     ) -> EffectRun | None:
-        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
-
         def tx(c: sqlite3.Connection) -> EffectRun | None:
             if run.key is not None:
                 rows = c.execute(
@@ -352,20 +387,157 @@ class SQLiteThreadStore(ThreadStore):
                     live = _row_to_run(self.thread_id, row)
                     if live.status is EffectStatus.PENDING or live.id != hand_off_from:
                         return live
-            c.execute(
-                "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
-                "attempts, replay_of, \"key\") VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
-                (run.id, run.name, str(run.status), args, run.run_at_ts, run.created_at_ts,
-                 run.replay_of, run.key),
-            )
-            if run.trace_context is not None:
-                traces = self._count_traces(c)
-                c.execute(
-                    "INSERT INTO run_traces (run_id, context) VALUES (?, ?)",
-                    (run.id, run.trace_context),
-                )
-                self._traces = traces + 1
+            self._insert_run_in(c, run)
             return None
+
+        return self._tx(tx)
+
+    def _insert_run_in(self, c: sqlite3.Connection, run: EffectRun) -> None:
+        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        c.execute(
+            "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
+            "attempts, replay_of, \"key\", schedule_id) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+            (run.id, run.name, str(run.status), args, run.run_at_ts, run.created_at_ts,
+             run.replay_of, run.key, run.schedule_id),
+        )
+        if run.trace_context is not None:
+            traces = self._count_traces(c)
+            c.execute(
+                "INSERT INTO run_traces (run_id, context) VALUES (?, ?)",
+                (run.id, run.trace_context),
+            )
+            self._traces = traces + 1
+
+    # ------------------------------------------------------ recurring schedules
+
+    def _schedule(self, c: sqlite3.Connection, schedule_id: str) -> Schedule | None:
+        row = c.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE id = ?", (schedule_id,)
+        ).fetchone()
+        return None if row is None else _row_to_schedule(self.thread_id, row)
+
+    def _refresh_next_fire(self, c: sqlite3.Connection) -> None:
+        row = c.execute(
+            "SELECT min(next_fire_at) FROM schedules WHERE state = 'active'"
+        ).fetchone()
+        self._next_fire = row[0]
+
+    def insert_schedule(self, schedule: Schedule) -> Schedule | None:  # noqa: D102
+        args = (
+            json.dumps(schedule.args, separators=(",", ":")) if schedule.args is not None
+            else None
+        )
+        rec = schedule.recurrence
+
+        def tx(c: sqlite3.Connection) -> Schedule | None:
+            if schedule.key is not None:
+                row = c.execute(
+                    f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE \"key\" = ?",
+                    (schedule.key,),
+                ).fetchone()
+                if row is not None:
+                    return _row_to_schedule(self.thread_id, row)
+            c.execute(
+                f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) "
+                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, NULL)",
+                (schedule.id, schedule.name, args, rec.cron, rec.timezone, rec.every_seconds,
+                 str(schedule.state), schedule.next_fire_at_ts, schedule.created_at_ts,
+                 schedule.key),
+            )
+            self._refresh_next_fire(c)
+            return None
+
+        return self._tx(tx)
+
+    def get_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        return self._tx(lambda c: self._schedule(c, schedule_id), write=False)
+
+    def list_schedules(self) -> list[Schedule]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY seq"
+            ).fetchall(),
+            write=False,
+        )
+        return [_row_to_schedule(self.thread_id, r) for r in rows]
+
+    def set_schedule_state(  # noqa: D102
+        self, schedule_id: str, state: ScheduleState, next_fire_at: float | None
+    ) -> Schedule | None:
+        def tx(c: sqlite3.Connection) -> Schedule | None:
+            c.execute(
+                "UPDATE schedules SET state = ?, next_fire_at = ? WHERE id = ?",
+                (str(state), next_fire_at, schedule_id),
+            )
+            self._refresh_next_fire(c)
+            return self._schedule(c, schedule_id)
+
+        return self._tx(tx)
+
+    def delete_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        def tx(c: sqlite3.Connection) -> Schedule | None:
+            found = self._schedule(c, schedule_id)
+            if found is not None:
+                c.execute("DELETE FROM schedules WHERE id = ?", (schedule_id,))
+                self._refresh_next_fire(c)
+            return found
+
+        return self._tx(tx)
+
+    def due_schedules(self, now: float) -> list[Schedule]:  # noqa: D102
+        known = self._next_fire
+        if known is None or (isinstance(known, float | int) and known > now):
+            return []
+        rows = self._tx(
+            lambda c: c.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE state = 'active' "
+                f"AND next_fire_at <= ? ORDER BY next_fire_at, seq",
+                (now,),
+            ).fetchall(),
+            write=False,
+        )
+        if not rows and known is _UNKNOWN:
+            self._tx(self._refresh_next_fire, write=False)
+        return [_row_to_schedule(self.thread_id, r) for r in rows]
+
+    def next_schedule_fire(self) -> float | None:  # noqa: D102
+        if self._next_fire is _UNKNOWN:
+            self._tx(self._refresh_next_fire, write=False)
+        fire = self._next_fire
+        return fire if isinstance(fire, float | int) else None
+
+    def fire_schedule(  # noqa: D102
+        self,
+        schedule_id: str,
+        fire_at: float,
+        run: EffectRun | None,
+        skipped: int,
+        last_fire_at: float,
+        next_fire_at: float | None,
+    ) -> tuple[Schedule | None, EffectRun | None]:
+        def tx(c: sqlite3.Connection) -> tuple[Schedule | None, EffectRun | None]:
+            current = self._schedule(c, schedule_id)
+            if (
+                current is None
+                or current.state is not ScheduleState.ACTIVE
+                or current.next_fire_at_ts != fire_at
+            ):
+                return current, None
+            stored = None
+            if run is not None:
+                self._insert_run_in(c, replace(run, schedule_id=schedule_id))
+                stored = self._with_trace(c, self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ?", (run.id,)
+                ))
+            c.execute(
+                "UPDATE schedules SET occurrences = occurrences + ?, "
+                "last_run_id = coalesce(?, last_run_id), skipped = skipped + ?, "
+                "last_fire_at = ?, next_fire_at = ? WHERE id = ?",
+                (0 if run is None else 1, None if run is None else run.id, skipped,
+                 last_fire_at, next_fire_at, schedule_id),
+            )
+            self._refresh_next_fire(c)
+            return self._schedule(c, schedule_id), stored
 
         return self._tx(tx)
 
@@ -430,6 +602,10 @@ class SQLiteThreadStore(ThreadStore):
                     return None, None, None
                 claim = False
             where = f" AND name IN ({','.join('?' * len(names))})"
+        wake_sql = (
+            _NEXT_WAKE if only_names is None
+            else f"SELECT min(run_at) FROM effect_runs WHERE status = 'pending'{where}"
+        )
 
         def tx(c: sqlite3.Connection) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             finished = None
@@ -467,10 +643,7 @@ class SQLiteThreadStore(ThreadStore):
                 )
             next_due = None
             if claimed is None:
-                row = c.execute(
-                    f"SELECT min(run_at) FROM effect_runs WHERE status = 'pending'{where}",
-                    names,
-                ).fetchone()
+                row = c.execute(wake_sql, names).fetchone()
                 next_due = row[0]
             return finished, claimed, next_due
 
@@ -485,6 +658,12 @@ class SQLiteThreadStore(ThreadStore):
                 write=False,
             )
             if row[0] is None or row[0] > now:
+                if only_names is None:
+                    if self._next_fire is _UNKNOWN:
+                        self._tx(self._refresh_next_fire, write=False)
+                    fire = self._next_fire
+                    if isinstance(fire, float | int):
+                        return None, None, fire if row[0] is None else min(row[0], fire)
                 return None, None, row[0]
         return self._tx(tx)
 
@@ -1064,7 +1243,7 @@ class SQLiteRuntimeStore(RuntimeStore):
         rows = [
             (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
              r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
-             r.canceled_by)
+             r.canceled_by, r.schedule_id)
             for r in runs
         ]
         latest: dict[str, float] = {}
@@ -1075,7 +1254,7 @@ class SQLiteRuntimeStore(RuntimeStore):
         def tx(c: sqlite3.Connection) -> None:
             c.executemany(
                 f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
-                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
+                f"SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, t.user_id "
                 f"FROM threads t WHERE t.id = ?2 "
                 f"ON CONFLICT(run_id) DO UPDATE SET status = excluded.status, "
                 f"run_at = excluded.run_at, started_at = excluded.started_at, "
@@ -1139,7 +1318,7 @@ class SQLiteRuntimeStore(RuntimeStore):
                 id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
                 run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
                 attempts=r[8], error=r[9], replay_of=r[10], key=r[11],
-                canceled_by=r[12],
+                canceled_by=r[12], schedule_id=r[13],
             )
             for r in rows[:limit]
         ]

@@ -26,6 +26,7 @@ from runtime.errors import (
     ThreadStorageError,
 )
 from runtime.messages import Message, MessageRole
+from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage.base import (
     Finish,
     RunQuery,
@@ -1429,3 +1430,107 @@ def test_the_run_index_keeps_no_waiting_for(rtdb: RuntimeStore) -> None:
     rtdb.index_runs([replace(run(), thread_id="a", waiting_for="other")])
     [indexed], _ = rtdb.list_indexed_runs(RunQuery(), T0, RetentionPolicy(), 10)
     assert indexed.waiting_for is None
+
+
+# ------------------------------------------------------------ recurring schedules
+
+
+def schedule(sid: str, *, key: str | None = None, next_fire: float | None = T0 + 60,
+             args: object = None) -> Schedule:
+    return Schedule(
+        id=sid, thread_id="t", name="record", args=args,
+        recurrence=Recurrence(every_seconds=60.0), state=ScheduleState.ACTIVE,
+        next_fire_at_ts=next_fire, created_at_ts=T0, key=key,
+    )
+
+
+def test_schedules_are_stored_listed_and_keyed(store: ThreadStore) -> None:
+    a = schedule("s1", key="digest", args={"n": 1})
+    assert store.insert_schedule(a) is None
+    held = store.insert_schedule(schedule("s2", key="digest"))
+    assert held == a  # the key is held: nothing stored
+    b = replace(schedule("s3"), recurrence=Recurrence(cron="0 9 * * 1-5", timezone="Asia/Tokyo"))
+    assert store.insert_schedule(b) is None
+    assert store.list_schedules() == [a, b]
+    assert store.get_schedule("s1") == a and store.get_schedule("nope") is None
+    with pytest.raises(ThreadStorageError):
+        store.insert_schedule(schedule("s1"))
+    assert store.delete_schedule("s1") == a
+    assert store.delete_schedule("s1") is None
+    assert store.insert_schedule(schedule("s4", key="digest")) is None  # free again
+    assert [s.id for s in store.list_schedules()] == ["s3", "s4"]
+
+
+def test_pause_resume_and_the_next_wake_time(store: ThreadStore) -> None:
+    assert store.next_schedule_fire() is None
+    store.insert_run(run(run_at=T0 + 500))
+    store.insert_schedule(schedule("s1", next_fire=T0 + 60))
+    assert store.next_schedule_fire() == T0 + 60
+    # Nothing due: the thread wakes for the schedule's fire time, before the run.
+    assert store.finish_and_claim(None, T0) == (None, None, T0 + 60)
+    paused = store.set_schedule_state("s1", ScheduleState.PAUSED, None)
+    assert store.next_schedule_fire() is None
+    assert paused is not None and paused.state is ScheduleState.PAUSED
+    assert paused.next_fire_at_ts is None
+    assert store.finish_and_claim(None, T0) == (None, None, T0 + 500)
+    assert store.due_schedules(T0 + 1000) == []
+    resumed = store.set_schedule_state("s1", ScheduleState.ACTIVE, T0 + 120)
+    assert resumed is not None and resumed.next_fire_at_ts == T0 + 120
+    assert store.finish_and_claim(None, T0) == (None, None, T0 + 120)
+    # Runs of concurrent effects are claimed beside others: schedules do not count there.
+    assert store.finish_and_claim(None, T0, only_names=["record"]) == (None, None, T0 + 500)
+    assert store.set_schedule_state("nope", ScheduleState.PAUSED, None) is None
+
+
+def test_due_schedules_earliest_first(store: ThreadStore) -> None:
+    store.insert_schedule(schedule("late", next_fire=T0 + 90))
+    store.insert_schedule(schedule("early", next_fire=T0 + 30))
+    store.insert_schedule(schedule("later", next_fire=T0 + 900))
+    assert store.due_schedules(T0) == []
+    assert [s.id for s in store.due_schedules(T0 + 100)] == ["early", "late"]
+
+
+def test_a_fire_stores_the_run_and_the_next_fire_time_together(store: ThreadStore) -> None:
+    store.insert_schedule(schedule("s1", args={"n": 1}))
+    occurrence = replace(run(run_at=T0 + 60, args={"n": 1}), schedule_id="s1")
+    written, stored = store.fire_schedule("s1", T0 + 60, occurrence, 0, T0 + 60, T0 + 120)
+    assert stored is not None and stored.schedule_id == "s1" and stored.args == {"n": 1}
+    assert stored.status is EffectStatus.PENDING and stored.run_at_ts == T0 + 60
+    assert written is not None
+    assert (written.occurrences, written.skipped, written.last_run_id) == (1, 0, occurrence.id)
+    assert (written.last_fire_at_ts, written.next_fire_at_ts) == (T0 + 60, T0 + 120)
+    assert store.get_run(occurrence.id, T0, KEEP) == stored
+    # The same fire again (a retry after a crash, say) writes nothing.
+    again = replace(run(run_at=T0 + 60), schedule_id="s1")
+    written, stored = store.fire_schedule("s1", T0 + 60, again, 0, T0 + 60, T0 + 120)
+    assert stored is None and written is not None and written.occurrences == 1
+    assert store.get_run(again.id, T0, KEEP) is None
+    # A fire that makes no run counts its skips.
+    written, stored = store.fire_schedule("s1", T0 + 120, None, 3, T0 + 300, T0 + 360)
+    assert stored is None and written is not None
+    assert (written.occurrences, written.skipped, written.last_run_id) == (1, 3, occurrence.id)
+    assert written.next_fire_at_ts == T0 + 360
+    # Paused or deleted: nothing is written.
+    store.set_schedule_state("s1", ScheduleState.PAUSED, None)
+    late = replace(run(run_at=T0 + 360), schedule_id="s1")
+    written, stored = store.fire_schedule("s1", T0 + 360, late, 0, T0 + 360, T0 + 420)
+    assert stored is None and written is not None and written.state is ScheduleState.PAUSED
+    store.delete_schedule("s1")
+    assert store.fire_schedule("s1", T0 + 360, late, 0, T0 + 360, T0 + 420) == (None, None)
+    assert store.get_run(late.id, T0, KEEP) is None
+    # The occurrence stays, with its schedule id, after the schedule is gone.
+    kept = store.get_run(occurrence.id, T0, KEEP)
+    assert kept is not None and kept.schedule_id == "s1"
+
+
+def test_an_occurrence_keeps_its_trace_context_until_it_finishes(store: ThreadStore) -> None:
+    plain = run(run_at=T0 + 900)  # a run without one, read first (no trace known yet)
+    store.insert_run(plain)
+    assert store.get_run(plain.id, T0, KEEP) is not None
+    store.insert_schedule(schedule("s1"))
+    ctx = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    occurrence = replace(run(run_at=T0 + 60), schedule_id="s1", trace_context=ctx)
+    _, stored = store.fire_schedule("s1", T0 + 60, occurrence, 0, T0 + 60, T0 + 120)
+    assert stored is not None and stored.trace_context == ctx
+    _, claimed, _ = store.finish_and_claim(None, T0 + 60)
+    assert claimed is not None and claimed.id == occurrence.id and claimed.trace_context == ctx

@@ -103,7 +103,7 @@ def test_a_runtime_database_from_before_runtime_records_is_migrated(tmp_path: Pa
         backend.close()
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == RUNTIME_SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == RUNTIME_SCHEMA_VERSION == 6
         assert conn.execute("SELECT thread_id, key, result FROM effect_records").fetchall() == [
             ("s", "k", "2")
         ]

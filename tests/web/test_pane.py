@@ -1396,6 +1396,68 @@ def test_a_failed_turn_is_retried_under_its_run_id_and_its_error_is_on_screen(
         assert [e for e in pane.errors if "502" not in e] == []
 
 
+def test_recurring_schedules_show_live_and_pause_resume_cancel(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    digest = pane.http.post(f"/api/threads/{tid}/schedules", json={
+        "name": "send_reminder", "args": {"text": "digest"}, "cron": "0 9 * * 1-5",
+        "timezone": "Europe/Istanbul",
+    }).json()
+    pane.open_thread(tid)
+    rows = page.get_by_test_id("schedule-row")
+    expect(rows).to_have_count(1, timeout=WAIT_MS)
+    row = page.locator(f'[data-testid="schedule-row"][data-schedule-id="{digest["id"]}"]')
+    expect(row.get_by_test_id("schedule-when")).to_have_text(
+        "cron 0 9 * * 1-5 (Europe/Istanbul)")
+    expect(row.get_by_test_id("schedule-state")).to_have_text("active")
+    expect(row.get_by_test_id("schedule-next").locator("time")).to_have_attribute(
+        "datetime", digest["nextFireAt"])
+
+    # One made while the pane is open comes from its frame; its runs show its id.
+    tick = pane.http.post(f"/api/threads/{tid}/schedules", json={
+        "name": "send_reminder", "args": {"text": "tick"}, "every_seconds": 1,
+    }).json()
+    expect(rows).to_have_count(2, timeout=WAIT_MS)
+    tick_row = page.locator(f'[data-testid="schedule-row"][data-schedule-id="{tick["id"]}"]')
+    expect(tick_row.get_by_test_id("schedule-when")).to_have_text("every 1s")
+    tagged = page.locator('[data-testid="run-row"]').get_by_test_id("run-schedule")
+    expect(tagged.first).to_have_attribute(
+        "title", f"An occurrence of recurring schedule {tick['id']}", timeout=WAIT_MS)
+    expect(tick_row.get_by_test_id("schedule-counts")).not_to_contain_text(
+        "0 runs", timeout=WAIT_MS)
+    expect(row.get_by_test_id("schedule-counts")).to_have_text("0 runs · 0 skipped")
+
+    # Pause: no more runs; the row says so.
+    page.set_viewport_size({"width": 1400, "height": 900})
+    snap(page, "schedules-1400")
+    tick_row.get_by_test_id("schedule-pause").click()
+    expect(tick_row.get_by_test_id("schedule-state")).to_have_text("paused", timeout=WAIT_MS)
+    page.set_viewport_size({"width": 420, "height": 900})
+    snap(page, "schedules-420", full_page=True)
+    expect(tick_row.get_by_test_id("schedule-next")).to_have_text("paused")
+    made = pane.http.get(f"/api/threads/{tid}/schedules/{tick['id']}").json()
+    assert made["state"] == "paused" and made["nextFireAt"] is None
+    tick_row.get_by_test_id("schedule-resume").click()
+    expect(tick_row.get_by_test_id("schedule-state")).to_have_text("active", timeout=WAIT_MS)
+
+    # Cancel asks first, naming the effect and when it fires; refused, nothing changes.
+    pane.refuse = True
+    row.get_by_test_id("schedule-cancel").click()
+    expect(row.get_by_test_id("schedule-cancel")).to_be_enabled(timeout=WAIT_MS)
+    question = pane.dialogs[-1]
+    assert "send_reminder" in question and "cron 0 9 * * 1-5 (Europe/Istanbul)" in question
+    assert digest["id"] in question
+    expect(rows).to_have_count(2)
+    pane.refuse = False
+    row.get_by_test_id("schedule-cancel").click()
+    expect(rows).to_have_count(1, timeout=WAIT_MS)
+    listed = pane.http.get(f"/api/threads/{tid}/schedules").json()["schedules"]
+    assert [s["id"] for s in listed] == [tick["id"]]
+    tick_row.get_by_test_id("schedule-cancel").click()
+    expect(page.get_by_test_id("schedules")).to_be_hidden(timeout=WAIT_MS)
+    assert pane.errors == []
+
+
 def all_row(pane: Pane, run_id: str) -> Any:
     return pane.page.locator(f'[data-testid="all-run-row"][data-run-id="{run_id}"]')
 

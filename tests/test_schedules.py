@@ -1,0 +1,513 @@
+"""Recurring schedules as a user sees them: fire times (DST included), skips, coalescing,
+pause/resume/cancel, keys, frames and the HTTP routes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import (
+    EffectStatus,
+    InvalidSchedule,
+    Runtime,
+    Schedule,
+    ScheduleChange,
+    ScheduleChanged,
+    ScheduleNotFound,
+    ScheduleState,
+    ThreadState,
+)
+from runtime.recurrence import Recurrence
+from runtime.storage.memory import MemoryBackend
+from runtime.testing import FakeClock
+from tests.conftest import Api, release, serve_api
+
+APP = Path(__file__).parent / "apps" / "scheduling"
+
+
+def ts(text: str) -> float:
+    """An ISO 8601 UTC time as seconds since the epoch."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    async with serve_api(tmp_path / "data", clock=FakeClock(ts("2026-03-28T12:00:00")),
+                         app_dir=APP) as running:
+        yield running
+
+
+def clock_of(api: Api) -> FakeClock:
+    assert api.clock is not None
+    return api.clock
+
+
+async def step(api: Api, seconds: float) -> None:
+    """Move the fake clock on, then let the drains it woke finish."""
+    clock_of(api).advance(seconds)
+    await api.rt.wait_idle()
+
+
+async def fire_times(thread: ThreadState, schedule_id: str) -> list[str]:
+    page = await thread.list_runs(limit=500)
+    runs = [r for r in page.runs if r.schedule_id == schedule_id]
+    return sorted(iso(r.run_at_ts) for r in runs)
+
+
+# --------------------------------------------------------------- cron and DST
+
+
+async def test_cron_on_the_spring_forward_day_follows_apschedulers_rule(api: Api) -> None:
+    # Europe/Berlin, 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist that
+    # day: it fires once, at 01:30 UTC (02:30 CET, shown as 03:30 CEST).
+    thread = await api.rt.create_thread()
+    made = await thread.schedule_recurring(
+        "ping", cron="30 2 * * *", timezone="Europe/Berlin"
+    )
+    assert made.created
+    assert iso(made.schedule.next_fire_at_ts or 0) == "2026-03-29 01:30"
+    hourly = await thread.schedule_recurring("ping", cron="0 * * * *", timezone="Europe/Berlin")
+    for _ in range(72):  # three days, an hour at a time
+        await step(api, 3600)
+    daily = await fire_times(thread, made.schedule.id)
+    assert daily == ["2026-03-29 01:30", "2026-03-30 00:30", "2026-03-31 00:30"]
+    hours = await fire_times(thread, hourly.schedule.id)
+    # Hourly stays hourly in UTC across the jump: 01:00 CET (00:00 UTC), then 03:00 CEST
+    # (01:00 UTC): the hour that does not exist is not made up, none is doubled.
+    night = [h for h in hours if h.startswith("2026-03-29 0")]
+    assert night[:4] == [
+        "2026-03-29 00:00", "2026-03-29 01:00", "2026-03-29 02:00", "2026-03-29 03:00"
+    ]
+    assert len(hours) == len(set(hours)) == 72
+    runs = (await thread.list_runs(limit=500)).runs
+    assert {r.status for r in runs} == {EffectStatus.COMPLETED}
+
+
+async def test_cron_on_the_fall_back_day_fires_a_repeated_wall_time_twice(api: Api) -> None:
+    # Europe/Berlin, 2026-10-25: 03:00 CEST goes back to 02:00 CET; 02:30 happens twice.
+    clock_of(api).advance(ts("2026-10-24T12:00:00") - clock_of(api).now())
+    thread = await api.rt.create_thread()
+    made = await thread.schedule_recurring(
+        "ping", cron="30 2 * * *", timezone="Europe/Berlin"
+    )
+    hourly = await thread.schedule_recurring("ping", cron="0 * * * *", timezone="Europe/Berlin")
+    for _ in range(48):
+        await step(api, 3600)
+    assert await fire_times(thread, made.schedule.id) == [
+        "2026-10-25 00:30", "2026-10-25 01:30", "2026-10-26 01:30"
+    ]
+    hours = await fire_times(thread, hourly.schedule.id)
+    assert [h for h in hours if h.startswith("2026-10-25 0")][:4] == [
+        "2026-10-25 00:00", "2026-10-25 01:00", "2026-10-25 02:00", "2026-10-25 03:00"
+    ]
+    assert len(hours) == len(set(hours)) == 48
+
+
+# ------------------------------------------------------------- every, skips
+
+
+async def test_every_makes_one_run_per_period_on_a_grid(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    start = clock_of(api).now()
+    sid = await thread.schedule_effect("ping", every=timedelta(minutes=10))
+    for _ in range(3):
+        await step(api, 600)
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert sorted(r.run_at_ts for r in runs) == [start + 600, start + 1200, start + 1800]
+    assert all(r.status is EffectStatus.COMPLETED for r in runs)
+    schedule = await thread.get_schedule(sid)
+    assert (schedule.occurrences, schedule.skipped) == (3, 0)
+    assert schedule.next_fire_at_ts == start + 2400
+    assert schedule.to_json()["everySeconds"] == 600
+    # Across threads too (the run index keeps the schedule id).
+    across = await api.rt.list_runs(thread_id=thread.thread_id)
+    assert [r.schedule_id for r in across.runs] == [sid, sid, sid]
+    listed = (await api.client.get("/api/runs")).json()["runs"]
+    assert {r["scheduleId"] for r in listed} == {sid}
+
+
+async def test_a_schedule_never_stacks_runs_it_skips_and_counts(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    sid = await thread.schedule_effect("hold", {"key": "slow"}, every=60)
+    clock_of(api).advance(60)
+    run_id = await _running_of(thread, sid)
+    for _ in range(3):  # three fire times come while the first occurrence runs
+        clock_of(api).advance(60)
+        await asyncio.sleep(0.05)
+    release(api.rt, "slow")
+    await api.rt.wait_idle()
+    schedule = await thread.get_schedule(sid)
+    assert (schedule.occurrences, schedule.skipped) == (1, 3)
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert [r.id for r in runs] == [run_id]
+    await step(api, 60)  # free again: the next fire time makes a run
+    schedule = await thread.get_schedule(sid)
+    assert (schedule.occurrences, schedule.skipped) == (2, 3)
+
+
+async def _running_of(thread: ThreadState, schedule_id: str) -> str:
+    for _ in range(2000):
+        page = await thread.list_runs(status="running")
+        for run in page.runs:
+            if run.schedule_id == schedule_id:
+                return run.id
+        await asyncio.sleep(0.005)
+    raise AssertionError("no occurrence started")
+
+
+async def test_missed_fire_times_make_one_run_after_a_restart(tmp_path: Path) -> None:
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.create_thread("t1")
+        sid = await thread.schedule_effect("ping", every=60)
+        clock.advance(60)
+        await rt.wait_idle()
+    clock.advance(3600)  # down for an hour: sixty fire times missed
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        await rt.wait_idle()
+        thread = await rt.get_thread("t1")
+        runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+        assert len(runs) == 2  # the one before, and one for the whole hour missed
+        schedule = await thread.get_schedule(sid)
+        assert schedule.occurrences == 2 and schedule.skipped == 0
+        # The next fire time is the first one after now, on the grid.
+        assert schedule.next_fire_at_ts == clock.now() + 60
+        assert {r.status for r in runs} == {EffectStatus.COMPLETED}
+
+
+async def test_pause_creates_nothing_and_resume_starts_from_now(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    sid = await thread.schedule_effect("ping", every=60)
+    await step(api, 60)
+    paused = await thread.pause_schedule(sid)
+    assert paused.state is ScheduleState.PAUSED and paused.next_fire_at_ts is None
+    for _ in range(5):
+        await step(api, 60)
+    assert (await thread.get_schedule(sid)).occurrences == 1
+    resumed = await thread.resume_schedule(sid)
+    assert resumed.state is ScheduleState.ACTIVE
+    assert resumed.next_fire_at_ts == clock_of(api).now() + 60  # no backlog
+    await step(api, 60)
+    assert (await thread.get_schedule(sid)).occurrences == 2
+
+
+async def test_a_paused_thread_holds_occurrences_and_runs_one_on_resume(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    sid = await thread.schedule_effect("ping", every=60)
+    await api.rt.pause_thread(thread.thread_id)
+    for _ in range(3):
+        await step(api, 60)
+    assert (await thread.get_schedule(sid)).occurrences == 0
+    await api.rt.resume_thread(thread.thread_id)
+    await api.rt.wait_idle()
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert len(runs) == 1 and runs[0].status is EffectStatus.COMPLETED
+
+
+async def test_cancel_deletes_the_schedule_and_keeps_its_runs(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    sid = await thread.schedule_effect("ping", every=60, key="beat")
+    await step(api, 60)
+    removed = await thread.cancel_schedule(sid)
+    assert removed.id == sid
+    with pytest.raises(ScheduleNotFound):
+        await thread.get_schedule(sid)
+    with pytest.raises(ScheduleNotFound):
+        await thread.cancel_schedule(sid)
+    await step(api, 600)
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert len(runs) == 1
+    assert await thread.list_schedules() == []
+    # The key is free again.
+    again = await thread.schedule_recurring("ping", every=60, key="beat")
+    assert again.created and again.schedule.id != sid
+
+
+async def test_a_key_makes_one_schedule(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    made = await asyncio.gather(*(
+        thread.schedule_recurring("ping", cron="0 9 * * 1-5", timezone="Europe/Istanbul",
+                                  key="digest")
+        for _ in range(10)
+    ))
+    assert sum(m.created for m in made) == 1
+    assert len({m.schedule.id for m in made}) == 1
+    assert len(await thread.list_schedules()) == 1
+    assert await thread.schedule_effect(
+        "ping", cron="0 9 * * 1-5", timezone="Europe/Istanbul", key="digest"
+    ) == made[0].schedule.id
+
+
+async def test_deleting_the_thread_deletes_its_schedules(api: Api) -> None:
+    thread = await api.rt.create_thread("gone")
+    await thread.schedule_effect("ping", every=60)
+    await api.rt.delete_thread("gone")
+    again = await api.rt.create_thread("gone")
+    assert await again.list_schedules() == []
+    await step(api, 120)
+    assert (await again.list_runs()).runs == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cron": "0 9 * * 1-5", "every": 60}, "either cron or every"),
+        ({}, "needs cron or every"),
+        ({"cron": "61 * * * *"}, r"cron '61 \* \* \* \*' is not a valid crontab.*\(59\)"),
+        ({"cron": "* * *"}, "is not a valid crontab"),
+        ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "Unknown timezone 'Mars/Olympus'"),
+        ({"every": 0.5}, "every must be at least 1 s"),
+        ({"every": timedelta(milliseconds=10)}, "every must be at least 1 s"),
+        ({"every": float("nan")}, "every must be a finite number"),
+        ({"every": "60"}, "every must be seconds"),
+        ({"every": 60, "timezone": "UTC"}, "timezone applies to cron only"),
+    ],
+)
+async def test_bad_recurrence_is_refused_naming_the_argument(
+    api: Api, kwargs: dict[str, Any], message: str
+) -> None:
+    thread = await api.rt.create_thread()
+    with pytest.raises(InvalidSchedule, match=message) as err:
+        await thread.schedule_recurring("ping", **kwargs)
+    assert isinstance(err.value, ValueError)
+    assert await thread.list_schedules() == []
+
+
+async def test_cron_or_every_with_delay_or_at_is_refused(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    with pytest.raises(InvalidSchedule, match="not both"):
+        await thread.schedule_effect("ping", None, 5, every=60)
+    with pytest.raises(InvalidSchedule, match="not both"):
+        await thread.schedule_effect(
+            "ping", cron="0 9 * * *", at=datetime(2030, 1, 1, tzinfo=UTC)
+        )
+    assert await thread.list_schedules() == []
+    assert (await thread.list_runs()).runs == []
+
+
+async def test_schedule_frames_share_the_threads_seq_and_carry_no_args(api: Api) -> None:
+    thread = await api.rt.create_thread()
+    sub = thread.subscribe()
+    sid = await thread.schedule_effect("hold", {"key": "f"}, every=60)
+    clock_of(api).advance(60)
+    await _running_of(thread, sid)
+    clock_of(api).advance(60)  # skipped: the first occurrence still runs
+    await asyncio.sleep(0.05)
+    release(api.rt, "f")
+    await api.rt.wait_idle()
+    await thread.pause_schedule(sid)
+    await thread.resume_schedule(sid)
+    await thread.cancel_schedule(sid)
+    frames = []
+    while len(frames) < 100:
+        try:
+            event = await asyncio.wait_for(sub.__anext__(), 0.2)
+        except TimeoutError:
+            break
+        frames.append(event.to_frame())
+    sub.close()
+    seqs = [f["seq"] for f in frames]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    changes = [
+        (f["eventType"], f["data"]["change"]) for f in frames
+        if f["eventType"] == "schedule_changed"
+    ]
+    assert changes == [
+        ("schedule_changed", c)
+        for c in ("created", "fired", "skipped", "paused", "resumed", "canceled")
+    ]
+    assert all("args" not in f["data"] for f in frames)
+    fired = next(f for f in frames if f["eventType"] == "effect_changed")
+    assert fired["data"]["scheduleId"] == sid
+
+
+# ------------------------------------------------------------------- HTTP
+
+
+async def test_http_create_list_pause_resume_cancel(api: Api) -> None:
+    tid = await api.new_thread()
+    base = f"/api/threads/{tid}/schedules"
+    res = await api.client.post(base, json={
+        "name": "ping", "cron": "0 9 * * 1-5", "timezone": "Europe/Istanbul", "key": "digest",
+    })
+    assert res.status_code == 201, res.text
+    made = res.json()
+    # 2026-03-28 is a Saturday: the next weekday 09:00 in Istanbul (UTC+3) is Monday 06:00Z.
+    assert made["nextFireAt"] == "2026-03-30T06:00:00Z"
+    assert (made["cron"], made["timezone"], made["everySeconds"]) == (
+        "0 9 * * 1-5", "Europe/Istanbul", None)
+    assert (made["state"], made["occurrences"], made["skipped"]) == ("active", 0, 0)
+    same = await api.client.post(base, json={"name": "ping", "every_seconds": 5, "key": "digest"})
+    assert same.status_code == 200 and same.json()["id"] == made["id"]
+    every = await api.client.post(base, json={"name": "ping", "every_seconds": 90})
+    assert every.status_code == 201 and every.json()["everySeconds"] == 90
+    listed = (await api.client.get(base)).json()["schedules"]
+    assert [s["id"] for s in listed] == [made["id"], every.json()["id"]]
+    assert "args" not in listed[0]
+    one = (await api.client.get(f"{base}/{made['id']}")).json()
+    assert one["args"] is None and one["id"] == made["id"]
+
+    paused = (await api.client.post(f"{base}/{made['id']}/pause")).json()
+    assert paused["state"] == "paused" and paused["nextFireAt"] is None
+    resumed = (await api.client.post(f"{base}/{made['id']}/resume")).json()
+    assert resumed["state"] == "active" and resumed["nextFireAt"] == "2026-03-30T06:00:00Z"
+    await step(api, 90)
+    runs = (await api.client.get(f"/api/threads/{tid}/effects")).json()["runs"]
+    assert [r["scheduleId"] for r in runs] == [every.json()["id"]]
+    canceled = await api.client.post(f"{base}/{made['id']}/cancel")
+    assert canceled.status_code == 200 and canceled.json()["id"] == made["id"]
+    gone = await api.client.get(f"{base}/{made['id']}")
+    assert gone.status_code == 404
+    assert gone.json()["error"]["code"] == "schedule_not_found"
+    again = await api.client.post(f"{base}/{made['id']}/pause")
+    assert again.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"cron": "0 25 * * *"}, "cron '0 25 * * *' is not a valid crontab"),
+        ({"cron": "0 9 * * *", "timezone": "Europe/Atlantis"}, "Unknown timezone"),
+        ({"every_seconds": 0.25}, "every must be at least 1 s"),
+        ({"cron": "0 9 * * *", "every_seconds": 60}, "either cron or every, not both"),
+        ({"every_seconds": "60"}, "every_seconds must be a number"),
+        ({}, "needs cron or every"),
+    ],
+)
+async def test_http_bad_schedules_are_422_naming_the_argument(
+    api: Api, body: dict[str, Any], message: str
+) -> None:
+    tid = await api.new_thread()
+    res = await api.client.post(f"/api/threads/{tid}/schedules", json={"name": "ping", **body})
+    assert res.status_code == 422, res.text
+    error = res.json()["error"]
+    assert error["code"] == "invalid_schedule"
+    assert message in error["message"]
+    assert (await api.client.get(f"/api/threads/{tid}/schedules")).json() == {"schedules": []}
+
+
+async def test_http_schedule_body_errors(api: Api) -> None:
+    tid = await api.new_thread()
+    base = f"/api/threads/{tid}/schedules"
+    res = await api.client.post(base, json={"name": "ping", "every_seconds": 60, "delay": 1})
+    assert res.status_code == 400 and "unknown field" in res.json()["error"]["message"]
+    res = await api.client.post(base, json={"name": "nope", "every_seconds": 60})
+    assert res.status_code == 404 and res.json()["error"]["code"] == "effect_not_found"
+    res = await api.client.post("/api/threads/missing/schedules",
+                                json={"name": "ping", "every_seconds": 60})
+    assert res.status_code == 404 and res.json()["error"]["code"] == "thread_not_found"
+
+
+# ------------------------------------------------------- crontab weekdays
+
+
+@pytest.mark.parametrize(
+    ("weekdays", "first_days"),
+    [
+        ("1-5", ["Mon", "Tue", "Wed", "Thu", "Fri", "Mon"]),
+        ("0", ["Sun", "Sun"]),
+        ("7", ["Sun", "Sun"]),
+        ("5-7", ["Sun", "Fri", "Sat", "Sun"]),
+        ("sat,sun", ["Sun", "Sat", "Sun"]),
+        ("*/3", ["Sun", "Wed", "Sat", "Sun"]),
+    ],
+)
+def test_cron_weekdays_are_numbered_as_crontab_numbers_them(
+    weekdays: str, first_days: list[str]
+) -> None:
+    # APScheduler 3 counts weekdays from Monday; a crontab's 0 (and 7) is Sunday.
+    recurrence = Recurrence.parse(cron=f"0 9 * * {weekdays}", timezone="UTC")
+    at: float | None = ts("2026-03-29T00:00:00")  # a Sunday
+    days = []
+    for _ in first_days:
+        assert at is not None
+        at = recurrence.next_fire(at, 0)
+        assert at is not None
+        days.append(datetime.fromtimestamp(at, UTC).strftime("%a"))
+    assert days == first_days
+
+
+@pytest.mark.parametrize("weekdays", ["8", "5-2", "mon-xyz", "*/0"])
+def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
+    with pytest.raises(InvalidSchedule, match=r"cron .* is not a valid crontab"):
+        Recurrence.parse(cron=f"0 9 * * {weekdays}")
+
+
+async def test_the_memory_backend_fires_skips_and_coalesces_the_same(tmp_path: Path) -> None:
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    (tmp_path / "m").mkdir()  # where the hold effect keeps its log
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "m", clock=clock,
+                       storage=MemoryBackend()) as rt:
+        thread = await rt.create_thread()
+        sid = await thread.schedule_effect("hold", {"key": "mem"}, every=60)
+        clock.advance(60)
+        await _running_of(thread, sid)
+        for _ in range(2):
+            clock.advance(60)
+            await asyncio.sleep(0.05)
+        release(rt, "mem")
+        await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        assert (schedule.occurrences, schedule.skipped) == (1, 2)
+        await thread.pause_schedule(sid)
+        clock.advance(600)
+        await rt.wait_idle()
+        resumed = await thread.resume_schedule(sid)
+        # From now, on the grid: the ten fire times it was paused for are not made up.
+        assert resumed.next_fire_at_ts == clock.now() + 60
+        assert (await thread.get_schedule(sid)).occurrences == 1
+        clock.advance(60)
+        await rt.wait_idle()
+        assert (await thread.get_schedule(sid)).occurrences == 2
+
+
+async def test_a_schedule_of_a_concurrent_effect_fires_on_time_beside_a_long_run(
+    api: Api,
+) -> None:
+    # A long run in line holds the thread; the schedule's runs (a concurrent effect, whose
+    # gate is open, so each ends at once) start at their fire times all the same.
+    gates = api.rt.registry.app["long_work"].fn.__globals__["GATES"]
+    gates.setdefault("beat", asyncio.Event()).set()
+    thread = await api.rt.create_thread()
+    blocker = await thread.schedule_effect("hold", {"key": "block"})
+    for _ in range(2000):
+        if (await thread.get_run(blocker)).status is EffectStatus.RUNNING:
+            break
+        await asyncio.sleep(0.005)
+    sid = await thread.schedule_effect("long_work", {"key": "beat"}, every=60)
+    for n in range(1, 4):
+        clock_of(api).advance(60)
+        for _ in range(2000):  # the n-th occurrence ran to its end (else the next skips)
+            page = await thread.list_runs(status="completed")
+            if len([r for r in page.runs if r.schedule_id == sid]) == n:
+                break
+            await asyncio.sleep(0.005)
+    schedule = await thread.get_schedule(sid)
+    assert (schedule.occurrences, schedule.skipped) == (3, 0)
+    assert (await thread.get_run(blocker)).status is EffectStatus.RUNNING
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert len(runs) == 3
+    release(api.rt, "block")
+    await api.rt.wait_idle()
+    runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+    assert {r.status for r in runs} == {EffectStatus.COMPLETED}
+
+
+def test_a_schedule_frame_serializes_once_as_compact_json() -> None:
+    event = ScheduleChanged("t", 3, ScheduleChange.CREATED, Schedule(
+        id="s", thread_id="t", name="ping", args=None, recurrence=Recurrence.parse(every=60),
+        state=ScheduleState.ACTIVE, next_fire_at_ts=60.0, created_at_ts=0.0,
+    ))
+    text = event.frame_text()
+    assert text is event.frame_text()
+    assert json.loads(text) == event.to_frame() and ", " not in text
