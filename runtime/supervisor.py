@@ -396,6 +396,9 @@ class Runtime:
         """
         if self._started:
             raise RuntimeClosed("Runtime already started")
+        # The app's own files go there whatever the backend (a database server keeps the
+        # threads with a database_url; SQLite makes the folder itself).
+        await self.run_sync(partial(self.settings.data_dir.mkdir, parents=True, exist_ok=True))
         store = await self.run_sync(self.storage.open)
         try:
             self.registry = await self.run_sync(self._discover)

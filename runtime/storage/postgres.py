@@ -45,6 +45,7 @@ from runtime.errors import (
 )
 from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
+from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage import records as _records
 from runtime.storage.base import (
     Finish,
@@ -88,11 +89,15 @@ _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 _RUN_COLUMNS = (
     "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
-    "attempts, error, replay_of, key, canceled_by"
+    "attempts, error, replay_of, key, canceled_by, schedule_id"
 )
 _INDEX_COLUMNS = (
     "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
-    "attempts, error, replay_of, key, canceled_by"
+    "attempts, error, replay_of, key, canceled_by, schedule_id"
+)
+_SCHEDULE_COLUMNS = (
+    "id, name, args, cron, timezone, every_seconds, state, next_fire_at, created_at, "
+    "key, occurrences, skipped, last_run_id, last_fire_at"
 )
 _MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
 _THREAD_COLUMNS = (
@@ -197,6 +202,25 @@ def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
         replay_of=row[11],
         key=row[12],
         canceled_by=row[13],
+        schedule_id=row[14],
+    )
+
+
+def _row_to_schedule(thread_id: str, row: Sequence[Any]) -> Schedule:
+    return Schedule(
+        id=row[0],
+        thread_id=thread_id,
+        name=row[1],
+        args=json.loads(row[2]) if row[2] is not None else None,
+        recurrence=Recurrence(cron=row[3], timezone=row[4], every_seconds=row[5]),
+        state=ScheduleState(row[6]),
+        next_fire_at_ts=row[7],
+        created_at_ts=row[8],
+        key=row[9],
+        occurrences=row[10],
+        skipped=row[11],
+        last_run_id=row[12],
+        last_fire_at_ts=row[13],
     )
 
 
@@ -473,8 +497,6 @@ class PostgresThreadStore(ThreadStore):
     def insert_run(  # noqa: D102 - contract in base
         self, run: EffectRun, *, hand_off_from: str | None = None
     ) -> EffectRun | None:
-        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
-
         def tx(c: Cursor) -> EffectRun | None:
             if run.key is not None:
                 rows = c.execute(
@@ -486,19 +508,147 @@ class PostgresThreadStore(ThreadStore):
                     live = _row_to_run(self.thread_id, row)
                     if live.status is EffectStatus.PENDING or live.id != hand_off_from:
                         return live
-            c.execute(
-                "INSERT INTO effect_runs (thread_id, id, name, status, args, run_at, "
-                "created_at, attempts, replay_of, key) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, 0, %s, %s)",
-                (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
-                 run.created_at_ts, run.replay_of, run.key),
-            )
-            if run.trace_context is not None:
-                c.execute(
-                    "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
-                    (self.thread_id, run.id, run.trace_context),
-                )
+            self._insert_run_in(c, run)
             return None
+
+        return self._tx(tx)
+
+    def _insert_run_in(self, c: Cursor, run: EffectRun) -> None:
+        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        c.execute(
+            "INSERT INTO effect_runs (thread_id, id, name, status, args, run_at, "
+            "created_at, attempts, replay_of, key, schedule_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s)",
+            (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
+             run.created_at_ts, run.replay_of, run.key, run.schedule_id),
+        )
+        if run.trace_context is not None:
+            c.execute(
+                "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
+                (self.thread_id, run.id, run.trace_context),
+            )
+
+    # ------------------------------------------------------------ recurring schedules
+
+    def _schedule(self, c: Cursor, schedule_id: str) -> Schedule | None:
+        row = c.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s AND id = %s",
+            (self.thread_id, schedule_id),
+        ).fetchone()
+        return None if row is None else _row_to_schedule(self.thread_id, row)
+
+    def insert_schedule(self, schedule: Schedule) -> Schedule | None:  # noqa: D102
+        args = (
+            json.dumps(schedule.args, separators=(",", ":")) if schedule.args is not None
+            else None
+        )
+        rec = schedule.recurrence
+
+        def tx(c: Cursor) -> Schedule | None:
+            if schedule.key is not None:
+                row = c.execute(
+                    f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s "
+                    f"AND key = %s", (self.thread_id, schedule.key),
+                ).fetchone()
+                if row is not None:
+                    return _row_to_schedule(self.thread_id, row)
+            c.execute(
+                f"INSERT INTO schedules (thread_id, {_SCHEDULE_COLUMNS}) VALUES "
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, NULL, NULL)",
+                (self.thread_id, schedule.id, schedule.name, args, rec.cron, rec.timezone,
+                 rec.every_seconds, str(schedule.state), schedule.next_fire_at_ts,
+                 schedule.created_at_ts, schedule.key),
+            )
+            return None
+
+        return self._tx(tx)
+
+    def get_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        return self._tx(lambda c: self._schedule(c, schedule_id))
+
+    def list_schedules(self) -> list[Schedule]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s ORDER BY seq",
+            (self.thread_id,),
+        ).fetchall())
+        return [_row_to_schedule(self.thread_id, r) for r in rows]
+
+    def set_schedule_state(  # noqa: D102
+        self, schedule_id: str, state: ScheduleState, next_fire_at: float | None
+    ) -> Schedule | None:
+        def tx(c: Cursor) -> Schedule | None:
+            c.execute(
+                "UPDATE schedules SET state = %s, next_fire_at = %s WHERE thread_id = %s "
+                "AND id = %s", (str(state), next_fire_at, self.thread_id, schedule_id),
+            )
+            return self._schedule(c, schedule_id)
+
+        return self._tx(tx)
+
+    def delete_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        def tx(c: Cursor) -> Schedule | None:
+            found = self._schedule(c, schedule_id)
+            if found is not None:
+                c.execute("DELETE FROM schedules WHERE thread_id = %s AND id = %s",
+                          (self.thread_id, schedule_id))
+            return found
+
+        return self._tx(tx)
+
+    def due_schedules(self, now: float) -> list[Schedule]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s "
+            f"AND state = 'active' AND next_fire_at <= %s ORDER BY next_fire_at, seq",
+            (self.thread_id, now),
+        ).fetchall())
+        return [_row_to_schedule(self.thread_id, r) for r in rows]
+
+    def next_schedule_fire(self) -> float | None:  # noqa: D102
+        return self._tx(self._next_fire)
+
+    def _next_fire(self, c: Cursor) -> float | None:
+        row = c.execute(
+            "SELECT min(next_fire_at) FROM schedules WHERE thread_id = %s AND state = 'active'",
+            (self.thread_id,),
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def fire_schedule(  # noqa: D102
+        self,
+        schedule_id: str,
+        fire_at: float,
+        run: EffectRun | None,
+        skipped: int,
+        last_fire_at: float,
+        next_fire_at: float | None,
+    ) -> tuple[Schedule | None, EffectRun | None]:
+        def tx(c: Cursor) -> tuple[Schedule | None, EffectRun | None]:
+            c.execute(  # one fire at a time: the row is locked until this commits
+                "SELECT 1 FROM schedules WHERE thread_id = %s AND id = %s FOR UPDATE",
+                (self.thread_id, schedule_id),
+            )
+            current = self._schedule(c, schedule_id)
+            if (
+                current is None
+                or current.state is not ScheduleState.ACTIVE
+                or current.next_fire_at_ts != fire_at
+            ):
+                return current, None
+            stored = None
+            if run is not None:
+                self._insert_run_in(c, replace(run, schedule_id=schedule_id))
+                stored = self._with_trace(c, self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                    f"AND id = %s", (self.thread_id, run.id),
+                ))
+            c.execute(
+                "UPDATE schedules SET occurrences = occurrences + %s, "
+                "last_run_id = coalesce(%s, last_run_id), skipped = skipped + %s, "
+                "last_fire_at = %s, next_fire_at = %s WHERE thread_id = %s AND id = %s",
+                (0 if run is None else 1, None if run is None else run.id, skipped,
+                 last_fire_at, next_fire_at, self.thread_id, schedule_id),
+            )
+            return self._schedule(c, schedule_id), stored
 
         return self._tx(tx)
 
@@ -530,7 +680,7 @@ class PostgresThreadStore(ThreadStore):
             where = " AND name = ANY(%s)"
         extra: tuple[Any, ...] = (names,) if names is not None else ()
 
-        def next_due(c: Cursor) -> float | None:
+        def next_run(c: Cursor) -> float | None:
             row = c.execute(
                 f"SELECT min(run_at) FROM effect_runs WHERE thread_id = %s "
                 f"AND status = 'pending'{where}",
@@ -538,6 +688,14 @@ class PostgresThreadStore(ThreadStore):
             ).fetchone()
             assert row is not None
             return row[0]  # type: ignore[no-any-return]
+
+        def next_due(c: Cursor) -> float | None:
+            """The earliest pending run, or (any name) active schedule's next fire."""
+            due = next_run(c)
+            if only_names is not None:
+                return due
+            fire = self._next_fire(c)
+            return fire if due is None else due if fire is None else min(due, fire)
 
         def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             finished = None
@@ -580,10 +738,10 @@ class PostgresThreadStore(ThreadStore):
             return finished, None, next_due(c)
 
         if finish is None and claim:
-            # Nothing to write unless something is due: probe first with one read.
-            due = self._tx(next_due)
-            if due is None or due > now:
-                return None, None, due
+            # Nothing to write unless a run is due: probe first with one read.
+            run_due, wake = self._tx(lambda c: (next_run(c), next_due(c)))
+            if run_due is None or run_due > now:
+                return None, None, wake
         return self._tx(tx)
 
     def recover_interrupted(  # noqa: D102 - contract in base
@@ -1067,7 +1225,7 @@ class PostgresRuntimeStore(RuntimeStore):
         rows = [
             (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
              r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
-             r.canceled_by, r.thread_id)
+             r.canceled_by, r.schedule_id, r.thread_id)
             for r in runs
         ]
         latest: dict[str, float] = {}
@@ -1078,7 +1236,7 @@ class PostgresRuntimeStore(RuntimeStore):
         def tx(c: Cursor) -> None:
             c.executemany(
                 f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
-                f"SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, t.user_id "
+                f"SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, t.user_id "
                 f"FROM threads t WHERE t.id = %s "
                 f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
                 f"run_at = excluded.run_at, started_at = excluded.started_at, "
@@ -1140,6 +1298,7 @@ class PostgresRuntimeStore(RuntimeStore):
                 id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
                 run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
                 attempts=r[8], error=r[9], replay_of=r[10], key=r[11], canceled_by=r[12],
+                schedule_id=r[13],
             )
             for r in rows[:limit]
         ]
