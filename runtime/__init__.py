@@ -61,6 +61,7 @@ from runtime.events import (
     RunChange,
     ScheduleChange,
     ScheduleChanged,
+    ThreadDeleted,
 )
 from runtime.extension import Extension
 from runtime.frames import Subscription
@@ -152,6 +153,7 @@ __all__ = [
     "SqliteEffectStore",
     "Subscription",
     "SubscriptionOverflow",
+    "ThreadDeleted",
     "ThreadEndpointDefinition",
     "ThreadExists",
     "ThreadInfo",

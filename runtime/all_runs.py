@@ -109,6 +109,7 @@ class AllRuns:
         tag: str | None = None,
         since: float | None = None,
         until: float | None = None,
+        replayed: bool | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> RunsPage:
@@ -127,6 +128,8 @@ class AllRuns:
             tag: A tag of the thread.
             since: Due at or after this time, seconds since the epoch (UTC).
             until: Due before this time.
+            replayed: True: only runs that a run replays (its ``replay_of``); False:
+                only runs not replayed yet (by a run still kept).
             limit: Page size, 1 to 500.
             cursor: ``next_cursor`` of the previous page.
 
@@ -140,6 +143,7 @@ class AllRuns:
         query = RunQuery(
             statuses=tuple(statuses) if statuses is not None else None, name=name,
             thread_id=thread_id, user_id=user_id, tag=tag, since=since, until=until,
+            replayed=replayed,
         )
         await self._index.flush()
         now = self._now()
@@ -182,10 +186,14 @@ class AllRuns:
         )
 
     async def replay_runs(self, **filters: Any) -> BulkResult:
-        """Replay every failed run that matches ``filters`` (those of `list_runs`).
+        """Replay every failed run not replayed yet that matches ``filters`` (of `list_runs`).
 
         Each replay is a new run with the same name and args, due now, linked to its
-        original (`ThreadState.replay`); at most `MAX_BULK_RUNS` per call.
+        original (`ThreadState.replay`); at most `MAX_BULK_RUNS` per call. A failed run
+        that a run already replays (``replay_of``) is left alone, so a second call does
+        not replay the same failures again; a replay that failed in turn is a failed run
+        not replayed yet. `list_runs` with ``status="failed", replayed=False`` counts
+        the same runs.
 
         Returns:
             The new runs' ids, and whether matching runs remain.
@@ -197,7 +205,7 @@ class AllRuns:
             state = await self._get_thread(run.thread_id)
             return await state.replay(run.id)
 
-        return await self._bulk("failed", filters, replay)
+        return await self._bulk("failed", {**filters, "replayed": False}, replay)
 
     async def _bulk(
         self, status: str, filters: dict[str, Any], act: Callable[[EffectRun], Any]

@@ -35,6 +35,7 @@ import io
 import json
 import math
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -64,7 +65,7 @@ EXIT_CANNOT_CONNECT = 3
 
 RUN_STATUSES = ("pending", "running", "completed", "failed", "canceled")
 
-_THREAD_KEYS = ("id", "createdAt", "agentId", "userId", "tags")
+_THREAD_KEYS = ("id", "createdAt", "agentId", "userId", "tags", "lastActivityAt")
 _RUN_KEYS = ("id", "threadId", "name", "status", "runAt", "createdAt", "startedAt",
              "finishedAt", "attempts", "error", "replayOf")
 
@@ -497,9 +498,25 @@ def _run_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
     ]
 
 
-def _more(console: Console, cursor: str | None, what: str) -> None:
-    if cursor:
-        console.print(Text(f"more {what}: --cursor {cursor} (or --all)", style="dim"))
+def _more(
+    console: Console, cursor: str | None, what: str, command: str,
+    options: list[tuple[str, Any]],
+) -> None:
+    """Say how to get the next page: the same command, every option given, and --cursor.
+
+    A cursor continues one listing (its filters, its sort): the hint repeats them, so the
+    line can be run as it is.
+    """
+    if not cursor:
+        return
+    words = [_PROG, *command.split()]
+    for flag, value in options:
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            if one is not None and one is not False:
+                words += [flag, shlex.quote(str(one))]
+    words += ["--cursor", shlex.quote(cursor)]
+    console.print(Text(f"more {what}: {' '.join(words)} (or --all)", style="dim",
+                       no_wrap=True, overflow="ignore"))
 
 
 # ----------------------------------------------------------------------------- commands
@@ -630,7 +647,10 @@ def threads_list(
          _text(t["agentId"]), _text(t["userId"]), _text(t["tags"])]
         for t in items
     ]))
-    _more(console, answer.get("nextCursor"), "threads")
+    _more(console, answer.get("nextCursor"), "threads", "threads list", [
+        ("--sort", sort), ("--user", user_id), ("--agent", agent_id), ("--tag", tag),
+        ("--limit", limit),
+    ])
 
 
 @threads.command("show", short_help="Show a thread, its run counts and newest runs.")
@@ -656,6 +676,7 @@ def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool)
     console.print(_details([
         ("Thread", thread["id"]),
         ("Created", _when(thread["createdAt"]).append(" UTC")),
+        ("Last activity", _when(thread["lastActivityAt"]).append(" UTC")),
         ("Agent", thread["agentId"]),
         ("User", thread["userId"]),
         ("Tags", thread["tags"]),
@@ -781,7 +802,11 @@ def runs_list(
             or since or until
         console.print("No runs match." if filtered else "No runs.")
     console.print(_counts_line(answer["counts"]))
-    _more(console, answer.get("nextCursor"), "runs")
+    _more(console, answer.get("nextCursor"), "runs", "runs list", [
+        ("--thread", thread_id), ("--status", list(statuses)), ("--name", name),
+        ("--user", user_id), ("--tag", tag), ("--since", since), ("--until", until),
+        ("--limit", limit),
+    ])
 
 
 @runs.command("show", short_help="Show one run with its args and error.")

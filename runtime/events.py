@@ -8,7 +8,9 @@ Every event class lives here. A thread has two kinds of event, numbered on one s
 - `EffectRecordChanged`: an effect tool claimed, applied or released an effect key
   (``effect_record_changed`` frame);
 - `ScheduleChanged`: a recurring schedule was created, fired, skipped a fire, paused,
-  resumed or canceled (``schedule_changed`` frame).
+  resumed or canceled (``schedule_changed`` frame);
+- `ThreadDeleted`: the thread was deleted (``thread_deleted`` frame), sent only to the
+  subscribers of every thread (a thread's own subscriptions end instead).
 
 Each has ``thread_id``, ``seq``, ``to_frame()`` and ``frame_text()`` (``to_frame()`` as
 compact JSON, made once per event and shared by every WebSocket client that sends it).
@@ -245,5 +247,42 @@ class ScheduleChanged:
         return text
 
 
-ThreadEvent: TypeAlias = EffectChanged | MessageCreated | EffectRecordChanged | ScheduleChanged
-"""What a `runtime.frames.Subscription` yields."""
+@dataclass(frozen=True, slots=True)
+class ThreadDeleted:
+    """A thread was deleted: for the subscribers of every thread (`Runtime.subscribe_runs`).
+
+    The thread's own subscriptions end instead (their iteration stops). Sent after the
+    thread and its runs are gone, so a client that holds its runs drops them.
+
+    Attributes:
+        thread_id: The deleted thread.
+        seq: The thread's next event number (see `EffectChanged`); its last event.
+    """
+
+    thread_id: str
+    seq: int
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    def to_frame(self) -> dict[str, Any]:
+        """The ``thread_deleted`` WebSocket frame (no ``data``)."""
+        return {
+            "type": "event",
+            "eventType": "thread_deleted",
+            "threadId": self.thread_id,
+            "seq": self.seq,
+        }
+
+    def frame_text(self) -> str:
+        """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
+        text = self._text
+        if text is None:
+            text = _ENCODE(self.to_frame())
+            object.__setattr__(self, "_text", text)
+        return text
+
+
+ThreadEvent: TypeAlias = (
+    EffectChanged | MessageCreated | EffectRecordChanged | ScheduleChanged | ThreadDeleted
+)
+"""What a `runtime.frames.Subscription` yields (`ThreadDeleted`: only to those of every
+thread)."""

@@ -30,6 +30,7 @@ from runtime.events import (
     RunChange,
     ScheduleChange,
     ScheduleChanged,
+    ThreadDeleted,
     ThreadEvent,
 )
 from runtime.messages import Message
@@ -179,7 +180,8 @@ class ChangeHub:
         """A new subscription to the run changes (`EffectChanged`) of every thread.
 
         Each event keeps its thread's ``seq``. It ends at shutdown (`close_all`), not when
-        a thread is deleted; like any subscription it overflows when read too slowly.
+        a thread is deleted: it gets a `ThreadDeleted` event then. Like any subscription
+        it overflows when read too slowly.
         """
         sub = Subscription(self, ALL_THREADS, self.queue_size)
         self._subs.setdefault(ALL_THREADS, set()).add(sub)
@@ -249,7 +251,15 @@ class ChangeHub:
         return event
 
     def close_thread(self, thread_id: str) -> None:
-        """End every subscription of a thread (it was deleted) and forget its counter."""
+        """End every subscription of a thread (it was deleted) and forget its counter.
+
+        The subscribers of every thread (`subscribe_runs`) get a `ThreadDeleted` event
+        first, numbered after the thread's last one; listeners do not (the stores forget
+        the thread themselves).
+        """
+        event = ThreadDeleted(thread_id=thread_id, seq=self._seq.get(thread_id, 0) + 1)
+        for sub in list(self._subs.get(ALL_THREADS, ())):
+            sub._push(event)
         for sub in list(self._subs.get(thread_id, ())):
             sub.close()
         self._seq.pop(thread_id, None)

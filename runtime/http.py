@@ -46,6 +46,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ from runtime.errors import (
     ThreadStorageError,
 )
 from runtime.frames import Subscription
+from runtime.ids import validate_thread_id
 from runtime.messages import MAX_CONTENT_CHARS
 from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.metrics import RuntimeMetrics
@@ -665,10 +667,28 @@ def _rfc3339(text: str | None, name: str) -> datetime | None:
     return value
 
 
+def _param(request: Request, key: str) -> str | None:
+    """A query parameter given at most once (None when absent or empty).
+
+    A filter takes one value: ``user_id=a&user_id=b`` would otherwise keep one of them
+    silently, so a repeat is refused (``status`` alone takes several values).
+
+    Raises:
+        ApiError: 400 ``invalid_parameter`` naming the parameter when it is repeated.
+    """
+    values = request.query_params.getlist(key)
+    if len(values) > 1:
+        raise ApiError(
+            400, "invalid_parameter",
+            f"{key} is given {len(values)} times; give it once (a filter takes one value)",
+        )
+    return values[0] or None if values else None
+
+
 def _page_params(request: Request, max_limit: int = 500) -> tuple[int, str | None]:
+    _param(request, "limit")  # given once
     limit = _query_limit(request, max_limit)
-    cursor = request.query_params.get("cursor") or None
-    return limit, cursor
+    return limit, _param(request, "cursor")
 
 
 def thread_json(info: ThreadInfo) -> dict[str, Any]:
@@ -724,8 +744,7 @@ async def _create_thread(request: Request) -> Response:
 
 async def _list_threads(request: Request) -> Response:
     limit, cursor = _page_params(request)
-    q = request.query_params
-    sort = q.get("sort") or "activity"
+    sort = _param(request, "sort") or "activity"
     if sort not in ("activity", "created"):
         raise ApiError(
             400, "invalid_parameter",
@@ -733,8 +752,8 @@ async def _list_threads(request: Request) -> Response:
         )
     try:
         page = await _runtime(request).list_threads(
-            limit=limit, cursor=cursor, user_id=q.get("user_id") or None,
-            agent_id=q.get("agent_id") or None, tag=q.get("tag") or None,
+            limit=limit, cursor=cursor, user_id=_param(request, "user_id"),
+            agent_id=_param(request, "agent_id"), tag=_param(request, "tag"),
             by_activity=sort == "activity",
         )
     except ValueError as exc:  # a bad limit or a malformed cursor
@@ -754,8 +773,9 @@ async def _get_thread(request: Request) -> Response:
         user_id=state.user_id,
         tags=state.tags,
         paused=state.paused,
+        last_activity_ts=await _runtime(request).last_activity(state.thread_id),
     )
-    return JSONResponse(thread_json(info))
+    return JSONResponse(listed_thread_json(info))
 
 
 async def _pause_thread(request: Request) -> Response:
@@ -775,7 +795,8 @@ async def _set_paused(request: Request, *, paused: bool) -> Response:
     )
     rt = _runtime(request)
     state = await (rt.pause_thread(tid) if paused else rt.resume_thread(tid))
-    return JSONResponse(thread_json(state.info))
+    info = replace(state.info, last_activity_ts=await rt.last_activity(tid))
+    return JSONResponse(listed_thread_json(info))
 
 
 async def _delete_thread(request: Request) -> Response:
@@ -795,7 +816,7 @@ async def _list_runs(request: Request) -> Response:
         for s in raw.split(",")
         if s.strip()
     ]
-    name = request.query_params.get("name") or None
+    name = _param(request, "name")
     try:
         page = await state.list_runs(
             status=statuses or None, name=name, limit=limit, cursor=cursor
@@ -828,8 +849,21 @@ async def _list_effect_records(request: Request) -> Response:
 
 
 def _instant(request: Request, key: str) -> float | None:
-    raw = request.query_params.get(key)
+    raw = _param(request, key)
     return _parse_instant(key, raw) if raw else None
+
+
+def _time_range(since: float | None, until: float | None) -> None:
+    if since is not None and until is not None and since > until:
+        raise ApiError(
+            400, "invalid_parameter",
+            "since must not be after until (runs due at or after since and before until)",
+        )
+
+
+def _filter_thread_id(value: str | None) -> str | None:
+    # As a path names a thread: a malformed id is refused, not "matches nothing".
+    return validate_thread_id(value) if value is not None else None
 
 
 def _parse_instant(key: str, raw: str) -> float:
@@ -853,15 +887,23 @@ async def _list_all_runs(request: Request) -> Response:
     limit, cursor = _page_params(request)
     q = request.query_params
     statuses = [s.strip() for raw in q.getlist("status") for s in raw.split(",") if s.strip()]
+    since, until = _instant(request, "since"), _instant(request, "until")
+    _time_range(since, until)
+    replayed = _param(request, "replayed")
+    if replayed not in (None, "true", "false"):
+        raise ApiError(
+            400, "invalid_parameter", f"replayed must be true or false, got {_quoted(replayed)}"
+        )
     try:
         page = await rt.list_runs(
             status=statuses or None,
-            name=q.get("name") or None,
-            thread_id=q.get("thread_id") or None,
-            user_id=q.get("user_id") or None,
-            tag=q.get("tag") or None,
-            since=_instant(request, "since"),
-            until=_instant(request, "until"),
+            name=_param(request, "name"),
+            thread_id=_filter_thread_id(_param(request, "thread_id")),
+            user_id=_param(request, "user_id"),
+            tag=_param(request, "tag"),
+            since=since,
+            until=until,
+            replayed=None if replayed is None else replayed == "true",
             limit=limit,
             cursor=cursor,
         )
@@ -940,7 +982,7 @@ async def _cancel(request: Request) -> Response:
     # The one route of a run that takes a body: an optional {"by": ...}, checked first.
     body = await read_object(request, _CANCEL_FIELDS, what, required=False)
     state = await _thread(request)
-    by = _optional_str(body, "by", what) or "http"
+    by = _by(body, what)
     canceled = await state.remove_scheduled_effect(run_id, canceled_by=by)
     if not canceled:
         await state.get_run(run_id)  # RunNotFound (404) for an id the thread never had
@@ -1000,6 +1042,18 @@ async def _cancel_schedule(request: Request) -> Response:
     await _no_fields(request)
     state = await _thread(request)
     return JSONResponse((await state.cancel_schedule(request.path_params["sid"])).to_json())
+
+
+def _by(body: dict[str, Any], what: str) -> str:
+    """Who cancels: ``by`` (1 to 256 characters) or ``"http"`` when absent or null."""
+    by = _optional_str(body, "by", what)
+    if by is None:
+        return "http"
+    if not by:
+        raise ApiError(
+            400, "invalid_argument", f"{what}: by must be 1 to 256 characters, got an empty one"
+        )
+    return by
 
 
 async def _list_effects(request: Request) -> Response:
@@ -1433,14 +1487,15 @@ async def _bulk(request: Request, action: str) -> Response:
     body = await read_object(request, fields, what)
     filters: dict[str, Any] = {}
     for key in ("name", "thread_id", "user_id", "tag"):
-        filters[key] = _optional_str(body, key, what)
+        filters[key] = _optional_str(body, key, what) or None
+    filters["thread_id"] = _filter_thread_id(filters["thread_id"])
     for key in ("since", "until"):
         raw = _optional_str(body, key, what)
         filters[key] = _parse_instant(key, raw) if raw else None
+    _time_range(filters["since"], filters["until"])
     try:
         if action == "cancel":
-            by = _optional_str(body, "by", what) or "http"
-            result = await rt.cancel_runs(canceled_by=by, **filters)
+            result = await rt.cancel_runs(canceled_by=_by(body, what), **filters)
         else:
             result = await rt.replay_runs(**filters)
     except EffectsError:

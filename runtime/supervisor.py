@@ -42,7 +42,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime._limits import MAX_DELAY_SECONDS, delay_seconds, parse_thread_cursor
+from runtime._limits import MAX_DELAY_SECONDS, delay_seconds, parse_thread_cursor, quoted
 from runtime._text import check_text
 from runtime.actors import ActorState, ActorTable, ThreadActor, ThreadLifecycle
 from runtime.alarms import AlarmIndex, Clock, SystemClock
@@ -725,6 +725,23 @@ class Runtime:
             return ThreadState(self, actor.info)
         return ThreadState(self, await self.actors.info(thread_id))
 
+    async def last_activity(self, thread_id: str) -> float | None:
+        """When a thread last did something (as `list_threads` orders by), or None.
+
+        The latest of its creation, its runs' transitions and its messages, in seconds
+        since the epoch (UTC); the changes noted so far are written first. None when the
+        thread is not registered (deleted meanwhile).
+
+        Raises:
+            InvalidThreadId: a malformed id.
+        """
+        self._check_open()
+        validate_thread_id(thread_id)
+        assert self._store is not None
+        await self.run_index.flush()
+        info = await self.run_sync(self._store.get_thread, thread_id)
+        return info.last_activity_ts if info is not None else None
+
     async def list_runs(self, **filters: Any) -> RunsPage:
         """Runs across every thread, newest first, no args: `runtime.all_runs.AllRuns.list_runs`.
 
@@ -744,7 +761,8 @@ class Runtime:
     def subscribe_runs(self) -> Subscription:
         """A subscription to the run changes of every thread (`EffectChanged`, no args).
 
-        Each event keeps its thread's ``seq``; the subscription ends at shutdown.
+        Each event keeps its thread's ``seq``; a deleted thread's last event is a
+        `ThreadDeleted` (after its runs are gone). The subscription ends at shutdown.
 
         Raises:
             RuntimeClosed: the runtime is not running.
@@ -775,7 +793,9 @@ class Runtime:
 
         Args:
             limit: Page size, 1 to 500.
-            cursor: ``next_cursor`` from the previous page (of the same order).
+            cursor: ``next_cursor`` from the previous page, which names its order
+                (``"activity:..."`` or ``"created:..."``): a cursor of the other order
+                is refused.
             user_id: Only threads of this user.
             agent_id: Only threads served by this agent.
             tag: Only threads with this tag.
@@ -784,21 +804,33 @@ class Runtime:
                 the top and is not met again.
 
         Raises:
-            ValueError: a bad limit or a malformed cursor.
+            ValueError: a bad limit, a malformed cursor or one of the other order.
         """
         self._check_open()
         assert self._store is not None
         check_limit(limit)
+        sort = "activity" if by_activity else "created"
         after: tuple[float, str] | None = None
         if cursor is not None:
-            after = parse_thread_cursor(cursor)
+            # A cursor names its order: a position in one order means nothing in the other.
+            kind, sep, position = cursor.partition(":")
+            if not sep or kind not in ("activity", "created"):
+                raise ValueError(
+                    f"Invalid cursor {quoted(cursor)}: pass nextCursor of the last page"
+                )
+            if kind != sort:
+                raise ValueError(
+                    f"Invalid cursor {quoted(cursor)}: it continues a list sorted by "
+                    f"{kind}, not by {sort}; pass the same sort as the page it came from"
+                )
+            after = parse_thread_cursor(position)
         query = ThreadQuery(
             user_id=user_id, agent_id=agent_id, tag=tag, by_activity=by_activity
         )
         if by_activity:
             await self.run_index.flush()
         infos, nxt = await self.run_sync(self._store.list_threads, limit, after, query)
-        return ThreadPage(infos, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
+        return ThreadPage(infos, f"{sort}:{nxt[0]!r}~{nxt[1]}" if nxt is not None else None)
 
     async def pause_thread(self, thread_id: str) -> ThreadState:
         """Pause a thread: it starts no run until resumed; the mark survives restarts.

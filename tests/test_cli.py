@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -77,6 +78,15 @@ def ok(url: str, *args: str, **kwargs: Any) -> str:
 
 def ok_json(url: str, *args: str, **kwargs: Any) -> Any:
     return json.loads(ok(url, *args, "--json", **kwargs))
+
+
+def next_page(url: str, table: str, what: str) -> list[str]:
+    """Run the "more <what>: ..." hint of a table as it is; its JSON answer's ids."""
+    (hint,) = [line for line in table.splitlines() if line.startswith(f"more {what}: ")]
+    command = hint.removeprefix(f"more {what}: ").removesuffix(" (or --all)")
+    words = shlex.split(command)
+    assert words[0] == "thread-effects"
+    return [item["id"] for item in ok_json(url, *words[1:])[what]]
 
 
 def new_thread(url: str, **body: Any) -> dict[str, Any]:
@@ -146,9 +156,10 @@ def test_threads_list_as_a_table_and_as_json(server: ServerProcess) -> None:
 
     one = ok_json(server.url, "threads", "list", "--limit", "1")
     assert len(one["threads"]) == 1 and one["nextCursor"]
-    assert f"more threads: --cursor {one['nextCursor']} (or --all)" in ok(
-        server.url, "threads", "list", "--limit", "1"
-    )
+    assert (
+        "more threads: thread-effects threads list --sort activity --limit 1 --cursor "
+        f"{shlex.quote(one['nextCursor'])} (or --all)"
+    ) in ok(server.url, "threads", "list", "--limit", "1", columns=300)
     rest = ok_json(server.url, "threads", "list", "--cursor", one["nextCursor"])
     assert one["threads"][0] not in rest["threads"]
     every = ok_json(server.url, "threads", "list", "--limit", "1", "--all")
@@ -177,6 +188,12 @@ def test_threads_list_filters_and_sorts_by_last_activity(server: ServerProcess) 
     # Paged one at a time, in the same order.
     walked = ok_json(server.url, "threads", "list", "--user", user, "--limit", "1", "--all")
     assert walked == {"threads": mine["threads"], "nextCursor": None}
+    # The hint to the next page repeats the filters and the sort: run as it is, it goes on.
+    for sort, order in (("activity", mine), ("created", created)):
+        first = ok(server.url, "threads", "list", "--user", user, "--sort", sort,
+                   "--limit", "1", columns=300)
+        assert f"--sort {sort} --user {user} --limit 1 --cursor '{sort}:" in first
+        assert next_page(server.url, first, "threads") == [order["threads"][1]["id"]]
 
     table = ok(server.url, "threads", "list", "--user", user, "--tag", "cli-filter")
     assert "Last activity (UTC)" in table and older["id"] in table
@@ -193,6 +210,7 @@ def test_threads_show(server: ServerProcess) -> None:
 
     shown = ok_json(server.url, "threads", "show", tid)
     assert shown["thread"]["id"] == tid and shown["thread"]["userId"] == "ann"
+    assert shown["thread"]["lastActivityAt"] > shown["thread"]["createdAt"]
     assert shown["counts"] == {
         "pending": 1, "running": 0, "completed": 1, "failed": 1, "canceled": 0,
     }
@@ -201,7 +219,9 @@ def test_threads_show(server: ServerProcess) -> None:
     ]
 
     table = ok(server.url, "threads", "show", tid)
-    assert f"Thread   {tid}" in table and "User     ann" in table
+    assert f"Thread         {tid}" in table and "User           ann" in table
+    last = shown["thread"]["lastActivityAt"].replace("T", " ")[:19]
+    assert f"Last activity  {last}" in table
     assert "pending 1  running 0  completed 1  failed 1  canceled 0" in table
     failed_row = next(line for line in table.splitlines() if runs["failed"] in line)
     assert "fail_on_purpose" in failed_row and "DemoFailure: no [red]luck" in failed_row
@@ -279,8 +299,13 @@ def test_runs_list_with_the_api_filters(server: ServerProcess) -> None:
         assert "DemoFailure: no" in narrow and "…" in narrow
 
     assert "No runs match." in ok(server.url, "runs", "list", "-t", tid, "--name", "nothing")
-    one = ok(server.url, "runs", "list", "-t", tid, "--limit", "1")
-    assert "more runs: --cursor " in one
+    one = ok(server.url, "runs", "list", "-t", tid, "--limit", "1", columns=300)
+    assert f"more runs: thread-effects runs list --thread {tid} --limit 1 --cursor " in one
+    assert next_page(server.url, one, "runs") == [runs["failed"]]
+    filtered = ok(server.url, "runs", "list", "--user", "ann", "--status", "failed",
+                  "--status", "completed", "--limit", "1", columns=300)
+    assert "--status failed --status completed --user ann --limit 1 --cursor" in filtered
+    assert next_page(server.url, filtered, "runs") == [runs["completed"]]
     every = ok_json(server.url, "runs", "list", "-t", tid, "--limit", "1", "--all")
     assert [r["id"] for r in every["runs"]] == [r["id"] for r in page["runs"]]
 

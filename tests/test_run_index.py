@@ -297,3 +297,121 @@ async def test_threads_by_last_activity_over_http_with_filters(tmp_path: Path) -
         # The same from the runtime, which the CLI and the pane reach through the API.
         page = await api.rt.list_threads(by_activity=True, tag="vip")
         assert [t.id for t in page.threads] == [talked, quiet]
+
+
+async def test_thread_cursors_name_their_sort_and_filters_take_one_value(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    async with serve_api(tmp_path / "data", clock=clock) as api:
+        made = []
+        for _ in range(3):
+            made.append(await api.new_thread(user_id="gina", tags=["vip"]))
+            clock.advance(1)
+        await api.schedule(made[0], "ping")  # the oldest thread is the most recently active
+        await api.rt.wait_idle()
+
+        async def get(path: str, params: object) -> dict[str, object]:
+            res = await api.client.get(path, params=params)  # type: ignore[arg-type]
+            return {"status": res.status_code, **res.json()}
+
+        by_activity = await get("/api/threads", {"limit": "1"})
+        by_created = await get("/api/threads", {"limit": "1", "sort": "created"})
+        assert str(by_activity["nextCursor"]).startswith("activity:")
+        assert str(by_created["nextCursor"]).startswith("created:")
+        # A cursor continues the order it came from, and no other.
+        for cursor, sort, other in ((by_activity["nextCursor"], "created", "activity"),
+                                    (by_created["nextCursor"], "activity", "created")):
+            wrong = await get("/api/threads", {"cursor": cursor, "sort": sort})
+            assert wrong["status"] == 400
+            error = wrong["error"]
+            assert isinstance(error, dict) and error["code"] == "invalid_parameter"
+            assert f"sorted by {other}, not by {sort}" in error["message"]
+            assert "cursor" in error["message"]
+        rest = await get("/api/threads", {"cursor": by_created["nextCursor"], "sort": "created"})
+        assert [t["id"] for t in rest["threads"]] == [made[1], made[0]]  # type: ignore[attr-defined]
+        # A runs cursor is no thread cursor.
+        runs = await get("/api/runs", {"limit": "1"})
+        bad = await get("/api/threads", {"cursor": runs["nextCursor"] or "1.0~x"})
+        assert bad["status"] == 400
+
+        # A repeated filter is refused, naming it; status alone takes several values.
+        for path, key in (("/api/threads", "user_id"), ("/api/threads", "tag"),
+                          ("/api/threads", "sort"), ("/api/runs", "user_id"),
+                          ("/api/runs", "tag"), ("/api/runs", "name"),
+                          ("/api/runs", "cursor"), (f"/api/threads/{made[0]}/effects", "name")):
+            res = await api.client.get(path, params=[(key, "a"), (key, "b")])
+            assert res.status_code == 400, (path, key)
+            assert res.json()["error"]["code"] == "invalid_parameter"
+            assert res.json()["error"]["message"].startswith(f"{key} is given 2 times")
+        res = await api.client.get("/api/runs", params=[("status", "failed"),
+                                                        ("status", "completed")])
+        assert res.status_code == 200
+
+        # A malformed thread id, and a time range that ends before it starts.
+        res = await api.client.get("/api/runs", params={"thread_id": "bad!id"})
+        assert res.status_code == 400 and res.json()["error"]["code"] == "invalid_thread_id"
+        res = await api.client.post("/api/runs/cancel", json={"thread_id": "bad!id"})
+        assert res.status_code == 400 and res.json()["error"]["code"] == "invalid_thread_id"
+        times = {"since": "2026-12-02T00:00:00Z", "until": "2026-12-01T00:00:00Z"}
+        for res in (await api.client.get("/api/runs", params=times),
+                    await api.client.post("/api/runs/cancel", json=times)):
+            assert res.status_code == 400
+            assert res.json()["error"]["code"] == "invalid_parameter"
+            assert "since must not be after until" in res.json()["error"]["message"]
+
+        # GET /api/threads/{id} says when the thread last did something, as the list does.
+        one = (await api.client.get(f"/api/threads/{made[0]}")).json()
+        listed = (await api.client.get("/api/threads")).json()["threads"]
+        assert one == next(t for t in listed if t["id"] == made[0])
+        assert one["lastActivityAt"] > one["createdAt"]
+
+
+async def test_an_empty_by_is_refused_by_both_cancels(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        tid = await api.new_thread()
+        waiting = await api.schedule(tid, "ping", delay_seconds=3600)
+        for path in ("/api/runs/cancel", f"/api/threads/{tid}/effects/{waiting}/cancel"):
+            res = await api.client.post(path, json={"by": ""})
+            assert res.status_code == 400, path
+            assert res.json()["error"]["code"] == "invalid_argument"
+            assert "by must be 1 to 256 characters" in res.json()["error"]["message"]
+        assert (await api.run(tid, waiting))["status"] == "pending"  # nothing canceled
+        res = await api.client.post(f"/api/threads/{tid}/effects/{waiting}/cancel",
+                                    json={"by": "ops"})
+        assert res.json() == {"canceled": True}
+        assert (await api.run(tid, waiting))["canceledBy"] == "ops"
+
+
+async def test_replay_all_failed_acts_on_failures_not_replayed_yet(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        tid = await api.new_thread(user_id="hal")
+        failed = [await api.schedule(tid, "boom", {"message": "no"}) for _ in range(2)]
+        await api.rt.wait_idle()
+
+        async def unreplayed() -> int:
+            res = await api.client.get("/api/runs", params={
+                "user_id": "hal", "status": "failed", "replayed": "false", "limit": "1"})
+            assert res.status_code == 200, res.text
+            return int(res.json()["counts"]["failed"])
+
+        assert await unreplayed() == 2
+        first = (await api.client.post("/api/runs/replay", json={"user_id": "hal"})).json()
+        assert first["replayed"] == 2
+        await api.rt.wait_idle()  # the replays fail too
+        replays = {(await api.run(tid, r))["replayOf"] for r in first["ids"]}
+        assert replays == set(failed)
+        # Four failed runs, of which the two replays are the ones not replayed yet.
+        listed = (await api.client.get("/api/runs", params={"user_id": "hal"})).json()
+        assert listed["counts"]["failed"] == 4 and await unreplayed() == 2
+        again = (await api.client.post("/api/runs/replay", json={"user_id": "hal"})).json()
+        assert again["replayed"] == 2  # the replays' replays, not the originals again
+        assert {(await api.run(tid, r))["replayOf"] for r in again["ids"]} == set(first["ids"])
+        replayed = (await api.client.get("/api/runs", params={
+            "user_id": "hal", "replayed": "true"})).json()
+        assert {r["id"] for r in replayed["runs"]} == {*failed, *first["ids"]}
+        # One run's replay stays allowed on any failed run, replayed or not.
+        res = await api.client.post(f"/api/threads/{tid}/effects/{failed[0]}/replay")
+        assert res.status_code == 201
+        res = await api.client.get("/api/runs", params={"replayed": "maybe"})
+        assert res.status_code == 400 and "replayed must be true or false" in res.text

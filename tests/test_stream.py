@@ -86,7 +86,8 @@ async def frames_until(ws: ClientConnection, done: Callable[[Frame], bool]) -> l
 
 
 def change_is(run_id: str, change: str) -> Callable[[Frame], bool]:
-    return lambda f: f["data"]["id"] == run_id and f["data"]["change"] == change
+    return lambda f: (f["eventType"] == "effect_changed" and f["data"]["id"] == run_id
+                      and f["data"]["change"] == change)
 
 
 async def close_code(ws: ClientConnection) -> int | None:
@@ -139,6 +140,11 @@ async def test_the_server_wide_stream_has_every_threads_run_changes(live: Live) 
         (a, first, "scheduled"), (a, first, "started"), (a, first, "completed"),
         (b, second, "scheduled"), (b, second, "started"), (b, second, "failed"),
     ]
+    # The deletion is a frame of its own, numbered after the thread's last one: a client
+    # drops that thread's runs.
+    deleted, *more = more
+    assert deleted == {"type": "event", "eventType": "thread_deleted", "threadId": b,
+                       "seq": frames[5]["seq"] + 1}
     assert all(f["eventType"] == "effect_changed" for f in frames + more)
     assert all("secret-args-value" not in json.dumps(f) for f in frames)
     # Each frame keeps its thread's seq.

@@ -74,16 +74,17 @@ const plural = (n, word) => `${n.toLocaleString("en-US")} ${word}${n === 1 ? "" 
 
 /**
  * The question asked before a bulk action: how many runs (`count`, the server's count for
- * the same filters) and which. `action`: "cancel" (pending runs) or "replay" (failed runs).
+ * the same filters) and which, naming every filter (or saying there is none). `action`:
+ * "cancel" (pending runs) or "replay" (failed runs no run replays yet, as the server does).
  */
 export function bulkQuestion(action, count, filters, fmtTime) {
-  const which = describeFilters(filters, fmtTime);
+  const which = describeFilters(filters, fmtTime) || " of every thread (no filter)";
   if (action === "cancel") {
     return `Cancel all ${plural(count, "pending run")}${which}? ` +
       "Each is canceled in its own thread; one that starts meanwhile is stopped.";
   }
-  return `Replay all ${plural(count, "failed run")}${which}? ` +
-    "Each replay is a new run with the same args, due now.";
+  return `Replay all ${plural(count, "failed run")}${which} not replayed yet? ` +
+    "Each replay is a new run with the same args, due now; failed runs already replayed are left alone.";
 }
 
 /** What a bulk action's answer says, for the notice above the list. */
@@ -91,4 +92,72 @@ export function bulkOutcome(action, answer) {
   const n = Number(action === "cancel" ? answer?.canceled : answer?.replayed) || 0;
   const done = action === "cancel" ? `Canceled ${plural(n, "run")}.` : `Replayed ${plural(n, "failed run")}.`;
   return answer?.more ? `${done} More match: run it again for the rest.` : done;
+}
+
+const FILTER_KEYS = ["status", "name", "user", "tag", "since", "until"];
+const STATUS_CHIPS = new Set(["all", "pending", "running", "completed", "failed", "canceled"]);
+
+/** Whether two filter sets select the same runs (values compared trimmed). */
+export function sameFilters(a, b) {
+  return FILTER_KEYS.every((k) => String(a?.[k] ?? "").trim() === String(b?.[k] ?? "").trim());
+}
+
+export const ALL_RUNS_HASH = "#all-runs";
+
+/** Whether a URL hash is the All runs view's (`#all-runs`, with or without filters). */
+export function isAllRunsHash(hash) {
+  return hash === ALL_RUNS_HASH || String(hash).startsWith(`${ALL_RUNS_HASH}?`);
+}
+
+/**
+ * The URL hash of the All runs view with `filters`: `#all-runs?status=failed&user=u1`
+ * (only the filters given; `#all-runs` for none), so a reload, Back or a shared link
+ * shows the same list.
+ */
+export function filtersHash(filters) {
+  const params = new URLSearchParams();
+  for (const key of FILTER_KEYS) {
+    const value = String(filters?.[key] ?? "").trim();
+    if (value && !(key === "status" && value === "all")) params.set(key, value);
+  }
+  const text = params.toString();
+  return text ? `${ALL_RUNS_HASH}?${text}` : ALL_RUNS_HASH;
+}
+
+/**
+ * The filters a hash of `filtersHash` names (the others empty). An unknown status is
+ * "all"; a time that is not one is dropped.
+ */
+export function filtersFromHash(hash) {
+  const filters = emptyFilters();
+  const at = String(hash).indexOf("?");
+  if (at < 0) return filters;
+  const params = new URLSearchParams(String(hash).slice(at + 1));
+  for (const key of FILTER_KEYS) {
+    const value = (params.get(key) ?? "").trim();
+    if (!value) continue;
+    if (key === "status") filters.status = STATUS_CHIPS.has(value) ? value : "all";
+    else if (key === "since" || key === "until") {
+      if (Number.isFinite(Date.parse(value))) filters[key] = value;
+    } else filters[key] = value;
+  }
+  return filters;
+}
+
+/**
+ * Drop the runs of a deleted thread from a runs model (runs-model.js), in place, and take
+ * them off its counts (the server's counts are asked for again after). Returns how many
+ * runs it dropped.
+ */
+export function dropThread(model, threadId) {
+  const tid = String(threadId);
+  let dropped = 0;
+  for (const [id, run] of model.runs) {
+    if (String(run.threadId) !== tid) continue;
+    model.runs.delete(id);
+    dropped += 1;
+    if (model.counts && Number(model.counts[run.status]) > 0) model.counts[run.status] -= 1;
+  }
+  if (dropped) model.order = model.order.filter((id) => model.runs.has(id));
+  return dropped;
 }

@@ -14,9 +14,12 @@ import {
   bulkBody,
   bulkOutcome,
   bulkQuestion,
+  dropThread,
   emptyFilters,
+  filtersHash,
   frameMatches,
   listQuery,
+  sameFilters,
 } from "./all-runs-model.js";
 import { fmtDuration, fmtLocal, fmtRelative, runDuration, shortId, timeParts, whenText } from "./format.js";
 import { actionButtons, cancelQuestion, statusClass } from "./runs.js";
@@ -53,10 +56,20 @@ function isoFromLocal(value) {
   return Number.isFinite(t) ? new Date(t).toISOString() : "";
 }
 
+// An ISO 8601 instant as a datetime-local input's value (local time, to the second), or "".
+function localFromIso(iso) {
+  const t = Date.parse(iso);
+  if (!iso || !Number.isFinite(t)) return "";
+  const d = new Date(t);
+  const p = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}T${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
+
 export class AllRunsView {
   /**
-   * `ctx`: {openRun(threadId, runId), onStreamState(conn, detail), effects()} — effects():
-   * the discovered effects, for the name filter's suggestions.
+   * `ctx`: {openRun(threadId, runId), onStreamState(conn, detail), onThreadFrame(frame),
+   * effects()} — onThreadFrame: every frame, for the thread list; effects(): the
+   * discovered effects, for the name filter's suggestions.
    */
   constructor(ctx) {
     this.ctx = ctx;
@@ -145,34 +158,68 @@ export class AllRunsView {
     });
   }
 
-  applyForm() {
+  /** What the filter fields show (trimmed), with the applied status. */
+  formFilters() {
     const el = this.el;
-    this.setFilters({
+    return {
       status: this.filters.status,
       name: el.name.value.trim(),
       user: el.user.value.trim(),
       tag: el.tag.value.trim(),
       since: isoFromLocal(el.since.value),
       until: isoFromLocal(el.until.value),
-    });
+    };
   }
 
+  applyForm() {
+    this.setFilters(this.formFilters());
+  }
+
+  /** Show `filters` in the fields (the spaces trimmed away, times in local time). */
+  fillForm(filters) {
+    const el = this.el;
+    for (const key of ["name", "user", "tag"]) {
+      if (el[key].value !== filters[key]) el[key].value = filters[key];
+    }
+    for (const key of ["since", "until"]) {
+      // The field shows seconds at most: keep its value while it names the same time.
+      if (isoFromLocal(el[key].value) !== filters[key]) el[key].value = localFromIso(filters[key]);
+    }
+  }
+
+  /** Apply `filters`: the fields and the URL hash show them; a new list is loaded. */
   setFilters(filters) {
-    const same = Object.keys(filters).every((k) => filters[k] === this.filters[k]);
-    this.filters = filters;
+    const same = sameFilters(filters, this.filters);
+    this.filters = { ...filters };
+    this.fillForm(this.filters);
+    this.writeHash();
     if (same) return;
     this.setNotice(null);
     this.restart();
   }
 
+  // The filters live in the URL hash (#all-runs?status=failed&user=u1): a reload, Back or
+  // a shared link shows the same list. Replaced, not pushed: Back leaves the view.
+  writeHash() {
+    if (!this.shown) return;
+    const want = filtersHash(this.filters);
+    if (location.hash !== want) history.replaceState(null, "", location.pathname + location.search + want);
+  }
+
   // ---------------------------------------------------------------- showing
 
-  /** Show the view: load the list and follow every thread's run changes. */
-  show() {
-    if (this.shown) return;
+  /** Show the view with `filters` (those of the URL hash): load the list and follow every thread's run changes. */
+  show(filters = emptyFilters()) {
+    if (this.shown) {
+      this.setFilters(filters);
+      return;
+    }
     this.shown = true;
     this.el.section.hidden = false;
     this.drawEffectNames();
+    this.filters = { ...filters };
+    this.fillForm(this.filters);
+    this.writeHash();
     this.restart();
     const stream = new RunStream(null, {
       onState: (conn, detail) => {
@@ -305,9 +352,19 @@ export class AllRunsView {
     }
   }
 
-  /** One frame of `WS /api/stream`: an effect_changed of any thread. */
+  /** One frame of `WS /api/stream`: an effect_changed or a thread_deleted of any thread. */
   onFrame(frame) {
-    if (!frame || frame.type !== "event" || frame.eventType !== "effect_changed") return;
+    if (!frame || frame.type !== "event") return;
+    if (frame.threadId != null) this.ctx.onThreadFrame(frame); // the thread list follows too
+    if (frame.eventType === "thread_deleted") {
+      if (frame.threadId == null) return;
+      // Its runs are gone: nothing to show or act on; the counts are asked for again.
+      dropThread(this.model, frame.threadId);
+      this.scheduleDraw();
+      this.scheduleCountsSync(0);
+      return;
+    }
+    if (frame.eventType !== "effect_changed") return;
     const data = frame.data;
     if (!data || data.id == null) return;
     const run = { ...data, threadId: frame.threadId ?? data.threadId };
@@ -331,7 +388,7 @@ export class AllRunsView {
     if (FINISHING.has(data.change)) this.scheduleCountsSync();
   }
 
-  scheduleCountsSync() {
+  scheduleCountsSync(delay = COUNTS_SYNC_MS) {
     if (this.countsTimer) return;
     const s = this.session;
     this.countsTimer = setTimeout(async () => {
@@ -345,7 +402,7 @@ export class AllRunsView {
       } catch {
         // The next finishing frame (or reload) tries again.
       }
-    }, COUNTS_SYNC_MS);
+    }, delay);
   }
 
   // ---------------------------------------------------------------- drawing
@@ -402,7 +459,8 @@ export class AllRunsView {
     el.cancelAll.disabled = !this.loadedOnce || counts.pending === 0;
     el.replayAll.disabled = !this.loadedOnce || counts.failed === 0;
     el.cancelAll.textContent = `Cancel all pending (${counts.pending.toLocaleString()})`;
-    el.replayAll.textContent = `Replay all failed (${counts.failed.toLocaleString()})`;
+    // Not a count: replay all acts on failed runs not replayed yet, which the question counts.
+    el.replayAll.textContent = "Replay all failed";
     el.more.hidden = !this.loadedOnce || this.exhausted;
     el.more.disabled = this.loading || this.loadingMore;
     el.more.textContent = this.loadingMore ? "Loading…" : "Load more";
@@ -493,25 +551,33 @@ export class AllRunsView {
   }
 
   /**
-   * Cancel every pending run, or replay every failed run, of the filtered list: first ask
-   * the server how many match now, then say that number in the confirmation.
+   * Cancel every pending run, or replay every failed run not replayed yet, of the filtered
+   * list: first apply what the filter fields show (typed but not applied yet), then ask
+   * the server how many match now, then say that number and the filters in the
+   * confirmation.
    */
   async bulk(action, button) {
+    const fields = this.formFilters();
+    if (!sameFilters(fields, this.filters)) this.setFilters(fields);
     const s = this.session;
     if (!s) return;
     const status = action === "cancel" ? "pending" : "failed";
     button.disabled = true;
     try {
       const body = bulkBody(this.filters);
-      const res = await api.listAllRuns({ ...body, limit: 1 }, { signal: s.signal });
+      // The server replays failed runs that no run replays yet: count those.
+      const extra = action === "replay" ? { status: "failed", replayed: "false" } : {};
+      const res = await api.listAllRuns({ ...body, ...extra, limit: 1 }, { signal: s.signal });
       if (s.closed) return;
-      if (res && typeof res.counts === "object") {
+      if (action === "cancel" && res && typeof res.counts === "object") {
         this.model.counts = { ...res.counts };
         this.draw();
       }
       const count = Number(res?.counts?.[status]) || 0;
       if (count === 0) {
-        this.setNotice(`No ${status} runs match these filters.`);
+        this.setNotice(action === "cancel"
+          ? "No pending runs match these filters."
+          : "No failed runs match these filters that are not replayed yet.");
         return;
       }
       const question = bulkQuestion(action, count, this.filters, (iso) => fmtLocal(iso, { full: true }));

@@ -12,6 +12,7 @@
 // record and larger user base; see docs/design.md.
 
 import { AllRunsView } from "./all-runs.js";
+import { filtersFromHash, isAllRunsHash } from "./all-runs-model.js";
 import { ApiError, RunStream, askForToken, onReach } from "./api.js";
 import { Connection } from "./connection.js";
 import { ConversationView } from "./conversation.js";
@@ -47,8 +48,6 @@ const el = {
   showThreads: $("show-threads"),
   showAllRuns: $("show-all-runs"),
 };
-
-const ALL_RUNS_HASH = "#all-runs";
 
 // The selection: the only state this module keeps.
 let session = null; // ThreadSession of the shown thread, or null
@@ -131,6 +130,7 @@ const conversation = new ConversationView({
 const allRuns = new AllRunsView({
   openRun: (tid, id) => openRun(tid, id),
   onStreamState: (conn, detailText) => connection.setStreamState(conn, detailText),
+  onThreadFrame: (frame) => threads.onFrame(frame.threadId, frame),
   effects: () => schedule.effects,
 });
 
@@ -294,6 +294,7 @@ function onFrame(frame) {
     }
   }
   if (frame.type !== "event") return;
+  threads.onFrame(session.tid, frame);
   if (frame.eventType === "message_created") conversation.onFrame(frame.data);
   else if (frame.eventType === "effect_changed") runs.onFrame(frame.data);
   else if (frame.eventType === "effect_record_changed") records.onFrame(frame.data);
@@ -309,15 +310,19 @@ function markView(all) {
   off.removeAttribute("aria-current");
 }
 
+/** Show All runs with the filters of the URL hash (#all-runs?status=failed&user=u1). */
 function showAllRuns() {
-  if (allRuns.shown) return;
+  const filters = filtersFromHash(location.hash);
+  if (allRuns.shown) {
+    allRuns.show(filters);
+    return;
+  }
   selectThread(null);
-  if (location.hash !== ALL_RUNS_HASH) history.replaceState(null, "", location.pathname + location.search + ALL_RUNS_HASH);
   el.noThread.hidden = true;
   markView(true);
   document.title = "All runs · Effects pane";
   connection.setThread(true, true);
-  allRuns.show();
+  allRuns.show(filters);
 }
 
 function leaveAllRuns() {
@@ -380,7 +385,7 @@ function wire() {
     if (ev.key === "Escape" && !ev.defaultPrevented && !tokenDialogOpen() && detail.id !== null) detail.close();
   });
   window.addEventListener("hashchange", () => {
-    if (location.hash === ALL_RUNS_HASH) {
+    if (isAllRunsHash(location.hash)) {
       showAllRuns();
       return;
     }
@@ -433,7 +438,7 @@ function init() {
   schedule.load();
   threads.loadAgents();
   const tid = hashParams().get("thread");
-  if (location.hash === ALL_RUNS_HASH) showAllRuns();
+  if (isAllRunsHash(location.hash)) showAllRuns();
   else if (tid) selectThread(tid);
   else connection.setThread(false, false);
 }

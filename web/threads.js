@@ -25,6 +25,25 @@ function activityText(thread, now) {
     : null;
 }
 
+/**
+ * When a frame says its thread was last active (ms since the epoch), or NaN: a run's
+ * latest time (created, started, finished), a message's creation — the server's rule for
+ * `lastActivityAt`.
+ */
+export function frameActivity(frame) {
+  const data = frame && frame.data;
+  if (!data || frame.type !== "event") return NaN;
+  if (frame.eventType === "message_created") return Date.parse(data.createdAt);
+  if (frame.eventType !== "effect_changed") return NaN;
+  const times = [data.createdAt, data.startedAt, data.finishedAt].map((t) => Date.parse(t)).filter(Number.isFinite);
+  return times.length ? Math.max(...times) : NaN;
+}
+
+const activityOf = (t) => {
+  const active = Date.parse(t.lastActivityAt);
+  return Number.isFinite(active) ? active : Date.parse(t.createdAt) || 0;
+};
+
 export class ThreadsView {
   /** `onSelect(tid)`: a thread was chosen or created; `onForget(tid)`: it is gone. */
   constructor({ onSelect, onForget }) {
@@ -259,6 +278,32 @@ export class ThreadsView {
       if (err instanceof ApiError && err.status === 404) this.forget(id); // the list was out of date
       toastApiError(`Could not delete thread ${id}`, err);
     }
+  }
+
+  /**
+   * A frame of thread `id` (its own stream, or the stream of every thread): if it is newer
+   * than the thread's last activity, the thread says so and moves up (the list is most
+   * recently active first). Threads not loaded are left alone. Drawn once per frame burst.
+   */
+  onFrame(id, frame) {
+    if (frame && frame.type === "event" && frame.eventType === "thread_deleted") {
+      if (this.threads.has(String(id))) this.forget(String(id));
+      return;
+    }
+    const at = frameActivity(frame);
+    const thread = id == null ? undefined : this.threads.get(String(id));
+    if (!thread || !Number.isFinite(at) || at <= activityOf(thread)) return;
+    this.threads.set(thread.id, { ...thread, lastActivityAt: new Date(at).toISOString() });
+    if (this.resortQueued) return;
+    this.resortQueued = true;
+    requestAnimationFrame(() => {
+      this.resortQueued = false;
+      const sorted = [...this.threads.values()].sort(
+        (a, b) => activityOf(b) - activityOf(a) || (a.id < b.id ? 1 : a.id > b.id ? -1 : 0),
+      );
+      this.threads = new Map(sorted.map((t) => [String(t.id), t]));
+      this.render();
+    });
   }
 
   /** Note thread `id`'s paused state (from its header), if it is in the list. */

@@ -121,6 +121,8 @@ class RunQuery:
         tag: One of the thread's tags.
         since: Due (``run_at``) at or after this time, seconds since the epoch (UTC).
         until: Due before this time.
+        replayed: True: only runs that a run of the index replays (``replay_of``);
+            False: only runs that none replays yet; None: either.
     """
 
     statuses: tuple[EffectStatus, ...] | None = None
@@ -130,6 +132,7 @@ class RunQuery:
     tag: str | None = None
     since: float | None = None
     until: float | None = None
+    replayed: bool | None = None
 
 
 class ThreadStore(ABC):

@@ -806,8 +806,14 @@ class MemoryRuntimeStore(RuntimeStore):
     ) -> list[EffectRun]:
         backend = self._check()
         out = []
+        replayed = (
+            {r.replay_of for r in backend.run_index.values() if r.replay_of is not None}
+            if query.replayed is not None else set()
+        )
         for run in backend.run_index.values():
             if _expired(run, now, retention):
+                continue
+            if query.replayed is not None and (run.id in replayed) != query.replayed:
                 continue
             if statuses and query.statuses is not None and run.status not in query.statuses:
                 continue

@@ -1294,6 +1294,13 @@ class SQLiteRuntimeStore(RuntimeStore):
                 "WHERE t.id = run_index.thread_id AND json_each.value = ?)"
             )
             params.append(query.tag)
+        if query.replayed is not None:
+            # A replay is a run of the same thread: ix_run_index_thread keeps this cheap.
+            parts.append(
+                ("" if query.replayed else "NOT ")
+                + "EXISTS (SELECT 1 FROM run_index r WHERE r.thread_id = run_index.thread_id "
+                "AND r.replay_of = run_index.run_id)"
+            )
         return " AND ".join(parts), params
 
     def list_indexed_runs(  # noqa: D102

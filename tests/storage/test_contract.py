@@ -1396,6 +1396,27 @@ def test_the_run_index_keeps_a_runs_key_and_who_canceled_it(rtdb: RuntimeStore) 
     )
 
 
+def test_the_run_index_tells_replayed_runs_from_the_others(rtdb: RuntimeStore) -> None:
+    rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0))
+    failed = {"status": EffectStatus.FAILED, "finished_at_ts": T0 + 9}
+    rtdb.index_runs([
+        indexed("a", 1, **failed),
+        indexed("a", 2, **failed),
+        indexed("a", 3, replay_of="x0001", **failed),  # x0001's replay, failed in turn
+        indexed("a", 4, replay_of="x0003"),
+    ])
+
+    def listed(replayed: bool | None) -> list[str]:
+        query = RunQuery(statuses=(EffectStatus.FAILED,), replayed=replayed)
+        return ids(rtdb.list_indexed_runs(query, T0, KEEP, 10)[0])
+
+    assert listed(None) == ["x0003", "x0002", "x0001"]
+    assert listed(False) == ["x0002"]
+    assert listed(True) == ["x0003", "x0001"]
+    counts = rtdb.count_indexed_runs(RunQuery(replayed=False), T0, KEEP)
+    assert (counts[EffectStatus.FAILED], counts[EffectStatus.PENDING]) == (1, 1)
+
+
 def test_a_renewed_lease_is_not_taken_over_until_it_expires(store: ThreadStore) -> None:
     begin(store, "k", "a", T0)  # a 60 s lease
     assert store.renew_effect_record("k", owner="a", lease_seconds=60, now=T0 + 50)

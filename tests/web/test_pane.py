@@ -110,8 +110,8 @@ class Pane:
     """The questions the page asked (confirm()); each is accepted unless `refuse` is set."""
     refuse: bool = False
 
-    def new_thread(self) -> str:
-        res = self.http.post("/api/threads", json={})
+    def new_thread(self, **body: Any) -> str:
+        res = self.http.post("/api/threads", json=body)
         assert res.status_code == 201, res.text
         tid: str = res.json()["id"]
         return tid
@@ -1468,7 +1468,7 @@ def chip_count(pane: Pane, status: str) -> Any:
 
 def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     page = pane.page
-    t1, t2, t3 = pane.new_thread(), pane.new_thread(), pane.new_thread()
+    t1, t2, t3 = pane.new_thread(user_id="ann"), pane.new_thread(), pane.new_thread()
     mine = [pane.schedule(t1, "send_reminder", {"text": f"r{i}"}, delay=3600) for i in range(2)]
     theirs = pane.schedule(t2, "send_reminder", {"text": "other"}, delay=3600)
     failed = pane.schedule(t2, "fail_on_purpose", {})
@@ -1489,17 +1489,33 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     chip_count(pane, "failed").click()
     expect(page.get_by_test_id("all-run-row")).to_have_count(1)
     expect(all_row(pane, failed)).to_be_visible()
-    page.get_by_test_id("all-name").fill("send_reminder")
+    expect(page).to_have_url(f"{pane.url}/#all-runs?status=failed")
+    page.get_by_test_id("all-name").fill("  send_reminder ")  # spaces are trimmed away
     page.get_by_test_id("all-apply").click()
     expect(chip_count(pane, "failed")).to_have_attribute("data-count", "0", timeout=WAIT_MS)
+    expect(page.get_by_test_id("all-name")).to_have_value("send_reminder")
+    # The filters are in the URL: a reload (or a shared link) shows the same list.
+    expect(page).to_have_url(f"{pane.url}/#all-runs?status=failed&name=send_reminder")
+    page.reload()
+    expect(page.get_by_test_id("all-name")).to_have_value("send_reminder", timeout=WAIT_MS)
+    expect(chip_count(pane, "failed")).to_have_attribute("aria-pressed", "true")
+    expect(chip_count(pane, "pending")).to_have_attribute("data-count", "3", timeout=WAIT_MS)
     expect(page.get_by_test_id("all-run-row")).to_have_count(0)
     chip_count(pane, "all").click()
     expect(page.get_by_test_id("all-run-row")).to_have_count(3, timeout=WAIT_MS)
     expect(chip_count(pane, "all")).to_have_attribute("data-count", "3")
 
     # Live, from another thread: a new run appears; one that runs and finishes changes.
+    # The thread list follows the stream too: the thread moves up, "active" now.
+    items = page.get_by_test_id("thread-item")
+    expect(items.first).not_to_have_attribute("data-thread-id", t3)
+    expect(page.locator(f'[data-testid="thread-item"][data-thread-id="{t3}"]')).to_contain_text(
+        "created"
+    )
     later = pane.schedule(t3, "send_reminder", {"text": "live"}, delay=3600)
     expect(all_row(pane, later)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
+    expect(items.first).to_have_attribute("data-thread-id", t3, timeout=WAIT_MS)
+    expect(items.first).to_contain_text("active")
     expect(chip_count(pane, "pending")).to_have_attribute("data-count", "4")
     assert pane.http.post(f"/api/threads/{t3}/effects/{later}/run").status_code == 200
     expect(all_row(pane, later)).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
@@ -1516,13 +1532,21 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     snap(page, "all-runs-420")
     page.set_viewport_size(WIDE)
 
-    # Bulk cancel of the filtered list: the question names the server's count.
+    # Bulk cancel acts on what the fields show, applied first (a user typed, no Apply):
+    # the question names the server's count and every filter.
+    page.get_by_test_id("all-user").fill(" ann ")
     pane.refuse = True
     page.get_by_test_id("all-cancel-pending").click()
     expect(page.get_by_test_id("all-cancel-pending")).to_be_enabled(timeout=WAIT_MS)
-    assert pane.dialogs[-1].startswith("Cancel all 4 pending runs named send_reminder?")
-    expect(all_row(pane, theirs)).to_have_attribute("data-status", "pending")
+    assert pane.dialogs[-1].startswith(
+        "Cancel all 2 pending runs named send_reminder, of user ann?"
+    )
+    expect(page).to_have_url(f"{pane.url}/#all-runs?name=send_reminder&user=ann")
+    expect(page.get_by_test_id("all-user")).to_have_value("ann")
+    expect(all_row(pane, theirs)).to_have_count(0, timeout=WAIT_MS)  # not ann's
+    expect(all_row(pane, mine[0])).to_have_attribute("data-status", "pending")
     pane.refuse = False
+    page.get_by_test_id("all-user").fill("")
     page.get_by_test_id("all-cancel-pending").click()
     expect(page.get_by_test_id("all-notice")).to_have_text(re.compile("Canceled 4 runs."),
                                                            timeout=WAIT_MS)
@@ -1542,9 +1566,27 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     page.get_by_test_id("all-replay-failed").click()
     expect(page.get_by_test_id("all-notice")).to_have_text(re.compile("Replayed 2 failed runs."),
                                                            timeout=WAIT_MS)
-    assert pane.dialogs[-1].startswith("Replay all 2 failed runs? Each replay is a new run")
+    assert pane.dialogs[-1].startswith(
+        "Replay all 2 failed runs of every thread (no filter) not replayed yet? Each replay"
+    )
     replays = pane.http.get("/api/runs", params={"name": "fail_on_purpose"}).json()["runs"]
     assert sorted(r["replayOf"] or "" for r in replays) == sorted(["", "", failed, ignored])
+    # The replays fail too. Pressed again, it replays those two, not the originals again.
+    expect(chip_count(pane, "failed")).to_have_attribute("data-count", "4", timeout=WAIT_MS)
+    page.get_by_test_id("all-notice").get_by_role("button", name="Dismiss").click()
+    page.get_by_test_id("all-replay-failed").click()
+    expect(page.get_by_test_id("all-notice")).to_have_text(re.compile("Replayed 2 failed runs."),
+                                                           timeout=WAIT_MS)
+    assert pane.dialogs[-1].startswith("Replay all 2 failed runs of every thread (no filter)")
+
+    # A thread deleted elsewhere: its rows go, and the counts follow.
+    expect(all_row(pane, later)).to_have_attribute("data-status", "completed")
+    assert pane.http.delete(f"/api/threads/{t3}").status_code == 200
+    for run_id in (later, ignored, marker):
+        expect(all_row(pane, run_id)).to_have_count(0, timeout=WAIT_MS)
+    expect(page.locator(f'[data-testid="thread-item"][data-thread-id="{t3}"]')).to_have_count(0)
+    expect(chip_count(pane, "completed")).to_have_attribute("data-count", "0", timeout=WAIT_MS)
+    expect(chip_count(pane, "canceled")).to_have_attribute("data-count", "3", timeout=WAIT_MS)
 
     # Selecting a run opens its thread with the run's detail.
     all_row(pane, theirs).click()

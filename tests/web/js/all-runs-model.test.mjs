@@ -9,8 +9,14 @@ import {
   describeFilters,
   emptyFilters,
   frameMatches,
+  dropThread,
+  filtersFromHash,
+  filtersHash,
+  isAllRunsHash,
   listQuery,
+  sameFilters,
 } from "../../../web/all-runs-model.js";
+import { emptyModel, snapshotModel, visibleRuns } from "../../../web/runs-model.js";
 
 const filters = (over) => ({ ...emptyFilters(), ...over });
 
@@ -48,9 +54,13 @@ test("the bulk questions say how many runs and which", () => {
   );
   assert.equal(
     bulkQuestion("replay", 1, emptyFilters()),
-    "Replay all 1 failed run? Each replay is a new run with the same args, due now.",
+    "Replay all 1 failed run of every thread (no filter) not replayed yet? Each replay is a new run " +
+      "with the same args, due now; failed runs already replayed are left alone.",
   );
-  assert.equal(bulkQuestion("cancel", 1500, emptyFilters()).startsWith("Cancel all 1,500 pending runs?"), true);
+  assert.equal(
+    bulkQuestion("cancel", 1500, emptyFilters()).startsWith("Cancel all 1,500 pending runs of every thread (no filter)?"),
+    true,
+  );
   assert.equal(
     describeFilters(filters({ since: "A", until: "B", tag: "vip" }), (iso) => `<${iso}>`),
     " tagged vip, due from <A> to <B>",
@@ -62,4 +72,39 @@ test("a bulk answer becomes a notice, saying when more runs remain", () => {
   assert.equal(bulkOutcome("cancel", { canceled: 3, ids: [], more: false }), "Canceled 3 runs.");
   assert.equal(bulkOutcome("replay", { replayed: 1, ids: ["x"], more: true }),
     "Replayed 1 failed run. More match: run it again for the rest.");
+});
+
+test("the filters go into the URL hash and come back from it", () => {
+  const f = filters({ status: "failed", user: "u 1", tag: "vip&x", since: "2026-11-30T00:00:00.000Z" });
+  const hash = filtersHash(f);
+  assert.equal(hash, "#all-runs?status=failed&user=u+1&tag=vip%26x&since=2026-11-30T00%3A00%3A00.000Z");
+  assert.deepEqual(filtersFromHash(hash), f);
+  assert.equal(filtersHash(emptyFilters()), "#all-runs");
+  assert.deepEqual(filtersFromHash("#all-runs"), emptyFilters());
+  assert.deepEqual(filtersFromHash("#all-runs?status=done&since=yesterday&name=%20ping%20"),
+    filters({ name: "ping" }));
+  assert.equal(isAllRunsHash("#all-runs"), true);
+  assert.equal(isAllRunsHash(hash), true);
+  assert.equal(isAllRunsHash("#all-runsx"), false);
+  assert.equal(isAllRunsHash("#thread=all-runs"), false);
+});
+
+test("filters compare trimmed: what the fields show against what was applied", () => {
+  assert.equal(sameFilters(filters({ user: " u1 " }), filters({ user: "u1" })), true);
+  assert.equal(sameFilters(filters({ user: "u1" }), emptyFilters()), false);
+  assert.equal(sameFilters(filters({ status: "failed" }), emptyFilters()), false);
+});
+
+test("a deleted thread's runs leave the model and its counts", () => {
+  const runs = [
+    { id: "a1", threadId: "a", status: "pending", createdAt: "2026-11-30T10:00:00Z" },
+    { id: "b1", threadId: "b", status: "failed", createdAt: "2026-11-30T10:00:01Z" },
+    { id: "a2", threadId: "a", status: "failed", createdAt: "2026-11-30T10:00:02Z" },
+  ];
+  const counts = { pending: 1, running: 0, completed: 0, failed: 2, canceled: 0 };
+  const model = snapshotModel(emptyModel(), runs, { counts, now: 0 });
+  assert.equal(dropThread(model, "a"), 2);
+  assert.deepEqual(visibleRuns(model, "all").map((r) => r.id), ["b1"]);
+  assert.deepEqual(model.counts, { pending: 0, running: 0, completed: 0, failed: 1, canceled: 0 });
+  assert.equal(dropThread(model, "nobody"), 0);
 });
