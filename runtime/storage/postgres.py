@@ -1274,6 +1274,13 @@ class PostgresRuntimeStore(RuntimeStore):
                 "AND t.tags::jsonb ? %s)"
             )
             params.append(query.tag)
+        if query.replayed is not None:
+            # A replay is a run of the same thread: the (thread_id, ...) key keeps it cheap.
+            parts.append(
+                ("" if query.replayed else "NOT ")
+                + "EXISTS (SELECT 1 FROM run_index r WHERE r.thread_id = run_index.thread_id "
+                "AND r.replay_of = run_index.run_id)"
+            )
         return " AND ".join(parts), params
 
     def list_indexed_runs(  # noqa: D102
