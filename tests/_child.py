@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -91,7 +92,11 @@ async def main(argv: list[str]) -> None:
         ) as rt:
             await _delete_while_opening(rt, backend)
         return
-    async with Runtime(app_dir=APP, data_dir=data_dir, load_packages=False) as rt:
+    async with Runtime(
+        app_dir=APP, data_dir=data_dir, load_packages=False,
+        # PostgreSQL when the test sets it (tests marked every_backend), else SQLite files.
+        database_url=os.environ.get("THREAD_EFFECTS_DATABASE_URL") or None,
+    ) as rt:
         if mode == "serve-warm":
             state = await rt.create_thread(argv[2])
             await state.schedule_effect("record", {"key": "first"})
