@@ -698,8 +698,12 @@ class Runtime:
         )
         actor = await self.actors.create(info)
         state = ThreadState(self, actor.info)
-        for extension in self.extensions:
-            await extension.thread_created(state)
+        self.run_index.creating.add(tid)
+        try:
+            for extension in self.extensions:
+                await extension.thread_created(state)
+        finally:
+            self.run_index.creating.discard(tid)
         return state
 
     async def get_thread(self, thread_id: str) -> ThreadState:

@@ -513,3 +513,24 @@ async def test_concurrent_replay_all_replays_each_failure_once(tmp_path: Path) -
                                                            "limit": "100"})).json()
         replay_of = [r["replayOf"] for r in every["runs"] if r["replayOf"]]
         assert sorted(replay_of) == sorted(failed)  # each failure replayed exactly once
+
+
+async def test_a_new_threads_last_activity_is_its_creation(tmp_path: Path) -> None:
+    # The demo app's agent writes a welcome message when a thread is created (its
+    # after_thread_created hook), a few milliseconds later on the real clock: part of the
+    # creation, so lastActivityAt is the creation time, in the thread and in the list.
+    demo = Path(__file__).parent.parent / "agents"
+    async with serve_api(tmp_path / "data", app_dir=demo) as api:
+        tid = (await api.client.post("/api/threads", json={})).json()["id"]
+        messages = (await api.client.get(f"/api/threads/{tid}/messages")).json()["messages"]
+        assert len(messages) == 1 and messages[0]["injected"]  # the welcome
+        one = (await api.client.get(f"/api/threads/{tid}")).json()
+        assert one["lastActivityAt"] == one["createdAt"]
+        listed = (await api.client.get("/api/threads")).json()["threads"]
+        assert [t["lastActivityAt"] for t in listed if t["id"] == tid] == [one["createdAt"]]
+        # What happens afterwards moves it forward.
+        res = await api.client.post(f"/api/threads/{tid}/effects", json={
+            "name": "send_reminder", "args": {"text": "x"}, "delay_seconds": 60})
+        assert res.status_code == 201, res.text
+        later = (await api.client.get(f"/api/threads/{tid}")).json()
+        assert later["lastActivityAt"] > later["createdAt"]
