@@ -432,6 +432,8 @@ export class RunsView {
     const s = this.session;
     const run = await api.getRun(s.tid, id, { signal: s.signal });
     if (s.closed) return null;
+    // The attempts the answer lists belong to this status and attempt count (detail.js).
+    if (Array.isArray(run.attemptDetails)) run.attemptsFor = `${run.status}/${run.attempts}`;
     const merged = mergeRun(this.model, run, Date.now());
     this.changed([String(id)]);
     return merged;

@@ -1595,3 +1595,43 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     expect(page.get_by_test_id("detail-status")).to_have_text("canceled", timeout=WAIT_MS)
     expect(page.get_by_test_id("all-runs")).to_be_hidden()
     assert pane.errors == []
+
+
+def test_a_runs_detail_lists_each_attempt(tmp_path: Path, browser: Browser) -> None:
+    # The first server stops while the run works: that attempt is interrupted and the
+    # run goes back to pending; the next server runs it again (attempt 2).
+    with serve_pane(tmp_path, browser, ROOT / "agents") as first:
+        tid = first.new_thread(user_id="ann")
+        run_id = first.schedule(tid, "slow_task", {"seconds": 600})
+        deadline = time.monotonic() + 30
+        run_url = f"/api/threads/{tid}/effects/{run_id}"
+        while first.http.get(run_url).json()["status"] != "running":
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+    with serve_pane(tmp_path, browser, ROOT / "agents") as pane:
+        page = pane.page
+        page.set_viewport_size(WIDE)
+        deadline = time.monotonic() + 30
+        while pane.http.get(run_url).json()["attempts"] < 2:
+            assert time.monotonic() < deadline, "the run never ran again"
+            time.sleep(0.05)
+        page.goto(f"{pane.url}/#all-runs")
+        all_row(pane, run_id).click()  # All runs opens the thread view's detail
+        expect(page.get_by_test_id("run-detail")).to_have_attribute("data-run-id", run_id,
+                                                                    timeout=WAIT_MS)
+        rows = page.get_by_test_id("attempt-row")
+        expect(rows).to_have_count(2, timeout=WAIT_MS)
+        expect(rows.nth(0)).to_have_attribute("data-outcome", "interrupted")
+        expect(rows.nth(0)).to_contain_text("Attempt 1")
+        expect(rows.nth(0).get_by_test_id("attempt-outcome")).to_contain_text("interrupted")
+        expect(rows.nth(0)).not_to_contain_text("ended —")  # it has ended
+        expect(rows.nth(1)).to_have_attribute("data-outcome", "running")
+        expect(rows.nth(1)).to_contain_text("ended —")  # still running
+        # Canceled while it runs: the detail asks for the attempts again.
+        res = pane.http.post(f"/api/threads/{tid}/effects/{run_id}/cancel", json={"by": "t"})
+        assert res.status_code == 200, res.text
+        expect(page.get_by_test_id("detail-status")).to_have_text("canceled", timeout=WAIT_MS)
+        expect(rows.nth(1)).not_to_have_attribute("data-outcome", "running", timeout=WAIT_MS)
+        expect(rows.nth(1)).not_to_contain_text("ended —")
+        snap(page, "run-detail-attempts-1400")
+        assert pane.errors == []
