@@ -180,7 +180,7 @@ export class DetailView {
       ]);
     }
     render(
-      html`<div class="detail-actions">${actionButtons(run)}</div>
+      html`<div class="detail-actions">${actionButtons(run, waiting)}</div>
         ${notice
           ? html`<p class="form-ok" role="status" data-testid="detail-notice">${notice.text}
               <button type="button" class="link" @click=${() => this.open(notice.openId)}>Open</button></p>`
