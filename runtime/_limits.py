@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from runtime.errors import InvalidDelay, InvalidEffectArgs, short_repr
+from runtime.errors import InvalidArgument, InvalidDelay, InvalidEffectArgs, short_repr
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects in a request body (the top level is depth 1)."""
@@ -238,8 +238,27 @@ def parse_run_cursor(cursor: str) -> int:
     return int(cursor)
 
 
+MAX_CURSOR_SECONDS = 253_402_300_799.0
+"""The last second of year 9999 (UTC), seconds since the epoch: the latest time a cursor names."""
+
+
+def empty_filter(**filters: object) -> None:
+    """Refuse a filter given as an empty string (None means "not filtered by it").
+
+    Raises:
+        InvalidArgument: naming the first empty filter.
+    """
+    for key, value in filters.items():
+        if value == "":
+            raise InvalidArgument(
+                f"{key} must not be empty; pass None to not filter by it"
+            )
+
+
 def parse_thread_cursor(cursor: str) -> tuple[float, str]:
-    """A thread-list cursor: ``"<created-at seconds>~<thread id>"``.
+    """A cursor of a thread or cross-thread run list: ``"<seconds>~<thread or run id>"``.
+
+    The seconds are from 0 to the end of year 9999 (`MAX_CURSOR_SECONDS`).
 
     Raises:
         ValueError: anything else, naming the value (cut).
@@ -247,7 +266,8 @@ def parse_thread_cursor(cursor: str) -> tuple[float, str]:
     ts, sep, tid = cursor.partition("~")
     # ASCII only: float() also takes "1_0", " 1", "+1" and other scripts' digits.
     created = float(ts) if _TIMESTAMP.match(ts) else math.inf
-    if not sep or not math.isfinite(created) or not _THREAD_ID_RE.match(tid):
+    # A time the API can show: from the epoch to the end of year 9999 (UTC).
+    if not sep or not 0 <= created <= MAX_CURSOR_SECONDS or not _THREAD_ID_RE.match(tid):
         raise ValueError(f"Invalid cursor {quoted(cursor)}: pass nextCursor of the last page")
     return created, tid
 

@@ -8,12 +8,13 @@ walk that index and act on each run in its own thread, through the run operation
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runtime._limits import parse_thread_cursor
+from runtime._limits import empty_filter, parse_thread_cursor
 from runtime._text import check_text
 from runtime.abc import RunSync
 from runtime.actors import ActorTable
@@ -98,6 +99,15 @@ class AllRuns:
         self._retention = retention
         self._check_open = check_open
         self._get_thread = get_thread
+        # One bulk replay at a time: each reads "not replayed yet" from the index after
+        # the previous one's replays are written to it, so concurrent calls with the same
+        # filters replay each failure once, not once per call.
+        self._replay_lock = asyncio.Lock()
+        # The replays that bulk replays made since none was in flight: a call leaves them
+        # alone (a replay that failed while calls overlapped is their own doing, not a
+        # failure the caller was asked about).
+        self._made: set[str] = set()
+        self._replay_calls = 0
 
     async def list_runs(
         self,
@@ -134,9 +144,12 @@ class AllRuns:
             cursor: ``next_cursor`` of the previous page.
 
         Raises:
-            ValueError: an unknown status, a bad limit or a malformed cursor.
+            ValueError: an unknown status, a bad limit or a malformed cursor;
+                `InvalidArgument` for a filter given as an empty string (None does not
+                filter).
         """
         self._check_open()
+        empty_filter(name=name, thread_id=thread_id, user_id=user_id, tag=tag)
         check_limit(limit)
         statuses = parse_statuses(status)
         before = parse_thread_cursor(cursor) if cursor is not None else None
@@ -192,8 +205,10 @@ class AllRuns:
         original (`ThreadState.replay`); at most `MAX_BULK_RUNS` per call. A failed run
         that a run already replays (``replay_of``) is left alone, so a second call does
         not replay the same failures again; a replay that failed in turn is a failed run
-        not replayed yet. `list_runs` with ``status="failed", replayed=False`` counts
-        the same runs.
+        not replayed yet. Bulk replays run one at a time, and a call leaves alone the
+        replays made by calls that overlapped it: five concurrent calls with the
+        same filters replay each failure once, not five times. `list_runs` with
+        ``status="failed", replayed=False`` counts the same runs.
 
         Returns:
             The new runs' ids, and whether matching runs remain.
@@ -201,11 +216,22 @@ class AllRuns:
         Raises:
             ValueError: a bad filter (as `list_runs`).
         """
-        async def replay(run: EffectRun) -> str:
+        async def replay(run: EffectRun) -> str | None:
+            if run.id in self._made:
+                return None  # made by a bulk replay that overlapped this call
             state = await self._get_thread(run.thread_id)
-            return await state.replay(run.id)
+            new_id = await state.replay(run.id)
+            self._made.add(new_id)
+            return new_id
 
-        return await self._bulk("failed", {**filters, "replayed": False}, replay)
+        self._replay_calls += 1
+        try:
+            async with self._replay_lock:
+                return await self._bulk("failed", {**filters, "replayed": False}, replay)
+        finally:
+            self._replay_calls -= 1
+            if self._replay_calls == 0:
+                self._made.clear()
 
     async def _bulk(
         self, status: str, filters: dict[str, Any], act: Callable[[EffectRun], Any]

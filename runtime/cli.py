@@ -126,6 +126,55 @@ class BadSetting(CliError):
     exit_code = EXIT_USAGE
 
 
+class BadArgument(CliError):
+    """An argument cannot be used as given (exit status 2, as for a bad option)."""
+
+    exit_code = EXIT_USAGE
+
+
+def _check_arguments(args: list[str]) -> None:
+    """Refuse an argument that is not UTF-8 text, naming its option (one line, exit 2).
+
+    Python keeps undecodable bytes of the command line as lone surrogates, which no
+    request can carry: without this check they would end in a traceback.
+    """
+    for i, arg in enumerate(args):
+        if not any("\udc80" <= c <= "\udcff" for c in arg):
+            continue
+        shown = repr(arg.encode("utf-8", "surrogateescape"))[1:]
+        option, sep, _ = arg.partition("=")
+        if arg.startswith("--") and sep:
+            what = option
+        elif i > 0 and args[i - 1].startswith("-") and not arg.startswith("-"):
+            what = args[i - 1]
+        else:
+            what = f"argument {shown}"
+        raise BadArgument(
+            f"{what}: {shown} is not UTF-8 text; arguments must be UTF-8",
+            code="invalid_argument",
+        )
+
+
+class _Cli(click.Group):
+    """The command group, checking the raw arguments once before any parsing."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        _check_arguments(args)
+        return super().make_context(info_name, args, parent, **extra)
+
+
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse an empty filter: the API would answer 400 rather than list everything."""
+    if value == "":
+        raise click.BadParameter(
+            "must not be empty (leave the option out to not filter by it)", ctx, param
+        )
+    return value
+
+
 # ----------------------------------------------------------------------------- client
 
 
@@ -512,7 +561,9 @@ def _more(
     words = [_PROG, *command.split()]
     for flag, value in options:
         for one in value if isinstance(value, (list, tuple)) else [value]:
-            if one is not None and one is not False:
+            if one is True:  # a flag
+                words.append(flag)
+            elif one is not None and one is not False:
                 words += [flag, shlex.quote(str(one))]
     words += ["--cursor", shlex.quote(cursor)]
     console.print(Text(f"more {what}: {' '.join(words)} (or --all)", style="dim",
@@ -577,7 +628,7 @@ def _api_token() -> str | None:
     return token
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True, callback=_check_url,
     help=f"The server's URL (or {URL_ENV}). The token comes from {TOKEN_ENV}.",
@@ -608,15 +659,18 @@ def threads() -> None:
 
 
 @threads.command("list", short_help="List threads, most recently active first.")
-@click.option("--user", "user_id", default=None, help="Only threads of this user.")
-@click.option("--agent", "agent_id", default=None, help="Only threads served by this agent.")
-@click.option("--tag", default=None, help="Only threads with this tag.")
+@click.option("--user", "user_id", default=None, callback=_not_empty,
+              help="Only threads of this user.")
+@click.option("--agent", "agent_id", default=None, callback=_not_empty,
+              help="Only threads served by this agent.")
+@click.option("--tag", default=None, callback=_not_empty, help="Only threads with this tag.")
 @click.option("--sort", type=click.Choice(["activity", "created"]), default="activity",
               show_default=True,
               help="Most recently active first, or most recently created first.")
 @click.option("--limit", type=click.IntRange(min=1, max=_MAX_PAGE), default=None,
               help="Threads per page, at most 500 [default: 50; 500 with --all].")
-@click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
+@click.option("--cursor", default=None, callback=_not_empty,
+              help="Continue from a page's nextCursor.")
 @click.option("--all", "every", is_flag=True, help="Follow the cursors: every thread.")
 @_json_option
 @click.pass_context
@@ -732,18 +786,23 @@ def runs() -> None:
               help="Only this thread's runs (without it: runs across every thread).")
 @click.option("--status", "statuses", type=click.Choice(RUN_STATUSES), multiple=True,
               help="Only runs in this status (repeat for several).")
-@click.option("--name", default=None, help="Only runs of this effect.")
-@click.option("--user", "user_id", default=None,
+@click.option("--name", default=None, callback=_not_empty, help="Only runs of this effect.")
+@click.option("--user", "user_id", default=None, callback=_not_empty,
               help="Only runs of threads of this user_id (across threads).")
-@click.option("--tag", default=None, help="Only runs of threads with this tag (across threads).")
-@click.option("--since", default=None, metavar="TIME",
+@click.option("--tag", default=None, callback=_not_empty,
+              help="Only runs of threads with this tag (across threads).")
+@click.option("--since", default=None, metavar="TIME", callback=_not_empty,
               help="Only runs due at or after this ISO 8601 time, UTC unless it says "
                    "(across threads).")
-@click.option("--until", default=None, metavar="TIME",
+@click.option("--until", default=None, metavar="TIME", callback=_not_empty,
               help="Only runs due before this time (across threads).")
+@click.option("--replayed/--not-replayed", default=None,
+              help="Only runs that a run replays, or only those none replays yet "
+                   "(across threads).")
 @click.option("--limit", type=click.IntRange(min=1, max=_MAX_PAGE), default=None,
               help="Runs per page, at most 500 [default: 50; 500 with --all].")
-@click.option("--cursor", default=None, help="Continue from a page's nextCursor.")
+@click.option("--cursor", default=None, callback=_not_empty,
+              help="Continue from a page's nextCursor.")
 @click.option("--all", "every", is_flag=True, help="Follow the cursors: every matching run.")
 @_json_option
 @click.pass_context
@@ -756,6 +815,7 @@ def runs_list(
     tag: str | None,
     since: str | None,
     until: str | None,
+    replayed: bool | None,
     limit: int | None,
     cursor: str | None,
     every: bool,
@@ -764,11 +824,14 @@ def runs_list(
     """List runs newest first, of one thread or across every thread.
 
     With only --thread (and --status, --name): GET /api/threads/TID/effects. Without it,
-    or with --user, --tag, --since or --until: GET /api/runs, across threads. The counts
-    are the matching runs by status (every filter but --status applied).
+    or with --user, --tag, --since, --until or --replayed/--not-replayed: GET /api/runs,
+    across threads. The counts are the matching runs by status (every filter but --status
+    applied).
     """
     api = _api(ctx, as_json)
-    across = thread_id is None or any(v is not None for v in (user_id, tag, since, until))
+    across = thread_id is None or any(
+        v is not None for v in (user_id, tag, since, until, replayed)
+    )
     params: dict[str, Any] = {
         "status": list(statuses) or None, "name": name, "limit": _page_size(limit, every),
         "cursor": cursor,
@@ -776,7 +839,8 @@ def runs_list(
     if across or thread_id is None:
         path = "/api/runs"
         params.update(thread_id=thread_id, user_id=user_id, tag=tag, since=since,
-                      until=until)
+                      until=until,
+                      replayed=None if replayed is None else str(replayed).lower())
     else:
         path = f"/api/threads/{_seg(thread_id)}/effects"
     if every:
@@ -805,6 +869,7 @@ def runs_list(
     _more(console, answer.get("nextCursor"), "runs", "runs list", [
         ("--thread", thread_id), ("--status", list(statuses)), ("--name", name),
         ("--user", user_id), ("--tag", tag), ("--since", since), ("--until", until),
+        ("--replayed", replayed is True), ("--not-replayed", replayed is False),
         ("--limit", limit),
     ])
 

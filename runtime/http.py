@@ -685,6 +685,32 @@ def _param(request: Request, key: str) -> str | None:
     return values[0] or None if values else None
 
 
+def _check_query(request: Request, known: frozenset[str]) -> None:
+    """Refuse a query parameter the route does not know, or one given with no value.
+
+    An unknown name (``user=ann`` for ``user_id=ann``) or an empty value (``user_id=``)
+    would otherwise filter nothing, silently: a list of every run rather than one user's.
+
+    Raises:
+        ApiError: 400 ``invalid_parameter`` naming the parameter (and, when unknown, the
+            known ones); 400 ``invalid_thread_id`` for an empty ``thread_id``.
+    """
+    for key in request.query_params.keys():
+        if key not in known:
+            raise ApiError(
+                400, "invalid_parameter",
+                f"Unknown query parameter {_quoted(key)}; known: {', '.join(sorted(known))}",
+            )
+    for key, value in request.query_params.multi_items():
+        if value == "":
+            if key == "thread_id":
+                validate_thread_id(value)  # raises InvalidThreadId (400 invalid_thread_id)
+            raise ApiError(
+                400, "invalid_parameter",
+                f"{key} is given without a value; leave it out to not filter by it",
+            )
+
+
 def _page_params(request: Request, max_limit: int = 500) -> tuple[int, str | None]:
     _param(request, "limit")  # given once
     limit = _query_limit(request, max_limit)
@@ -742,7 +768,15 @@ async def _create_thread(request: Request) -> Response:
     return JSONResponse(thread_json(info), status_code=201)
 
 
+_THREAD_LIST_PARAMS = frozenset({"limit", "cursor", "user_id", "agent_id", "tag", "sort"})
+_RUN_LIST_PARAMS = frozenset({
+    "status", "name", "thread_id", "user_id", "tag", "since", "until", "replayed", "limit",
+    "cursor",
+})
+
+
 async def _list_threads(request: Request) -> Response:
+    _check_query(request, _THREAD_LIST_PARAMS)
     limit, cursor = _page_params(request)
     sort = _param(request, "sort") or "activity"
     if sort not in ("activity", "created"):
@@ -884,6 +918,7 @@ def _parse_instant(key: str, raw: str) -> float:
 async def _list_all_runs(request: Request) -> Response:
     """``GET /api/runs``: runs across threads, with filters, counts and a cursor."""
     rt = _runtime(request)
+    _check_query(request, _RUN_LIST_PARAMS)
     limit, cursor = _page_params(request)
     q = request.query_params
     statuses = [s.strip() for raw in q.getlist("status") for s in raw.split(",") if s.strip()]
@@ -1486,12 +1521,20 @@ async def _bulk(request: Request, action: str) -> Response:
     fields = _BULK_FIELDS | _CANCEL_FIELDS if action == "cancel" else _BULK_FIELDS
     body = await read_object(request, fields, what)
     filters: dict[str, Any] = {}
-    for key in ("name", "thread_id", "user_id", "tag"):
-        filters[key] = _optional_str(body, key, what) or None
+    for key in ("name", "thread_id", "user_id", "tag", "since", "until"):
+        value = _optional_str(body, key, what)
+        if value == "" and key == "thread_id":
+            validate_thread_id(value)  # raises InvalidThreadId (400 invalid_thread_id)
+        if value == "":
+            raise ApiError(
+                400, "invalid_argument",
+                f"{what}: {key} must not be empty; leave it out (or null) to not filter by it",
+            )
+        filters[key] = value
     filters["thread_id"] = _filter_thread_id(filters["thread_id"])
     for key in ("since", "until"):
-        raw = _optional_str(body, key, what)
-        filters[key] = _parse_instant(key, raw) if raw else None
+        raw = filters[key]
+        filters[key] = _parse_instant(key, raw) if raw is not None else None
     _time_range(filters["since"], filters["until"])
     try:
         if action == "cancel":

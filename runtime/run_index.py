@@ -61,6 +61,9 @@ class RunIndexer:
         self._store: RuntimeStore | None = None
         self._dirty: dict[str, EffectRun] = {}
         self._touched: dict[str, float] = {}  # thread id -> its latest message's time
+        self.creating: set[str] = set()
+        """Threads being created: their messages (a welcome written by an
+        ``after_thread_created`` hook) are part of the creation, not later activity."""
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
@@ -73,7 +76,7 @@ class RunIndexer:
         if isinstance(event, EffectChanged):
             self._dirty[event.run.id] = event.run
             self._wake.set()
-        elif isinstance(event, MessageCreated):
+        elif isinstance(event, MessageCreated) and event.thread_id not in self.creating:
             ts = event.message.created_at_ts
             self._touched[event.thread_id] = max(ts, self._touched.get(event.thread_id, ts))
             self._wake.set()

@@ -42,7 +42,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime._limits import MAX_DELAY_SECONDS, delay_seconds, parse_thread_cursor, quoted
+from runtime._limits import (
+    MAX_DELAY_SECONDS,
+    delay_seconds,
+    empty_filter,
+    parse_thread_cursor,
+    quoted,
+)
 from runtime._text import check_text
 from runtime.actors import ActorState, ActorTable, ThreadActor, ThreadLifecycle
 from runtime.alarms import AlarmIndex, Clock, SystemClock
@@ -709,8 +715,12 @@ class Runtime:
         actor = await self.actors.create(info, alarm_at=info.created_at_ts)
         self.alarms.created(actor.thread_id, info.created_at_ts)
         state = ThreadState(self, actor.info)
-        for extension in self.extensions:
-            await extension.thread_created(state)
+        self.run_index.creating.add(tid)
+        try:
+            for extension in self.extensions:
+                await extension.thread_created(state)
+        finally:
+            self.run_index.creating.discard(tid)
         return state
 
     async def get_thread(self, thread_id: str) -> ThreadState:
@@ -806,9 +816,11 @@ class Runtime:
                 the top and is not met again.
 
         Raises:
-            ValueError: a bad limit, a malformed cursor or one of the other order.
+            ValueError: a bad limit, a malformed cursor or one of the other order;
+                `InvalidArgument` for a filter given as an empty string.
         """
         self._check_open()
+        empty_filter(user_id=user_id, agent_id=agent_id, tag=tag)
         assert self._store is not None
         check_limit(limit)
         sort = "activity" if by_activity else "created"

@@ -338,6 +338,19 @@ def test_runs_list_with_the_api_filters(server: ServerProcess) -> None:
     over = te(server.url, "runs", "list", "-t", tid, "--limit", "501")
     assert over.exit_code == 2 and "1<=x<=500" in over.stderr  # refused before any request
 
+    # --replayed / --not-replayed: across threads, as GET /api/runs?replayed= answers.
+    replay = ok_json(server.url, "runs", "replay", runs["failed"], "-t", tid)
+    wait_for(server.url, tid, replay["id"], lambda r: r["status"] in ("completed", "failed"))
+    replayed = ok_json(server.url, "runs", "list", "-t", tid, "--replayed")
+    assert [r["id"] for r in replayed["runs"]] == [runs["failed"]]
+    not_yet = ok_json(server.url, "runs", "list", "-t", tid, "--not-replayed")
+    assert runs["failed"] not in {r["id"] for r in not_yet["runs"]}
+    assert replay["id"] in {r["id"] for r in not_yet["runs"]}
+    hint = ok(server.url, "runs", "list", "-t", tid, "--not-replayed", "--limit", "1",
+              columns=300)
+    assert "--not-replayed --limit 1 --cursor" in hint
+    assert len(next_page(server.url, hint, "runs")) == 1
+
 
 def test_runs_show(server: ServerProcess) -> None:
     tid, runs = a_thread_with_runs(server.url)
@@ -520,6 +533,50 @@ def test_usage_errors_are_exit_2(server: ServerProcess) -> None:
     assert odd.exit_code == 1
     assert 'Invalid thread id "a.b": must match' in odd.stderr
     assert "[HTTP 400 invalid_thread_id]" in odd.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("runs", "list", "--user", ""), "'--user'"),
+        (("runs", "list", "--tag", ""), "'--tag'"),
+        (("runs", "list", "--name", ""), "'--name'"),
+        (("runs", "list", "--since", ""), "'--since'"),
+        (("runs", "list", "--cursor", ""), "'--cursor'"),
+        (("threads", "list", "--user", ""), "'--user'"),
+        (("threads", "list", "--agent", ""), "'--agent'"),
+        (("threads", "list", "--tag", ""), "'--tag'"),
+        (("runs", "list", "--thread", ""), "cannot be a thread id"),
+    ],
+)
+def test_an_empty_filter_is_a_usage_error(args: tuple[str, ...], named: str) -> None:
+    result = te("http://127.0.0.1:9", *args)  # refused before any request
+    assert result.exit_code == 2, result.output
+    assert named in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ((b"runs", b"list", b"--tag", b"\xff"), "--tag"),
+        ((b"runs", b"list", b"--tag=v\xff"), "--tag"),
+        ((b"threads", b"show", b"t\xff"), "argument 't\\xff'"),
+        ((b"runs", b"show", b"r1", b"-t", b"t\xff"), "-t"),
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_a_usage_error(
+    args: tuple[bytes, ...], named: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THREAD_EFFECTS_")}
+    done = subprocess.run(
+        [str(SCRIPT).encode(), b"--url", b"http://127.0.0.1:9", *args],
+        env={**env, "LC_ALL": "C.UTF-8"}, capture_output=True, timeout=GUARD_SECONDS,
+    )
+    err = done.stderr.decode("utf-8", "backslashreplace")
+    assert done.returncode == 2, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"thread-effects: {named}: "), err
+    assert "is not UTF-8 text" in err
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ and its rebuild after a crash (the API's ``GET /api/runs`` reads the same)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import release, serve_api
 
 from runtime import Runtime
+from runtime.errors import InvalidArgument
 from runtime.storage.memory import MemoryBackend
 from runtime.testing import FakeClock
 
@@ -415,3 +417,120 @@ async def test_replay_all_failed_acts_on_failures_not_replayed_yet(tmp_path: Pat
         assert res.status_code == 201
         res = await api.client.get("/api/runs", params={"replayed": "maybe"})
         assert res.status_code == 400 and "replayed must be true or false" in res.text
+
+
+async def test_an_empty_filter_is_refused_not_taken_as_no_filter(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        tid = await api.new_thread(user_id="ann", tags=["vip"])
+        waiting = await api.schedule(tid, "ping", delay_seconds=3600)
+        failed = await api.schedule(tid, "boom", {"message": "no"})
+        await api.rt.wait_idle()
+        for key, code in (("thread_id", "invalid_thread_id"), ("user_id", "invalid_argument"),
+                          ("name", "invalid_argument"), ("tag", "invalid_argument"),
+                          ("since", "invalid_argument")):
+            for action in ("cancel", "replay"):
+                res = await api.client.post(f"/api/runs/{action}", json={key: ""})
+                assert res.status_code == 400, (key, action, res.text)
+                assert res.json()["error"]["code"] == code, (key, action)
+                if code != "invalid_thread_id":
+                    assert key in res.json()["error"]["message"]
+        for path, keys in (("/api/runs", ("thread_id", "user_id", "name", "tag", "status",
+                                          "since", "cursor", "replayed")),
+                           ("/api/threads", ("user_id", "agent_id", "tag", "sort"))):
+            for key in keys:
+                res = await api.client.get(path, params={key: ""})
+                assert res.status_code == 400, (path, key)
+                code = "invalid_thread_id" if key == "thread_id" else "invalid_parameter"
+                assert res.json()["error"]["code"] == code, (path, key)
+                if key != "thread_id":
+                    assert res.json()["error"]["message"].startswith(f"{key} is given without")
+        # Nothing was canceled nor replayed.
+        assert (await api.run(tid, waiting))["status"] == "pending"
+        listed = (await api.client.get("/api/runs")).json()
+        assert listed["counts"]["failed"] == 1 and len(listed["runs"]) == 2
+        assert failed in {r["id"] for r in listed["runs"]}
+        # The runtime refuses them too.
+        for call in (api.rt.cancel_runs(user_id=""), api.rt.replay_runs(thread_id=""),
+                     api.rt.list_runs(tag=""), api.rt.list_threads(user_id="")):
+            with pytest.raises(InvalidArgument, match="must not be empty"):
+                await call
+
+
+async def test_unknown_query_parameters_are_refused_naming_the_known_ones(
+    tmp_path: Path,
+) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        await api.new_thread(user_id="ann")
+        for path, known in (("/api/runs", "cursor, limit, name, replayed, since, status, "
+                                          "tag, thread_id, until, user_id"),
+                            ("/api/threads", "agent_id, cursor, limit, sort, tag, user_id")):
+            res = await api.client.get(path, params={"user": "ann"})
+            assert res.status_code == 400, path
+            assert res.json()["error"] == {
+                "code": "invalid_parameter",
+                "message": f'Unknown query parameter "user"; known: {known}',
+            }
+            assert (await api.client.get(path, params={"user_id": "ann"})).status_code == 200
+
+
+@pytest.mark.parametrize("cursor", [
+    "1e20~a", "-5~a", "99999999999999999999~a", "253402300800~a", "1.0~bad!id", "nan~a",
+])
+async def test_forged_cursors_are_refused(tmp_path: Path, cursor: str) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        for path, given in (("/api/runs", cursor), ("/api/threads", f"created:{cursor}"),
+                            ("/api/threads", f"activity:{cursor}")):
+            params = {"cursor": given}
+            if given.startswith("created:"):
+                params["sort"] = "created"
+            res = await api.client.get(path, params=params)
+            assert res.status_code == 400, (path, given)
+            assert res.json()["error"]["code"] == "invalid_parameter"
+            assert "Invalid cursor" in res.json()["error"]["message"]
+        ok = await api.client.get("/api/runs", params={"cursor": "253402300799~a"})
+        assert ok.status_code == 200
+
+
+async def test_concurrent_replay_all_replays_each_failure_once(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        threads = [await api.new_thread(user_id="ivy") for _ in range(3)]
+        failed = [await api.schedule(tid, "boom", {"message": "no"})
+                  for tid in threads for _ in range(3)]
+        await api.rt.wait_idle()
+
+        async def replay_all() -> dict[str, object]:
+            res = await api.client.post("/api/runs/replay", json={"user_id": "ivy"})
+            assert res.status_code == 200, res.text
+            return dict(res.json())
+
+        answers = await asyncio.gather(*(replay_all() for _ in range(5)))
+        assert sum(int(a["replayed"]) for a in answers) == len(failed)  # type: ignore[call-overload]
+        await api.rt.wait_idle()
+        listed = (await api.client.get("/api/runs", params={
+            "user_id": "ivy", "replayed": "true"})).json()
+        assert sorted(r["id"] for r in listed["runs"]) == sorted(failed)
+        every = (await api.client.get("/api/runs", params={"user_id": "ivy",
+                                                           "limit": "100"})).json()
+        replay_of = [r["replayOf"] for r in every["runs"] if r["replayOf"]]
+        assert sorted(replay_of) == sorted(failed)  # each failure replayed exactly once
+
+
+async def test_a_new_threads_last_activity_is_its_creation(tmp_path: Path) -> None:
+    # The demo app's agent writes a welcome message when a thread is created (its
+    # after_thread_created hook), a few milliseconds later on the real clock: part of the
+    # creation, so lastActivityAt is the creation time, in the thread and in the list.
+    demo = Path(__file__).parent.parent / "agents"
+    async with serve_api(tmp_path / "data", app_dir=demo) as api:
+        tid = (await api.client.post("/api/threads", json={})).json()["id"]
+        messages = (await api.client.get(f"/api/threads/{tid}/messages")).json()["messages"]
+        assert len(messages) == 1 and messages[0]["injected"]  # the welcome
+        one = (await api.client.get(f"/api/threads/{tid}")).json()
+        assert one["lastActivityAt"] == one["createdAt"]
+        listed = (await api.client.get("/api/threads")).json()["threads"]
+        assert [t["lastActivityAt"] for t in listed if t["id"] == tid] == [one["createdAt"]]
+        # What happens afterwards moves it forward.
+        res = await api.client.post(f"/api/threads/{tid}/effects", json={
+            "name": "send_reminder", "args": {"text": "x"}, "delay_seconds": 60})
+        assert res.status_code == 201, res.text
+        later = (await api.client.get(f"/api/threads/{tid}")).json()
+        assert later["lastActivityAt"] > later["createdAt"]

@@ -21,7 +21,7 @@ import {
   listQuery,
   sameFilters,
 } from "./all-runs-model.js";
-import { fmtDuration, fmtLocal, fmtRelative, runDuration, shortId, timeParts, whenText } from "./format.js";
+import { fmtDuration, fmtRelative, fmtZoned, runDuration, shortId, timeParts, whenText } from "./format.js";
 import { actionButtons, cancelQuestion, statusClass } from "./runs.js";
 import {
   applyFrame,
@@ -436,7 +436,7 @@ export class AllRunsView {
       <td class="num cell-att">${run.attempts == null ? "" : String(run.attempts)}</td>
       <td class="cell-error"><div class="error-line">
         <span class="error-text" title=${err.slice(0, 2000)}>${firstLine}</span>
-        <span class="cell-actions">${actionButtons(run)}</span>
+        <span class="cell-actions">${actionButtons(run, waiting)}</span>
       </div></td>
       <td class="cell-open" aria-hidden="true">›</td>
     </tr>`;
@@ -580,7 +580,7 @@ export class AllRunsView {
           : "No failed runs match these filters that are not replayed yet.");
         return;
       }
-      const question = bulkQuestion(action, count, this.filters, (iso) => fmtLocal(iso, { full: true }));
+      const question = bulkQuestion(action, count, this.filters, fmtZoned);
       if (!window.confirm(question)) return;
       const answer = action === "cancel"
         ? await api.cancelAll(body, { signal: s.signal })

@@ -110,7 +110,10 @@ const runs = new RunsView({
 
 const detail = new DetailView(runs, {
   handledAsGone,
-  onToggle: () => runs.draw(),
+  onToggle: () => {
+    runs.draw();
+    detailToggled();
+  },
 });
 
 const records = new RecordsView({ handledAsGone });
@@ -141,15 +144,24 @@ const schedule = new ScheduleForm({
 });
 
 // ---------------------------------------------------------------------------------------
-// The URL hash: #thread=<id>[&view=conversation]
+// The URL hash: #thread=<id>[&run=<id>][&view=conversation] (`run`: the run whose
+// detail is open, so a reload or Back shows it again)
 
 function hashParams() {
   return new URLSearchParams(location.hash.replace(/^#/, ""));
 }
 
-function hashFor(tid) {
+function hashFor(tid, run = detail.id) {
   if (!tid) return "";
-  return `#thread=${encodeURIComponent(tid)}${view === "conversation" ? "&view=conversation" : ""}`;
+  return `#thread=${encodeURIComponent(tid)}${run ? `&run=${encodeURIComponent(run)}` : ""}${
+    view === "conversation" ? "&view=conversation" : ""}`;
+}
+
+/** The detail opened or closed: the hash of the thread shown follows (replaced, not pushed). */
+function detailToggled() {
+  if (!session || hashParams().get("thread") !== session.tid) return; // switching threads
+  const want = hashFor(session.tid);
+  if (location.hash !== want) history.replaceState(null, "", location.pathname + location.search + want);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -183,8 +195,9 @@ function selectThread(tid) {
   showSession(s);
   el.threadError.hidden = true;
 
-  const want = hashFor(tid);
-  if (location.hash !== want) {
+  const want = hashFor(tid, null);
+  // A hash naming this thread already (with a run, from a link or a reload) stays.
+  if (location.hash !== want && !(tid && hashParams().get("thread") === tid)) {
     if (want) location.hash = want;
     else history.replaceState(null, "", location.pathname + location.search);
   }
@@ -395,6 +408,8 @@ function wire() {
     if (next !== view) setView(next, { writeHash: false });
     const tid = params.get("thread") || null;
     if (tid !== (session ? session.tid : null)) selectThread(tid);
+    const run = params.get("run");
+    if (tid && run && run !== detail.id && session && session.tid === tid) detail.open(run);
   });
   window.addEventListener("online", () => connection.probeNow());
   // Keeps "in 5s" / "3m ago" current: lit rewrites only the text that changed.
@@ -439,8 +454,11 @@ function init() {
   threads.loadAgents();
   const tid = hashParams().get("thread");
   if (isAllRunsHash(location.hash)) showAllRuns();
-  else if (tid) selectThread(tid);
-  else connection.setThread(false, false);
+  else if (tid) {
+    const run = hashParams().get("run");
+    selectThread(tid);
+    if (run && session && session.tid === tid) detail.open(run);
+  } else connection.setThread(false, false);
 }
 
 init();

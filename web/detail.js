@@ -28,6 +28,38 @@ function argsText(run) {
   }
 }
 
+// How each attempt ended, in words (the API's `outcome`).
+const OUTCOME = {
+  running: "running",
+  completed: "completed",
+  failed: "failed",
+  interrupted: "interrupted (a restart or shutdown stopped it)",
+};
+
+/**
+ * The run's attempts, first first, from the single-run answer's `attemptDetails`: when
+ * each started and ended, how it ended and its error. Nothing until that answer is in.
+ */
+function attemptsSection(run, now) {
+  const attempts = Array.isArray(run.attemptDetails) ? run.attemptDetails : null;
+  if (!attempts) return nothing;
+  return html`<h3>Attempts</h3>
+    ${attempts.length === 0
+      ? html`<p class="muted" data-testid="attempts-none">Not started yet.</p>`
+      : html`<ol class="attempts" data-testid="attempts">${attempts.map((a) => html`
+          <li data-testid="attempt-row" data-outcome=${a.outcome || ""}>
+            <div><strong>Attempt ${a.attempt}</strong>
+              <span class=${statusClass(a.outcome === "interrupted" ? "canceled" : a.outcome)}
+                data-testid="attempt-outcome">${OUTCOME[a.outcome] || a.outcome || "?"}</span></div>
+            <div class="small">Started <span title=${a.startedAt || ""}>${a.startedAt ? fmtLocal(a.startedAt, { full: true, now }) : "—"}</span>,
+              ended <span title=${a.endedAt || ""}>${a.endedAt ? fmtLocal(a.endedAt, { full: true, now }) : "—"}</span></div>
+            ${a.error ? html`<pre class="pre pre-error" data-testid="attempt-error">${String(a.error)}</pre>` : nothing}
+          </li>`)}</ol>`}`;
+}
+
+// What the attempts were fetched for: a change of either (a frame) fetches them again.
+const attemptsKey = (run) => `${run.status}/${run.attempts}`;
+
 export class DetailView {
   /** `runs`: the RunsView; `ctx`: {handledAsGone(session, err), onToggle()}. */
   constructor(runs, ctx) {
@@ -100,6 +132,14 @@ export class DetailView {
       return;
     }
     this.el.box.dataset.status = run.status || "";
+    // Frames carry no attempts: when the run moves on, its answer is asked for again.
+    if (Array.isArray(run.attemptDetails) && run.attemptsFor !== attemptsKey(run)
+        && this.refetching !== id) {
+      this.refetching = id;
+      this.runs.refreshRun(id).catch(() => {}).finally(() => {
+        if (this.refetching === id) this.refetching = null;
+      });
+    }
     render(html`<span>${run.name || "(unnamed)"}</span> <span class=${statusClass(run.status)}
       data-testid="detail-status">${run.status || "?"}</span>`, head);
     const notice = this.runs.notice && this.runs.notice.forId === id ? this.runs.notice : null;
@@ -140,7 +180,7 @@ export class DetailView {
       ]);
     }
     render(
-      html`<div class="detail-actions">${actionButtons(run)}</div>
+      html`<div class="detail-actions">${actionButtons(run, waiting)}</div>
         ${notice
           ? html`<p class="form-ok" role="status" data-testid="detail-notice">${notice.text}
               <button type="button" class="link" @click=${() => this.open(notice.openId)}>Open</button></p>`
@@ -148,6 +188,7 @@ export class DetailView {
         <dl class="detail-fields">${fields.map(([label, value]) => html`<dt>${label}</dt><dd>${value}</dd>`)}</dl>
         <h3>Error</h3>
         <pre class="pre pre-error ${run.error ? "" : "pre-empty"}" data-testid="run-error">${run.error ? String(run.error) : "—"}</pre>
+        ${attemptsSection(run, now)}
         <h3>Args</h3>
         <pre class="pre" data-testid="run-args">${argsText(run)}</pre>`,
       this.el.body,

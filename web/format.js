@@ -26,6 +26,22 @@ export function fmtLocal(iso, { full = false, now = Date.now() } = {}) {
   return !full && today ? timeFmt.format(d) : dateTimeFmt.format(d);
 }
 
+const zonedFmt = new Intl.DateTimeFormat(undefined, {
+  year: "numeric",
+  month: "short",
+  day: "numeric",
+  hour: "2-digit",
+  minute: "2-digit",
+  second: "2-digit",
+  timeZoneName: "short",
+});
+
+/** Local date and time with the zone ("Nov 30, 2026, 04:46:28 PM UTC"), for questions. */
+export function fmtZoned(iso) {
+  const t = parseTime(iso);
+  return Number.isFinite(t) ? zonedFmt.format(new Date(t)) : iso ? String(iso) : "—";
+}
+
 const dayFmt = new Intl.DateTimeFormat(undefined, { month: "short", day: "numeric" });
 const dayYearFmt = new Intl.DateTimeFormat(undefined, { year: "numeric", month: "short", day: "numeric" });
 

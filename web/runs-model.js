@@ -155,7 +155,15 @@ export function snapshotModel(previous, fetched, { during = new Set(), keep = nu
     let run = { ...r, id };
     if (before) {
       if (during.has(id) && progress(before) > progress(run)) run = { ...run, ...before };
-      else if ("args" in before && !("args" in run)) run.args = before.args;
+      else {
+        // Lists carry neither args nor attempts: keep those a single GET brought (the
+        // detail asks again when the run's status or attempt count moves on).
+        if ("args" in before && !("args" in run)) run.args = before.args;
+        if ("attemptDetails" in before && !("attemptDetails" in run)) {
+          run.attemptDetails = before.attemptDetails;
+          run.attemptsFor = before.attemptsFor;
+        }
+      }
       run._v = before._v + 1;
       run._t = before._t;
     } else {

@@ -45,14 +45,24 @@ const COUNTS_SYNC_MS = 2000;
 
 const ACTION_LABEL = { "run-now": "Run now", cancel: "Cancel", replay: "Replay" };
 
-/** The buttons a run offers: run now and cancel (pending), cancel (running), replay (finished). */
-export function actionButtons(run) {
-  const mk = (action, cls) => {
+/**
+ * The buttons a run offers: run now and cancel (pending), cancel (running), replay
+ * (finished). `waiting`: the run of its thread that a due pending run waits for; its Run
+ * now is disabled, saying so (it is due already: run now cannot start it sooner).
+ */
+export function actionButtons(run, waiting = null) {
+  const mk = (action, cls, why = null) => {
     const label = ACTION_LABEL[action];
     return html`<button type="button" class="btn btn-small ${cls}" data-action=${action} data-testid=${action}
+      ?disabled=${why !== null} title=${why ?? nothing}
       aria-label=${`${label} ${run.name || ""} ${run.id}`.replace(/\s+/g, " ").trim()}>${label}</button>`;
   };
-  if (run.status === "pending") return [mk("run-now", "btn-primary"), mk("cancel", "btn-danger")];
+  if (run.status === "pending") {
+    const why = waiting
+      ? `Due already, waiting for run ${waiting} of its thread to finish (one run at a time)`
+      : null;
+    return [mk("run-now", "btn-primary", why), mk("cancel", "btn-danger")];
+  }
   if (run.status === "running") return [mk("cancel", "btn-danger")];
   if (TERMINAL.has(run.status)) return [mk("replay", "btn-secondary")];
   return [];
@@ -217,7 +227,7 @@ export class RunsView {
       <td class="num cell-att">${run.attempts == null ? "" : String(run.attempts)}</td>
       <td class="cell-error"><div class="error-line">
         <span class="error-text" title=${err.slice(0, 2000)}>${firstLine}</span>
-        <span class="cell-actions">${actionButtons(run)}</span>
+        <span class="cell-actions">${actionButtons(run, waiting)}</span>
       </div></td>
       <td class="cell-open" data-testid="row-open" aria-hidden="true">›</td>
     </tr>`;
@@ -432,6 +442,8 @@ export class RunsView {
     const s = this.session;
     const run = await api.getRun(s.tid, id, { signal: s.signal });
     if (s.closed) return null;
+    // The attempts the answer lists belong to this status and attempt count (detail.js).
+    if (Array.isArray(run.attemptDetails)) run.attemptsFor = `${run.status}/${run.attempts}`;
     const merged = mergeRun(this.model, run, Date.now());
     this.changed([String(id)]);
     return merged;
