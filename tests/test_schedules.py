@@ -113,6 +113,71 @@ async def test_cron_on_the_fall_back_day_fires_a_repeated_wall_time_twice(api: A
     assert len(hours) == len(set(hours)) == 48
 
 
+@pytest.mark.parametrize(
+    ("zone", "start", "fires"),
+    [
+        # Clocks jump at midnight: 00:00 does not exist that day; it fires once, shifted
+        # by the gap (01:00 local). APScheduler 3's own zone handling skipped this day.
+        ("America/Havana", "2026-03-07T20:00:00",
+         ["2026-03-08 05:00", "2026-03-09 04:00", "2026-03-10 04:00"]),
+        ("America/Santiago", "2026-09-05T20:00:00",
+         ["2026-09-06 04:00", "2026-09-07 03:00", "2026-09-08 03:00"]),
+        # Beside them, a zone whose clocks jump at 02:00: midnight exists, nothing shifts.
+        ("Europe/Berlin", "2026-03-28T12:00:00",
+         ["2026-03-28 23:00", "2026-03-29 22:00", "2026-03-30 22:00"]),
+    ],
+)
+async def test_a_daily_cron_fires_on_a_day_whose_midnight_falls_in_a_gap(
+    tmp_path: Path, zone: str, start: str, fires: list[str]
+) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock(ts(start)), app_dir=APP) as api:
+        thread = await api.rt.create_thread()
+        made = await thread.schedule_recurring("ping", cron="0 0 * * *", timezone=zone)
+        assert iso(made.schedule.next_fire_at_ts or 0) == fires[0]
+        for _ in range(3 * 24):
+            await step(api, 3600)
+        assert await fire_times(thread, made.schedule.id) == fires
+
+
+def test_day_of_month_and_weekday_both_restricted_fire_on_either() -> None:
+    # Crontab (Vixie cron): "13 * 5" is the 13th of any month OR any Friday.
+    recurrence = Recurrence.parse(cron="0 9 13 * 5")
+    fires: list[str] = []
+    at: float | None = ts("2026-11-30T00:00:00")  # a Monday
+    for _ in range(4):
+        assert at is not None
+        at = recurrence.next_fire(at, 0)
+        assert at is not None
+        fires.append(iso(at))
+    assert fires == [
+        "2026-12-04 09:00", "2026-12-11 09:00", "2026-12-13 09:00", "2026-12-18 09:00"
+    ]
+    # One field left as * (or */n): both must match, as before.
+    on_the_13th = Recurrence.parse(cron="0 9 13 * */1")
+    assert iso(on_the_13th.next_fire(ts("2026-11-30T00:00:00"), 0) or 0) == (
+        "2026-12-13 09:00"
+    )
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 9 31 2 *", "0 9 30 2 *", "0 9 31 4,6,9,11 *", "0 9 31 2 */2"]
+)
+async def test_a_cron_that_never_fires_is_refused(api: Api, cron: str) -> None:
+    with pytest.raises(InvalidSchedule, match="never fires"):
+        Recurrence.parse(cron=cron)
+    tid = await api.new_thread()
+    res = await api.client.post(
+        f"/api/threads/{tid}/schedules", json={"name": "ping", "cron": cron}
+    )
+    assert res.status_code == 422, res.text
+    assert res.json()["error"]["code"] == "invalid_schedule"
+    assert "never fires" in res.json()["error"]["message"]
+    # A date that exists only some years is fine.
+    assert Recurrence.parse(cron="0 9 29 2 *").next_fire(ts("2026-01-01T00:00:00"), 0) == (
+        ts("2028-02-29T09:00:00")
+    )
+
+
 # ------------------------------------------------------------- every, skips
 
 
@@ -266,6 +331,10 @@ async def test_deleting_the_thread_deletes_its_schedules(api: Api) -> None:
         ({"cron": "61 * * * *"}, r"cron '61 \* \* \* \*' is not a valid crontab.*\(59\)"),
         ({"cron": "* * *"}, "is not a valid crontab"),
         ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "Unknown timezone 'Mars/Olympus'"),
+        # Host-dependent names are not IANA zones: the schedule would move with the host.
+        ({"cron": "0 9 * * *", "timezone": "localtime"}, "Unknown timezone 'localtime'"),
+        ({"cron": "0 9 * * *", "timezone": "posix/Europe/Berlin"}, "Unknown timezone"),
+        ({"cron": "0 \u0669 * * *"}, "only ASCII characters"),
         ({"every": 0.5}, "every must be at least 1 s"),
         ({"every": timedelta(milliseconds=10)}, "every must be at least 1 s"),
         ({"every": float("nan")}, "every must be a finite number"),
@@ -418,6 +487,12 @@ async def test_http_schedule_body_errors(api: Api) -> None:
         ("0", ["Sun", "Sun"]),
         ("7", ["Sun", "Sun"]),
         ("5-7", ["Sun", "Fri", "Sat", "Sun"]),
+        ("7-7", ["Sun", "Sun"]),
+        ("0-0", ["Sun", "Sun"]),
+        ("0-1", ["Sun", "Mon", "Sun"]),
+        ("6-7", ["Sun", "Sat", "Sun"]),
+        ("0-7", ["Sun", "Mon", "Tue"]),
+        ("fri-sun", ["Sun", "Fri", "Sat", "Sun"]),
         ("sat,sun", ["Sun", "Sat", "Sun"]),
         ("*/3", ["Sun", "Wed", "Sat", "Sun"]),
     ],
@@ -437,7 +512,7 @@ def test_cron_weekdays_are_numbered_as_crontab_numbers_them(
     assert days == first_days
 
 
-@pytest.mark.parametrize("weekdays", ["8", "5-2", "mon-xyz", "*/0"])
+@pytest.mark.parametrize("weekdays", ["8", "5-2", "mon-xyz", "*/0", "7-1", "\u0665", "*/\u0662"])
 def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
     with pytest.raises(InvalidSchedule, match=r"cron .* is not a valid crontab"):
         Recurrence.parse(cron=f"0 9 * * {weekdays}")
