@@ -76,7 +76,11 @@ class Recurrence:
 
     @staticmethod
     def parse(
-        cron: object = None, timezone: object = None, every: object = None
+        cron: object = None,
+        timezone: object = None,
+        every: object = None,
+        *,
+        every_name: str = "every",
     ) -> Recurrence:
         """Check and normalize the recurrence arguments.
 
@@ -84,6 +88,7 @@ class Recurrence:
             cron: A crontab expression (minute hour day month weekday), or None.
             timezone: An IANA zone name for ``cron`` (default ``"UTC"``); not with ``every``.
             every: Seconds (int/float) or a `timedelta`, at least `MIN_EVERY_SECONDS`.
+            every_name: How messages name ``every`` (``"every_seconds"`` over HTTP).
 
         Raises:
             InvalidSchedule: both or neither of ``cron`` and ``every``; a ``timezone``
@@ -93,15 +98,16 @@ class Recurrence:
                 over 10 years. Each message names the argument.
         """
         if cron is not None and every is not None:
-            raise InvalidSchedule("give either cron or every, not both")
+            raise InvalidSchedule(f"give either cron or {every_name}, not both")
         if cron is None and every is None:
-            raise InvalidSchedule("a recurring schedule needs cron or every")
+            raise InvalidSchedule(f"a recurring schedule needs cron or {every_name}")
         if every is not None:
             if timezone is not None:
                 raise InvalidSchedule(
-                    "timezone applies to cron only; every counts seconds, not wall time"
+                    f"timezone applies to cron only; {every_name} counts seconds, not wall "
+                    f"time"
                 )
-            return Recurrence(every_seconds=_every_seconds(every))
+            return Recurrence(every_seconds=_every_seconds(every, every_name))
         if not isinstance(cron, str):
             raise InvalidSchedule(f"cron must be a string, got {short_repr(cron)}")
         if len(cron) > MAX_CRON_CHARS:
@@ -329,30 +335,30 @@ def _zone(name: object) -> ZoneInfo:
         ) from None
 
 
-def _every_seconds(every: object) -> float:
+def _every_seconds(every: object, name: str) -> float:
     if isinstance(every, timedelta):
         seconds = every.total_seconds()
     elif isinstance(every, int | float) and not isinstance(every, bool):
         if isinstance(every, int) and abs(every) > MAX_EVERY_SECONDS:
             raise InvalidSchedule(
-                f"every must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got a larger "
+                f"{name} must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got a larger "
                 f"number"
             )
         seconds = float(every)
     else:
         raise InvalidSchedule(
-            f"every must be seconds (int or float) or a timedelta, got {short_repr(every)}"
+            f"{name} must be seconds (int or float) or a timedelta, got {short_repr(every)}"
         )
     if not math.isfinite(seconds):
-        raise InvalidSchedule(f"every must be a finite number of seconds, got {every!r}")
+        raise InvalidSchedule(f"{name} must be a finite number of seconds, got {every!r}")
     if seconds < MIN_EVERY_SECONDS:
         raise InvalidSchedule(
-            f"every must be at least {MIN_EVERY_SECONDS:g} s (the minimum period), "
+            f"{name} must be at least {MIN_EVERY_SECONDS:g} s (the minimum period), "
             f"got {seconds:g} s"
         )
     if seconds > MAX_EVERY_SECONDS:
         raise InvalidSchedule(
-            f"every must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got {seconds:g} s"
+            f"{name} must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got {seconds:g} s"
         )
     return seconds
 

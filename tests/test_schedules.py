@@ -447,10 +447,18 @@ async def test_http_create_list_pause_resume_cancel(api: Api) -> None:
     [
         ({"cron": "0 25 * * *"}, "cron '0 25 * * *' is not a valid crontab"),
         ({"cron": "0 9 * * *", "timezone": "Europe/Atlantis"}, "Unknown timezone"),
-        ({"every_seconds": 0.25}, "every must be at least 1 s"),
-        ({"cron": "0 9 * * *", "every_seconds": 60}, "either cron or every, not both"),
+        # Messages name the HTTP fields: every_seconds, not the Python every.
+        ({"every_seconds": 0.25}, "every_seconds must be at least 1 s"),
+        ({"every_seconds": 1e12}, "every_seconds must be at most"),
+        ({"cron": "0 9 * * *", "every_seconds": 60}, "either cron or every_seconds, not both"),
+        ({"every_seconds": 60, "timezone": "UTC"}, "every_seconds counts seconds"),
         ({"every_seconds": "60"}, "every_seconds must be a number"),
-        ({}, "needs cron or every"),
+        ({}, "needs cron or every_seconds"),
+        # A field of the wrong type is invalid_schedule as well, not a generic body error.
+        ({"cron": 5}, "cron must be a string, got 5"),
+        ({"cron": "0 9 * * *", "timezone": 5}, "timezone must be an IANA zone name"),
+        ({"cron": "0 9 * * *", "timezone": "localtime"}, "Unknown timezone 'localtime'"),
+        ({"cron": "0 9 * * \u0661"}, "only ASCII characters"),
     ],
 )
 async def test_http_bad_schedules_are_422_naming_the_argument(
@@ -463,6 +471,17 @@ async def test_http_bad_schedules_are_422_naming_the_argument(
     assert error["code"] == "invalid_schedule"
     assert message in error["message"]
     assert (await api.client.get(f"/api/threads/{tid}/schedules")).json() == {"schedules": []}
+
+
+async def test_http_run_at_errors_name_run_at(api: Api) -> None:
+    tid = await api.new_thread()
+    res = await api.client.post(f"/api/threads/{tid}/effects",
+                                json={"name": "ping", "run_at": "2090-01-01T00:00:00Z"})
+    assert res.status_code == 422, res.text
+    assert res.json()["error"]["message"].startswith("run_at must be at most")
+    res = await api.client.post(f"/api/threads/{tid}/effects",
+                                json={"name": "ping", "run_at": "2026-12-01T09:00:00"})
+    assert res.status_code == 422 and "run_at must carry its offset" in res.text
 
 
 async def test_http_schedule_body_errors(api: Api) -> None:
