@@ -250,6 +250,34 @@ async def test_missed_fire_times_make_one_run_after_a_restart(tmp_path: Path) ->
         assert {r.status for r in runs} == {EffectStatus.COMPLETED}
 
 
+async def test_fire_times_missed_while_down_are_never_counted_as_skipped(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    (tmp_path / "d").mkdir()
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.create_thread("t1")
+        sid = await thread.schedule_effect("hold", {"key": "slow"}, every=60)
+        clock.advance(60)
+        run_id = await _running_of(thread, sid)
+        clock.advance(60)  # a fire time while the process runs and the occurrence runs
+        await asyncio.sleep(0.05)
+    # Closed while its occurrence ran: it is re-queued at the next start.
+    clock.advance(3600)  # down for an hour: sixty fire times pass
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.get_thread("t1")
+        release(rt, "slow")
+        await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+        # The interrupted occurrence covered the outage: no run made for it, and its
+        # sixty fire times counted as nothing; the fire time that came while the process
+        # ran is the one skip.
+        assert [r.id for r in runs] == [run_id]
+        assert (schedule.occurrences, schedule.skipped) == (1, 1)
+        assert schedule.next_fire_at_ts == ts("2026-05-01T09:03:00")
+
+
 async def test_pause_creates_nothing_and_resume_starts_from_now(api: Api) -> None:
     thread = await api.rt.create_thread()
     sid = await thread.schedule_effect("ping", every=60)
