@@ -67,7 +67,7 @@ async def fire_times(thread: ThreadState, schedule_id: str) -> list[str]:
 # --------------------------------------------------------------- cron and DST
 
 
-async def test_cron_on_the_spring_forward_day_follows_apschedulers_rule(api: Api) -> None:
+async def test_cron_on_the_spring_forward_day_fires_a_missing_wall_time_shifted(api: Api) -> None:
     # Europe/Berlin, 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist that
     # day: it fires once, at 01:30 UTC (02:30 CET, shown as 03:30 CEST).
     thread = await api.rt.create_thread()
