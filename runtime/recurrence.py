@@ -243,7 +243,8 @@ def _next_cron_fire(expr: str, tz: ZoneInfo, after_ts: float) -> float | None:
     instants (`_instants`); the earliest instant after ``after_ts`` wins. Along the walk a
     wall time's earliest instant never falls by more than a gap (a wall time shifted by a
     gap can come after the next wall times after the gap), so the walk stops at the first
-    one more than that past the best found.
+    one more than the largest change met past the best found; with no change met or
+    nearby, wall times and instants go in step and the first one after ``after_ts`` wins.
     """
     if after_ts >= _ISO_MAX:
         return None
@@ -261,11 +262,19 @@ def _next_cron_fire(expr: str, tz: ZoneInfo, after_ts: float) -> float | None:
         if wall is None:
             break
         instants = _instants(wall, tz)
+        # A wall time in a gap or repeat met farther on widens the margin by its size.
+        change = abs(
+            wall.replace(tzinfo=tz, fold=1).timestamp()
+            - wall.replace(tzinfo=tz, fold=0).timestamp()
+        )
+        shift = max(shift, timedelta(seconds=change))
         if best is not None and instants[0] > best + shift.total_seconds():
             break
         for instant in instants:
             if instant > after_ts and (best is None or instant < best):
                 best = instant
+        if best is not None and not shift:
+            break  # no clock change met or nearby: wall times and instants go in step
         wall += timedelta(microseconds=1)
     return best
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -633,3 +634,49 @@ def test_a_schedule_frame_serializes_once_as_compact_json() -> None:
     text = event.frame_text()
     assert text is event.frame_text()
     assert json.loads(text) == event.to_frame() and ", " not in text
+
+
+@pytest.mark.parametrize(
+    ("zone", "day"),
+    [
+        ("Europe/Berlin", "2026-03-29"), ("Europe/Berlin", "2026-10-25"),
+        ("America/Havana", "2026-03-08"), ("America/Havana", "2026-11-01"),
+        ("America/Santiago", "2026-09-06"), ("America/Santiago", "2026-04-05"),
+        ("Australia/Lord_Howe", "2026-10-04"), ("Australia/Lord_Howe", "2026-04-05"),
+    ],
+)
+@pytest.mark.parametrize("minutes", [[0], [0, 30], [15, 45], list(range(0, 60, 5))])
+def test_cron_fire_times_around_clock_changes_match_the_rule_minute_by_minute(
+    zone: str, day: str, minutes: list[int]
+) -> None:
+    # The rule, checked against every UTC minute of three days around a clock change: an
+    # instant fires when its wall time matches, or when a matching wall time that does
+    # not exist (in a gap) is shifted onto it; each instant fires once.
+    tz = ZoneInfo(zone)
+    start = ts(f"{day}T00:00:00") - 86_400
+    expected: set[float] = set()
+    for m in range(3 * 1440):
+        t = start + 60 * m
+        if datetime.fromtimestamp(t, tz).minute in minutes:
+            expected.add(t)
+    wall = datetime.fromisoformat(f"{day}T00:00:00") - timedelta(days=1)
+    for m in range(3 * 1440):
+        w = wall + timedelta(minutes=m)
+        if w.minute not in minutes:
+            continue
+        shifted = w.replace(tzinfo=tz).timestamp()  # fold=0: the offset before a gap
+        if datetime.fromtimestamp(shifted, tz).replace(tzinfo=None) != w:
+            expected.add(shifted)  # w is in a gap
+    cron = Recurrence.parse(cron=f"{','.join(map(str, minutes))} * * * *", timezone=zone)
+    got: list[float] = []
+    at: float | None = start + 3600  # clear of the window's edges
+    end = start + 3 * 86_400 - 3600
+    while True:
+        assert at is not None
+        at = cron.next_fire(at, 0)
+        assert at is not None
+        if at > end:
+            break
+        got.append(at)
+    window = sorted(t for t in expected if start + 3600 < t <= end)
+    assert got == window
