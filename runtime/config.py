@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_ATTEMPTS = 3
 """A run interrupted by a restart is re-queued; the third interruption fails it (docs/design.md)."""
@@ -84,9 +84,16 @@ class Settings(BaseModel):
             holding the same key before it fails with `runtime.errors.EffectKeyBusy`.
         effect_tool_max_result_bytes: Largest recorded effect-tool result, as UTF-8 JSON
             bytes (default 1 MiB).
+        database_url: None (default): every thread in its own SQLite file under
+            ``data_dir``. A ``postgresql://user@host:5432/dbname`` URL: the registry, runs,
+            alarms, messages and records live in that PostgreSQL database instead
+            (`runtime.storage.postgres`, the ``postgres`` extra; docs/scale-out.md); a
+            ``schema=<name>`` query parameter picks the PostgreSQL schema (default
+            ``public``). The server reads ``THREAD_EFFECTS_DATABASE_URL``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # hide_input_in_errors: a refused database_url may hold a password.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     data_dir: Path
     app_dir: Path | None = None
@@ -105,3 +112,15 @@ class Settings(BaseModel):
     effect_tool_lease_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     effect_tool_wait_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     effect_tool_max_result_bytes: int = Field(default=1 << 20, ge=1)
+    database_url: str | None = Field(default=None, repr=False)  # it may hold a password
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("postgresql://", "postgres://")):
+            scheme = url.split("://", 1)[0] if "://" in url else url[:20]
+            raise ValueError(  # never the whole URL: it may hold a password
+                f"database_url must begin with postgresql:// "
+                f"(postgresql://user@host:5432/dbname), not {scheme[:20]!r}"
+            )
+        return url

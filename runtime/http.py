@@ -1532,8 +1532,17 @@ async def _metrics(request: Request) -> Response:
 
 
 async def _health(request: Request) -> Response:
-    """Liveness: the process serves requests (no store is asked)."""
-    return JSONResponse({"status": "ok"})
+    """Liveness: the process serves requests (no store is asked).
+
+    Also names the storage backend and whether it holds a database connection (None for
+    SQLite files), from what the backend last saw.
+    """
+    body: dict[str, Any] = {"status": "ok"}
+    rt: Runtime | None = getattr(request.app.state, "runtime", None)
+    if rt is not None:
+        body["backend"] = rt.storage.kind
+        body["databaseConnected"] = rt.storage.connection_held()
+    return JSONResponse(body)
 
 
 async def _ready(request: Request) -> Response:

@@ -3,11 +3,12 @@
 One implementation behind ``python server.py`` and ``thread-effects serve``::
 
     thread-effects serve [--app-dir agents] [--data-dir data] [--host 127.0.0.1] [--port 8000]
+                         [--database-url postgresql://user@host:5432/db]
 
-Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR, _HOST,
-_PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _EFFECT_TOOL_LEASE_SECONDS, _MODEL,
-_LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL, _LOG_FORMAT). The server listens on loopback;
-another address needs an API token.
+Every option can also come from the environment (THREAD_EFFECTS_APP_DIR, _DATA_DIR,
+_DATABASE_URL, _HOST, _PORT, _API_TOKEN, _SHUTDOWN_GRACE_SECONDS, _EFFECT_TOOL_LEASE_SECONDS,
+_MODEL, _LOAD_PACKAGES=0 for --no-packages, _LOG_LEVEL, _LOG_FORMAT). The server listens on
+loopback; another address needs an API token.
 Logs go to standard error, as text or (``--log-format json``) one JSON object per line
 (`runtime.logs`, docs/operations.md).
 SIGINT/SIGTERM stop it gracefully: runs still going after the grace period are interrupted
@@ -78,7 +79,8 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
             ``thread-effects serve``).
 
     Returns:
-        The options: ``app_dir``, ``data_dir`` (Paths), ``host``, ``port`` (int),
+        The options: ``app_dir``, ``data_dir`` (Paths), ``database_url`` (or None),
+        ``host``, ``port`` (int),
         ``api_token``, ``shutdown_grace_seconds``, ``effect_tool_lease_seconds`` (floats),
         ``model``, ``load_packages``, ``log_level``, ``log_format``.
 
@@ -133,11 +135,24 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
             )
         return text.lower()
 
+    def database_url(text: str) -> str:
+        if not text.startswith(("postgresql://", "postgres://")):
+            raise argparse.ArgumentTypeError(
+                "database URL must begin with postgresql:// "
+                "(postgresql://user@host:5432/dbname)"
+            )
+        return text
+
     p = _Parser(prog=prog, description=DESCRIPTION)
     p.add_argument("--app-dir", type=Path, default=Path(env.get(f"{ENV}APP_DIR", "agents")),
                    help="the application folder (its effects/ holds the effects)")
     p.add_argument("--data-dir", type=Path, default=Path(env.get(f"{ENV}DATA_DIR", "data")),
                    help="where the SQLite files live")
+    p.add_argument("--database-url", type=database_url,
+                   default=env.get(f"{ENV}DATABASE_URL") or None,
+                   help="keep threads in this PostgreSQL database instead of SQLite files, "
+                        "e.g. postgresql://user@host:5432/db (prefer the environment "
+                        "variable when the URL holds a password)")
     p.add_argument("--host", default=env.get(f"{ENV}HOST", "127.0.0.1"),
                    help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=env.get(f"{ENV}PORT", "8000"),
@@ -283,6 +298,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     app = create_app(
         data_dir=args.data_dir,
         app_dir=args.app_dir,
+        database_url=args.database_url,
         api_token=args.api_token,
         # Without a token, only loopback names are answered (no DNS rebinding); with one,
         # the token is what protects the API.

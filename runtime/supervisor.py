@@ -99,6 +99,17 @@ gave lag p99 88 ms and loop stalls of 13 ms where 32 gave 199 ms and 25 ms; more
 mostly add GIL contention, fewer leave the disk's parallel fsyncs unused."""
 
 
+def _default_backend(settings: Settings) -> StorageBackend:
+    """The backend the settings name: PostgreSQL with a ``database_url``, else SQLite files."""
+    if settings.database_url is not None:
+        # Imported only here: a SQLite user never loads psycopg.
+        from runtime.storage.postgres import PostgresBackend
+
+        # One pooled connection per storage thread (the lock has one of its own).
+        return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS)
+    return SQLiteBackend(settings.data_dir, settings.synchronous)
+
+
 def _set_result(future: asyncio.Future[Any], result: Any) -> None:
     if not future.done():
         future.set_result(result)
@@ -217,7 +228,9 @@ class Runtime:
         clock: The time source and timer; `runtime.testing.FakeClock` in tests.
         storage: Where threads, runs and alarms are kept; default a
             `runtime.storage.sqlite.SQLiteBackend` on ``data_dir`` with the
-            ``synchronous`` setting (which a backend given here does not read).
+            ``synchronous`` setting, or with ``database_url`` a
+            `runtime.storage.postgres.PostgresBackend` (a backend given here reads
+            neither setting).
             `runtime.storage.memory.MemoryBackend` keeps everything in memory (tests).
         extensions: The layers plugged into the runtime (`runtime.extension`); None = the
             registered defaults (the conversation layer: agents, tools, hooks, turns).
@@ -266,8 +279,7 @@ class Runtime:
         )
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.storage: StorageBackend = (
-            storage if storage is not None
-            else SQLiteBackend(self.settings.data_dir, self.settings.synchronous)
+            storage if storage is not None else _default_backend(self.settings)
         )
         self.extensions: list[Extension] = (
             list(extensions) if extensions is not None else default_extensions()
@@ -384,6 +396,9 @@ class Runtime:
         """
         if self._started:
             raise RuntimeClosed("Runtime already started")
+        # The app's own files go there whatever the backend (a database server keeps the
+        # threads with a database_url; SQLite makes the folder itself).
+        await self.run_sync(partial(self.settings.data_dir.mkdir, parents=True, exist_ok=True))
         store = await self.run_sync(self.storage.open)
         try:
             self.registry = await self.run_sync(self._discover)

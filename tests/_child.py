@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -87,7 +88,11 @@ async def main(argv: list[str]) -> None:
         ) as rt:
             await _delete_while_opening(rt, backend)
         return
-    async with Runtime(app_dir=APP, data_dir=data_dir, load_packages=False) as rt:
+    async with Runtime(
+        app_dir=APP, data_dir=data_dir, load_packages=False,
+        # PostgreSQL when the test sets it (tests marked every_backend), else SQLite files.
+        database_url=os.environ.get("THREAD_EFFECTS_DATABASE_URL") or None,
+    ) as rt:
         if mode == "serve":
             if len(argv) > 2:
                 thread_id, effect, args, delay = argv[2], argv[3], json.loads(argv[4]), argv[5]

@@ -100,9 +100,35 @@ async def serve_api(
             yield Api(app, client, clock)
 
 
+STORAGE_KINDS = ("sqlite", "postgres")
+"""The backends a test marked ``every_backend`` runs on (once each)."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each test marked ``every_backend`` once per storage backend (`storage_kind`)."""
+    if "storage_kind" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "every_backend"
+    ):
+        metafunc.parametrize("storage_kind", STORAGE_KINDS)
+
+
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    async with serve_api(tmp_path / "data", clock=FakeClock()) as running:
+def storage_kind() -> str:
+    """The backend of a test not marked ``every_backend``: SQLite, the default."""
+    return "sqlite"
+
+
+@pytest.fixture
+def backend_settings(request: pytest.FixtureRequest, storage_kind: str) -> dict[str, Any]:
+    """The `Runtime` settings that select the test's backend (none for SQLite)."""
+    if storage_kind == "postgres":
+        return {"database_url": request.getfixturevalue("pg_url")}
+    return {}
+
+
+@pytest.fixture
+async def api(tmp_path: Path, backend_settings: dict[str, Any]) -> AsyncIterator[Api]:
+    async with serve_api(tmp_path / "data", clock=FakeClock(), **backend_settings) as running:
         yield running
 
 
@@ -178,3 +204,28 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _SPANS.clear()
     yield _SPANS
     _SPANS.clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pg_database() -> Iterator[str]:
+    """The URL of this session's fresh PostgreSQL database (dropped at the end).
+
+    Autouse: `tests.storage.backends.make_backend` builds PostgreSQL backends outside
+    fixtures, from `tests.pg.session_url`.
+    """
+    from tests import pg
+
+    with pg.session_database() as url:
+        pg.session_url = url
+        try:
+            yield url
+        finally:
+            pg.session_url = None
+
+
+@pytest.fixture
+def pg_url(pg_database: str) -> str:
+    """A database URL whose ``schema`` parameter names a schema no other test uses."""
+    from tests.pg import fresh_url
+
+    return fresh_url()

@@ -19,6 +19,15 @@ CHILD = Path(__file__).parent / "_child.py"
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def child_backend(monkeypatch: pytest.MonkeyPatch, backend_settings: dict[str, str]) -> None:
+    """The children of a test marked every_backend use its backend (they read the variable)."""
+    if "database_url" in backend_settings:
+        monkeypatch.setenv("THREAD_EFFECTS_DATABASE_URL", backend_settings["database_url"])
+    else:
+        monkeypatch.delenv("THREAD_EFFECTS_DATABASE_URL", raising=False)
+
+
 def _start(data_dir: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(data_dir), "serve", *args],
@@ -68,6 +77,7 @@ def _drain(data_dir: Path, thread_id: str) -> list[dict[str, object]]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.every_backend
 def test_sigkill_while_running_requeues_the_run_with_a_second_attempt(tmp_path: Path) -> None:
     proc = _start(tmp_path, "t1", "hang_once", "null", "0")
     _wait_line(proc, "SCHEDULED")
@@ -103,6 +113,7 @@ def test_sigkill_while_a_concurrent_run_runs_requeues_it(tmp_path: Path) -> None
     assert (tmp_path / "hang_once_beside.done").exists()
 
 
+@pytest.mark.every_backend
 def test_effect_that_kills_its_process_fails_after_the_third_attempt(tmp_path: Path) -> None:
     attempts_file = tmp_path / "kill_self.attempts"
     _reap(_start(tmp_path, "t1", "kill_self", "null", "0"))  # attempt 1 kills its process
@@ -121,6 +132,7 @@ def test_effect_that_kills_its_process_fails_after_the_third_attempt(tmp_path: P
     assert [r["status"] for r in runs] == ["failed"]
 
 
+@pytest.mark.every_backend
 def test_run_scheduled_before_a_crash_runs_once_after_restart_past_due(tmp_path: Path) -> None:
     proc = _start(tmp_path, "t1", "record", json.dumps({"key": "k"}), "2")
     _wait_line(proc, "SCHEDULED")

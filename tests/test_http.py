@@ -42,6 +42,7 @@ def error_of(res: httpx.Response, status: int, code: str) -> str:
 # ------------------------------------------------------------------------- threads
 
 
+@pytest.mark.every_backend
 async def test_create_list_and_delete_threads(api: Api) -> None:
     res = await api.client.post(
         "/api/threads", json={"agent_id": "helper", "user_id": "u1", "tags": ["a", "b"]}
@@ -73,6 +74,7 @@ async def test_create_list_and_delete_threads(api: Api) -> None:
     error_of(await api.client.delete(f"/api/threads/{second}"), 404, "thread_not_found")
 
 
+@pytest.mark.every_backend
 async def test_get_one_thread(api: Api) -> None:
     res = await api.client.post("/api/threads", json={"user_id": "u1", "tags": ["vip"]})
     created = res.json()
@@ -85,6 +87,7 @@ async def test_get_one_thread(api: Api) -> None:
     error_of(await api.client.get("/api/threads/bad%20id"), 400, "invalid_thread_id")
 
 
+@pytest.mark.every_backend
 async def test_threads_are_paged_with_next_cursor(api: Api) -> None:
     assert api.clock is not None
     made = []
@@ -107,6 +110,7 @@ async def test_threads_are_paged_with_next_cursor(api: Api) -> None:
     assert pages == 3
 
 
+@pytest.mark.every_backend
 async def test_thread_creation_errors(api: Api) -> None:
     await api.new_thread(id="taken")
     message = error_of(
@@ -256,6 +260,7 @@ async def test_agents_lists_ids_descriptions_and_the_default(tmp_path: Path) -> 
         assert res.status_code == 201 and res.json()["agentId"] == "writer"
 
 
+@pytest.mark.every_backend
 async def test_messages_page_back_from_the_newest_over_http(api: Api) -> None:
     tid = await api.new_thread()
     state = await api.rt.get_thread(tid)  # an app without agents still stores injected text
@@ -286,6 +291,7 @@ async def test_messages_page_back_from_the_newest_over_http(api: Api) -> None:
                                      "invalid_parameter")
 
 
+@pytest.mark.every_backend
 async def test_schedule_run_and_read_a_run(api: Api) -> None:
     tid = await api.new_thread()
     run_id = await api.schedule(tid, "note", {"text": "hello"})
@@ -306,6 +312,7 @@ async def test_schedule_run_and_read_a_run(api: Api) -> None:
     assert all("args" not in r for r in runs)  # args only in the single-run answer
 
 
+@pytest.mark.every_backend
 async def test_run_list_filters_by_status_and_name_and_pages(api: Api) -> None:
     tid = await api.new_thread()
     done = [await api.schedule(tid, "note", {"text": str(i)}) for i in range(3)]
@@ -355,6 +362,7 @@ async def test_run_list_rejects_bad_parameters(api: Api, params: dict[str, str])
     )
 
 
+@pytest.mark.every_backend
 async def test_a_failing_run_shows_its_error(api: Api) -> None:
     tid = await api.new_thread()
     run_id = await api.schedule(tid, "boom", {"message": "kaput"})
@@ -365,6 +373,7 @@ async def test_a_failing_run_shows_its_error(api: Api) -> None:
     assert run["attempts"] == 1
 
 
+@pytest.mark.every_backend
 async def test_schedule_errors(api: Api) -> None:
     tid = await api.new_thread()
     path = f"/api/threads/{tid}/effects"
@@ -422,6 +431,7 @@ async def test_bodies_and_args_over_the_limits_get_413(tmp_path: Path) -> None:
         assert (await api.client.get(path)).json()["runs"] == []
 
 
+@pytest.mark.every_backend
 async def test_get_run_errors(api: Api) -> None:
     tid = await api.new_thread()
     res = await api.client.get(f"/api/threads/{tid}/effects/0123456789abcdef")
@@ -434,6 +444,7 @@ async def test_get_run_errors(api: Api) -> None:
 # -------------------------------------------------------------------- run actions
 
 
+@pytest.mark.every_backend
 async def test_run_now_runs_a_pending_run(api: Api) -> None:
     tid = await api.new_thread()
     run_id = await api.schedule(tid, "note", {"text": "later"}, delay_seconds=3600)
@@ -450,6 +461,7 @@ async def test_run_now_runs_a_pending_run(api: Api) -> None:
     error_of(res, 404, "run_not_found")
 
 
+@pytest.mark.every_backend
 async def test_cancel_a_pending_run(api: Api) -> None:
     tid = await api.new_thread()
     run_id = await api.schedule(tid, "ping", delay_seconds=3600)
@@ -469,6 +481,7 @@ async def test_cancel_a_pending_run(api: Api) -> None:
     assert (await api.run(tid, run_id))["status"] == "canceled"  # and it never ran
 
 
+@pytest.mark.every_backend
 async def test_replay_makes_a_linked_run_with_the_same_args(api: Api) -> None:
     tid = await api.new_thread()
     original = await api.schedule(tid, "boom", {"message": "again"})
@@ -490,6 +503,7 @@ async def test_replay_makes_a_linked_run_with_the_same_args(api: Api) -> None:
     error_of(res, 404, "run_not_found")
 
 
+@pytest.mark.every_backend
 async def test_actions_on_a_running_run(api: Api) -> None:
     tid = await api.new_thread()
     run_id = await api.schedule(tid, "hold", {"key": "running"})
@@ -510,6 +524,7 @@ async def test_actions_on_a_running_run(api: Api) -> None:
     assert res.status_code == 200 and res.json() == {"canceled": False}
 
 
+@pytest.mark.every_backend
 async def test_deleting_a_thread_discards_its_runs(api: Api) -> None:
     tid = await api.new_thread()
     run_id = await api.schedule(tid, "ping", delay_seconds=10)

@@ -1,5 +1,7 @@
 """What `import runtime` loads: an app with effects only needs neither pydantic-ai nor SQLModel.
 
+Nor psycopg: only the PostgreSQL backend (`runtime.storage.postgres`, a database URL) loads it.
+
 pydantic-ai (≈ 50 MiB) is imported when an app defines agents (at startup) or a message is
 converted to or from its form; SQLModel and SQLAlchemy (≈ 18 MiB) only generate the schema
 (runtime/storage/schema.py, checked by tests/test_schema.py). Each check runs in a fresh
@@ -15,7 +17,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("pydantic_ai", "sqlmodel", "sqlalchemy")
+HEAVY = ("pydantic_ai", "sqlmodel", "sqlalchemy", "psycopg", "psycopg_pool")
 
 
 def run_fresh(code: str, tmp_path: Path) -> dict[str, object]:

@@ -14,7 +14,7 @@ import pytest
 from runtime import EffectStatus, Runtime, RuntimeClosed, ThreadState
 from runtime.storage.base import StorageBackend
 from runtime.testing import FakeClock
-from tests.storage.backends import BACKENDS, make_backend, stored_alarms
+from tests.storage.backends import BACKENDS, make_backend, same_data, stored_alarms
 
 APP = Path(__file__).parent / "apps" / "core"
 
@@ -94,7 +94,7 @@ async def test_creates_racing_close_complete_before_the_stores_close_or_raise_cl
 
         again = Runtime(
             app_dir=APP, data_dir=data_dir, load_packages=False,
-            storage=storage if backend_name == "memory" else None,
+            storage=same_data(storage),
         )
         async with again:
             registered = {t.id for t in (await again.list_threads()).threads}

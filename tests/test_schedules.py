@@ -28,6 +28,7 @@ from runtime.recurrence import Recurrence
 from runtime.storage.memory import MemoryBackend
 from runtime.testing import FakeClock
 from tests.conftest import Api, release, serve_api
+from tests.storage.backends import make_backend
 
 APP = Path(__file__).parent / "apps" / "scheduling"
 
@@ -42,9 +43,9 @@ def iso(seconds: float) -> str:
 
 
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
+async def api(tmp_path: Path, backend_settings: dict[str, Any]) -> AsyncIterator[Api]:
     async with serve_api(tmp_path / "data", clock=FakeClock(ts("2026-03-28T12:00:00")),
-                         app_dir=APP) as running:
+                         app_dir=APP, **backend_settings) as running:
         yield running
 
 
@@ -182,6 +183,7 @@ async def test_a_cron_that_never_fires_is_refused(api: Api, cron: str) -> None:
 # ------------------------------------------------------------- every, skips
 
 
+@pytest.mark.every_backend
 async def test_every_makes_one_run_per_period_on_a_grid(api: Api) -> None:
     thread = await api.rt.create_thread()
     start = clock_of(api).now()
@@ -202,6 +204,7 @@ async def test_every_makes_one_run_per_period_on_a_grid(api: Api) -> None:
     assert {r["scheduleId"] for r in listed} == {sid}
 
 
+@pytest.mark.every_backend
 async def test_a_schedule_never_stacks_runs_it_skips_and_counts(api: Api) -> None:
     thread = await api.rt.create_thread()
     sid = await thread.schedule_effect("hold", {"key": "slow"}, every=60)
@@ -279,6 +282,7 @@ async def test_fire_times_missed_while_down_are_never_counted_as_skipped(
         assert schedule.next_fire_at_ts == ts("2026-05-01T09:03:00")
 
 
+@pytest.mark.every_backend
 async def test_pause_creates_nothing_and_resume_starts_from_now(api: Api) -> None:
     thread = await api.rt.create_thread()
     sid = await thread.schedule_effect("ping", every=60)
@@ -308,6 +312,7 @@ async def test_a_paused_thread_holds_occurrences_and_runs_one_on_resume(api: Api
     assert len(runs) == 1 and runs[0].status is EffectStatus.COMPLETED
 
 
+@pytest.mark.every_backend
 async def test_cancel_deletes_the_schedule_and_keeps_its_runs(api: Api) -> None:
     thread = await api.rt.create_thread()
     sid = await thread.schedule_effect("ping", every=60, key="beat")
@@ -327,6 +332,7 @@ async def test_cancel_deletes_the_schedule_and_keeps_its_runs(api: Api) -> None:
     assert again.created and again.schedule.id != sid
 
 
+@pytest.mark.every_backend
 async def test_a_key_makes_one_schedule(api: Api) -> None:
     thread = await api.rt.create_thread()
     made = await asyncio.gather(*(
@@ -342,6 +348,7 @@ async def test_a_key_makes_one_schedule(api: Api) -> None:
     ) == made[0].schedule.id
 
 
+@pytest.mark.every_backend
 async def test_deleting_the_thread_deletes_its_schedules(api: Api) -> None:
     thread = await api.rt.create_thread("gone")
     await thread.schedule_effect("ping", every=60)
@@ -432,6 +439,7 @@ async def test_schedule_frames_share_the_threads_seq_and_carry_no_args(api: Api)
 # ------------------------------------------------------------------- HTTP
 
 
+@pytest.mark.every_backend
 async def test_http_create_list_pause_resume_cancel(api: Api) -> None:
     tid = await api.new_thread()
     base = f"/api/threads/{tid}/schedules"
@@ -566,11 +574,15 @@ def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
         Recurrence.parse(cron=f"0 9 * * {weekdays}")
 
 
-async def test_the_memory_backend_fires_skips_and_coalesces_the_same(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["memory", "postgres"])
+async def test_the_other_backends_fire_skip_and_coalesce_the_same(
+    tmp_path: Path, kind: str
+) -> None:
     clock = FakeClock(ts("2026-05-01T08:00:00"))
     (tmp_path / "m").mkdir()  # where the hold effect keeps its log
+    storage = MemoryBackend() if kind == "memory" else make_backend(kind, tmp_path / "m")
     async with Runtime(app_dir=APP, data_dir=tmp_path / "m", clock=clock,
-                       storage=MemoryBackend()) as rt:
+                       storage=storage) as rt:
         thread = await rt.create_thread()
         sid = await thread.schedule_effect("hold", {"key": "mem"}, every=60)
         clock.advance(60)

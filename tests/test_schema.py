@@ -237,3 +237,49 @@ def test_a_new_runtime_database_has_a_complete_run_index(tmp_path: Path) -> None
         assert store.run_index_complete() is True
     finally:
         store.close()
+
+
+def test_the_checked_in_postgres_schema_is_what_the_models_generate() -> None:
+    from runtime.storage import pg_schema
+
+    assert models.PG_SCHEMA_PATH == Path(pg_schema.__file__)
+    assert models.PG_SCHEMA_PATH.read_text(encoding="utf-8") == models.pg_schema_source(), (
+        "runtime/storage/pg_schema.py is out of date: run .venv/bin/python -m "
+        "runtime.storage.models"
+    )
+    assert pg_schema.SCHEMA_VERSION == len(pg_schema.MIGRATIONS)
+
+
+def test_every_postgres_table_is_keyed_by_thread_id_first(pg_url: str) -> None:
+    """Citus distributes a table by a column of every unique key: thread_id, first."""
+    import psycopg
+
+    from runtime.storage.pg_schema import GLOBAL_TABLES
+    from runtime.storage.postgres import PostgresBackend, split_schema
+
+    backend = PostgresBackend(pg_url)
+    backend.open().close()
+    backend.close()
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, i.indisprimary, i.indisunique, "
+            "(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = c.oid "
+            " AND a.attnum = i.indkey[0]) "
+            "FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s",
+            (schema,),
+        ).fetchall()
+        tables = {r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (schema,),
+        )}
+    expected = {m.__tablename__ for m in models.THREAD_MODELS} | {
+        name for _, name in models.POSTGRES_RUNTIME_MODELS} | {"schema_version"}
+    assert tables == expected
+    unique = [(table, first) for table, primary, uniq, first in rows if primary or uniq]
+    assert {t for t, _ in unique} == tables - {"schema_version"}
+    for table, first in unique:
+        if table in GLOBAL_TABLES:
+            continue
+        assert first == ("id" if table == "threads" else "thread_id"), (table, first)

@@ -89,11 +89,17 @@ class ServerProcess:
 
 
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+def servers(
+    tmp_path: Path, backend_settings: dict[str, Any]
+) -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
+    backend_env = {}
+    if "database_url" in backend_settings:
+        backend_env["THREAD_EFFECTS_DATABASE_URL"] = backend_settings["database_url"]
 
     def start(*args: str, **env: str) -> ServerProcess:
-        server = ServerProcess(tmp_path / "data", tmp_path / "server.log", *args, **env)
+        server = ServerProcess(tmp_path / "data", tmp_path / "server.log", *args,
+                               **backend_env, **env)
         started.append(server)
         return server.start()
 
@@ -126,6 +132,7 @@ def schedule(url: str, tid: str, name: str, args: Any, delay: float = 0) -> str:
     return run_id
 
 
+@pytest.mark.every_backend
 def test_runs_survive_sigkill(servers: Callable[..., ServerProcess], tmp_path: Path) -> None:
     first = servers()
     tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
@@ -144,6 +151,7 @@ def test_runs_survive_sigkill(servers: Callable[..., ServerProcess], tmp_path: P
     assert len(reminders) == 1 and reminders[0].endswith("after the crash")
 
 
+@pytest.mark.every_backend
 def test_sigterm_requeues_a_running_run(servers: Callable[..., ServerProcess]) -> None:
     first = servers("--shutdown-grace-seconds", "0.1")
     tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
@@ -248,11 +256,16 @@ def test_a_chain_is_paused_over_http_and_its_next_run_canceled(
     counts = httpx.get(runs_url).json()["counts"]
     assert counts["pending"] == 0 and counts["canceled"] == 1 and counts["failed"] == 0
     assert httpx.get(f"{server.url}/api/threads/{tid}").json()["paused"] is True
+@pytest.mark.every_backend
 def test_json_logs_metrics_and_probes_of_a_server_process(
-    servers: Callable[..., ServerProcess],
+    servers: Callable[..., ServerProcess], storage_kind: str,
 ) -> None:
     server = servers("--shutdown-grace-seconds", "0.1", "--log-format", "json")
-    assert httpx.get(f"{server.url}/api/health").json() == {"status": "ok"}
+    assert httpx.get(f"{server.url}/api/health").json() == {
+        "status": "ok",
+        "backend": storage_kind,
+        "databaseConnected": True if storage_kind == "postgres" else None,
+    }
     tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
     run_id = schedule(server.url, tid, "slow_task", {"seconds": 60})
     wait_for_run(server.url, tid, run_id, lambda r: r["status"] == "running")
@@ -361,8 +374,9 @@ def test_a_server_with_no_packages_lists_no_package_effects(
     assert not any("/" in n for n in names(servers("--no-packages")))
 
 
+@pytest.mark.every_backend
 def test_a_second_server_on_a_data_dir_in_use_says_so_in_one_line(
-    servers: Callable[..., ServerProcess], tmp_path: Path
+    servers: Callable[..., ServerProcess], tmp_path: Path, storage_kind: str
 ) -> None:
     first = servers()
     env = {**first.env, "THREAD_EFFECTS_PORT": str(free_port())}
@@ -374,7 +388,8 @@ def test_a_second_server_on_a_data_dir_in_use_says_so_in_one_line(
     output = done.stdout + done.stderr
     assert "Traceback" not in output, output
     locked = [line for line in output.splitlines() if "DataDirLocked" in line]
-    assert len(locked) == 1 and "is in use by pid" in locked[0], output
+    held_by = "is in use by pid" if storage_kind == "sqlite" else "is in use by another process"
+    assert len(locked) == 1 and held_by in locked[0], output
     assert httpx.get(f"{first.url}/api/threads", timeout=5).status_code == 200
 
 
@@ -408,6 +423,8 @@ def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> 
         (["--log-format", "xml"], {}, "--log-format"),
         ([], {"THREAD_EFFECTS_LOG_FORMAT": "xml"}, "--log-format"),
         (["--port", "0"], {}, "--port"),
+        (["--database-url", "mysql://u:secret@h/db"], {}, "--database-url"),
+        ([], {"THREAD_EFFECTS_DATABASE_URL": "sqlite:///x.db"}, "--database-url"),
         (["--port", "\u0665"], {}, "--port"),
         (["--api-token", "t\u00f8ken"], {}, "--api-token"),
         ([], {"THREAD_EFFECTS_API_TOKEN": "bad\ntoken"}, "--api-token"),
@@ -426,6 +443,7 @@ def test_a_bad_option_is_one_line_before_anything_is_made(
     assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert "tøken" not in done.stderr and "bad\ntoken" not in done.stderr  # never printed
+    assert "secret" not in done.stderr  # nor a database URL's password
     assert not data_dir.exists()
 
 

@@ -58,8 +58,8 @@ async def running(
 
 
 @pytest.fixture
-async def live(tmp_path: Path) -> AsyncIterator[Live]:
-    async with running(tmp_path) as server:
+async def live(tmp_path: Path, backend_settings: dict[str, Any]) -> AsyncIterator[Live]:
+    async with running(tmp_path, **backend_settings) as server:
         yield server
 
 
@@ -100,6 +100,7 @@ async def close_code(ws: ClientConnection) -> int | None:
     return closed.value.rcvd.code
 
 
+@pytest.mark.every_backend
 async def test_scheduled_started_completed(live: Live) -> None:
     tid = await live.api.new_thread()
     async with stream(live.url(tid)) as ws:
@@ -123,6 +124,7 @@ async def test_scheduled_started_completed(live: Live) -> None:
     }
 
 
+@pytest.mark.every_backend
 async def test_the_server_wide_stream_has_every_threads_run_changes(live: Live) -> None:
     a = await live.api.new_thread()
     b = await live.api.new_thread()
@@ -161,6 +163,7 @@ async def test_the_server_wide_stream_needs_the_token(tmp_path: Path) -> None:
             await frames_until(ws, change_is(run_id, "completed"))
 
 
+@pytest.mark.every_backend
 async def test_several_clients_of_a_thread_get_the_same_frames(live: Live) -> None:
     tid = await live.api.new_thread()
     url = live.url(tid)
@@ -181,6 +184,7 @@ async def test_several_clients_of_a_thread_get_the_same_frames(live: Live) -> No
         ]
 
 
+@pytest.mark.every_backend
 async def test_failed_and_replayed(live: Live) -> None:
     tid = await live.api.new_thread()
     async with stream(live.url(tid)) as ws:
@@ -197,6 +201,7 @@ async def test_failed_and_replayed(live: Live) -> None:
         assert all(f["data"]["replayOf"] == run_id for f in frames)
 
 
+@pytest.mark.every_backend
 async def test_canceled_and_run_now(live: Live) -> None:
     tid = await live.api.new_thread()
     async with stream(live.url(tid)) as ws:
@@ -296,6 +301,7 @@ async def close_frame(ws: ClientConnection) -> tuple[int, str]:
     return closed.value.rcvd.code, closed.value.rcvd.reason
 
 
+@pytest.mark.every_backend
 async def test_an_unknown_thread_is_refused_with_4404(live: Live) -> None:
     async with stream(live.url("no-such-thread")) as ws:
         assert await close_frame(ws) == (4404, "Thread not found: no-such-thread")
@@ -312,6 +318,7 @@ async def test_a_malformed_thread_id_is_refused_with_4400(live: Live, tid: str) 
         assert f'Invalid thread id "{tid}": must match' in reason
 
 
+@pytest.mark.every_backend
 async def test_deleting_the_thread_closes_its_stream(live: Live) -> None:
     tid = await live.api.new_thread()
     async with stream(live.url(tid)) as ws:

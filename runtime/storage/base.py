@@ -9,8 +9,9 @@ from the event loop, and never calls one `ThreadStore` from two threads at once)
   method is one transaction: it either commits whole or changes nothing.
 - `RuntimeStore`: the thread registry and the durable alarm index.
 
-Backends: `runtime.storage.sqlite.SQLiteBackend` (one file per thread, the default) and
-`runtime.storage.memory.MemoryBackend` (the reference implementation, for tests). Both
+Backends: `runtime.storage.sqlite.SQLiteBackend` (one file per thread, the default),
+`runtime.storage.memory.MemoryBackend` (the reference implementation, for tests) and
+`runtime.storage.postgres.PostgresBackend` (one PostgreSQL database for every thread). All
 pass the contract suite in ``tests/storage/``.
 
 Times are seconds since the Unix epoch (UTC), as floats.
@@ -919,6 +920,16 @@ class StorageBackend(ABC):
     """
 
     exclusive: bool = True
+    kind: str = "custom"
+    """What `GET /api/health` names the backend: ``sqlite``, ``memory``, ``postgres``."""
+
+    def connection_held(self) -> bool | None:
+        """Whether the backend holds a live connection to a database server now.
+
+        None for a backend without a server (SQLite files, memory). Asks no server: it
+        reports what the backend last saw (for `GET /api/health`).
+        """
+        return None
 
     @abstractmethod
     def open(self) -> RuntimeStore:

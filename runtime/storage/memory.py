@@ -976,6 +976,8 @@ class MemoryBackend(StorageBackend):
     data-dir lock does); its data stays for the next runtime given the same backend.
     """
 
+    kind = "memory"
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.threads: dict[str, ThreadInfo] = {}

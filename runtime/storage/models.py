@@ -30,8 +30,19 @@ import json
 import sys
 from pathlib import Path
 
-from sqlalchemy import Column, Index, MetaData, Table, text
-from sqlalchemy.dialects import sqlite
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Identity,
+    Index,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlmodel import Field, SQLModel
 
@@ -377,6 +388,134 @@ def migration_ddl(
                 statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
     return statements
 
+# ---------------------------------------------------------------- PostgreSQL
+
+POSTGRES_SCHEMA_VERSION = 1
+"""The schema version of a current PostgreSQL database (`runtime.storage.postgres`); its
+``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
+models above (as of thread schema 6 and runtime schema 5)."""
+
+POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
+"""The tables of a thread's store, all threads in one table each, keyed by ``thread_id``
+first (a model without that column gets it prepended: its key, unique constraints and
+indexes become ``(thread_id, ...)``)."""
+
+POSTGRES_RUNTIME_MODELS: tuple[tuple[type[SQLModel], str], ...] = tuple(
+    (m, "runtime_effect_records" if m is EffectRecordRow else _table(m).name)
+    for m in RUNTIME_MODELS
+)
+"""The runtime database's tables and their PostgreSQL names: the runtime-level effect
+records (keyed by scope, in ``thread_id``) get a table of their own beside the threads'."""
+
+POSTGRES_GLOBAL_TABLES = ("runtime_meta", "schema_version")
+"""The tables without a ``thread_id`` (Citus: reference tables, copied to every node)."""
+
+
+def _pg_table(model: type[SQLModel], name: str, metadata: MetaData) -> Table:
+    """The model's table for PostgreSQL: ``thread_id`` the first column of every key.
+
+    A model with a ``thread_id`` column keeps its own key when ``thread_id`` is part of it;
+    otherwise ``thread_id`` is prepended to its primary key, to each unique constraint and
+    to each index. An integer ``seq`` key becomes a ``BIGINT`` identity column (one
+    sequence for all threads: scheduling order within a thread is its order). SQLite's
+    partial-index ``WHERE`` becomes PostgreSQL's.
+    """
+    source = _table(model)
+    names = [c.name for c in source.columns]
+    pk = [c.name for c in source.primary_key.columns]
+    threaded = "thread_id" in names or name == "threads"
+    columns: list[Column[object]] = []
+    if "thread_id" not in names and name != "threads" and name != "runtime_meta":
+        columns.append(Column("thread_id", String, nullable=False))
+        threaded = False
+    for c in source.columns:
+        if c.name == "seq":
+            columns.append(Column("seq", BigInteger, Identity(), nullable=False))
+            continue
+        copy = c._copy()
+        copy.primary_key = False
+        copy.unique = False
+        copy.index = False
+        columns.append(copy)
+    prefix = [] if threaded or name == "runtime_meta" else ["thread_id"]
+    if name == "run_index":  # keyed by run id alone in SQLite; by (thread_id, run_id) here
+        pk = ["thread_id", *pk]
+    constraints: list[PrimaryKeyConstraint | UniqueConstraint] = [
+        PrimaryKeyConstraint(*prefix, *pk)
+    ]
+    for c in source.columns:
+        if c.unique:
+            constraints.append(UniqueConstraint(*prefix, c.name))
+    table = Table(name, metadata, *columns, *constraints)
+    for index in sorted(source.indexes, key=lambda i: str(i.name)):
+        cols = [c.name for c in index.columns]
+        if cols[0] != "thread_id" and name not in ("threads", "run_index"):
+            cols = [*prefix, *cols] if prefix else cols
+        where = index.dialect_options["sqlite"].get("where")
+        Index(
+            str(index.name).replace("ix_effect_records", f"ix_{name}"),
+            *(table.c[n] for n in cols),
+            unique=bool(index.unique),
+            postgresql_where=where,
+        )
+    return table
+
+
+def postgres_ddl() -> list[str]:
+    """CREATE TABLE / CREATE INDEX statements for PostgreSQL, generated from the models.
+
+    Every table of a thread's store and of the runtime database, in one database, and the
+    ``schema_version`` table.
+    """
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    metadata = MetaData()
+    tables = [_pg_table(m, _table(m).name, metadata) for m in POSTGRES_THREAD_MODELS]
+    tables += [_pg_table(m, name, metadata) for m, name in POSTGRES_RUNTIME_MODELS]
+    statements = ["CREATE TABLE schema_version (\n\tversion INTEGER NOT NULL\n)"]
+    for table in tables:
+        statements.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    return statements
+
+
+PG_SCHEMA_PATH = Path(__file__).with_name("pg_schema.py")
+
+_PG_SCHEMA_HEADER = '''"""The PostgreSQL schema: DDL generated from `runtime.storage.models`.
+
+Generated; do not edit. Regenerate with ``.venv/bin/python -m runtime.storage.models``
+(tests/test_schema.py fails while this file differs from what the models generate). The
+PostgreSQL backend (`runtime.storage.postgres`) runs these statements, so SQLModel and
+SQLAlchemy are not imported at run time.
+"""
+# ruff: noqa: E501 - one statement per line, as generated
+
+'''
+
+
+def pg_schema_source() -> str:
+    """The text of `runtime.storage.pg_schema`: the versioned PostgreSQL DDL."""
+    out = [_PG_SCHEMA_HEADER]
+    out.append(f"SCHEMA_VERSION = {POSTGRES_SCHEMA_VERSION}\n")
+    out.append('"""The version `MIGRATIONS` take a database to."""\n\n')
+    out.append("MIGRATIONS: dict[int, tuple[str, ...]] = {\n    0: (\n")
+    for statement in postgres_ddl():
+        literal = _literal(statement)
+        if len(literal) == 1:
+            out.append(f"        {literal[0]},\n")
+        else:
+            out.append("        (\n" + "".join(f"            {x}\n" for x in literal)
+                       + "        ),\n")
+    out.append("    ),\n}\n")
+    out.append('"""The statements that take schema version N to N + 1 (0: an empty schema)."""\n\n')
+    thread_tables = tuple(_table(m).name for m in POSTGRES_THREAD_MODELS)
+    out.append(f"THREAD_TABLES: tuple[str, ...] = {thread_tables!r}\n")
+    out.append('"""The tables of threads\' stores (each keyed by ``thread_id`` first)."""\n\n')
+    out.append(f"GLOBAL_TABLES: tuple[str, ...] = {POSTGRES_GLOBAL_TABLES!r}\n")
+    out.append('"""The tables without a ``thread_id`` (Citus reference tables)."""\n')
+    return "".join(out)
+
+
 SCHEMA_PATH = Path(__file__).with_name("schema.py")
 
 _SCHEMA_HEADER = '''"""The SQLite schema: DDL generated from the models in `runtime.storage.models`.
@@ -448,20 +587,20 @@ def schema_source() -> str:
 
 def main(argv: list[str]) -> int:
     """``python -m runtime.storage.models [--check]``: rewrite (or check) the schema module."""
-    source = schema_source()
-    current = SCHEMA_PATH.read_text(encoding="utf-8") if SCHEMA_PATH.exists() else None
-    if argv == ["--check"]:
-        if current != source:
-            print(f"{SCHEMA_PATH} is out of date; run python -m runtime.storage.models")
-            return 1
-        return 0
-    if argv:
+    if argv and argv != ["--check"]:
         print("usage: python -m runtime.storage.models [--check]", file=sys.stderr)
         return 2
-    if current != source:
-        SCHEMA_PATH.write_text(source, encoding="utf-8")
-        print(f"wrote {SCHEMA_PATH}")
-    return 0
+    status = 0
+    for path, source in ((SCHEMA_PATH, schema_source()), (PG_SCHEMA_PATH, pg_schema_source())):
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if argv == ["--check"]:
+            if current != source:
+                print(f"{path} is out of date; run python -m runtime.storage.models")
+                status = 1
+        elif current != source:
+            path.write_text(source, encoding="utf-8")
+            print(f"wrote {path}")
+    return status
 
 
 if __name__ == "__main__":

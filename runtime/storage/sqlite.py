@@ -1515,6 +1515,8 @@ class SQLiteBackend(StorageBackend):
             write survives power loss) or ``NORMAL`` (a process crash only).
     """
 
+    kind = "sqlite"
+
     def __init__(self, data_dir: str | os.PathLike[str], synchronous: str = "FULL") -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")

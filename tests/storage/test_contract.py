@@ -8,6 +8,7 @@ than the code, which only a backend knows how to do). The tests speak the contra
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -56,6 +57,8 @@ class Harness:
     """Stamp a (closed) thread's store with a schema version."""
     make_runtime_newer: Callable[[int], None]
     """Stamp the (closed) runtime store with a schema version."""
+    make_runtime_current: Callable[[], None]
+    """Stamp the (closed) runtime store with the version the code knows."""
 
 
 def _sqlite_harness(data_dir: Path) -> Harness:
@@ -73,6 +76,7 @@ def _sqlite_harness(data_dir: Path) -> Harness:
         twin=lambda: SQLiteBackend(data_dir, "NORMAL"),
         make_thread_newer=lambda tid, v: stamp(backend.thread_path(tid), v),
         make_runtime_newer=lambda v: stamp(backend.runtime_path, v),
+        make_runtime_current=lambda: stamp(backend.runtime_path, RUNTIME_SCHEMA_VERSION),
     )
 
 
@@ -87,13 +91,38 @@ def _memory_harness() -> Harness:
         twin=lambda: backend,
         make_thread_newer=backend.set_thread_schema_version,
         make_runtime_newer=runtime_newer,
+        make_runtime_current=lambda: runtime_newer(RUNTIME_SCHEMA_VERSION),
     )
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+def _postgres_harness(url: str) -> Harness:
+    from runtime.storage.pg_schema import SCHEMA_VERSION
+    from runtime.storage.postgres import PostgresBackend, split_schema
+    from tests.pg import set_schema_version
+
+    backend = PostgresBackend(url)
+    base, schema = split_schema(url)
+    assert schema is not None
+
+    def stamp(version: int) -> None:
+        set_schema_version(base, schema, version)
+
+    return Harness(
+        backend=backend,
+        twin=lambda: PostgresBackend(url),
+        # One schema version for the whole database: every thread's store is in it.
+        make_thread_newer=lambda _tid, v: stamp(v),
+        make_runtime_newer=stamp,
+        make_runtime_current=lambda: stamp(SCHEMA_VERSION),
+    )
+
+
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     if request.param == "sqlite":
         h = _sqlite_harness(tmp_path)
+    elif request.param == "postgres":
+        h = _postgres_harness(request.getfixturevalue("pg_url"))
     else:
         h = _memory_harness()
     yield h
@@ -300,7 +329,7 @@ def test_a_newer_runtime_schema_is_refused_and_nothing_stays_taken(harness: Harn
     harness.make_runtime_newer(99)
     with pytest.raises(RuntimeStorageError, match="schema version 99, newer than"):
         harness.backend.open()
-    harness.make_runtime_newer(RUNTIME_SCHEMA_VERSION)  # back to the current version
+    harness.make_runtime_current()
     harness.backend.open().close()
 
 
@@ -495,6 +524,41 @@ def test_claims_go_by_due_time_then_scheduling_order(store: ThreadStore) -> None
     assert store.finish_and_claim(None, T0) == (None, None, T0 + 10)
     assert store.finish_and_claim(None, T0, claim=False) == (None, None, None)
     assert store.pending_runs() == [late]
+
+
+def test_two_stores_of_one_thread_claiming_at_once_never_claim_a_run_twice(
+    harness: Harness, store: ThreadStore
+) -> None:
+    """Claims are atomic against every connection: each due run goes to one claimer."""
+    runs = [run() for _ in range(40)]
+    for r in runs:
+        store.insert_run(r)
+    other = harness.backend.open_thread_store("t")
+    claimed: list[list[str]] = [[], []]
+
+    def claim_all(s: ThreadStore, into: list[str]) -> None:
+        while True:
+            _, got, _ = s.finish_and_claim(None, T0)
+            if got is None:
+                return
+            into.append(got.id)
+
+    try:
+        workers = [
+            threading.Thread(target=claim_all, args=(s, into))
+            for s, into in ((store, claimed[0]), (other, claimed[1]))
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=60)
+        assert not any(w.is_alive() for w in workers)
+    finally:
+        other.close()
+    every = claimed[0] + claimed[1]
+    assert sorted(every) == sorted(ids(runs))  # each run claimed exactly once
+    statuses = {r.id: r.status for r in store.list_runs(T0, KEEP, limit=100)[0]}
+    assert set(statuses.values()) == {EffectStatus.RUNNING}
 
 
 def test_finish_and_claim_records_the_outcome_and_claims_in_one_step(

@@ -1,0 +1,1725 @@
+"""The PostgreSQL backend: every thread's store and the runtime's tables in one database.
+
+Select it with ``Runtime(..., database_url="postgresql://user@host:5432/db")`` (the server:
+``--database-url`` or ``THREAD_EFFECTS_DATABASE_URL``); SQLite stays the default. Needs the
+``postgres`` extra (psycopg 3 and psycopg_pool): ``pip install "thread-effects[postgres]"``.
+``import runtime`` never imports psycopg; only this module does.
+
+Layout (docs/scale-out.md): one table per model of `runtime.storage.models`, generated from
+the models into `runtime.storage.pg_schema`. Every table of a thread's store holds the rows
+of every thread and carries ``thread_id`` as the first column of its primary key, unique
+constraints and indexes (the registry's key is the thread id itself), so that Citus can
+distribute each table by it. ``schema_version`` holds the schema version; a database of a
+newer version than this code knows is refused.
+
+Connections come from a `psycopg_pool.ConnectionPool`; every contract method is one
+transaction on one pooled connection, called from the runtime's storage threads (the
+contract is synchronous, as for SQLite). `PostgresBackend.open` holds a session advisory
+lock on a connection of its own for as long as the backend is open: like the SQLite
+data-directory lock, one process uses a database (schema) at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import threading
+import time
+import zlib
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from runtime._text import replace_lone_surrogates
+from runtime.config import RetentionPolicy
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
+from runtime.errors import (
+    DataDirLocked,
+    RuntimeClosed,
+    RuntimeStorageError,
+    ThreadStorageError,
+)
+from runtime.ids import validate_thread_id
+from runtime.messages import Message, message_from_row
+from runtime.recurrence import Recurrence, Schedule, ScheduleState
+from runtime.storage import records as _records
+from runtime.storage.base import (
+    Finish,
+    RunQuery,
+    RuntimeStore,
+    StorageBackend,
+    ThreadInfo,
+    ThreadQuery,
+    ThreadStore,
+)
+from runtime.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION, THREAD_TABLES
+from runtime.storage.records import (
+    Claim,
+    EffectRecord,
+    EffectRecordPage,
+    EffectRecordStatus,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+    Cursor = psycopg.Cursor[tuple[Any, ...]]
+
+log = logging.getLogger("runtime")
+
+T = TypeVar("T")
+
+
+def _db_error() -> type[Exception]:
+    """`psycopg.Error`, imported when first needed (in a storage thread, never at import).
+
+    Constructing a backend happens on the event loop (`runtime.Runtime`); psycopg is
+    imported by `PostgresBackend.open`, which the runtime calls from a storage thread.
+    """
+    import psycopg
+
+    return psycopg.Error
+
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+_RUN_COLUMNS = (
+    "seq, id, name, status, args, run_at, created_at, started_at, finished_at, "
+    "attempts, error, replay_of, key, canceled_by, schedule_id"
+)
+_INDEX_COLUMNS = (
+    "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
+    "attempts, error, replay_of, key, canceled_by, schedule_id"
+)
+_SCHEDULE_COLUMNS = (
+    "id, name, args, cron, timezone, every_seconds, state, next_fire_at, created_at, "
+    "key, occurrences, skipped, last_run_id, last_fire_at"
+)
+_MESSAGE_COLUMNS = "seq, id, role, content, created_at, run_id, meta, data"
+_THREAD_COLUMNS = (
+    "id, created_at, agent_id, user_id, tags, "
+    "EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = threads.id), "
+    "coalesce(last_activity_at, created_at)"
+)
+_TOUCH = (
+    "UPDATE threads SET last_activity_at = GREATEST(coalesce(last_activity_at, created_at), %s) "
+    "WHERE id = %s"
+)
+_FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
+_INDEX_COMPLETE = "run_index_complete"
+
+LOCK_WAIT_SECONDS = 1.0
+"""How long `PostgresBackend.open` retries the schema's lock before refusing."""
+
+SWEEP_SECONDS = 60.0
+"""On the write path, runs past their retention age are deleted at most this often per
+store (as `runtime.storage.sqlite.SWEEP_SECONDS`)."""
+
+_EXPIRED = (
+    "((status IN ('completed', 'canceled') AND finished_at < %s) "
+    "OR (status = 'failed' AND finished_at < %s))"
+)
+
+# The ``n`` oldest finished runs of a thread (by finished_at, then seq): one index walk
+# per status over ix_effect_runs_finished (thread_id, status, finished_at).
+_DELETE_OLDEST_FINISHED = (
+    "DELETE FROM effect_runs WHERE thread_id = %(t)s AND seq IN (SELECT seq FROM ("
+    + " UNION ALL ".join(
+        f"(SELECT seq, finished_at FROM effect_runs WHERE thread_id = %(t)s "
+        f"AND status = '{status}' ORDER BY finished_at, seq LIMIT %(n)s)"
+        for status in _FINISHED
+    )
+    + ") AS oldest ORDER BY finished_at, seq LIMIT %(n)s)"
+)
+
+# The (finished_at, seq) of the finished run at position %(offset)s among the unexpired
+# ones of a thread, newest first.
+_NEWEST_FINISHED = (
+    "SELECT finished_at, seq FROM ("
+    + " UNION ALL ".join(
+        f"(SELECT finished_at, seq FROM effect_runs WHERE thread_id = %(t)s "
+        f"AND status = '{status}' "
+        f"AND finished_at >= %({'failed' if status == 'failed' else 'completed'})s "
+        f"ORDER BY finished_at DESC, seq DESC LIMIT %(offset)s + 1)"
+        for status in _FINISHED
+    )
+    + ") AS newest ORDER BY finished_at DESC, seq DESC LIMIT 1 OFFSET %(offset)s"
+)
+
+
+def redact_url(url: str) -> str:
+    """The database URL without its password (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable database URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def split_schema(url: str) -> tuple[str, str | None]:
+    """``(url without its schema parameter, the schema or None)``.
+
+    Raises:
+        ValueError: the URL is not a ``postgresql://`` or ``postgres://`` URL.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(
+            f"Invalid database URL {redact_url(url)!r}: must begin with postgresql:// "
+            f"(postgresql://user@host:5432/dbname)"
+        )
+    query = [kv for kv in parts.query.split("&") if kv]
+    schemas = [kv.split("=", 1)[1] for kv in query if kv.startswith("schema=")]
+    rest = "&".join(kv for kv in query if not kv.startswith("schema="))
+    return urlunsplit(parts._replace(query=rest)), (schemas[-1] if schemas else None)
+
+
+def _sweep_due(swept_at: float | None, now: float) -> bool:
+    return swept_at is None or now - swept_at >= SWEEP_SECONDS or now < swept_at
+
+
+def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
+    return EffectRun(
+        id=row[1],
+        thread_id=thread_id,
+        name=row[2],
+        status=EffectStatus(row[3]),
+        args=json.loads(row[4]) if row[4] is not None else None,
+        run_at_ts=row[5],
+        created_at_ts=row[6],
+        started_at_ts=row[7],
+        finished_at_ts=row[8],
+        attempts=row[9],
+        error=row[10],
+        replay_of=row[11],
+        key=row[12],
+        canceled_by=row[13],
+        schedule_id=row[14],
+    )
+
+
+def _row_to_schedule(thread_id: str, row: Sequence[Any]) -> Schedule:
+    return Schedule(
+        id=row[0],
+        thread_id=thread_id,
+        name=row[1],
+        args=json.loads(row[2]) if row[2] is not None else None,
+        recurrence=Recurrence(cron=row[3], timezone=row[4], every_seconds=row[5]),
+        state=ScheduleState(row[6]),
+        next_fire_at_ts=row[7],
+        created_at_ts=row[8],
+        key=row[9],
+        occurrences=row[10],
+        skipped=row[11],
+        last_run_id=row[12],
+        last_fire_at_ts=row[13],
+    )
+
+
+# ------------------------------------------------------------------ effect records
+
+
+class _Records:
+    """The `runtime.storage.records` ``sql_*`` functions, for one PostgreSQL table.
+
+    ``effect_records`` holds threads' records, ``runtime_effect_records`` the runtime-level
+    ones (a scope in ``thread_id``). Each runs inside the caller's transaction.
+    """
+
+    _COLUMNS = ("thread_id, key, tool_name, run_id, status, result, owner, "
+                "lease_expires_at, created_at, updated_at")
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    def get(self, c: Cursor, thread_id: str, key: str) -> EffectRecord | None:
+        row = c.execute(
+            f"SELECT {self._COLUMNS} FROM {self.table} WHERE thread_id = %s AND key = %s",
+            (thread_id, key),
+        ).fetchone()
+        return None if row is None else _records._from_row(row)
+
+    def _require(self, c: Cursor, thread_id: str, key: str) -> EffectRecord:
+        record = self.get(c, thread_id, key)
+        assert record is not None, "a row read inside the transaction that wrote it"
+        return record
+
+    def begin(
+        self, c: Cursor, thread_id: str, key: str, *, tool_name: str, run_id: str | None,
+        owner: str, lease_seconds: float, now: float,
+    ) -> Claim:
+        _records.check_lease(lease_seconds)
+        now = _records._quantize(now)
+        expires = now + lease_seconds
+        # Lock the key's row (if any) for this transaction: two claims of one key
+        # serialize here, so exactly one sees it free.
+        c.execute(
+            f"SELECT 1 FROM {self.table} WHERE thread_id = %s AND key = %s FOR UPDATE",
+            (thread_id, key),
+        )
+        inserted = c.execute(
+            f"INSERT INTO {self.table} ({self._COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, NULL, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (thread_id, key, tool_name, run_id, EffectRecordStatus.IN_PROGRESS.value, owner,
+             expires, now, now),
+        ).rowcount
+        if inserted:
+            return Claim(self._require(c, thread_id, key), claimed=True)
+        retried = c.execute(
+            f"UPDATE {self.table} SET status = %s, result = NULL, owner = %s, "
+            "lease_expires_at = %s, tool_name = %s, run_id = %s, created_at = %s, "
+            "updated_at = %s WHERE thread_id = %s AND key = %s AND status = %s",
+            (EffectRecordStatus.IN_PROGRESS.value, owner, expires, tool_name, run_id, now, now,
+             thread_id, key, EffectRecordStatus.FAILED.value),
+        ).rowcount
+        if retried:
+            return Claim(self._require(c, thread_id, key), claimed=True)
+        taken = c.execute(
+            f"UPDATE {self.table} SET owner = %s, lease_expires_at = %s, tool_name = %s, "
+            "run_id = %s, created_at = %s, updated_at = %s WHERE thread_id = %s AND key = %s "
+            "AND status = %s AND lease_expires_at <= %s",
+            (owner, expires, tool_name, run_id, now, now, thread_id, key,
+             EffectRecordStatus.IN_PROGRESS.value, now),
+        ).rowcount
+        record = self._require(c, thread_id, key)
+        return Claim(record, claimed=bool(taken), took_over=bool(taken))
+
+    def complete(
+        self, c: Cursor, thread_id: str, key: str, *, owner: str, result_json: str,
+        now: float, status: EffectRecordStatus,
+    ) -> EffectRecord:
+        status = _records._check_result_status(status)
+        now = _records._quantize(now)
+        changed = c.execute(
+            f"UPDATE {self.table} SET status = %s, result = %s, owner = NULL, "
+            "lease_expires_at = NULL, updated_at = %s WHERE thread_id = %s AND key = %s "
+            "AND status = %s AND owner = %s",
+            (status.value, result_json, now, thread_id, key,
+             EffectRecordStatus.IN_PROGRESS.value, owner),
+        ).rowcount
+        if not changed:
+            raise _records._lost(thread_id, key, owner)
+        return self._require(c, thread_id, key)
+
+    def renew(self, c: Cursor, thread_id: str, key: str, *, owner: str,
+              lease_seconds: float, now: float) -> bool:
+        _records.check_lease(lease_seconds)
+        return bool(c.execute(
+            f"UPDATE {self.table} SET lease_expires_at = %s WHERE thread_id = %s AND key = %s "
+            "AND status = %s AND owner = %s",
+            (_records._quantize(now) + lease_seconds, thread_id, key,
+             EffectRecordStatus.IN_PROGRESS.value, owner),
+        ).rowcount)
+
+    def release(self, c: Cursor, thread_id: str, key: str, *, owner: str) -> bool:
+        return bool(c.execute(
+            f"DELETE FROM {self.table} WHERE thread_id = %s AND key = %s AND status = %s "
+            "AND owner = %s",
+            (thread_id, key, EffectRecordStatus.IN_PROGRESS.value, owner),
+        ).rowcount)
+
+    def list(
+        self, c: Cursor, thread_id: str, *, status: EffectRecordStatus | None, limit: int,
+        cursor: str | None, hide_journal: bool = False,
+    ) -> EffectRecordPage:
+        _records.check_limit(limit)
+        where, params = ["thread_id = %s"], [thread_id]
+        if hide_journal:
+            where.append("substr(key, 1, %s) != %s")
+            params.extend([len(_records.JOURNAL_PREFIX), _records.JOURNAL_PREFIX])  # type: ignore[list-item]
+        if status is not None:
+            where.append("status = %s")
+            params.append(EffectRecordStatus(status).value)
+        if cursor is not None:
+            created, after_key = _records.decode_cursor(cursor)
+            where.append("(created_at < %s OR (created_at = %s AND key < %s))")
+            params.extend([created, created, after_key])  # type: ignore[list-item]
+        rows = c.execute(
+            f"SELECT {self._COLUMNS} FROM {self.table} WHERE {' AND '.join(where)} "
+            "ORDER BY created_at DESC, key DESC LIMIT %s",
+            (*params, limit + 1),
+        ).fetchall()
+        found = [_records._from_row(r) for r in rows[:limit]]
+        return EffectRecordPage(
+            found, _records._next_cursor(found) if len(rows) > limit else None
+        )
+
+    def expire_leases(self, c: Cursor, thread_id: str, *, keep_owner_prefix: str,
+                      now: float) -> int:
+        now = _records._quantize(now)
+        return c.execute(
+            f"UPDATE {self.table} SET lease_expires_at = %s, updated_at = %s "
+            "WHERE thread_id = %s AND status = %s AND lease_expires_at > %s "
+            "AND substr(owner, 1, %s) != %s",
+            (now, now, thread_id, EffectRecordStatus.IN_PROGRESS.value, now,
+             len(keep_owner_prefix), keep_owner_prefix),
+        ).rowcount
+
+    def purge(self, c: Cursor, thread_id: str | None, *, older_than: float) -> int:
+        older_than = _records._epoch(_records.instant(older_than))
+        scope, params = ("thread_id = %s AND ", [thread_id]) if thread_id is not None else (
+            "", [])
+        return c.execute(
+            f"DELETE FROM {self.table} WHERE {scope}updated_at < %s AND "
+            "(status != %s OR lease_expires_at < %s)",
+            (*params, older_than, EffectRecordStatus.IN_PROGRESS.value, older_than),
+        ).rowcount
+
+    def purge_thread(self, c: Cursor, thread_id: str) -> int:
+        return c.execute(
+            f"DELETE FROM {self.table} WHERE thread_id = %s", (thread_id,)
+        ).rowcount
+
+
+_THREAD_RECORDS = _Records("effect_records")
+_RUNTIME_RECORDS = _Records("runtime_effect_records")
+
+
+# ------------------------------------------------------------------ thread store
+
+
+class PostgresThreadStore(ThreadStore):
+    """One thread's rows in the shared tables (every query names its ``thread_id``)."""
+
+    def __init__(self, backend: PostgresBackend, thread_id: str) -> None:
+        self.thread_id = thread_id
+        self._backend = backend
+        self._closed = False
+        self._swept_at: float | None = None
+        self._records_swept_at: float | None = None
+
+    def _tx(self, fn: Callable[[Cursor], T]) -> T:
+        if self._closed:
+            raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
+        try:
+            with self._backend.transaction() as c:
+                return fn(c)
+        except (_db_error(), RuntimeClosed) as exc:
+            self._swept_at = None
+            raise ThreadStorageError(
+                self.thread_id, f"Thread {self.thread_id}: PostgreSQL failed: {exc}"
+            ) from exc
+
+    def _one(self, c: Cursor, sql: str, params: Sequence[Any]) -> EffectRun | None:
+        row = c.execute(sql, params).fetchone()
+        return _row_to_run(self.thread_id, row) if row is not None else None
+
+    # ------------------------------------------------------------ meta
+
+    def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
+        self._tx(lambda c: c.execute(
+            "INSERT INTO thread_meta (thread_id, key, value) VALUES (%s, %s, %s) "
+            "ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value",
+            (self.thread_id, key, value),
+        ))
+
+    def get_meta(self, key: str) -> str | None:  # noqa: D102 - contract in base
+        row = self._tx(lambda c: c.execute(
+            "SELECT value FROM thread_meta WHERE thread_id = %s AND key = %s",
+            (self.thread_id, key),
+        ).fetchone())
+        return None if row is None else str(row[0])
+
+    # ------------------------------------------------------------ runs
+
+    def _count_finished(self, c: Cursor) -> int:
+        row = c.execute(
+            "SELECT count(*) FROM effect_runs WHERE thread_id = %s AND status IN (%s, %s, %s)",
+            (self.thread_id, *_FINISHED),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _delete_expired(self, c: Cursor, now: float, retention: RetentionPolicy) -> int:
+        return c.execute(
+            f"DELETE FROM effect_runs WHERE thread_id = %s AND {_EXPIRED}",
+            (self.thread_id, now - retention.completed_seconds,
+             now - retention.failed_seconds),
+        ).rowcount
+
+    def _prune_in(self, c: Cursor, now: float, retention: RetentionPolicy) -> int:
+        """Write-path pruning inside a transaction that just finished runs."""
+        deleted = 0
+        if _sweep_due(self._swept_at, now):
+            deleted += self._delete_expired(c, now, retention)
+            self._swept_at = now
+            _THREAD_RECORDS.purge(c, self.thread_id,
+                                  older_than=now - retention.effect_records_seconds)
+            self._records_swept_at = now
+        excess = self._count_finished(c) - retention.max_finished
+        # Deleted in batches (a tenth of the limit); reads hide the excess meanwhile.
+        if excess > retention.max_finished // 10:
+            deleted += c.execute(
+                _DELETE_OLDEST_FINISHED, {"t": self.thread_id, "n": excess}
+            ).rowcount
+        if deleted:
+            self._drop_orphan_attempts(c)
+        return deleted
+
+    def _drop_orphan_attempts(self, c: Cursor) -> None:
+        c.execute(
+            "DELETE FROM run_attempts a WHERE a.thread_id = %s AND NOT EXISTS (SELECT 1 "
+            "FROM effect_runs r WHERE r.thread_id = a.thread_id AND r.id = a.run_id)",
+            (self.thread_id,),
+        )
+
+    def _drop_trace(self, c: Cursor, run: EffectRun | None) -> None:
+        if run is not None:
+            c.execute("DELETE FROM run_traces WHERE thread_id = %s AND run_id = %s",
+                      (self.thread_id, run.id))
+
+    def _with_trace(self, c: Cursor, run: EffectRun | None) -> EffectRun | None:
+        if run is None or run.status.finished:
+            return run
+        row = c.execute(
+            "SELECT context FROM run_traces WHERE thread_id = %s AND run_id = %s",
+            (self.thread_id, run.id),
+        ).fetchone()
+        return replace(run, trace_context=row[0]) if row is not None else run
+
+    def _end_attempt(
+        self, c: Cursor, run: EffectRun, outcome: str, at: float, error: str | None
+    ) -> None:
+        c.execute(
+            "UPDATE run_attempts SET ended_at = %s, outcome = %s, error = %s "
+            "WHERE thread_id = %s AND run_id = %s AND attempt = %s",
+            (at, outcome, error, self.thread_id, run.id, run.attempts),
+        )
+
+    def insert_run(  # noqa: D102 - contract in base
+        self, run: EffectRun, *, hand_off_from: str | None = None
+    ) -> EffectRun | None:
+        def tx(c: Cursor) -> EffectRun | None:
+            if run.key is not None:
+                rows = c.execute(
+                    f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                    f"AND key = %s AND status IN ('pending', 'running') ORDER BY status, seq",
+                    (self.thread_id, run.key),
+                ).fetchall()
+                for row in rows:  # 'pending' sorts first: a successor wins over its link
+                    live = _row_to_run(self.thread_id, row)
+                    if live.status is EffectStatus.PENDING or live.id != hand_off_from:
+                        return live
+            self._insert_run_in(c, run)
+            return None
+
+        return self._tx(tx)
+
+    def _insert_run_in(self, c: Cursor, run: EffectRun) -> None:
+        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        c.execute(
+            "INSERT INTO effect_runs (thread_id, id, name, status, args, run_at, "
+            "created_at, attempts, replay_of, key, schedule_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s)",
+            (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
+             run.created_at_ts, run.replay_of, run.key, run.schedule_id),
+        )
+        if run.trace_context is not None:
+            c.execute(
+                "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
+                (self.thread_id, run.id, run.trace_context),
+            )
+
+    # ------------------------------------------------------------ recurring schedules
+
+    def _schedule(self, c: Cursor, schedule_id: str) -> Schedule | None:
+        row = c.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s AND id = %s",
+            (self.thread_id, schedule_id),
+        ).fetchone()
+        return None if row is None else _row_to_schedule(self.thread_id, row)
+
+    def insert_schedule(self, schedule: Schedule) -> Schedule | None:  # noqa: D102
+        args = (
+            json.dumps(schedule.args, separators=(",", ":")) if schedule.args is not None
+            else None
+        )
+        rec = schedule.recurrence
+
+        def tx(c: Cursor) -> Schedule | None:
+            if schedule.key is not None:
+                row = c.execute(
+                    f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s "
+                    f"AND key = %s", (self.thread_id, schedule.key),
+                ).fetchone()
+                if row is not None:
+                    return _row_to_schedule(self.thread_id, row)
+            c.execute(
+                f"INSERT INTO schedules (thread_id, {_SCHEDULE_COLUMNS}) VALUES "
+                f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0, NULL, NULL)",
+                (self.thread_id, schedule.id, schedule.name, args, rec.cron, rec.timezone,
+                 rec.every_seconds, str(schedule.state), schedule.next_fire_at_ts,
+                 schedule.created_at_ts, schedule.key),
+            )
+            return None
+
+        return self._tx(tx)
+
+    def get_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        return self._tx(lambda c: self._schedule(c, schedule_id))
+
+    def list_schedules(self) -> list[Schedule]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s ORDER BY seq",
+            (self.thread_id,),
+        ).fetchall())
+        return [_row_to_schedule(self.thread_id, r) for r in rows]
+
+    def set_schedule_state(  # noqa: D102
+        self, schedule_id: str, state: ScheduleState, next_fire_at: float | None
+    ) -> Schedule | None:
+        def tx(c: Cursor) -> Schedule | None:
+            c.execute(
+                "UPDATE schedules SET state = %s, next_fire_at = %s WHERE thread_id = %s "
+                "AND id = %s", (str(state), next_fire_at, self.thread_id, schedule_id),
+            )
+            return self._schedule(c, schedule_id)
+
+        return self._tx(tx)
+
+    def delete_schedule(self, schedule_id: str) -> Schedule | None:  # noqa: D102
+        def tx(c: Cursor) -> Schedule | None:
+            found = self._schedule(c, schedule_id)
+            if found is not None:
+                c.execute("DELETE FROM schedules WHERE thread_id = %s AND id = %s",
+                          (self.thread_id, schedule_id))
+            return found
+
+        return self._tx(tx)
+
+    def due_schedules(self, now: float) -> list[Schedule]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s "
+            f"AND state = 'active' AND next_fire_at <= %s ORDER BY next_fire_at, seq",
+            (self.thread_id, now),
+        ).fetchall())
+        return [_row_to_schedule(self.thread_id, r) for r in rows]
+
+    def next_schedule_fire(self) -> float | None:  # noqa: D102
+        return self._tx(self._next_fire)
+
+    def _next_fire(self, c: Cursor) -> float | None:
+        row = c.execute(
+            "SELECT min(next_fire_at) FROM schedules WHERE thread_id = %s AND state = 'active'",
+            (self.thread_id,),
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def fire_schedule(  # noqa: D102
+        self,
+        schedule_id: str,
+        fire_at: float,
+        run: EffectRun | None,
+        skipped: int,
+        last_fire_at: float,
+        next_fire_at: float | None,
+    ) -> tuple[Schedule | None, EffectRun | None]:
+        def tx(c: Cursor) -> tuple[Schedule | None, EffectRun | None]:
+            c.execute(  # one fire at a time: the row is locked until this commits
+                "SELECT 1 FROM schedules WHERE thread_id = %s AND id = %s FOR UPDATE",
+                (self.thread_id, schedule_id),
+            )
+            current = self._schedule(c, schedule_id)
+            if (
+                current is None
+                or current.state is not ScheduleState.ACTIVE
+                or current.next_fire_at_ts != fire_at
+            ):
+                return current, None
+            stored = None
+            if run is not None:
+                self._insert_run_in(c, replace(run, schedule_id=schedule_id))
+                stored = self._with_trace(c, self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                    f"AND id = %s", (self.thread_id, run.id),
+                ))
+            c.execute(
+                "UPDATE schedules SET occurrences = occurrences + %s, "
+                "last_run_id = coalesce(%s, last_run_id), skipped = skipped + %s, "
+                "last_fire_at = %s, next_fire_at = %s WHERE thread_id = %s AND id = %s",
+                (0 if run is None else 1, None if run is None else run.id, skipped,
+                 last_fire_at, next_fire_at, self.thread_id, schedule_id),
+            )
+            return self._schedule(c, schedule_id), stored
+
+        return self._tx(tx)
+
+    def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute(
+            "SELECT attempt, started_at, ended_at, outcome, error FROM run_attempts "
+            "WHERE thread_id = %s AND run_id = %s ORDER BY attempt",
+            (self.thread_id, run_id),
+        ).fetchall())
+        return [RunAttempt(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def finish_and_claim(  # noqa: D102 - contract in base
+        self,
+        finish: Finish | None,
+        now: float,
+        *,
+        claim: bool = True,
+        retention: RetentionPolicy | None = None,
+        only_names: Collection[str] | None = None,
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        names: list[str] | None = None
+        where = ""
+        if only_names is not None:
+            names = list(only_names)
+            if not names:
+                if finish is None:
+                    return None, None, None
+                claim = False
+            where = " AND name = ANY(%s)"
+        extra: tuple[Any, ...] = (names,) if names is not None else ()
+
+        def next_run(c: Cursor) -> float | None:
+            row = c.execute(
+                f"SELECT min(run_at) FROM effect_runs WHERE thread_id = %s "
+                f"AND status = 'pending'{where}",
+                (self.thread_id, *extra),
+            ).fetchone()
+            assert row is not None
+            return row[0]  # type: ignore[no-any-return]
+
+        def next_due(c: Cursor) -> float | None:
+            """The earliest pending run, or (any name) active schedule's next fire."""
+            due = next_run(c)
+            if only_names is not None:
+                return due
+            fire = self._next_fire(c)
+            return fire if due is None else due if fire is None else min(due, fire)
+
+        def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+            finished = None
+            if finish is not None:
+                finished = self._one(
+                    c,
+                    f"UPDATE effect_runs SET status = %s, error = %s, finished_at = %s, "
+                    f"canceled_by = %s WHERE thread_id = %s AND id = %s "
+                    f"AND status = 'running' RETURNING {_RUN_COLUMNS}",
+                    (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
+                     self.thread_id, finish.run_id),
+                )
+                self._drop_trace(c, finished)
+                if finished is not None:
+                    self._end_attempt(c, finished, str(finished.status), finish.finished_at,
+                                      finish.error)
+                    if retention is not None:
+                        self._prune_in(c, now, retention)
+            if not claim:
+                return finished, None, None
+            claimed = self._one(
+                c,
+                f"UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
+                f"started_at = %s WHERE thread_id = %s AND seq = (SELECT seq FROM effect_runs "
+                f"WHERE thread_id = %s AND status = 'pending' AND run_at <= %s{where} "
+                f"ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
+                f"RETURNING {_RUN_COLUMNS}",
+                (now, self.thread_id, self.thread_id, now, *extra),
+            )
+            claimed = self._with_trace(c, claimed)
+            if claimed is not None:
+                c.execute(
+                    "INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome) "
+                    "VALUES (%s, %s, %s, %s, 'running') ON CONFLICT (thread_id, run_id, attempt) "
+                    "DO UPDATE SET started_at = excluded.started_at, ended_at = NULL, "
+                    "outcome = 'running', error = NULL",
+                    (self.thread_id, claimed.id, claimed.attempts, now),
+                )
+                return finished, claimed, None
+            return finished, None, next_due(c)
+
+        if finish is None and claim:
+            # Nothing to write unless a run is due: probe first with one read.
+            run_due, wake = self._tx(lambda c: (next_run(c), next_due(c)))
+            if run_due is None or run_due > now:
+                return None, None, wake
+        return self._tx(tx)
+
+    def recover_interrupted(  # noqa: D102 - contract in base
+        self,
+        now: float,
+        max_attempts: int,
+        run_ids: Sequence[str] | None = None,
+        *,
+        retention: RetentionPolicy | None = None,
+    ) -> list[EffectRun]:
+        if run_ids is not None and not run_ids:
+            return []
+
+        def tx(c: Cursor) -> list[EffectRun]:
+            sql = (
+                "SELECT id, attempts FROM effect_runs WHERE thread_id = %s "
+                "AND status = 'running'"
+            )
+            params: tuple[Any, ...] = (self.thread_id,)
+            if run_ids is not None:
+                sql += " AND id = ANY(%s)"
+                params += (list(run_ids),)
+            rows = c.execute(sql + " ORDER BY seq FOR UPDATE", params).fetchall()
+            changed: list[EffectRun] = []
+            for run_id, attempts in rows:
+                if attempts >= max_attempts:
+                    run = self._one(
+                        c,
+                        f"UPDATE effect_runs SET status = 'failed', finished_at = %s, "
+                        f"error = %s WHERE thread_id = %s AND id = %s RETURNING {_RUN_COLUMNS}",
+                        (now,
+                         f"Interrupted {attempts} times (by a restart or shutdown, not by its "
+                         f"own error); gave up after {max_attempts} attempts",
+                         self.thread_id, run_id),
+                    )
+                else:
+                    run = self._one(
+                        c,
+                        f"UPDATE effect_runs SET status = 'pending', run_at = LEAST(run_at, %s) "
+                        f"WHERE thread_id = %s AND id = %s RETURNING {_RUN_COLUMNS}",
+                        (now, self.thread_id, run_id),
+                    )
+                if run is not None:
+                    self._end_attempt(c, run, "interrupted", now, None)
+                    if run.status.finished:
+                        self._drop_trace(c, run)
+                    changed.append(run)
+            if retention is not None:
+                self._prune_in(c, now, retention)
+            return changed
+
+        return self._tx(tx)
+
+    def cancel(  # noqa: D102
+        self,
+        run_id: str,
+        now: float,
+        *,
+        retention: RetentionPolicy | None = None,
+        canceled_by: str | None = None,
+    ) -> EffectRun | None:
+        def tx(c: Cursor) -> EffectRun | None:
+            run = self._one(
+                c,
+                f"UPDATE effect_runs SET status = 'canceled', finished_at = %s, "
+                f"canceled_by = %s WHERE thread_id = %s AND id = %s AND status = 'pending' "
+                f"RETURNING {_RUN_COLUMNS}",
+                (now, canceled_by, self.thread_id, run_id),
+            )
+            self._drop_trace(c, run)
+            if run is not None and retention is not None:
+                self._prune_in(c, now, retention)
+            return run
+
+        return self._tx(tx)
+
+    def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
+        return self._tx(lambda c: self._one(
+            c,
+            f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
+            f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
+            (now, self.thread_id, run_id),
+        ))
+
+    def _visible(
+        self, c: Cursor, now: float, retention: RetentionPolicy
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The read-side retention filter (as `SQLiteThreadStore._visible`)."""
+        cutoffs = (now - retention.completed_seconds, now - retention.failed_seconds)
+        sql, params = f"NOT {_EXPIRED}", cutoffs
+        if self._count_finished(c) <= retention.max_finished:
+            return sql, params
+        row = c.execute(
+            _NEWEST_FINISHED,
+            {"t": self.thread_id, "completed": cutoffs[0], "failed": cutoffs[1],
+             "offset": retention.max_finished - 1},
+        ).fetchone()
+        if row is None:
+            return sql, params
+        return (
+            f"{sql} AND (status NOT IN (%s, %s, %s) OR (finished_at, seq) >= (%s, %s))",
+            (*params, *_FINISHED, row[0], row[1]),
+        )
+
+    def get_run(  # noqa: D102
+        self, run_id: str, now: float, retention: RetentionPolicy
+    ) -> EffectRun | None:
+        def read(c: Cursor) -> EffectRun | None:
+            visible, params = self._visible(c, now, retention)
+            return self._with_trace(c, self._one(
+                c,
+                f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s AND id = %s "
+                f"AND {visible}",
+                (self.thread_id, run_id, *params),
+            ))
+
+        return self._tx(read)
+
+    def list_runs(  # noqa: D102
+        self,
+        now: float,
+        retention: RetentionPolicy,
+        *,
+        statuses: Sequence[EffectStatus] | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        before_seq: int | None = None,
+    ) -> tuple[list[EffectRun], int | None]:
+        where: list[str] = ["thread_id = %s"]
+        params: list[Any] = [self.thread_id]
+        if statuses:
+            where.append("status = ANY(%s)")
+            params.append([str(s) for s in statuses])
+        if name is not None:
+            where.append("name = %s")
+            params.append(name)
+        if before_seq is not None:
+            where.append("seq < %s")
+            params.append(before_seq)
+
+        def read(c: Cursor) -> list[Any]:
+            visible, vparams = self._visible(c, now, retention)
+            sql = (
+                f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE "
+                f"{' AND '.join([*where, visible])} ORDER BY seq DESC LIMIT %s"
+            )
+            return c.execute(sql, (*params, *vparams, limit + 1)).fetchall()
+
+        rows = self._tx(read)
+        runs = [_row_to_run(self.thread_id, r) for r in rows[:limit]]
+        cursor = int(rows[limit - 1][0]) if len(rows) > limit else None
+        return runs, cursor
+
+    def count_runs(  # noqa: D102
+        self, now: float, retention: RetentionPolicy, *, name: str | None = None
+    ) -> dict[EffectStatus, int]:
+        def read(c: Cursor) -> list[Any]:
+            visible, params = self._visible(c, now, retention)
+            sql = f"SELECT status, count(*) FROM effect_runs WHERE thread_id = %s AND {visible}"
+            args: tuple[Any, ...] = (self.thread_id, *params)
+            if name is not None:
+                sql += " AND name = %s"
+                args = (*args, name)
+            return c.execute(f"{sql} GROUP BY status", args).fetchall()
+
+        counts = dict.fromkeys(EffectStatus, 0)
+        for status, n in self._tx(read):
+            counts[EffectStatus(status)] = int(n)
+        return counts
+
+    def pending_runs(self, name: str | None = None) -> list[EffectRun]:  # noqa: D102
+        sql = (f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+               f"AND status = 'pending'")
+        params: tuple[Any, ...] = (self.thread_id,)
+        if name is not None:
+            sql += " AND name = %s"
+            params += (name,)
+        sql += " ORDER BY run_at, seq"
+        rows = self._tx(lambda c: c.execute(sql, params).fetchall())
+        return [_row_to_run(self.thread_id, r) for r in rows]
+
+    def prune(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
+        def tx(c: Cursor) -> int:
+            _THREAD_RECORDS.purge(c, self.thread_id,
+                                  older_than=now - retention.effect_records_seconds)
+            self._records_swept_at = now
+            deleted = self._delete_expired(c, now, retention)
+            self._swept_at = now
+            excess = self._count_finished(c) - retention.max_finished
+            if excess > 0:
+                deleted += c.execute(
+                    _DELETE_OLDEST_FINISHED, {"t": self.thread_id, "n": excess}
+                ).rowcount
+            if deleted:
+                self._drop_orphan_attempts(c)
+            return deleted
+
+        return self._tx(tx)
+
+    # ------------------------------------------------------------ messages
+
+    def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102
+        if not messages:
+            return
+        self._tx(lambda c: c.executemany(
+            "INSERT INTO messages (thread_id, id, role, content, created_at, run_id, meta, "
+            "data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [(self.thread_id, m.id, str(m.role), m.content, m.created_at_ts, m.run_id,
+              m.meta_json(), m.data) for m in messages],
+        ))
+
+    def _message(self, row: Sequence[Any]) -> Message:
+        return message_from_row(
+            self.thread_id, id=row[1], role=row[2], content=row[3], created_at_ts=row[4],
+            run_id=row[5], meta=row[6], data=row[7],
+        )
+
+    def list_messages(  # noqa: D102
+        self,
+        *,
+        limit: int = 50,
+        after_id: str | None = None,
+        before_id: str | None = None,
+        latest: bool = False,
+    ) -> tuple[list[Message], str | None, str | None] | None:
+        tid = self.thread_id
+
+        def seq_of(c: Cursor, message_id: str) -> int | None:
+            row = c.execute("SELECT seq FROM messages WHERE thread_id = %s AND id = %s",
+                            (tid, message_id)).fetchone()
+            return None if row is None else int(row[0])
+
+        def read(c: Cursor) -> tuple[list[Message], str | None, str | None] | None:
+            if before_id is not None or latest:
+                before: int | None = None
+                if before_id is not None:
+                    before = seq_of(c, before_id)
+                    if before is None:
+                        return None
+                if before is None:
+                    rows = c.execute(
+                        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s "
+                        f"ORDER BY seq DESC LIMIT %s", (tid, limit + 1),
+                    ).fetchall()
+                else:
+                    rows = c.execute(
+                        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s "
+                        f"AND seq < %s ORDER BY seq DESC LIMIT %s", (tid, before, limit + 1),
+                    ).fetchall()
+                page = [self._message(r) for r in reversed(rows[:limit])]
+                older = len(rows) > limit
+                newer = before is not None
+                return (
+                    page,
+                    page[-1].id if page and newer else None,
+                    page[0].id if page and older else None,
+                )
+            after = 0
+            if after_id is not None:
+                found = seq_of(c, after_id)
+                if found is None:
+                    return None
+                after = found
+            rows = c.execute(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s AND seq > %s "
+                f"ORDER BY seq LIMIT %s", (tid, after, limit + 1),
+            ).fetchall()
+            page = [self._message(r) for r in rows[:limit]]
+            return (
+                page,
+                page[-1].id if len(rows) > limit else None,
+                page[0].id if page and after_id is not None else None,
+            )
+
+        return self._tx(read)
+
+    def get_message(self, message_id: str) -> Message | None:  # noqa: D102
+        row = self._tx(lambda c: c.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s AND id = %s",
+            (self.thread_id, message_id),
+        ).fetchone())
+        return self._message(row) if row is not None else None
+
+    def all_messages(self) -> list[Message]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s ORDER BY seq",
+            (self.thread_id,),
+        ).fetchall())
+        return [self._message(r) for r in rows]
+
+    # ------------------------------------------------------------ effect records
+
+    def get_effect_record(self, key: str) -> EffectRecord | None:  # noqa: D102
+        return self._tx(lambda c: _THREAD_RECORDS.get(c, self.thread_id, key))
+
+    def begin_effect_record(  # noqa: D102
+        self,
+        key: str,
+        *,
+        tool_name: str,
+        run_id: str | None,
+        owner: str,
+        lease_seconds: float,
+        now: float,
+        retention: RetentionPolicy | None = None,
+    ) -> Claim:
+        _records.check_lease(lease_seconds)
+
+        def tx(c: Cursor) -> Claim:
+            claim = _THREAD_RECORDS.begin(
+                c, self.thread_id, key, tool_name=tool_name, run_id=run_id, owner=owner,
+                lease_seconds=lease_seconds, now=now,
+            )
+            if retention is not None and _sweep_due(self._records_swept_at, now):
+                _THREAD_RECORDS.purge(c, self.thread_id,
+                                      older_than=now - retention.effect_records_seconds)
+                self._records_swept_at = now
+            return claim
+
+        return self._tx(tx)
+
+    def complete_effect_record(  # noqa: D102
+        self, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus = EffectRecordStatus.APPLIED,
+    ) -> EffectRecord:
+        return self._tx(lambda c: _THREAD_RECORDS.complete(
+            c, self.thread_id, key, owner=owner, result_json=result_json, now=now,
+            status=status,
+        ))
+
+    def renew_effect_record(  # noqa: D102
+        self, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        _records.check_lease(lease_seconds)
+        return self._tx(lambda c: _THREAD_RECORDS.renew(
+            c, self.thread_id, key, owner=owner, lease_seconds=lease_seconds, now=now))
+
+    def release_effect_record(self, key: str, *, owner: str) -> EffectRecord | None:  # noqa: D102
+        def tx(c: Cursor) -> EffectRecord | None:
+            record = _THREAD_RECORDS.get(c, self.thread_id, key)
+            if record is None or not _THREAD_RECORDS.release(c, self.thread_id, key,
+                                                             owner=owner):
+                return None
+            return record
+
+        return self._tx(tx)
+
+    def list_effect_records(  # noqa: D102
+        self,
+        *,
+        status: EffectRecordStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        _records.check_limit(limit)
+        if cursor is not None:
+            _records.decode_cursor(cursor)
+        return self._tx(lambda c: _THREAD_RECORDS.list(
+            c, self.thread_id, status=status, limit=limit, cursor=cursor, hide_journal=True))
+
+    def expire_effect_leases(self, *, keep_owner_prefix: str, now: float) -> int:  # noqa: D102
+        return self._tx(lambda c: _THREAD_RECORDS.expire_leases(
+            c, self.thread_id, keep_owner_prefix=keep_owner_prefix, now=now))
+
+    def purge_effect_records(self, *, older_than: float | None) -> int:  # noqa: D102
+        if older_than is None:
+            return self._tx(lambda c: _THREAD_RECORDS.purge_thread(c, self.thread_id))
+        cutoff = older_than
+        return self._tx(lambda c: _THREAD_RECORDS.purge(c, self.thread_id,
+                                                        older_than=cutoff))
+
+    def close(self) -> None:  # noqa: D102
+        self._closed = True
+
+
+# ------------------------------------------------------------------ runtime store
+
+
+class PostgresRuntimeStore(RuntimeStore):
+    """The registry, alarms, run index and runtime-level records, in the shared database.
+
+    Failures raise `psycopg.Error` (the backend's own database error).
+    """
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+        self._closed = False
+
+    def _tx(self, fn: Callable[[Cursor], T]) -> T:
+        if self._closed:
+            raise RuntimeClosed(
+                f"The runtime store {redact_url(self._backend.url)} is closed")
+        with self._backend.transaction() as c:
+            return fn(c)
+
+    @staticmethod
+    def _info(row: Sequence[Any]) -> ThreadInfo:
+        return ThreadInfo(
+            id=row[0], created_at_ts=row[1], agent_id=row[2], user_id=row[3],
+            tags=tuple(replace_lone_surrogates(t) for t in json.loads(row[4])),
+            paused=bool(row[5]),
+            last_activity_ts=row[6],
+        )
+
+    def add_thread(self, info: ThreadInfo) -> bool:  # noqa: D102
+        return self._tx(lambda c: c.execute(
+            "INSERT INTO threads (id, created_at, agent_id, user_id, tags, last_activity_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+            (info.id, info.created_at_ts, info.agent_id, info.user_id,
+             json.dumps(list(info.tags)), info.created_at_ts),
+        ).rowcount == 1)
+
+    def get_thread(self, thread_id: str) -> ThreadInfo | None:  # noqa: D102
+        row = self._tx(lambda c: c.execute(
+            f"SELECT {_THREAD_COLUMNS} FROM threads WHERE id = %s", (thread_id,)
+        ).fetchone())
+        return self._info(row) if row is not None else None
+
+    def list_threads(  # noqa: D102
+        self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None
+    ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:
+        query = query or ThreadQuery()
+        key = "last_activity_at" if query.by_activity else "created_at"
+        parts: list[str] = []
+        params: list[Any] = []
+        for column, value in (("user_id", query.user_id), ("agent_id", query.agent_id)):
+            if value is not None:
+                parts.append(f"{column} = %s")
+                params.append(value)
+        if query.tag is not None:
+            parts.append("tags::jsonb ? %s")
+            params.append(query.tag)
+        if after is not None:
+            parts.append(f"({key}, id) < (%s, %s)")
+            params += [after[0], after[1]]
+        sql = f"SELECT {_THREAD_COLUMNS} FROM threads"
+        if parts:
+            sql += " WHERE " + " AND ".join(parts)
+        sql += f" ORDER BY {key} DESC, id DESC LIMIT %s"
+        rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall())
+        infos = [self._info(r) for r in rows[:limit]]
+        cursor = None
+        if len(rows) > limit:
+            last = infos[-1]
+            ts = last.last_activity_ts if query.by_activity else last.created_at_ts
+            cursor = (ts if ts is not None else last.created_at_ts, last.id)
+        return infos, cursor
+
+    def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
+        if activity:
+            rows = [(ts, tid) for tid, ts in activity.items()]
+            self._tx(lambda c: c.executemany(_TOUCH, rows))
+
+    def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
+        def tx(c: Cursor) -> bool:
+            if c.execute("SELECT 1 FROM threads WHERE id = %s", (thread_id,)).fetchone() is None:
+                return False
+            if paused:
+                c.execute("INSERT INTO paused_threads (thread_id) VALUES (%s) "
+                          "ON CONFLICT DO NOTHING", (thread_id,))
+            else:
+                c.execute("DELETE FROM paused_threads WHERE thread_id = %s", (thread_id,))
+            return True
+
+        return self._tx(tx)
+
+    def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
+        def tx(c: Cursor) -> bool:
+            c.execute("DELETE FROM alarms WHERE thread_id = %s", (thread_id,))
+            c.execute("DELETE FROM paused_threads WHERE thread_id = %s", (thread_id,))
+            c.execute("DELETE FROM run_index WHERE thread_id = %s", (thread_id,))
+            return c.execute("DELETE FROM threads WHERE id = %s", (thread_id,)).rowcount == 1
+
+        return self._tx(tx)
+
+    # ------------------------------------------------------------ run index
+
+    def index_runs(self, runs: Sequence[EffectRun]) -> None:  # noqa: D102
+        if not runs:
+            return
+        rows = [
+            (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
+             r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
+             r.canceled_by, r.schedule_id, r.thread_id)
+            for r in runs
+        ]
+        latest: dict[str, float] = {}
+        for r in runs:
+            ts = max(r.created_at_ts, r.started_at_ts or 0.0, r.finished_at_ts or 0.0)
+            latest[r.thread_id] = max(ts, latest.get(r.thread_id, ts))
+
+        def tx(c: Cursor) -> None:
+            c.executemany(
+                f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
+                f"SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, t.user_id "
+                f"FROM threads t WHERE t.id = %s "
+                f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
+                f"run_at = excluded.run_at, started_at = excluded.started_at, "
+                f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
+                f"error = excluded.error, canceled_by = excluded.canceled_by",
+                rows,
+            )
+            c.executemany(_TOUCH, [(ts, tid) for tid, ts in latest.items()])
+
+        self._tx(tx)
+
+    @staticmethod
+    def _where(
+        query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool = True
+    ) -> tuple[str, list[Any]]:
+        parts = [f"NOT {_EXPIRED}"]
+        params: list[Any] = [now - retention.completed_seconds, now - retention.failed_seconds]
+        if statuses and query.statuses is not None:
+            parts.append("status = ANY(%s)")
+            params.append([str(s) for s in query.statuses])
+        for column, value in (("name", query.name), ("thread_id", query.thread_id),
+                              ("user_id", query.user_id)):
+            if value is not None:
+                parts.append(f"{column} = %s")
+                params.append(value)
+        if query.since is not None:
+            parts.append("run_at >= %s")
+            params.append(query.since)
+        if query.until is not None:
+            parts.append("run_at < %s")
+            params.append(query.until)
+        if query.tag is not None:
+            parts.append(
+                "EXISTS (SELECT 1 FROM threads t WHERE t.id = run_index.thread_id "
+                "AND t.tags::jsonb ? %s)"
+            )
+            params.append(query.tag)
+        if query.replayed is not None:
+            # A replay is a run of the same thread: the (thread_id, ...) key keeps it cheap.
+            parts.append(
+                ("" if query.replayed else "NOT ")
+                + "EXISTS (SELECT 1 FROM run_index r WHERE r.thread_id = run_index.thread_id "
+                "AND r.replay_of = run_index.run_id)"
+            )
+        return " AND ".join(parts), params
+
+    def list_indexed_runs(  # noqa: D102
+        self,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        where, params = self._where(query, now, retention)
+        if before is not None:
+            where += " AND (created_at, run_id) < (%s, %s)"
+            params += [before[0], before[1]]
+        sql = (
+            f"SELECT {_INDEX_COLUMNS} FROM run_index WHERE {where} "
+            f"ORDER BY created_at DESC, run_id DESC LIMIT %s"
+        )
+        rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall())
+        runs = [
+            EffectRun(
+                id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
+                run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
+                attempts=r[8], error=r[9], replay_of=r[10], key=r[11], canceled_by=r[12],
+                schedule_id=r[13],
+            )
+            for r in rows[:limit]
+        ]
+        cursor = (runs[-1].created_at_ts, runs[-1].id) if len(rows) > limit else None
+        return runs, cursor
+
+    def count_indexed_runs(  # noqa: D102
+        self, query: RunQuery, now: float, retention: RetentionPolicy
+    ) -> dict[EffectStatus, int]:
+        where, params = self._where(query, now, retention, statuses=False)
+        rows = self._tx(lambda c: c.execute(
+            f"SELECT status, count(*) FROM run_index WHERE {where} GROUP BY status", params,
+        ).fetchall())
+        counts = dict.fromkeys(EffectStatus, 0)
+        for status, n in rows:
+            counts[EffectStatus(status)] = int(n)
+        return counts
+
+    def prune_run_index(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
+        return self._tx(lambda c: c.execute(
+            f"DELETE FROM run_index WHERE {_EXPIRED}",
+            (now - retention.completed_seconds, now - retention.failed_seconds),
+        ).rowcount)
+
+    def run_index_complete(self) -> bool:  # noqa: D102
+        row = self._tx(lambda c: c.execute(
+            "SELECT value FROM runtime_meta WHERE key = %s", (_INDEX_COMPLETE,)
+        ).fetchone())
+        return row is not None and row[0] == "1"
+
+    def set_run_index_complete(self, complete: bool) -> None:  # noqa: D102
+        self._tx(lambda c: c.execute(
+            "INSERT INTO runtime_meta (key, value) VALUES (%s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (_INDEX_COMPLETE, "1" if complete else "0"),
+        ))
+
+    # ------------------------------------------------------------ alarms
+
+    def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
+        if due_at is None:
+            self._tx(lambda c: c.execute("DELETE FROM alarms WHERE thread_id = %s",
+                                         (thread_id,)))
+        else:
+            self._tx(lambda c: c.execute(
+                "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) "
+                "ON CONFLICT (thread_id) DO UPDATE SET due_at = excluded.due_at",
+                (thread_id, due_at),
+            ))
+
+    def lower_alarm(self, thread_id: str, due_at: float) -> None:  # noqa: D102
+        self._tx(lambda c: c.execute(
+            "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) ON CONFLICT (thread_id) "
+            "DO UPDATE SET due_at = LEAST(alarms.due_at, excluded.due_at)",
+            (thread_id, due_at),
+        ))
+
+    def move_alarms(  # noqa: D102
+        self, changes: Sequence[tuple[str, float | None, float | None]]
+    ) -> list[tuple[str, float | None]]:
+        def tx(c: Cursor) -> list[tuple[str, float | None]]:
+            applied: list[tuple[str, float | None]] = []
+            for thread_id, expected, target in changes:
+                if expected is None:
+                    if target is None:
+                        continue
+                    c.execute(
+                        "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) ON CONFLICT "
+                        "(thread_id) DO UPDATE SET due_at = LEAST(alarms.due_at, "
+                        "excluded.due_at)",
+                        (thread_id, target),
+                    )
+                    continue
+                if target is None:
+                    n = c.execute(
+                        "DELETE FROM alarms WHERE thread_id = %s AND due_at = %s",
+                        (thread_id, expected),
+                    ).rowcount
+                else:
+                    n = c.execute(
+                        "UPDATE alarms SET due_at = %s WHERE thread_id = %s AND due_at = %s",
+                        (target, thread_id, expected),
+                    ).rowcount
+                if n == 1:
+                    applied.append((thread_id, target))
+            return applied
+
+        return self._tx(tx)
+
+    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall())
+        return [(r[0], r[1]) for r in rows]
+
+    # ------------------------------------------------------------ runtime-level records
+
+    def get_record(self, scope: str, key: str) -> EffectRecord | None:  # noqa: D102
+        return self._tx(lambda c: _RUNTIME_RECORDS.get(c, scope, key))
+
+    def begin_record(  # noqa: D102
+        self, scope: str, key: str, *, tool_name: str, run_id: str | None, owner: str,
+        lease_seconds: float, now: float,
+    ) -> Claim:
+        _records.check_lease(lease_seconds)
+        return self._tx(lambda c: _RUNTIME_RECORDS.begin(
+            c, scope, key, tool_name=tool_name, run_id=run_id, owner=owner,
+            lease_seconds=lease_seconds, now=now,
+        ))
+
+    def complete_record(  # noqa: D102
+        self, scope: str, key: str, *, owner: str, result_json: str, now: float,
+        status: EffectRecordStatus,
+    ) -> EffectRecord:
+        return self._tx(lambda c: _RUNTIME_RECORDS.complete(
+            c, scope, key, owner=owner, result_json=result_json, now=now, status=status,
+        ))
+
+    def renew_record(  # noqa: D102
+        self, scope: str, key: str, *, owner: str, lease_seconds: float, now: float
+    ) -> bool:
+        _records.check_lease(lease_seconds)
+        return self._tx(lambda c: _RUNTIME_RECORDS.renew(
+            c, scope, key, owner=owner, lease_seconds=lease_seconds, now=now))
+
+    def release_record(self, scope: str, key: str, *, owner: str) -> bool:  # noqa: D102
+        return self._tx(lambda c: _RUNTIME_RECORDS.release(c, scope, key, owner=owner))
+
+    def list_records(  # noqa: D102
+        self, scope: str, *, status: EffectRecordStatus | None = None, limit: int = 50,
+        cursor: str | None = None,
+    ) -> EffectRecordPage:
+        _records.check_limit(limit)
+        if cursor is not None:
+            _records.decode_cursor(cursor)
+        return self._tx(lambda c: _RUNTIME_RECORDS.list(
+            c, scope, status=status, limit=limit, cursor=cursor))
+
+    def delete_records(self, scope: str) -> int:  # noqa: D102
+        return self._tx(lambda c: _RUNTIME_RECORDS.purge_thread(c, scope))
+
+    def purge_records(self, *, older_than: float) -> int:  # noqa: D102
+        return self._tx(lambda c: _RUNTIME_RECORDS.purge(c, None, older_than=older_than))
+
+    def close(self) -> None:  # noqa: D102
+        self._closed = True
+
+
+# ------------------------------------------------------------------ backend
+
+
+class PostgresBackend(StorageBackend):
+    """Every thread and the runtime's tables in one PostgreSQL database (schema).
+
+    Args:
+        url: A libpq connection URL, ``postgresql://user[:password]@host:port/dbname``. A
+            ``schema=<name>`` query parameter (taken off before connecting) sets ``schema``.
+        schema: The PostgreSQL schema the tables live in (created if missing), a lowercase
+            identifier (``[a-z_][a-z0-9_]*``, at most 63 characters); default ``public``,
+            or the URL's ``schema`` parameter.
+        pool_size: The most connections the pool opens (the runtime's storage threads use
+            at most 16 at once; one more connection holds the lock).
+        connect_timeout: Seconds to wait for a connection (from the pool or the server)
+            before a call fails.
+
+    Raises:
+        ValueError: an invalid ``schema`` or ``pool_size``.
+    """
+
+    def __init__(
+        self, url: str, *, schema: str | None = None, pool_size: int = 17,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        url, from_url = split_schema(url)
+        schema = schema or from_url or "public"
+        if not _SCHEMA_RE.fullmatch(schema):
+            raise ValueError(
+                f"Invalid PostgreSQL schema name {schema!r}: must match [a-z_][a-z0-9_]* "
+                f"(at most 63 characters)"
+            )
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be at least 1, got {pool_size}")
+        self.url = url
+        self.schema = schema
+        self.pool_size = pool_size
+        self.connect_timeout = connect_timeout
+        self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
+        self._lock_conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._guard = threading.Lock()
+
+    @property
+    def _lock_key(self) -> int:
+        """The advisory lock key of this schema (a signed 64-bit integer)."""
+        return zlib.crc32(f"thread-effects:{self.schema}".encode())
+
+    def _connect_kwargs(self, role: str = "thread-effects") -> dict[str, Any]:
+        return {
+            "autocommit": True,
+            "options": f"-c search_path={self.schema}",
+            "connect_timeout": max(1, round(self.connect_timeout)),
+            # Seen in pg_stat_activity: which schema's pool (or lock) a connection is.
+            "application_name": f"{role}:{self.schema}",
+        }
+
+    kind = "postgres"
+
+    def connection_held(self) -> bool:
+        """Whether the backend is open and its lock's connection to the server is alive."""
+        conn = self._lock_conn
+        return conn is not None and not conn.closed and not conn.broken
+
+    @contextmanager
+    def transaction(self) -> Iterator[Cursor]:
+        """A cursor in one transaction on a pooled connection (committed on success).
+
+        Raises:
+            RuntimeClosed: the backend is not open.
+            psycopg.Error: the database failed (the transaction is rolled back).
+        """
+        pool = self._pool
+        if pool is None:
+            raise RuntimeClosed(f"PostgreSQL backend {redact_url(self.url)} is not open")
+        with pool.connection(timeout=self.connect_timeout) as conn, conn.transaction(), \
+                conn.cursor() as cur:
+            yield cur
+
+    def open(self) -> PostgresRuntimeStore:  # noqa: D102 - contract in base
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        where = f"PostgreSQL database {redact_url(self.url)} (schema {self.schema})"
+        with self._guard:
+            if self._lock_conn is not None:
+                raise DataDirLocked(f"{where} is already open in this backend; "
+                                    f"one process per database schema")
+            try:
+                lock_conn = psycopg.connect(
+                    self.url, **self._connect_kwargs("thread-effects-lock")
+                )
+            except _db_error() as exc:
+                raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
+            try:
+                if not self._try_lock(lock_conn):
+                    raise DataDirLocked(f"{where} is in use by another process; "
+                                        f"one process per database schema")
+                created = self._migrate(lock_conn, where)
+            except BaseException:
+                lock_conn.close()
+                raise
+            self._lock_conn = lock_conn
+            self._pool = ConnectionPool(
+                self.url, min_size=1, max_size=self.pool_size, kwargs=self._connect_kwargs(),
+                timeout=self.connect_timeout, name=f"thread-effects:{self.schema}",
+                # Checked when taken from the pool: a connection the server ended (a
+                # restart, a failover, a proxy's cut) is replaced, not handed to a call.
+                check=ConnectionPool.check_connection, open=False,
+            )
+        try:
+            self._pool.open(wait=True, timeout=self.connect_timeout)
+            store = PostgresRuntimeStore(self)
+            if created:  # a new database: its (empty) index holds every run there is
+                store.set_run_index_complete(True)
+            self._discard_orphans()
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, _db_error()):
+                raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
+            raise
+        return store
+
+    def _try_lock(self, conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+        """Take the schema's session advisory lock; False if another session holds it.
+
+        Retries for `LOCK_WAIT_SECONDS`: the server releases a killed process's lock when
+        it notices the connection is gone, which can take a moment.
+        """
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_key,)).fetchone()
+            if row is not None and row[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def _migrate(self, conn: psycopg.Connection[tuple[Any, ...]], where: str) -> bool:
+        """Create or upgrade the schema; True if it was created. Refuses a newer one."""
+        try:
+            with conn.transaction():
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+                # Serializes migrations of one schema across processes.
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key + 1,))
+                exists = conn.execute(
+                    "SELECT to_regclass(%s) IS NOT NULL", (f"{self.schema}.schema_version",)
+                ).fetchone()
+                version = 0
+                if exists is not None and exists[0]:
+                    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+                    version = int(row[0]) if row is not None and row[0] is not None else 0
+                    if version == 0:
+                        raise RuntimeStorageError(
+                            f"{where}: its schema_version table is empty; restore it from "
+                            f"a backup, or drop the schema to start empty"
+                        )
+                if version > SCHEMA_VERSION:
+                    raise RuntimeStorageError(
+                        f"{where} has schema version {version}, newer than this runtime's "
+                        f"{SCHEMA_VERSION}; upgrade thread-effects"
+                    )
+                start = version
+                while version < SCHEMA_VERSION:
+                    for statement in MIGRATIONS[version]:
+                        conn.execute(statement)
+                    version += 1
+                if version != start:
+                    conn.execute("DELETE FROM schema_version")
+                    conn.execute("INSERT INTO schema_version (version) VALUES (%s)",
+                                 (version,))
+                return start == 0
+        except _db_error() as exc:
+            raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
+
+    def schema_version(self) -> int:
+        """The schema version the database holds now (read each time).
+
+        Raises:
+            RuntimeClosed: the backend is not open.
+            psycopg.Error: the read failed.
+        """
+        with self.transaction() as c:
+            row = c.execute("SELECT max(version) FROM schema_version").fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    def _discard_orphans(self) -> None:
+        # A crash between a delete's registry commit and the rows' removal (or during a
+        # create) leaves a thread's rows that no registry entry names.
+        with self.transaction() as c:
+            rows = c.execute(
+                "SELECT DISTINCT thread_id FROM thread_meta m WHERE NOT EXISTS "
+                "(SELECT 1 FROM threads t WHERE t.id = m.thread_id)"
+            ).fetchall()
+            for (thread_id,) in rows:
+                log.warning("removing the rows of thread %s: no registry entry names it "
+                            "(left by a crash during a create or delete)", thread_id)
+            for table in THREAD_TABLES:
+                c.execute(
+                    f"DELETE FROM {table} x WHERE NOT EXISTS "
+                    f"(SELECT 1 FROM threads t WHERE t.id = x.thread_id)"
+                )
+
+    def _remove_rows(self, c: Cursor, thread_id: str) -> None:
+        for table in THREAD_TABLES:
+            c.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
+
+    def create_thread_store(self, info: ThreadInfo) -> PostgresThreadStore:  # noqa: D102
+        thread_id = validate_thread_id(info.id)
+        try:
+            with self.transaction() as c:
+                # Rows left by a crashed create or delete belong to no thread.
+                self._remove_rows(c, thread_id)
+                c.executemany(
+                    "INSERT INTO thread_meta (thread_id, key, value) VALUES (%s, %s, %s)",
+                    [(thread_id, "thread_id", thread_id),
+                     (thread_id, "created_at", repr(info.created_at_ts))],
+                )
+        except (_db_error(), RuntimeClosed) as exc:
+            raise ThreadStorageError(
+                thread_id, f"Thread {thread_id}: its store cannot be made: {exc}"
+            ) from exc
+        return PostgresThreadStore(self, thread_id)
+
+    def open_thread_store(self, thread_id: str) -> PostgresThreadStore:  # noqa: D102
+        validate_thread_id(thread_id)
+        try:
+            with self.transaction() as c:
+                row = c.execute("SELECT max(version) FROM schema_version").fetchone()
+                version = int(row[0]) if row is not None and row[0] is not None else 0
+                found = c.execute(
+                    "SELECT 1 FROM thread_meta WHERE thread_id = %s AND key = 'thread_id'",
+                    (thread_id,),
+                ).fetchone()
+        except (_db_error(), RuntimeClosed) as exc:
+            raise ThreadStorageError(
+                thread_id, f"Thread {thread_id}: PostgreSQL failed: {exc}"
+            ) from exc
+        if version > SCHEMA_VERSION:
+            raise ThreadStorageError(
+                thread_id,
+                f"Thread {thread_id}: the database has schema version {version}, newer than "
+                f"this runtime's {SCHEMA_VERSION}; upgrade thread-effects",
+            )
+        if found is None:
+            raise ThreadStorageError(
+                thread_id,
+                f"Thread {thread_id}: its store is missing from {redact_url(self.url)} "
+                f"(schema {self.schema}) although the thread is registered; restore it, or "
+                f"delete the thread",
+            )
+        return PostgresThreadStore(self, thread_id)
+
+    def remove_thread_store(self, thread_id: str) -> None:  # noqa: D102
+        validate_thread_id(thread_id)
+        with self.transaction() as c:
+            self._remove_rows(c, thread_id)
+
+    def close(self) -> None:  # noqa: D102
+        with self._guard:
+            pool, self._pool = self._pool, None
+            lock_conn, self._lock_conn = self._lock_conn, None
+        if pool is not None:
+            pool.close()
+        if lock_conn is not None:
+            # Unlocked explicitly: the server ends a closed session's locks only once it
+            # has processed the close, and a new open may come first.
+            if not lock_conn.closed and not lock_conn.broken:
+                with contextlib.suppress(_db_error()):
+                    lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
+            lock_conn.close()
+

@@ -1,0 +1,105 @@
+"""Selecting the PostgreSQL backend: the setting, the server's health, refusals.
+
+The storage contract over PostgreSQL is in tests/storage/test_contract.py; the end-to-end
+tests marked ``every_backend`` (HTTP, stream, SIGKILL recovery) run on it too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pydantic
+import pytest
+from conftest import serve_api
+
+from runtime import Runtime
+from runtime.errors import RuntimeStorageError
+from runtime.storage.postgres import PostgresBackend, redact_url, split_schema
+from runtime.testing import FakeClock
+
+
+async def test_a_database_url_keeps_every_thread_in_postgres(pg_url: str, tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock(), database_url=pg_url) as api:
+        assert isinstance(api.rt.storage, PostgresBackend)
+        res = await api.client.get("/api/health")
+        assert res.json() == {"status": "ok", "backend": "postgres", "databaseConnected": True}
+        tid = await api.new_thread(user_id="u1")
+        run_id = await api.schedule(tid, "note", {"text": "hello"})
+        await api.rt.wait_idle()
+        assert (await api.run(tid, run_id))["status"] == "completed"
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            f"SELECT thread_id, id, status, attempts FROM {schema}.effect_runs"
+        ).fetchall()
+        registry = conn.execute(f"SELECT id, user_id FROM {schema}.threads").fetchall()
+    assert rows == [(tid, run_id, "completed", 1)]
+    assert registry == [(tid, "u1")]
+    assert not (tmp_path / "data" / "threads").exists()  # no SQLite file was made
+
+
+async def test_without_a_database_url_health_names_sqlite(tmp_path: Path) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
+        res = await api.client.get("/api/health")
+        assert res.json() == {"status": "ok", "backend": "sqlite", "databaseConnected": None}
+
+
+def test_a_database_url_that_is_not_postgres_is_refused_without_its_password(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(pydantic.ValidationError, match="must begin with postgresql://") as err:
+        Runtime(data_dir=tmp_path, database_url="mysql://u:secret@h/db")
+    assert "secret" not in str(err.value)
+
+
+async def test_an_unreachable_database_stops_the_start_naming_it_without_the_password(
+    tmp_path: Path,
+) -> None:
+    url = "postgresql://u:secret@127.0.0.1:1/db"  # nothing listens on port 1
+    rt = Runtime(data_dir=tmp_path, database_url=url, load_packages=False)
+    with pytest.raises(RuntimeStorageError, match="cannot be reached") as err:
+        await rt.start()
+    assert "postgresql://u:***@127.0.0.1:1/db" in str(err.value)
+    assert "secret" not in str(err.value)
+
+
+def test_urls_are_shown_without_passwords_and_the_schema_parameter_is_taken_off() -> None:
+    assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert split_schema("postgresql://h/db?schema=app1&sslmode=disable") == (
+        "postgresql://h/db?sslmode=disable", "app1"
+    )
+    assert split_schema("postgresql://h/db") == ("postgresql://h/db", None)
+    with pytest.raises(ValueError, match="Invalid PostgreSQL schema name"):
+        PostgresBackend("postgresql://h/db?schema=Bad-Name")
+
+
+def test_connections_the_server_ended_are_replaced_without_failing_a_call(pg_url: str) -> None:
+    """A blink (the server restarted, a proxy cut the connections): the next calls work."""
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.storage.base import ThreadInfo
+
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    try:
+        info = ThreadInfo(id="a", created_at_ts=1.0)
+        assert rtdb.add_thread(info)
+        store = backend.create_thread_store(info)
+        url, schema = split_schema(pg_url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            ended = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s", (f"thread-effects:{schema}",),
+            ).fetchall()
+        assert ended  # the pool held at least one connection
+        assert rtdb.get_thread("a") == info
+        run = EffectRun(id="r1", thread_id="a", name="note", status=EffectStatus.PENDING,
+                        args={"text": "x"}, run_at_ts=1.0, created_at_ts=1.0)
+        assert store.insert_run(run) is None
+        assert [r.id for r in store.pending_runs()] == ["r1"]
+        assert backend.connection_held()  # the lock's own connection was left alone
+        store.close()
+    finally:
+        rtdb.close()
+        backend.close()
