@@ -69,6 +69,10 @@ _THREAD_KEYS = ("id", "createdAt", "agentId", "userId", "tags", "lastActivityAt"
 _RUN_KEYS = ("id", "threadId", "name", "status", "runAt", "createdAt", "startedAt",
              "finishedAt", "attempts", "error", "replayOf")
 
+_SCHEDULE_KEYS = ("id", "threadId", "name", "cron", "timezone", "everySeconds", "state",
+                  "nextFireAt", "createdAt", "key", "occurrences", "skipped", "lastRunId",
+                  "lastFireAt")
+
 _PROG = "thread-effects"
 _WIDE = 1000  # columns of a table written to a pipe or file: rows stay on one line
 _PAGE = 50  # items per page unless --limit says otherwise (the API's default)
@@ -328,7 +332,9 @@ def _one_segment(ctx: click.Context, param: click.Parameter, value: str | None) 
     decoded before routing), whose answer would not name the id.
     """
     if value is not None and (value in ("", ".", "..") or "/" in value):
-        what = "a thread id" if param.name == "thread_id" else "a run id"
+        what = {"thread_id": "a thread id", "schedule_id": "a schedule id"}.get(
+            str(param.name), "a run id"
+        )
         raise click.BadParameter(
             f"{value!r} cannot be {what}: it must be non-empty, without '/', and not "
             f"'.' or '..'", ctx, param,
@@ -641,7 +647,7 @@ def _api_token() -> str | None:
 @click.version_option(package_name="thread-effects", prog_name=_PROG)
 @click.pass_context
 def cli(ctx: click.Context, url: str, timeout_seconds: float) -> None:
-    """Inspect and manage a thread-effects server: threads, runs and effects.
+    """Inspect and manage a thread-effects server: threads, runs, schedules and effects.
 
     Exit status: 0 done; 1 the server refused (its message is printed) or nothing was
     done; 2 usage; 3 no thread-effects server answered at the URL.
@@ -723,8 +729,11 @@ def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool)
     page = api.call("GET", f"/api/threads/{_seg(thread_id)}/effects",
                     params={"limit": max(recent, 1)}, expect=("runs", "counts"))
     runs: list[dict[str, Any]] = page["runs"][:recent]
+    listed = api.call("GET", f"/api/threads/{_seg(thread_id)}/schedules", expect=("schedules",))
+    schedules: list[dict[str, Any]] = listed["schedules"]
     if as_json:
-        _print_json({"thread": thread, "counts": page["counts"], "runs": runs})
+        _print_json({"thread": thread, "counts": page["counts"], "runs": runs,
+                     "schedules": schedules})
         return
     console = _console()
     console.print(_details([
@@ -735,7 +744,11 @@ def threads_show(ctx: click.Context, thread_id: str, recent: int, as_json: bool)
         ("User", thread["userId"]),
         ("Tags", thread["tags"]),
         ("Runs", _counts_line(page["counts"])),
+        ("Schedules", len(schedules)),
     ]))
+    if schedules:
+        console.print()
+        console.print(_schedules_table(console, schedules))
     if runs:
         console.print()
         console.print(_runs_table(console, runs))
@@ -981,6 +994,161 @@ def runs_replay(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) 
     """Schedule a new run with the name and args of a finished one, due now."""
     _run_action(ctx, thread_id, run_id, "replay", as_json,
                 lambda a: f"Replayed run {run_id} as run {a['id']}.", ("id",))
+
+
+@cli.group()
+def schedules() -> None:
+    """List a thread's recurring schedules; show, pause, resume or cancel one."""
+
+
+_SCHEDULE_COLUMNS = [
+    _Column("Schedule"),
+    _Column("Effect", shrinks=True),
+    _Column("When", shrinks=True),
+    _Column("State"),
+    _Column("Next fire (UTC)", drop=3),
+    _Column("Runs", drop=2, justify="right"),
+    _Column("Skipped", drop=1, justify="right"),
+    _Column("Key", drop=4, shrinks=True),
+]
+
+
+def _recurrence(schedule: dict[str, Any]) -> Text:
+    """``cron 0 9 * * 1-5 (Europe/Istanbul)`` or ``every 90s``."""
+    if schedule.get("cron"):
+        return Text(f"cron {schedule['cron']} ({schedule.get('timezone') or 'UTC'})")
+    return Text(f"every {schedule.get('everySeconds'):g}s")
+
+
+def _schedule_state(value: str) -> Text:
+    return Text(value, style="green" if value == "active" else "yellow")
+
+
+def _schedules_table(console: Console, found: list[dict[str, Any]]) -> Table:
+    return _table(console, _SCHEDULE_COLUMNS, [
+        [
+            _text(s["id"]),
+            _text(s["name"]),
+            _recurrence(s),
+            _schedule_state(s["state"]),
+            _when(s["nextFireAt"]),
+            _text(s["occurrences"]),
+            _text(s["skipped"]),
+            _text(s["key"]),
+        ]
+        for s in found
+    ])
+
+
+_schedule_thread_option = click.option(
+    "--thread", "-t", "thread_id", required=True, metavar="TID", callback=_one_segment,
+    help="The thread the schedule belongs to.",
+)
+
+
+@schedules.command("list", short_help="List a thread's recurring schedules, oldest first.")
+@_schedule_thread_option
+@_json_option
+@click.pass_context
+def schedules_list(ctx: click.Context, thread_id: str, as_json: bool) -> None:
+    """List a thread's recurring schedules, oldest first (GET /api/threads/TID/schedules)."""
+    api = _api(ctx, as_json)
+    answer = api.call("GET", f"/api/threads/{_seg(thread_id)}/schedules",
+                      expect=("schedules",))
+    if as_json:
+        _print_json(answer)
+        return
+    console = _console()
+    found: list[dict[str, Any]] = answer["schedules"]
+    console.print(_schedules_table(console, found) if found else "No schedules.")
+
+
+def _schedule_details(console: Console, s: dict[str, Any]) -> None:
+    console.print(_details([
+        ("Schedule", s["id"]),
+        ("Thread", s["threadId"]),
+        ("Effect", s["name"]),
+        ("When", _recurrence(s)),
+        ("State", _schedule_state(s["state"])),
+        ("Next fire", _when(s["nextFireAt"]).append(" UTC" if s["nextFireAt"] else "")),
+        ("Created", _when(s["createdAt"]).append(" UTC")),
+        ("Key", s["key"]),
+        ("Runs made", s["occurrences"]),
+        ("Skipped", s["skipped"]),
+        ("Last run", s["lastRunId"]),
+        ("Last fire", _when(s["lastFireAt"]).append(" UTC" if s["lastFireAt"] else "")),
+        *([("Args", Text(json.dumps(s["args"], indent=2, ensure_ascii=False))
+            if s["args"] is not None else _text(None))] if "args" in s else []),
+    ]))
+
+
+@schedules.command("show", short_help="Show one schedule with its args.")
+@click.argument("schedule_id", metavar="SID", callback=_one_segment)
+@_schedule_thread_option
+@_json_option
+@click.pass_context
+def schedules_show(ctx: click.Context, schedule_id: str, thread_id: str, as_json: bool) -> None:
+    """Show one recurring schedule: when it fires, its state, its counts and its args."""
+    api = _api(ctx, as_json)
+    found = api.call("GET", f"/api/threads/{_seg(thread_id)}/schedules/{_seg(schedule_id)}",
+                     expect=_SCHEDULE_KEYS)
+    if as_json:
+        _print_json(found)
+    else:
+        _schedule_details(_console(), found)
+
+
+def _schedule_action(
+    ctx: click.Context, thread_id: str, schedule_id: str, action: str, as_json: bool, said: str
+) -> None:
+    api = _api(ctx, as_json)
+    answer = api.call(
+        "POST", f"/api/threads/{_seg(thread_id)}/schedules/{_seg(schedule_id)}/{action}",
+        expect=_SCHEDULE_KEYS,
+    )
+    if as_json:
+        _print_json(answer)
+        return
+    next_fire = answer["nextFireAt"]
+    tail = f"; next fire {_when(next_fire).plain} UTC" if next_fire and action != "cancel" else ""
+    _console().print(Text(f"{said} schedule {schedule_id} ({answer['name']}){tail}."))
+
+
+@schedules.command("pause", short_help="Pause a schedule: it makes no runs.")
+@click.argument("schedule_id", metavar="SID", callback=_one_segment)
+@_schedule_thread_option
+@_json_option
+@click.pass_context
+def schedules_pause(ctx: click.Context, schedule_id: str, thread_id: str, as_json: bool) -> None:
+    """Pause a schedule: it makes no runs until resumed (runs it made are left alone)."""
+    _schedule_action(ctx, thread_id, schedule_id, "pause", as_json, "Paused")
+
+
+@schedules.command("resume", short_help="Resume a paused schedule.")
+@click.argument("schedule_id", metavar="SID", callback=_one_segment)
+@_schedule_thread_option
+@_json_option
+@click.pass_context
+def schedules_resume(
+    ctx: click.Context, schedule_id: str, thread_id: str, as_json: bool
+) -> None:
+    """Resume a schedule: its next fire time is the first after now (none made up)."""
+    _schedule_action(ctx, thread_id, schedule_id, "resume", as_json, "Resumed")
+
+
+@schedules.command("cancel", short_help="Cancel (delete) a schedule; its runs stay.")
+@click.argument("schedule_id", metavar="SID", callback=_one_segment)
+@_schedule_thread_option
+@_json_option
+@click.pass_context
+def schedules_cancel(
+    ctx: click.Context, schedule_id: str, thread_id: str, as_json: bool
+) -> None:
+    """Cancel a schedule: it is deleted and makes no more runs; the runs it made stay.
+
+    JSON: the schedule as it was.
+    """
+    _schedule_action(ctx, thread_id, schedule_id, "cancel", as_json, "Canceled")
 
 
 @cli.group()

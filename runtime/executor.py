@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, cast
@@ -106,6 +107,9 @@ class EffectExecutor:
         self._stopping = stopping
         self._retention = retention
         self._wake = wake
+        self.up_since = -math.inf
+        """When the runtime started (seconds, UTC): schedules' fire times before it passed
+        while the process was down and are never counted as skipped."""
         self._cancels: dict[str, str] = {}  # run id -> who asked to cancel it
         self._side: set[asyncio.Task[None]] = set()  # concurrent runs executing now
         self._side_idle = asyncio.Event()
@@ -235,7 +239,7 @@ class EffectExecutor:
                 self._hub.publish(_change_of(finished), finished)
         actor.next_fire_known = False  # unknown if the fire fails
         fired, actor.next_fire = await self._run_sync(
-            fire_due, actor.store, now, self._retention or RetentionPolicy()
+            fire_due, actor.store, now, self._retention or RetentionPolicy(), self.up_since
         )
         actor.next_fire_known = True
         publish_fires(self._hub, fired)

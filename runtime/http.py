@@ -70,7 +70,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from runtime._http_errors import error_response, runtime_error_status
-from runtime._limits import cut, delay_seconds, may_hold_surrogates, parse_json
+from runtime._limits import cut, delay_seconds, may_hold_surrogates, parse_json, run_at_seconds
 from runtime._limits import quoted as _quoted
 from runtime._text import find_invalid_text
 from runtime.alarms import Clock
@@ -92,6 +92,7 @@ from runtime.ids import validate_thread_id
 from runtime.messages import MAX_CONTENT_CHARS
 from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.metrics import RuntimeMetrics
+from runtime.recurrence import Recurrence
 from runtime.storage.base import ThreadInfo
 from runtime.storage.records import MAX_PAGE as MAX_RECORDS_PAGE
 from runtime.supervisor import Runtime
@@ -983,6 +984,8 @@ async def _schedule(request: Request) -> Response:
     at = _rfc3339(_optional_str(body, "run_at", what), "run_at")
     if at is not None and delay is not None:
         raise ApiError(400, "invalid_body", f"{what}: give delay_seconds or run_at, not both")
+    if at is not None:  # checked here too so the message names run_at, not at
+        run_at_seconds(at, _runtime(request).clock.now(), name="run_at")
     scheduled = await state.schedule(name, body.get("args"), seconds, key=key, at=at)
     # 200: the key was held by a live run, whose id this is (nothing was stored).
     return JSONResponse({"id": scheduled.run_id}, status_code=201 if scheduled.created else 200)
@@ -1036,10 +1039,14 @@ async def _create_schedule(request: Request) -> Response:
         raise ApiError(
             422, "invalid_schedule", f"every_seconds must be a number, got {_quoted(every)}"
         )
+    cron, timezone = body.get("cron"), body.get("timezone")
+    # Checked here first so each message names the HTTP field (every_seconds, not every)
+    # and a field of the wrong type (a number as cron) is invalid_schedule like the rest.
+    Recurrence.parse(cron=cron, timezone=timezone, every=every, every_name="every_seconds")
     made = await state.schedule_recurring(
         name, body.get("args"),
-        cron=_optional_str(body, "cron", what),
-        timezone=_optional_str(body, "timezone", what),
+        cron=cron,
+        timezone=timezone,
         every=every,
         key=_optional_str(body, "key", what),
     )

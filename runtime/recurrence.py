@@ -10,13 +10,15 @@ Fire times:
 - ``every``: ``created_at + k * every`` for k = 1, 2, ...; the grid is anchored at the
   schedule's creation, so it never drifts with late drains or restarts.
 - ``cron``: a crontab expression (weekdays as crontab numbers them: 0 or 7 = Sunday,
-  1 = Monday; names ``mon``-``sun`` work too), read in the schedule's time zone by
-  APScheduler 3 (`_trigger` hands it the weekdays as names, since APScheduler 3 numbers
-  them from Monday). DST follows APScheduler's rule. On a spring-forward day a
-  wall time that does not exist (02:30 in Europe/Berlin on 2026-03-29) fires once, at the
-  instant that wall time would be without the shift (01:30 UTC, 03:30 local); on a
-  fall-back day a wall time that happens twice (02:30 on 2026-10-25) fires twice, once in
-  each offset (00:30 and 01:30 UTC). An hourly ``0 * * * *`` stays hourly in UTC on both.
+  1 = Monday; names ``mon``-``sun`` work too; when both the day-of-month and the weekday
+  are restricted, a day matching either fires, as in Vixie cron). APScheduler 3's
+  `CronTrigger` gives the matching wall times (`_wall_triggers`); this module maps each
+  to instants in the schedule's zone (`_instants`), the same way in every zone. On a
+  spring-forward day a wall time that does not exist (02:30 in Europe/Berlin on
+  2026-03-29; 00:00 in America/Havana on 2026-03-08) fires once, shifted by the gap
+  (01:30 UTC, 03:30 local; 05:00 UTC, 01:00 local); on a fall-back day a wall time that
+  happens twice (02:30 on 2026-10-25) fires twice, once in each offset (00:30 and 01:30
+  UTC). An hourly ``0 * * * *`` stays hourly in UTC on both.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from apscheduler.triggers.cron import CronTrigger
 
@@ -43,6 +45,9 @@ MAX_CRON_CHARS = 200
 """Longest cron expression accepted, in characters."""
 
 _ISO_MAX = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
+_NEVER_CHECK_FROM = datetime(2000, 1, 1, tzinfo=UTC).timestamp()
+"""`Recurrence.parse` refuses a cron expression with no fire time after this instant: a
+day-and-month combination that never exists (``0 9 31 2 *``)."""
 
 
 class ScheduleState(StrEnum):
@@ -71,7 +76,11 @@ class Recurrence:
 
     @staticmethod
     def parse(
-        cron: object = None, timezone: object = None, every: object = None
+        cron: object = None,
+        timezone: object = None,
+        every: object = None,
+        *,
+        every_name: str = "every",
     ) -> Recurrence:
         """Check and normalize the recurrence arguments.
 
@@ -79,6 +88,7 @@ class Recurrence:
             cron: A crontab expression (minute hour day month weekday), or None.
             timezone: An IANA zone name for ``cron`` (default ``"UTC"``); not with ``every``.
             every: Seconds (int/float) or a `timedelta`, at least `MIN_EVERY_SECONDS`.
+            every_name: How messages name ``every`` (``"every_seconds"`` over HTTP).
 
         Raises:
             InvalidSchedule: both or neither of ``cron`` and ``every``; a ``timezone``
@@ -88,15 +98,16 @@ class Recurrence:
                 over 10 years. Each message names the argument.
         """
         if cron is not None and every is not None:
-            raise InvalidSchedule("give either cron or every, not both")
+            raise InvalidSchedule(f"give either cron or {every_name}, not both")
         if cron is None and every is None:
-            raise InvalidSchedule("a recurring schedule needs cron or every")
+            raise InvalidSchedule(f"a recurring schedule needs cron or {every_name}")
         if every is not None:
             if timezone is not None:
                 raise InvalidSchedule(
-                    "timezone applies to cron only; every counts seconds, not wall time"
+                    f"timezone applies to cron only; {every_name} counts seconds, not wall "
+                    f"time"
                 )
-            return Recurrence(every_seconds=_every_seconds(every))
+            return Recurrence(every_seconds=_every_seconds(every, every_name))
         if not isinstance(cron, str):
             raise InvalidSchedule(f"cron must be a string, got {short_repr(cron)}")
         if len(cron) > MAX_CRON_CHARS:
@@ -108,12 +119,17 @@ class Recurrence:
         assert isinstance(zone, str)
         expr = " ".join(cron.split())
         try:
-            _trigger(expr, tz)
+            _wall_triggers(expr)
         except (ValueError, TypeError) as exc:
             raise InvalidSchedule(
                 f"cron {short_repr(cron)} is not a valid crontab expression "
                 f"(minute hour day month weekday): {exc}"
             ) from None
+        if _next_cron_fire(expr, tz, _NEVER_CHECK_FROM) is None:
+            raise InvalidSchedule(
+                f"cron {short_repr(cron)} never fires: no date matches its day and month "
+                f"fields (such as 31 in February)"
+            )
         return Recurrence(cron=expr, timezone=zone)
 
     def next_fire(self, after_ts: float, anchor_ts: float) -> float | None:
@@ -135,12 +151,7 @@ class Recurrence:
                 fire = anchor_ts + k * every
             return fire
         assert self.cron is not None and self.timezone is not None
-        trigger = _trigger(self.cron, ZoneInfo(self.timezone))
-        if after_ts >= _ISO_MAX:
-            return None
-        start = datetime.fromtimestamp(after_ts, UTC) + timedelta(microseconds=1)
-        fire = trigger.get_next_fire_time(None, start)
-        return None if fire is None else fire.timestamp()
+        return _next_cron_fire(self.cron, ZoneInfo(self.timezone), after_ts)
 
     def to_json(self) -> dict[str, Any]:
         """``{"cron", "timezone", "everySeconds"}`` (the unused ones null)."""
@@ -150,33 +161,129 @@ class Recurrence:
 _WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
 
+_LOOKAROUND = timedelta(days=2)
+"""How far around a time `_next_cron_fire` looks for a clock change (gap or repeat)."""
+
+_MAX_WALLS = 100_000
+"""Most candidate wall times one `_next_cron_fire` call looks at (a bound, never reached
+by a valid expression: a minutely one needs the minutes of one gap or repeat)."""
+
+
 @lru_cache(maxsize=256)
-def _trigger(expr: str, tz: ZoneInfo) -> CronTrigger:
-    """APScheduler's trigger for a crontab expression, weekdays numbered as crontab does.
+def _wall_triggers(expr: str) -> tuple[CronTrigger, ...]:
+    """APScheduler triggers giving the wall times (naive, read as UTC) an expression matches.
+
+    Wall times, not instants: `_next_cron_fire` maps each to the instants it names in the
+    schedule's zone, so DST is handled here, the same way in every zone (APScheduler 3's
+    own zone handling skips a day whose matching wall time is in a gap when the gap starts
+    at midnight, as in America/Havana).
+
+    Crontab's day rule: when both the day-of-month and the weekday field are restricted
+    (neither starts with ``*``), a day matching *either* fires (Vixie cron); that is two
+    triggers, one per field, and the earliest wall time of both is taken. Otherwise one.
 
     APScheduler 3 reads weekday numbers with 0 = Monday (its ``from_crontab`` warns of it);
     crontab (and so this runtime) has 0 or 7 = Sunday, 1 = Monday. The weekday field is
-    therefore handed over as names. Cached: a fire computes the fire times it skipped one
-    by one, and a trigger is immutable.
+    therefore handed over as names. Cached: a trigger is immutable.
 
     Raises:
         ValueError: the expression is not valid (APScheduler's message, or ours).
     """
+    if not expr.isascii():
+        raise ValueError("only ASCII characters are allowed (digits 0-9, names, * , - /)")
     fields = expr.split()
     if len(fields) != 5:
         raise ValueError(f"expected 5 fields, got {len(fields)}")
     minute, hour, day, month, weekday = fields
-    return CronTrigger(
-        minute=minute, hour=hour, day=day, month=month,
-        day_of_week=_weekday_names(weekday), timezone=tz,
+    days = _weekday_names(weekday)
+
+    def trigger(day: str, day_of_week: str) -> CronTrigger:
+        return CronTrigger(
+            minute=minute, hour=hour, day=day, month=month, day_of_week=day_of_week,
+            timezone=UTC,
+        )
+
+    if day.startswith("*") or weekday.startswith("*"):
+        return (trigger(day, days),)
+    return (trigger(day, "*"), trigger("*", days))
+
+
+def _next_wall(triggers: tuple[CronTrigger, ...], start: datetime) -> datetime | None:
+    """The first wall time at or after ``start`` (naive) matching any trigger, or None."""
+    found = [
+        fire
+        for t in triggers
+        if (fire := t.get_next_fire_time(None, start.replace(tzinfo=UTC))) is not None
+    ]
+    return min(found).replace(tzinfo=None) if found else None
+
+
+def _instants(wall: datetime, tz: ZoneInfo) -> tuple[float, ...]:
+    """The instants (seconds, UTC) a naive wall time names in ``tz``, earliest first.
+
+    One for an ordinary wall time; two (one per offset) for a wall time that happens twice
+    on a fall-back day; for one that does not exist (in a spring-forward gap), the instant
+    it would be at the offset before the change: shifted by the gap (PEP 495, fold=0).
+    """
+    first = wall.replace(tzinfo=tz, fold=0).timestamp()
+    second = wall.replace(tzinfo=tz, fold=1).timestamp()
+    if first == second:
+        return (first,)
+    if datetime.fromtimestamp(first, tz).replace(tzinfo=None) == wall:
+        return (min(first, second), max(first, second))  # a repeated wall time
+    return (first,)  # in a gap
+
+
+def _next_cron_fire(expr: str, tz: ZoneInfo, after_ts: float) -> float | None:
+    """The first instant strictly after ``after_ts`` at which ``expr`` fires in ``tz``.
+
+    The expression's matching wall times are walked in order from a little before the
+    wall time of ``after_ts`` (by the size of any clock change within two days, so a wall
+    time in a gap just passed, or repeated just ahead, is seen), each mapped to its
+    instants (`_instants`); the earliest instant after ``after_ts`` wins. Along the walk a
+    wall time's earliest instant never falls by more than a gap (a wall time shifted by a
+    gap can come after the next wall times after the gap), so the walk stops at the first
+    one more than the largest change met past the best found; with no change met or
+    nearby, wall times and instants go in step and the first one after ``after_ts`` wins.
+    """
+    if after_ts >= _ISO_MAX:
+        return None
+    triggers = _wall_triggers(expr)
+    at = datetime.fromtimestamp(after_ts, tz)
+    offset = at.utcoffset() or timedelta(0)
+    shift = max(
+        abs((datetime.fromtimestamp(after_ts + d, tz).utcoffset() or offset) - offset)
+        for d in (-_LOOKAROUND.total_seconds(), _LOOKAROUND.total_seconds())
     )
+    wall: datetime | None = at.replace(tzinfo=None) - shift
+    best: float | None = None
+    for _ in range(_MAX_WALLS):
+        wall = _next_wall(triggers, wall) if wall is not None else None
+        if wall is None:
+            break
+        instants = _instants(wall, tz)
+        # A wall time in a gap or repeat met farther on widens the margin by its size.
+        change = abs(
+            wall.replace(tzinfo=tz, fold=1).timestamp()
+            - wall.replace(tzinfo=tz, fold=0).timestamp()
+        )
+        shift = max(shift, timedelta(seconds=change))
+        if best is not None and instants[0] > best + shift.total_seconds():
+            break
+        for instant in instants:
+            if instant > after_ts and (best is None or instant < best):
+                best = instant
+        if best is not None and not shift:
+            break  # no clock change met or nearby: wall times and instants go in step
+        wall += timedelta(microseconds=1)
+    return best
 
 
 def _weekday_number(text: str) -> int:
     lowered = text.lower()
     if lowered in _WEEKDAYS:
         return _WEEKDAYS.index(lowered)
-    if text.isdigit() and int(text) <= 7:
+    if text.isascii() and text.isdigit() and int(text) <= 7:
         return int(text) % 7
     raise ValueError(f"weekday {text!r} is not 0-7 (0 and 7: Sunday) nor sun-sat")
 
@@ -190,15 +297,16 @@ def _weekday_names(field: str) -> str:
         span, _, step_text = part.partition("/")
         step = 1
         if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
+            if not (step_text.isascii() and step_text.isdigit()) or int(step_text) == 0:
                 raise ValueError(f"weekday step {step_text!r} is not a positive integer")
             step = int(step_text)
         if span == "*":
             first, last = 0, 6
         elif "-" in span:
             a, _, b = span.partition("-")
-            first = _weekday_number(a)
-            last = 7 if b == "7" else _weekday_number(b)  # "5-7": Friday to Sunday
+            first = 7 if a == "7" else _weekday_number(a)  # "7-7": Sunday only
+            # "5-7" and "fri-sun": Friday to Sunday (7 and sun end a range as Sunday)
+            last = 7 if b == "7" or b.lower() == "sun" else _weekday_number(b)
             if last < first:
                 raise ValueError(f"weekday range {span!r} runs backwards")
         else:
@@ -207,9 +315,26 @@ def _weekday_names(field: str) -> str:
     return ",".join(_WEEKDAYS[d] for d in sorted(days))
 
 
+@lru_cache(maxsize=1)
+def _iana_names() -> frozenset[str]:
+    """The IANA zone names this host knows, without the host-dependent ones.
+
+    Left out: ``localtime`` and the ``posix/`` and ``right/`` copies.
+    """
+    return frozenset(
+        name for name in available_timezones()
+        if name != "localtime" and not name.startswith(("posix/", "right/"))
+    )
+
+
 def _zone(name: object) -> ZoneInfo:
     if not isinstance(name, str) or not name or len(name) > 100:
         raise InvalidSchedule(f"timezone must be an IANA zone name, got {short_repr(name)}")
+    if name not in _iana_names():
+        raise InvalidSchedule(
+            f"Unknown timezone {short_repr(name)}: not an IANA zone name "
+            f"(such as 'Europe/Istanbul' or 'UTC')"
+        )
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
@@ -219,30 +344,30 @@ def _zone(name: object) -> ZoneInfo:
         ) from None
 
 
-def _every_seconds(every: object) -> float:
+def _every_seconds(every: object, name: str) -> float:
     if isinstance(every, timedelta):
         seconds = every.total_seconds()
     elif isinstance(every, int | float) and not isinstance(every, bool):
         if isinstance(every, int) and abs(every) > MAX_EVERY_SECONDS:
             raise InvalidSchedule(
-                f"every must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got a larger "
+                f"{name} must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got a larger "
                 f"number"
             )
         seconds = float(every)
     else:
         raise InvalidSchedule(
-            f"every must be seconds (int or float) or a timedelta, got {short_repr(every)}"
+            f"{name} must be seconds (int or float) or a timedelta, got {short_repr(every)}"
         )
     if not math.isfinite(seconds):
-        raise InvalidSchedule(f"every must be a finite number of seconds, got {every!r}")
+        raise InvalidSchedule(f"{name} must be a finite number of seconds, got {every!r}")
     if seconds < MIN_EVERY_SECONDS:
         raise InvalidSchedule(
-            f"every must be at least {MIN_EVERY_SECONDS:g} s (the minimum period), "
+            f"{name} must be at least {MIN_EVERY_SECONDS:g} s (the minimum period), "
             f"got {seconds:g} s"
         )
     if seconds > MAX_EVERY_SECONDS:
         raise InvalidSchedule(
-            f"every must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got {seconds:g} s"
+            f"{name} must be at most {MAX_EVERY_SECONDS:.0f} s (10 years), got {seconds:g} s"
         )
     return seconds
 

@@ -10,11 +10,14 @@ Rules a user sees:
 
 - Each occurrence is an ordinary run (``scheduleId`` set), due at its fire time, with the
   usual statuses, attempts, frames, retention.
-- Never stacked: a fire time that comes while the previous occurrence is still pending or
-  running is skipped and counted (``skipped``).
+- Never stacked: a fire time that comes while the process runs and finds the previous
+  occurrence still pending or running is skipped and counted (``skipped``).
 - Coalesced: fire times missed while the process was down (or the thread was paused)
-  make one occurrence when the thread next drains, due at the first missed fire time; the
-  next fire time is then the first one after now.
+  make one occurrence when the thread next drains, due at the first missed fire time
+  after the previous occurrence ended; the next fire time is then the first one after
+  now. Fire times from before the process started are never counted as skipped: when the
+  previous occurrence is still pending or running (re-queued after a crash), they make
+  nothing and count nothing (that occurrence covers them).
 - Pause creates nothing; resume computes the next fire time from now (no backlog).
 - A paused thread (`runtime.Runtime.pause_thread`) does not drain: its schedules fire
   once it is resumed (coalesced as above).
@@ -56,15 +59,17 @@ skips beyond it are not counted."""
 
 
 def fire_due(
-    store: ThreadStore, now: float, retention: RetentionPolicy
+    store: ThreadStore, now: float, retention: RetentionPolicy, up_since: float = -math.inf
 ) -> tuple[list[tuple[Schedule, EffectRun | None]], float | None]:
     """Fire every due schedule of a thread's store (blocking: call off the loop).
 
     For each due schedule, its fire times from its stored ``next_fire_at`` up to ``now``
     are looked at in order: one that came while its previous occurrence was pending or
-    running (before that run finished) is skipped and counted; the first one after that
-    run ended makes the occurrence run (due at that fire time), and the later ones are
-    coalesced into it. The next fire time is then the first after ``now``.
+    running (before that run finished) is skipped, and counted when it is after
+    ``up_since`` (fire times at or before the process started passed in the downtime and
+    are never counted); the first one after that run ended makes the occurrence run (due at that
+    fire time), and the later ones are coalesced into it. The next fire time is then the
+    first after ``now``.
 
     Returns:
         ``(fired, next_fire)``: ``(schedule, run)`` per schedule written (the schedule
@@ -94,7 +99,8 @@ def fire_due(
             if at > busy_until:
                 fire = at
                 break
-            skipped += 1
+            if at > up_since:  # downtime fire times are coalesced, not counted
+                skipped += 1
             at = recurrence.next_fire(at, anchor)
         run = None
         if fire is not None:

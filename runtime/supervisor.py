@@ -416,6 +416,7 @@ class Runtime:
             raise
         self._store = store
         self.actors.registry = store
+        self.executor.up_since = self.clock.now()
         self._started = True
         self._serving = True
         if self.watchdog is not None:

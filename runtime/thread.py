@@ -296,11 +296,13 @@ class ThreadState:
             name: The effect name (as for `schedule_effect`).
             args: The args every occurrence gets, validated now (and at each run).
             cron: A crontab expression, minute hour day month weekday (``"0 9 * * 1-5"``;
-                APScheduler 3's ``CronTrigger.from_crontab``). DST: a wall time skipped
-                by a spring-forward fires once, shifted by the gap; one repeated by a
-                fall-back fires twice (once per offset).
-            timezone: The IANA zone ``cron`` is read in; default ``"UTC"``. Not with
-                ``every``.
+                0 or 7 = Sunday; day of month and weekday both restricted: either
+                matches, as in crontab). DST: a wall time skipped by a spring-forward
+                fires once, shifted by the gap (in every zone, midnight gaps included);
+                one repeated by a fall-back fires twice (once per offset).
+            timezone: The IANA zone ``cron`` is read in (a name in
+                ``zoneinfo.available_timezones()``, not ``"localtime"``); default
+                ``"UTC"``. Not with ``every``.
             every: The period: seconds (int/float) or a `timedelta`, at least 1 s and at
                 most 10 years. Fire times are ``created_at + k * every``.
             key: At most one schedule per key in this thread (1 to 256 characters): while
@@ -313,8 +315,10 @@ class ThreadState:
 
         Raises:
             InvalidSchedule: (a ValueError) both or neither of ``cron`` and ``every``; a
-                ``timezone`` with ``every``; a bad cron expression; an unknown time zone;
-                an ``every`` under 1 s, over 10 years, or not a number or `timedelta`.
+                ``timezone`` with ``every``; a bad cron expression (or a non-ASCII one,
+                or one that never fires, such as ``"0 9 31 2 *"``); an unknown or
+                host-dependent time zone; an ``every`` under 1 s, over 10 years, or not a
+                number or `timedelta`.
                 The message names the argument.
             EffectNotFound: no effect of that name.
             InvalidEffectArgs: args not JSON, over the size limit, or failing the schema.

@@ -106,6 +106,14 @@ def schedule(url: str, tid: str, name: str, args: Any = None, delay: float = 0) 
     return run_id
 
 
+def a_schedule(url: str, tid: str, **body: Any) -> dict[str, Any]:
+    res = httpx.post(f"{url}/api/threads/{tid}/schedules",
+                     json={"name": "send_reminder", "args": {"text": "tick"}, **body})
+    assert res.status_code == 201, res.text
+    made: dict[str, Any] = res.json()
+    return made
+
+
 def wait_for(url: str, tid: str, run_id: str, done: Callable[[dict[str, Any]], bool]) -> None:
     deadline = time.monotonic() + GUARD_SECONDS
     while True:
@@ -229,6 +237,20 @@ def test_threads_show(server: ServerProcess) -> None:
     few = ok(server.url, "threads", "show", tid, "--runs", "1")
     assert runs["pending"] in few and runs["completed"] not in few
     assert f"1 of 3 runs shown; thread-effects runs list --thread {tid}" in few
+
+
+def test_threads_show_lists_the_threads_schedules(server: ServerProcess) -> None:
+    tid = new_thread(server.url)["id"]
+    assert ok_json(server.url, "threads", "show", tid)["schedules"] == []
+    assert "Schedules      0" in ok(server.url, "threads", "show", tid)
+    made = a_schedule(server.url, tid, cron="0 9 * * 1-5", timezone="Europe/Istanbul")
+    shown = ok_json(server.url, "threads", "show", tid)
+    assert [s["id"] for s in shown["schedules"]] == [made["id"]]
+    table = ok(server.url, "threads", "show", tid)
+    assert "Schedules      1" in table
+    row = next(line for line in table.splitlines() if line.startswith(made["id"]))
+    assert "send_reminder" in row and "cron 0 9 * * 1-5 (Europe/Istanbul)" in row
+    assert "active" in row
 
 
 def test_threads_delete_asks_first(server: ServerProcess) -> None:
@@ -435,6 +457,72 @@ def test_runs_replay(server: ServerProcess) -> None:
 
 
 # ---------------------------------------------------------------------------- effects
+
+
+# -------------------------------------------------------------------------- schedules
+
+
+def test_schedules_list_and_show(server: ServerProcess) -> None:
+    tid = new_thread(server.url)["id"]
+    assert ok(server.url, "schedules", "list", "-t", tid) == "No schedules.\n"
+    assert ok_json(server.url, "schedules", "list", "-t", tid) == {"schedules": []}
+    daily = a_schedule(server.url, tid, cron="30 8 * * *", timezone="Europe/Berlin",
+                       key="digest")
+    hourly = a_schedule(server.url, tid, every_seconds=3600)
+
+    listed = ok_json(server.url, "schedules", "list", "--thread", tid)["schedules"]
+    assert [s["id"] for s in listed] == [daily["id"], hourly["id"]]
+    table = ok(server.url, "schedules", "list", "-t", tid)
+    header, *rows = table.splitlines()
+    assert header.split()[:4] == ["Schedule", "Effect", "When", "State"]
+    assert rows[0].startswith(daily["id"]) and "cron 30 8 * * * (Europe/Berlin)" in rows[0]
+    assert rows[0].rstrip().endswith("digest")
+    assert daily["nextFireAt"].replace("T", " ")[:19] in rows[0]
+    assert rows[1].startswith(hourly["id"]) and "every 3600s" in rows[1]
+
+    shown = ok_json(server.url, "schedules", "show", daily["id"], "-t", tid)
+    assert shown["id"] == daily["id"] and shown["args"] == {"text": "tick"}
+    details = ok(server.url, "schedules", "show", daily["id"], "-t", tid)
+    assert f"Schedule   {daily['id']}" in details
+    assert "When       cron 30 8 * * * (Europe/Berlin)" in details
+    assert '"text": "tick"' in details and "Key        digest" in details
+
+    unknown = te(server.url, "schedules", "show", "f" * 32, "-t", tid)
+    assert unknown.exit_code == 1 and "[HTTP 404 schedule_not_found]" in unknown.stderr
+    missing = te(server.url, "schedules", "list", "-t", "no-such-thread")
+    assert missing.exit_code == 1 and "[HTTP 404 thread_not_found]" in missing.stderr
+    no_thread = te(server.url, "schedules", "show", daily["id"])
+    assert no_thread.exit_code == 2 and "--thread" in no_thread.stderr
+    odd = te(server.url, "schedules", "pause", "a/b", "-t", tid)
+    assert odd.exit_code == 2 and "cannot be a schedule id" in odd.stderr
+
+
+def test_schedules_pause_resume_cancel(server: ServerProcess) -> None:
+    tid = new_thread(server.url)["id"]
+    made = a_schedule(server.url, tid, every_seconds=3600)
+    sid = made["id"]
+
+    paused = ok(server.url, "schedules", "pause", sid, "-t", tid)
+    assert paused == f"Paused schedule {sid} (send_reminder).\n"
+    state = httpx.get(f"{server.url}/api/threads/{tid}/schedules/{sid}").json()
+    assert state["state"] == "paused" and state["nextFireAt"] is None
+    resumed = ok_json(server.url, "schedules", "resume", sid, "-t", tid)
+    assert resumed["state"] == "active" and resumed["nextFireAt"] is not None
+    again = ok(server.url, "schedules", "pause", sid, "-t", tid)
+    assert again.startswith(f"Paused schedule {sid}")
+    said = ok(server.url, "schedules", "resume", sid, "-t", tid)
+    assert said.startswith(f"Resumed schedule {sid} (send_reminder); next fire ")
+
+    canceled = ok_json(server.url, "schedules", "cancel", sid, "-t", tid)
+    assert canceled["id"] == sid
+    assert httpx.get(f"{server.url}/api/threads/{tid}/schedules").json() == {"schedules": []}
+    gone = te(server.url, "schedules", "cancel", sid, "-t", tid, "--json")
+    assert gone.exit_code == 1 and gone.stdout == ""
+    assert json.loads(gone.stderr)["error"]["code"] == "schedule_not_found"
+    other = a_schedule(server.url, tid, every_seconds=60)["id"]
+    assert ok(server.url, "schedules", "cancel", other, "-t", tid) == (
+        f"Canceled schedule {other} (send_reminder).\n"
+    )
 
 
 def test_effects_list(server: ServerProcess) -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -68,7 +69,7 @@ async def fire_times(thread: ThreadState, schedule_id: str) -> list[str]:
 # --------------------------------------------------------------- cron and DST
 
 
-async def test_cron_on_the_spring_forward_day_follows_apschedulers_rule(api: Api) -> None:
+async def test_cron_on_the_spring_forward_day_fires_a_missing_wall_time_shifted(api: Api) -> None:
     # Europe/Berlin, 2026-03-29: 02:00 CET jumps to 03:00 CEST. 02:30 does not exist that
     # day: it fires once, at 01:30 UTC (02:30 CET, shown as 03:30 CEST).
     thread = await api.rt.create_thread()
@@ -112,6 +113,71 @@ async def test_cron_on_the_fall_back_day_fires_a_repeated_wall_time_twice(api: A
         "2026-10-25 00:00", "2026-10-25 01:00", "2026-10-25 02:00", "2026-10-25 03:00"
     ]
     assert len(hours) == len(set(hours)) == 48
+
+
+@pytest.mark.parametrize(
+    ("zone", "start", "fires"),
+    [
+        # Clocks jump at midnight: 00:00 does not exist that day; it fires once, shifted
+        # by the gap (01:00 local). APScheduler 3's own zone handling skipped this day.
+        ("America/Havana", "2026-03-07T20:00:00",
+         ["2026-03-08 05:00", "2026-03-09 04:00", "2026-03-10 04:00"]),
+        ("America/Santiago", "2026-09-05T20:00:00",
+         ["2026-09-06 04:00", "2026-09-07 03:00", "2026-09-08 03:00"]),
+        # Beside them, a zone whose clocks jump at 02:00: midnight exists, nothing shifts.
+        ("Europe/Berlin", "2026-03-28T12:00:00",
+         ["2026-03-28 23:00", "2026-03-29 22:00", "2026-03-30 22:00"]),
+    ],
+)
+async def test_a_daily_cron_fires_on_a_day_whose_midnight_falls_in_a_gap(
+    tmp_path: Path, zone: str, start: str, fires: list[str]
+) -> None:
+    async with serve_api(tmp_path / "data", clock=FakeClock(ts(start)), app_dir=APP) as api:
+        thread = await api.rt.create_thread()
+        made = await thread.schedule_recurring("ping", cron="0 0 * * *", timezone=zone)
+        assert iso(made.schedule.next_fire_at_ts or 0) == fires[0]
+        for _ in range(3 * 24):
+            await step(api, 3600)
+        assert await fire_times(thread, made.schedule.id) == fires
+
+
+def test_day_of_month_and_weekday_both_restricted_fire_on_either() -> None:
+    # Crontab (Vixie cron): "13 * 5" is the 13th of any month OR any Friday.
+    recurrence = Recurrence.parse(cron="0 9 13 * 5")
+    fires: list[str] = []
+    at: float | None = ts("2026-11-30T00:00:00")  # a Monday
+    for _ in range(4):
+        assert at is not None
+        at = recurrence.next_fire(at, 0)
+        assert at is not None
+        fires.append(iso(at))
+    assert fires == [
+        "2026-12-04 09:00", "2026-12-11 09:00", "2026-12-13 09:00", "2026-12-18 09:00"
+    ]
+    # One field left as * (or */n): both must match, as before.
+    on_the_13th = Recurrence.parse(cron="0 9 13 * */1")
+    assert iso(on_the_13th.next_fire(ts("2026-11-30T00:00:00"), 0) or 0) == (
+        "2026-12-13 09:00"
+    )
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 9 31 2 *", "0 9 30 2 *", "0 9 31 4,6,9,11 *", "0 9 31 2 */2"]
+)
+async def test_a_cron_that_never_fires_is_refused(api: Api, cron: str) -> None:
+    with pytest.raises(InvalidSchedule, match="never fires"):
+        Recurrence.parse(cron=cron)
+    tid = await api.new_thread()
+    res = await api.client.post(
+        f"/api/threads/{tid}/schedules", json={"name": "ping", "cron": cron}
+    )
+    assert res.status_code == 422, res.text
+    assert res.json()["error"]["code"] == "invalid_schedule"
+    assert "never fires" in res.json()["error"]["message"]
+    # A date that exists only some years is fine.
+    assert Recurrence.parse(cron="0 9 29 2 *").next_fire(ts("2026-01-01T00:00:00"), 0) == (
+        ts("2028-02-29T09:00:00")
+    )
 
 
 # ------------------------------------------------------------- every, skips
@@ -186,6 +252,34 @@ async def test_missed_fire_times_make_one_run_after_a_restart(tmp_path: Path) ->
         # The next fire time is the first one after now, on the grid.
         assert schedule.next_fire_at_ts == clock.now() + 60
         assert {r.status for r in runs} == {EffectStatus.COMPLETED}
+
+
+async def test_fire_times_missed_while_down_are_never_counted_as_skipped(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    (tmp_path / "d").mkdir()
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.create_thread("t1")
+        sid = await thread.schedule_effect("hold", {"key": "slow"}, every=60)
+        clock.advance(60)
+        run_id = await _running_of(thread, sid)
+        clock.advance(60)  # a fire time while the process runs and the occurrence runs
+        await asyncio.sleep(0.05)
+    # Closed while its occurrence ran: it is re-queued at the next start.
+    clock.advance(3600)  # down for an hour: sixty fire times pass
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.get_thread("t1")
+        release(rt, "slow")
+        await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+        # The interrupted occurrence covered the outage: no run made for it, and its
+        # sixty fire times counted as nothing; the fire time that came while the process
+        # ran is the one skip.
+        assert [r.id for r in runs] == [run_id]
+        assert (schedule.occurrences, schedule.skipped) == (1, 1)
+        assert schedule.next_fire_at_ts == ts("2026-05-01T09:03:00")
 
 
 @pytest.mark.every_backend
@@ -273,6 +367,10 @@ async def test_deleting_the_thread_deletes_its_schedules(api: Api) -> None:
         ({"cron": "61 * * * *"}, r"cron '61 \* \* \* \*' is not a valid crontab.*\(59\)"),
         ({"cron": "* * *"}, "is not a valid crontab"),
         ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "Unknown timezone 'Mars/Olympus'"),
+        # Host-dependent names are not IANA zones: the schedule would move with the host.
+        ({"cron": "0 9 * * *", "timezone": "localtime"}, "Unknown timezone 'localtime'"),
+        ({"cron": "0 9 * * *", "timezone": "posix/Europe/Berlin"}, "Unknown timezone"),
+        ({"cron": "0 \u0669 * * *"}, "only ASCII characters"),
         ({"every": 0.5}, "every must be at least 1 s"),
         ({"every": timedelta(milliseconds=10)}, "every must be at least 1 s"),
         ({"every": float("nan")}, "every must be a finite number"),
@@ -386,10 +484,18 @@ async def test_http_create_list_pause_resume_cancel(api: Api) -> None:
     [
         ({"cron": "0 25 * * *"}, "cron '0 25 * * *' is not a valid crontab"),
         ({"cron": "0 9 * * *", "timezone": "Europe/Atlantis"}, "Unknown timezone"),
-        ({"every_seconds": 0.25}, "every must be at least 1 s"),
-        ({"cron": "0 9 * * *", "every_seconds": 60}, "either cron or every, not both"),
+        # Messages name the HTTP fields: every_seconds, not the Python every.
+        ({"every_seconds": 0.25}, "every_seconds must be at least 1 s"),
+        ({"every_seconds": 1e12}, "every_seconds must be at most"),
+        ({"cron": "0 9 * * *", "every_seconds": 60}, "either cron or every_seconds, not both"),
+        ({"every_seconds": 60, "timezone": "UTC"}, "every_seconds counts seconds"),
         ({"every_seconds": "60"}, "every_seconds must be a number"),
-        ({}, "needs cron or every"),
+        ({}, "needs cron or every_seconds"),
+        # A field of the wrong type is invalid_schedule as well, not a generic body error.
+        ({"cron": 5}, "cron must be a string, got 5"),
+        ({"cron": "0 9 * * *", "timezone": 5}, "timezone must be an IANA zone name"),
+        ({"cron": "0 9 * * *", "timezone": "localtime"}, "Unknown timezone 'localtime'"),
+        ({"cron": "0 9 * * \u0661"}, "only ASCII characters"),
     ],
 )
 async def test_http_bad_schedules_are_422_naming_the_argument(
@@ -402,6 +508,17 @@ async def test_http_bad_schedules_are_422_naming_the_argument(
     assert error["code"] == "invalid_schedule"
     assert message in error["message"]
     assert (await api.client.get(f"/api/threads/{tid}/schedules")).json() == {"schedules": []}
+
+
+async def test_http_run_at_errors_name_run_at(api: Api) -> None:
+    tid = await api.new_thread()
+    res = await api.client.post(f"/api/threads/{tid}/effects",
+                                json={"name": "ping", "run_at": "2090-01-01T00:00:00Z"})
+    assert res.status_code == 422, res.text
+    assert res.json()["error"]["message"].startswith("run_at must be at most")
+    res = await api.client.post(f"/api/threads/{tid}/effects",
+                                json={"name": "ping", "run_at": "2026-12-01T09:00:00"})
+    assert res.status_code == 422 and "run_at must carry its offset" in res.text
 
 
 async def test_http_schedule_body_errors(api: Api) -> None:
@@ -426,6 +543,12 @@ async def test_http_schedule_body_errors(api: Api) -> None:
         ("0", ["Sun", "Sun"]),
         ("7", ["Sun", "Sun"]),
         ("5-7", ["Sun", "Fri", "Sat", "Sun"]),
+        ("7-7", ["Sun", "Sun"]),
+        ("0-0", ["Sun", "Sun"]),
+        ("0-1", ["Sun", "Mon", "Sun"]),
+        ("6-7", ["Sun", "Sat", "Sun"]),
+        ("0-7", ["Sun", "Mon", "Tue"]),
+        ("fri-sun", ["Sun", "Fri", "Sat", "Sun"]),
         ("sat,sun", ["Sun", "Sat", "Sun"]),
         ("*/3", ["Sun", "Wed", "Sat", "Sun"]),
     ],
@@ -445,7 +568,7 @@ def test_cron_weekdays_are_numbered_as_crontab_numbers_them(
     assert days == first_days
 
 
-@pytest.mark.parametrize("weekdays", ["8", "5-2", "mon-xyz", "*/0"])
+@pytest.mark.parametrize("weekdays", ["8", "5-2", "mon-xyz", "*/0", "7-1", "\u0665", "*/\u0662"])
 def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
     with pytest.raises(InvalidSchedule, match=r"cron .* is not a valid crontab"):
         Recurrence.parse(cron=f"0 9 * * {weekdays}")
@@ -523,3 +646,49 @@ def test_a_schedule_frame_serializes_once_as_compact_json() -> None:
     text = event.frame_text()
     assert text is event.frame_text()
     assert json.loads(text) == event.to_frame() and ", " not in text
+
+
+@pytest.mark.parametrize(
+    ("zone", "day"),
+    [
+        ("Europe/Berlin", "2026-03-29"), ("Europe/Berlin", "2026-10-25"),
+        ("America/Havana", "2026-03-08"), ("America/Havana", "2026-11-01"),
+        ("America/Santiago", "2026-09-06"), ("America/Santiago", "2026-04-05"),
+        ("Australia/Lord_Howe", "2026-10-04"), ("Australia/Lord_Howe", "2026-04-05"),
+    ],
+)
+@pytest.mark.parametrize("minutes", [[0], [0, 30], [15, 45], list(range(0, 60, 5))])
+def test_cron_fire_times_around_clock_changes_match_the_rule_minute_by_minute(
+    zone: str, day: str, minutes: list[int]
+) -> None:
+    # The rule, checked against every UTC minute of three days around a clock change: an
+    # instant fires when its wall time matches, or when a matching wall time that does
+    # not exist (in a gap) is shifted onto it; each instant fires once.
+    tz = ZoneInfo(zone)
+    start = ts(f"{day}T00:00:00") - 86_400
+    expected: set[float] = set()
+    for m in range(3 * 1440):
+        t = start + 60 * m
+        if datetime.fromtimestamp(t, tz).minute in minutes:
+            expected.add(t)
+    wall = datetime.fromisoformat(f"{day}T00:00:00") - timedelta(days=1)
+    for m in range(3 * 1440):
+        w = wall + timedelta(minutes=m)
+        if w.minute not in minutes:
+            continue
+        shifted = w.replace(tzinfo=tz).timestamp()  # fold=0: the offset before a gap
+        if datetime.fromtimestamp(shifted, tz).replace(tzinfo=None) != w:
+            expected.add(shifted)  # w is in a gap
+    cron = Recurrence.parse(cron=f"{','.join(map(str, minutes))} * * * *", timezone=zone)
+    got: list[float] = []
+    at: float | None = start + 3600  # clear of the window's edges
+    end = start + 3 * 86_400 - 3600
+    while True:
+        assert at is not None
+        at = cron.next_fire(at, 0)
+        assert at is not None
+        if at > end:
+            break
+        got.append(at)
+    window = sorted(t for t in expected if start + 3600 < t <= end)
+    assert got == window

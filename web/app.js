@@ -95,6 +95,7 @@ const pause = new PauseControl({
   onChange: (tid, paused) => {
     threads.setPaused(tid, paused);
     runs.setPaused(paused);
+    schedules.setPaused(paused);
   },
   onGone: (s, err) => handledAsGone(s, err),
 });

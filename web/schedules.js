@@ -8,8 +8,8 @@
 import { html, nothing, render } from "./vendor/lit-html/lit-html.js";
 import { repeat } from "./vendor/lit-html/directives/repeat.js";
 import { api } from "./api.js";
-import { fmtLocal, fmtRelative, shortId } from "./format.js";
-import { cancelScheduleQuestion, mergeSchedule, recurrenceText } from "./schedules-model.js";
+import { fmtLocal, shortId } from "./format.js";
+import { cancelScheduleQuestion, mergeSchedule, nextFireView, recurrenceText } from "./schedules-model.js";
 import { toastApiError } from "./toasts.js";
 
 const $ = (id) => document.getElementById(id);
@@ -17,13 +17,18 @@ const $ = (id) => document.getElementById(id);
 function scheduleRow(s, now, view) {
   const paused = s.state === "paused";
   const when = recurrenceText(s);
-  const next = s.nextFireAt
-    ? html`next <time datetime=${s.nextFireAt} title=${fmtLocal(s.nextFireAt, { full: true })}>${fmtRelative(s.nextFireAt, now)}</time>`
-    : html`<span class="muted">${paused ? "paused" : "never again"}</span>`;
+  const view_ = nextFireView(s, now, view.threadPaused);
+  const stamp = s.nextFireAt ? fmtLocal(s.nextFireAt, { full: true }) : "";
+  const next = view_.kind === "paused" || view_.kind === "never"
+    ? html`<span class="muted" title=${view_.title}>${view_.text}</span>`
+    : html`<time datetime=${s.nextFireAt} data-kind=${view_.kind}
+        class=${view_.kind === "held" || view_.held ? "paused-text" : ""}
+        title=${[stamp, view_.title].filter(Boolean).join(" · ")}>${view_.text}</time>`;
   const runs = `${s.occurrences} run${s.occurrences === 1 ? "" : "s"} · ${s.skipped} skipped`;
   return html`<li class="schedule-item" data-testid="schedule-row" data-schedule-id=${s.id} data-state=${s.state}>
     <span class="sch-what">
       <span class="sch-name" title=${`${s.name} (schedule ${s.id})`}>${s.name}</span>
+      <span class="muted mono nw" data-testid="schedule-id" title=${`Schedule ${s.id} (its runs show this id)`}>schedule ${shortId(s.id)}</span>
       <code class="sch-when mono" data-testid="schedule-when" title=${when}>${when}</code>${
         s.key ? html`<span class="run-key muted mono" title=${`Key: ${s.key}`}>key ${s.key}</span>` : nothing
       }
@@ -51,7 +56,15 @@ export class SchedulesView {
     this.schedules = [];
     this.busy = new Set();
     this.loading = false;
+    this.threadPaused = false; // the thread is paused: nothing fires until it is resumed
     this.el = { section: $("schedules-section"), tbody: $("schedules-body"), count: $("schedules-count") };
+  }
+
+  /** The thread was paused or resumed (pause.js): rows say so beside the next fire time. */
+  setPaused(paused) {
+    if (this.threadPaused === paused) return;
+    this.threadPaused = paused;
+    this.draw();
   }
 
   reset(session) {

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -1658,3 +1659,37 @@ def test_a_runs_detail_lists_each_attempt(tmp_path: Path, browser: Browser) -> N
         expect(rows.nth(1)).not_to_contain_text("ended —")
         snap(page, "run-detail-attempts-1400")
         assert pane.errors == []
+
+
+def test_schedules_of_a_paused_thread_say_held_never_next_ago(pane: Pane) -> None:
+    page = pane.page
+    tid = pane.new_thread()
+    assert pane.http.post(f"/api/threads/{tid}/pause").status_code == 200
+    tick = pane.http.post(f"/api/threads/{tid}/schedules", json={
+        "name": "send_reminder", "args": {"text": "tick"}, "every_seconds": 1,
+    }).json()
+    long = pane.http.post(f"/api/threads/{tid}/schedules", json={
+        "name": "send_reminder", "args": {"text": "rare"}, "every_seconds": 90061,
+    }).json()
+    # The paused thread does not fire: tick's next fire time passes and stays.
+    deadline = time.monotonic() + 10
+    while datetime.fromisoformat(tick["nextFireAt"].replace("Z", "+00:00")) >= datetime.now(UTC):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pane.open_thread(tid)
+    tick_row = page.locator(f'[data-testid="schedule-row"][data-schedule-id="{tick["id"]}"]')
+    long_row = page.locator(f'[data-testid="schedule-row"][data-schedule-id="{long["id"]}"]')
+    expect(tick_row.get_by_test_id("schedule-next")).to_have_text(
+        "due · held: thread paused", timeout=WAIT_MS)
+    expect(tick_row.get_by_test_id("schedule-next")).not_to_contain_text("ago")
+    expect(long_row.get_by_test_id("schedule-next")).to_contain_text("· thread paused")
+    # Each row names its schedule by the short id its runs show; periods keep seconds.
+    expect(tick_row.get_by_test_id("schedule-id")).to_have_text(f"schedule …{tick['id'][-8:]}")
+    expect(long_row.get_by_test_id("schedule-when")).to_have_text("every 25h 1m 1s")
+    # Resumed: the thread fires and the rows no longer say it is paused.
+    page.get_by_test_id("pause-thread").click()
+    expect(long_row.get_by_test_id("schedule-next")).not_to_contain_text(
+        "paused", timeout=WAIT_MS)
+    expect(tick_row.get_by_test_id("schedule-counts")).not_to_contain_text(
+        "0 runs", timeout=WAIT_MS)
+    assert pane.errors == []

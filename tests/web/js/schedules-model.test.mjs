@@ -2,7 +2,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { cancelScheduleQuestion, mergeSchedule, recurrenceText } from "../../../web/schedules-model.js";
+import {
+  cancelScheduleQuestion, mergeSchedule, nextFireView, periodText, recurrenceText,
+} from "../../../web/schedules-model.js";
 
 const sch = (id, second, extra = {}) => ({
   id,
@@ -24,6 +26,34 @@ test("how a schedule recurs, in words", () => {
   assert.equal(recurrenceText(sch("a", 1, { everySeconds: 5 })), "every 5s");
   assert.equal(recurrenceText(sch("a", 1, { everySeconds: 2.5 })), "every 2.5s");
   assert.equal(recurrenceText(sch("a", 1, { cron: "* * * * *" })), "cron * * * * * (UTC)");
+  // No part of a period is dropped: seconds stay beside hours.
+  assert.equal(recurrenceText(sch("a", 1, { everySeconds: 90061 })), "every 25h 1m 1s");
+});
+
+test("periods in hours, minutes and seconds, exactly", () => {
+  assert.equal(periodText(3600), "1h");
+  assert.equal(periodText(3601), "1h 1s");
+  assert.equal(periodText(60), "1m");
+  assert.equal(periodText(86400 * 2), "48h");
+  assert.equal(periodText(1.25), "1.25s");
+  assert.equal(periodText(0), "0s");
+});
+
+test("the next fire time never reads 'next … ago' and says when the thread is paused", () => {
+  const now = Date.parse("2026-11-30T12:00:00Z");
+  const past = sch("a", 1, { nextFireAt: "2026-11-30T11:59:51Z" });
+  const future = sch("a", 1, { nextFireAt: "2026-11-30T12:05:00Z" });
+  assert.deepEqual([nextFireView(past, now, false).kind, nextFireView(past, now, false).text],
+    ["due", "due now"]);
+  assert.deepEqual([nextFireView(past, now, true).kind, nextFireView(past, now, true).text],
+    ["held", "due · held: thread paused"]);
+  assert.equal(nextFireView(future, now, false).text, "next in 5m");
+  assert.equal(nextFireView(future, now, true).text, "next in 5m · thread paused");
+  assert.equal(nextFireView({ ...future, state: "paused", nextFireAt: null }, now, true).text, "paused");
+  assert.equal(nextFireView({ ...future, nextFireAt: null }, now, false).text, "never again");
+  for (const paused of [false, true]) {
+    assert.ok(!nextFireView(past, now, paused).text.includes("ago"));
+  }
 });
 
 test("frames add, update and remove schedules, oldest first", () => {
