@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
@@ -152,23 +152,38 @@ _NEWEST_FINISHED = (
 
 
 def redact_url(url: str) -> str:
-    """The database URL without its password (for messages and logs)."""
+    """The database URL without its passwords (for messages and logs).
+
+    Both the ``user:password@`` part and any ``password=`` query parameter become ``***``.
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable database URL>"
-    if parts.password is None:
+    if parts.password is not None:
+        head, sep, rest = url.partition("//")
+        userinfo, at, after = rest.partition("@")
+        user = userinfo.split(":", 1)[0]
+        url = f"{head}{sep}{user}:***{at}{after}"
+    base, question, query = url.partition("?")
+    if not question:
         return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+    query, hash_, fragment = query.partition("#")
+    pairs = [
+        f"{kv.split('=', 1)[0]}=***" if kv.split("=", 1)[0].lower() == "password" else kv
+        for kv in query.split("&")
+    ]
+    return f"{base}?{'&'.join(pairs)}{hash_}{fragment}"
 
 
 def split_schema(url: str) -> tuple[str, str | None]:
     """``(url without its schema parameter, the schema or None)``.
 
+    The rest of the URL is kept as written (``postgresql:///db?host=...`` stays so).
+
     Raises:
-        ValueError: the URL is not a ``postgresql://`` or ``postgres://`` URL.
+        ValueError: the URL is not a ``postgresql://`` or ``postgres://`` URL, or its
+            ``schema`` parameter is empty or given more than once.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
@@ -176,10 +191,25 @@ def split_schema(url: str) -> tuple[str, str | None]:
             f"Invalid database URL {redact_url(url)!r}: must begin with postgresql:// "
             f"(postgresql://user@host:5432/dbname)"
         )
-    query = [kv for kv in parts.query.split("&") if kv]
-    schemas = [kv.split("=", 1)[1] for kv in query if kv.startswith("schema=")]
-    rest = "&".join(kv for kv in query if not kv.startswith("schema="))
-    return urlunsplit(parts._replace(query=rest)), (schemas[-1] if schemas else None)
+    base, question, query = url.partition("?")
+    if not question:
+        return url, None
+    query, hash_, fragment = query.partition("#")
+    pairs = [kv for kv in query.split("&") if kv]
+    schemas = [kv.partition("=")[2] for kv in pairs if kv.partition("=")[0] == "schema"]
+    if len(schemas) > 1:
+        raise ValueError(
+            f"Invalid database URL {redact_url(url)!r}: the schema parameter is given "
+            f"{len(schemas)} times; give it once"
+        )
+    if schemas and not schemas[0]:
+        raise ValueError(
+            f"Invalid database URL {redact_url(url)!r}: the schema parameter is empty; "
+            f"give a schema name matching [a-z_][a-z0-9_]* or leave the parameter out"
+        )
+    rest = "&".join(kv for kv in pairs if kv.partition("=")[0] != "schema")
+    kept = f"{base}?{rest}" if rest else base
+    return f"{kept}{hash_}{fragment}", (schemas[0] if schemas else None)
 
 
 def _sweep_due(swept_at: float | None, now: float) -> bool:
@@ -1490,7 +1520,8 @@ class PostgresBackend(StorageBackend):
         connect_timeout: float = 10.0,
     ) -> None:
         url, from_url = split_schema(url)
-        schema = schema or from_url or "public"
+        if schema is None:
+            schema = from_url or "public"
         if not _SCHEMA_RE.fullmatch(schema):
             raise ValueError(
                 f"Invalid PostgreSQL schema name {schema!r}: must match [a-z_][a-z0-9_]* "
@@ -1614,11 +1645,17 @@ class PostgresBackend(StorageBackend):
                 version = 0
                 if exists is not None and exists[0]:
                     row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-                    version = int(row[0]) if row is not None and row[0] is not None else 0
-                    if version == 0:
+                    if row is None or row[0] is None:
                         raise RuntimeStorageError(
                             f"{where}: its schema_version table is empty; restore it from "
                             f"a backup, or drop the schema to start empty"
+                        )
+                    version = int(row[0])
+                    if version < 1:
+                        raise RuntimeStorageError(
+                            f"{where}: its schema_version table holds version {version}; "
+                            f"versions start at 1: restore it from a backup, or drop the "
+                            f"schema to start empty"
                         )
                 if version > SCHEMA_VERSION:
                     raise RuntimeStorageError(
