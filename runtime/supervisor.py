@@ -61,7 +61,12 @@ from runtime.errors import (
     ThreadStorageError,
 )
 from runtime.events import RunChange
-from runtime.executor import IN_EFFECT, EffectExecutor
+from runtime.executor import (
+    IN_EFFECT,
+    RETRY_FIRST_SECONDS,
+    RETRY_MAX_SECONDS,
+    EffectExecutor,
+)
 from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
@@ -291,6 +296,9 @@ class Runtime:
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
+        # Threads whose drain failed on a storage error: the next delay, the pending retry.
+        self._drain_retry_delay: dict[str, float] = {}
+        self._drain_retries: dict[str, asyncio.TimerHandle] = {}
         self._closing_started = asyncio.Event()
         # Set once the stores start closing: a store call that fails from then on failed
         # because of the shutdown, and raises RuntimeClosed.
@@ -474,6 +482,9 @@ class Runtime:
                 await self._rebuild
             self._rebuild = None
         assert self._store is not None
+        for handle in self._drain_retries.values():
+            handle.cancel()
+        self._drain_retries.clear()
         self.alarms.stop_timer()
         grace = self.settings.shutdown_grace_seconds
         running = [
@@ -982,10 +993,29 @@ class Runtime:
             if self.actors.lifecycle(thread_id) is ThreadLifecycle.CLOSED:
                 await self.alarms.drop(thread_id)
         except ThreadStorageError as exc:
-            # One bad store never stops the others: log, and leave the alarm row so the
-            # thread's runs are tried again after it is repaired and the runtime restarted.
-            log.error("thread %s cannot run its effects: %s", thread_id, exc)
+            # One bad store never stops the others. The alarm row stays, and the drain is
+            # tried again with backoff (1 s doubling to 30 s): a database that blinked
+            # delays the thread's runs, a broken store does not spin.
+            delay = self._drain_retry_delay.get(thread_id, RETRY_FIRST_SECONDS)
+            self._drain_retry_delay[thread_id] = min(delay * 2, RETRY_MAX_SECONDS)
+            log.error("thread %s cannot run its effects (retrying in %.0f s): %s",
+                      thread_id, delay, exc)
+            self._retry_drain_later(thread_id, delay)
+            return False
+        self._drain_retry_delay.pop(thread_id, None)
         return False
+
+    def _retry_drain_later(self, thread_id: str, delay: float) -> None:
+        old = self._drain_retries.pop(thread_id, None)
+        if old is not None:
+            old.cancel()
+
+        def fire() -> None:
+            self._drain_retries.pop(thread_id, None)
+            if not self._closing:
+                self.dispatcher.wake(thread_id)
+
+        self._drain_retries[thread_id] = asyncio.get_running_loop().call_later(delay, fire)
 
     async def _recovered(self, actor: ThreadActor, runs: list[EffectRun]) -> None:
         for run in runs:

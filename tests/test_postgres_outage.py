@@ -1,0 +1,135 @@
+"""A database outage as a user sees it: runs wait, then go on; nothing runs twice.
+
+The runtime talks to PostgreSQL through a small TCP proxy that the test stops (every
+connection cut, new ones refused) and starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from runtime import EffectStatus, ThreadState
+from tests.conftest import release, serve_api
+
+APP = Path(__file__).parent / "apps" / "scheduling"
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to the PostgreSQL server; `stop` cuts everything."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port: int = probe.getsockname()[1]
+        probe.close()
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._guard = threading.Lock()
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with self._guard:
+            socks, self._open = list(self._open), set()
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._guard:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._open.update((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+async def wait_for(thread: ThreadState, run_id: str, status: EffectStatus,
+                   seconds: float = 120) -> None:
+    """Wait (bounded, a hang guard) until the run has ``status``."""
+    for _ in range(int(seconds / 0.05)):
+        with contextlib.suppress(Exception):  # the database may still be down
+            if (await thread.get_run(run_id)).status is status:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} never became {status}")
+
+
+async def test_a_thread_goes_on_after_a_database_outage_and_runs_nothing_twice(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    assert url != pg_url
+    caplog.set_level(logging.ERROR)
+    try:
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
+            tid = await api.new_thread()
+            thread = await api.rt.get_thread(tid)
+            in_flight = await api.schedule(tid, "hold", {"key": "outage"})
+            await wait_for(thread, in_flight, EffectStatus.RUNNING)
+            behind = await api.schedule(tid, "ping")
+            # The database goes away for longer than the pool waits (10 s); the run in
+            # flight ends meanwhile, so its outcome cannot be written.
+            proxy.stop()
+            release(api.rt, "outage")
+            for _ in range(400):
+                if "cannot run its effects (retrying" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            assert "cannot run its effects (retrying" in caplog.text
+            proxy.start()
+            await wait_for(thread, in_flight, EffectStatus.COMPLETED)
+            await wait_for(thread, behind, EffectStatus.COMPLETED)
+            # Recorded from memory, never executed again.
+            assert (await api.run(tid, in_flight))["attempts"] == 1
+            hold_log = (tmp_path / "data" / "hold.log").read_text().splitlines()
+            assert hold_log.count("outage started") == 1
+            # New runs on the thread start too.
+            later = await api.schedule(tid, "ping")
+            await wait_for(thread, later, EffectStatus.COMPLETED)
+    finally:
+        proxy.stop()
