@@ -13,9 +13,10 @@ import socket
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from runtime import EffectStatus, ThreadState
+from runtime import EffectStatus, Runtime, ThreadState, ThreadStorageError
 from tests.conftest import release, serve_api
 
 APP = Path(__file__).parent / "apps" / "scheduling"
@@ -133,3 +134,35 @@ async def test_a_thread_goes_on_after_a_database_outage_and_runs_nothing_twice(
             await wait_for(thread, later, EffectStatus.COMPLETED)
     finally:
         proxy.stop()
+
+
+async def test_a_message_the_database_refuses_leaves_no_turn_to_resume(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from runtime.storage.postgres import split_schema
+    from runtime.testing import override_model
+    from runtime.turns import load_turns
+    from tests.test_turns import APP as TURNS_APP
+    from tests.test_turns import Script, text
+
+    url, schema = split_schema(pg_url)
+    async with Runtime(app_dir=TURNS_APP, data_dir=tmp_path, database_url=pg_url,
+                       load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        # The database refuses this one message (as it would refuse any failing write).
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {schema}.messages ADD CONSTRAINT refuse_one "
+                         f"CHECK (content <> 'refused by the database')")
+        with override_model(rt, Script(text("never")).model), pytest.raises(ThreadStorageError):
+            await thread.send_message("refused by the database")
+        assert await load_turns(rt, "t") == {}
+        with override_model(rt, Script(text("hello back")).model):
+            result = await thread.send_message("hello")
+        assert result.reply is not None and result.reply.content == "hello back"
+    # Nothing is resumed at the next start.
+    async with Runtime(app_dir=TURNS_APP, data_dir=tmp_path, database_url=pg_url,
+                       load_packages=False) as rt:
+        turns = await load_turns(rt, "t")
+        assert [row.status for row in turns.values()] == ["succeeded"]
+        messages = (await (await rt.get_thread("t")).get_messages()).messages
+        assert [m.content for m in messages] == ["hello", "hello back"]
