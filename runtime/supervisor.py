@@ -57,6 +57,7 @@ from runtime.errors import (
     InvalidArgument,
     InvalidThreadId,
     RuntimeClosed,
+    RuntimeStorageError,
     ThreadNotFound,
     ThreadStorageError,
 )
@@ -99,6 +100,8 @@ log = logging.getLogger("runtime")
 T = TypeVar("T")
 
 _STORAGE_THREADS = 16
+LOCK_RECHECK_SECONDS = 2.0
+"""While the backend reports a lock problem, a due thread is looked at again this often."""
 """OS threads for store calls. Measured with bench/bench_effects.py (2 cores, FULL): 16
 gave lag p99 88 ms and loop stalls of 13 ms where 32 gave 199 ms and 25 ms; more threads
 mostly add GIL contention, fewer leave the disk's parallel fsyncs unused."""
@@ -565,6 +568,9 @@ class Runtime:
         if self._closing:
             raise RuntimeClosed("The runtime is shutting down")
         assert self._store is not None
+        problem = self.storage.lock_problem()
+        if problem is not None:
+            raise RuntimeStorageError(problem)
         await self.run_sync(self._store.list_threads, 1, None)
 
     async def _drain_extension(self, extension: Extension, grace: float) -> None:
@@ -983,6 +989,10 @@ class Runtime:
 
     async def _drain(self, thread_id: str) -> bool:
         """Drain one thread for the dispatcher; True to be woken again."""
+        if self.storage.lock_problem() is not None:
+            # Another process may hold the threads now: start nothing, look again later.
+            self._retry_drain_later(thread_id, LOCK_RECHECK_SECONDS)
+            return False
         try:
             async with self.actors.use(thread_id) as actor:
                 return await self.executor.drain(actor)

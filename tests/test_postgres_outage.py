@@ -166,3 +166,53 @@ async def test_a_message_the_database_refuses_leaves_no_turn_to_resume(
         assert [row.status for row in turns.values()] == ["succeeded"]
         messages = (await (await rt.get_thread("t")).get_messages()).messages
         assert [m.content for m in messages] == ["hello", "hello back"]
+
+
+async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_again(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.storage import postgres
+    from runtime.storage.postgres import PostgresBackend, split_schema
+
+    monkeypatch.setattr(postgres, "LOCK_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(postgres, "LOCK_RETRY_FIRST_SECONDS", 2.0)
+    caplog.set_level(logging.ERROR)
+    url, schema = split_schema(pg_url)
+    async with serve_api(tmp_path / "data", app_dir=APP, database_url=pg_url) as api:
+        tid = await api.new_thread()
+        thread = await api.rt.get_thread(tid)
+        first = await api.schedule(tid, "ping")
+        await wait_for(thread, first, EffectStatus.COMPLETED)
+        assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE application_name = %s", (f"thread-effects-lock:{schema}",))
+        # A second process takes the schema before this one reacquires it.
+        other = PostgresBackend(pg_url)
+        await asyncio.to_thread(other.open)
+        try:
+            for _ in range(400):  # a hang guard
+                health = (await api.client.get("/api/health")).json()
+                if health["databaseConnected"] is False:
+                    break
+                await asyncio.sleep(0.05)
+            assert health["databaseConnected"] is False
+            assert "connection holding its lock was lost" in caplog.text
+            for _ in range(400):
+                if "in use by another process" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            ready = await api.client.get("/api/ready")
+            assert ready.status_code == 503
+            assert "in use by another process" in ready.json()["error"]["message"]
+            # Runs are still accepted, but none starts while the other process holds it.
+            stopped = await api.schedule(tid, "ping")
+            await asyncio.sleep(1.5)
+            assert (await thread.get_run(stopped)).status is EffectStatus.PENDING
+        finally:
+            await asyncio.to_thread(other.close)
+        # The other process is gone: the lock is taken again and the run goes on.
+        await wait_for(thread, stopped, EffectStatus.COMPLETED, seconds=60)
+        assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
+        assert (await api.client.get("/api/ready")).status_code == 200

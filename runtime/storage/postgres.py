@@ -115,6 +115,13 @@ _INDEX_COMPLETE = "run_index_complete"
 LOCK_WAIT_SECONDS = 1.0
 """How long `PostgresBackend.open` retries the schema's lock before refusing."""
 
+LOCK_CHECK_SECONDS = 2.0
+"""How often the connection holding the schema's lock is checked (``SELECT 1``)."""
+
+LOCK_RETRY_FIRST_SECONDS = 1.0
+LOCK_RETRY_MAX_SECONDS = 30.0
+"""After the lock's connection is lost, reacquiring is tried after 1 s, doubling to 30 s."""
+
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
 store (as `runtime.storage.sqlite.SWEEP_SECONDS`)."""
@@ -1536,6 +1543,9 @@ class PostgresBackend(StorageBackend):
         self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._lock_conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._guard = threading.Lock()
+        # Set while this process does not hold the schema's lock after holding it.
+        self._lock_problem: str | None = None
+        self._watch_stop = threading.Event()
 
     @property
     def _lock_key(self) -> int:
@@ -1556,7 +1566,68 @@ class PostgresBackend(StorageBackend):
     def connection_held(self) -> bool:
         """Whether the backend is open and its lock's connection to the server is alive."""
         conn = self._lock_conn
-        return conn is not None and not conn.closed and not conn.broken
+        return (conn is not None and not conn.closed and not conn.broken
+                and self._lock_problem is None)
+
+    def lock_problem(self) -> str | None:
+        """Why this process must not start runs now (its schema lock was lost), or None."""
+        return self._lock_problem
+
+    def _watch_lock(self, stop: threading.Event, where: str) -> None:
+        """Check the lock's connection; when lost, reacquire the lock with backoff."""
+        import psycopg
+
+        delay = LOCK_RETRY_FIRST_SECONDS
+        while not stop.wait(LOCK_CHECK_SECONDS if self._lock_problem is None else delay):
+            conn = self._lock_conn
+            if conn is None:
+                return
+            if self._lock_problem is None:
+                try:
+                    conn.execute("SELECT 1")
+                    continue
+                except _db_error() as exc:
+                    if stop.is_set():
+                        return
+                    self._lock_problem = (
+                        f"{where}: the connection holding its lock was lost ({exc}); this "
+                        f"process starts no runs until it holds the lock again"
+                    )
+                    log.error("%s", self._lock_problem)
+                    delay = LOCK_RETRY_FIRST_SECONDS
+                    continue
+            try:
+                new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-lock"))
+            except _db_error():
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                continue
+            try:
+                row = new.execute(
+                    "SELECT pg_try_advisory_lock(%s)", (self._lock_key,)
+                ).fetchone()
+            except _db_error():
+                new.close()
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                continue
+            if row is None or not row[0]:
+                new.close()
+                problem = (f"{where} is in use by another process, which took its lock "
+                           f"after this process lost it; this process starts no runs")
+                if self._lock_problem != problem:
+                    log.error("%s", problem)
+                self._lock_problem = problem
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                continue
+            with self._guard:
+                old, self._lock_conn = self._lock_conn, new
+            if old is None or stop.is_set():  # closed meanwhile
+                self._lock_conn = None
+                new.close()
+                return
+            old.close()
+            self._lock_problem = None
+            delay = LOCK_RETRY_FIRST_SECONDS
+            log.warning("%s: the lock is held again; starting runs again", where)
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
@@ -1610,6 +1681,11 @@ class PostgresBackend(StorageBackend):
             if created:  # a new database: its (empty) index holds every run there is
                 store.set_run_index_complete(True)
             self._discard_orphans()
+            self._lock_problem = None
+            self._watch_stop = threading.Event()
+            threading.Thread(target=self._watch_lock, args=(self._watch_stop, where),
+                             name=f"thread-effects-lock-watch:{self.schema}",
+                             daemon=True).start()
         except BaseException as exc:
             self.close()
             if isinstance(exc, _db_error()):
@@ -1759,6 +1835,7 @@ class PostgresBackend(StorageBackend):
             self._remove_rows(c, thread_id)
 
     def close(self) -> None:  # noqa: D102
+        self._watch_stop.set()
         with self._guard:
             pool, self._pool = self._pool, None
             lock_conn, self._lock_conn = self._lock_conn, None
