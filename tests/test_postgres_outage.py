@@ -216,3 +216,42 @@ async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_agai
         await wait_for(thread, stopped, EffectStatus.COMPLETED, seconds=60)
         assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
         assert (await api.client.get("/api/ready")).status_code == 200
+
+
+async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_traceback(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.storage import postgres
+
+    monkeypatch.setattr(postgres, "LOCK_CHECK_SECONDS", 0.2)
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    caplog.set_level(logging.ERROR)
+    try:
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
+            tid = await api.new_thread()
+            proxy.stop()
+            for _ in range(400):  # a hang guard
+                if (await api.client.get("/api/health")).json()["databaseConnected"] is False:
+                    break
+                await asyncio.sleep(0.05)
+            ready = await api.client.get("/api/ready")
+            assert ready.status_code == 503
+            caplog.clear()
+            res = await api.client.get(f"/api/threads/{tid}/effects")
+            assert res.status_code == 503, res.text
+            assert res.json()["error"]["code"] == "database_unavailable"
+            listing = await api.client.get("/api/threads")
+            assert listing.status_code == 503, listing.text
+            assert listing.json()["error"]["code"] == "database_unavailable"
+            assert "Traceback" not in caplog.text
+            proxy.start()
+            for _ in range(600):  # a hang guard: back once the lock is held again
+                if (await api.client.get("/api/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await api.client.get(f"/api/threads/{tid}/effects")).status_code == 200
+    finally:
+        proxy.stop()

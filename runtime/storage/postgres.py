@@ -38,6 +38,7 @@ from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import (
+    DatabaseUnavailable,
     DataDirLocked,
     RuntimeClosed,
     RuntimeStorageError,
@@ -117,6 +118,10 @@ LOCK_WAIT_SECONDS = 1.0
 
 LOCK_CHECK_SECONDS = 2.0
 """How often the connection holding the schema's lock is checked (``SELECT 1``)."""
+
+UNAVAILABLE_WAIT_SECONDS = 2.0
+"""How long a call waits for a pooled connection while the server is known unreachable
+(the lock's connection was lost); otherwise it waits ``connect_timeout``."""
 
 LOCK_RETRY_FIRST_SECONDS = 1.0
 LOCK_RETRY_MAX_SECONDS = 30.0
@@ -439,10 +444,11 @@ class PostgresThreadStore(ThreadStore):
         try:
             with self._backend.transaction() as c:
                 return fn(c)
-        except (_db_error(), RuntimeClosed) as exc:
+        except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             self._swept_at = None
             raise ThreadStorageError(
-                self.thread_id, f"Thread {self.thread_id}: PostgreSQL failed: {exc}"
+                self.thread_id, f"Thread {self.thread_id}: PostgreSQL failed: {exc}",
+                unavailable=isinstance(exc, DatabaseUnavailable),
             ) from exc
 
     def _one(self, c: Cursor, sql: str, params: Sequence[Any]) -> EffectRun | None:
@@ -1640,9 +1646,26 @@ class PostgresBackend(StorageBackend):
         pool = self._pool
         if pool is None:
             raise RuntimeClosed(f"PostgreSQL backend {redact_url(self.url)} is not open")
-        with pool.connection(timeout=self.connect_timeout) as conn, conn.transaction(), \
-                conn.cursor() as cur:
-            yield cur
+        from psycopg_pool import PoolTimeout
+
+        # While the lock's connection is known lost, a call waits briefly for a connection.
+        wait = self.connect_timeout if self._lock_problem is None else min(
+            self.connect_timeout, UNAVAILABLE_WAIT_SECONDS)
+        try:
+            with pool.connection(timeout=wait) as conn:
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        yield cur
+                except _db_error() as exc:
+                    if conn.broken:
+                        raise DatabaseUnavailable(
+                            f"PostgreSQL database {redact_url(self.url)} cannot be reached: "
+                            f"{exc}") from exc
+                    raise
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL database {redact_url(self.url)} cannot be reached (no "
+                f"connection within {wait:g} s); try again later") from exc
 
     def open(self) -> PostgresRuntimeStore:  # noqa: D102 - contract in base
         import psycopg
@@ -1810,9 +1833,10 @@ class PostgresBackend(StorageBackend):
                     "SELECT 1 FROM thread_meta WHERE thread_id = %s AND key = 'thread_id'",
                     (thread_id,),
                 ).fetchone()
-        except (_db_error(), RuntimeClosed) as exc:
+        except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             raise ThreadStorageError(
-                thread_id, f"Thread {thread_id}: PostgreSQL failed: {exc}"
+                thread_id, f"Thread {thread_id}: PostgreSQL failed: {exc}",
+                unavailable=isinstance(exc, DatabaseUnavailable),
             ) from exc
         if version > SCHEMA_VERSION:
             raise ThreadStorageError(
