@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 
 from runtime.errors import (
     AgentNotFound,
+    DatabaseUnavailable,
     EffectNotFound,
     EffectsError,
     InvalidArgument,
@@ -57,7 +58,8 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         unknown thread, run, schedule, effect, agent or message, 409 for a wrong state (or
         a turn already running), 413 for args over the size limit, 422 for args that fail
         the schema, a bad delay or a bad recurring schedule (cron, timezone, every),
-        502 when the model failed a turn, 503 while the runtime is not running, else 500.
+        502 when the model failed a turn, 503 while the runtime is not running or the
+        database server cannot be reached, else 500.
     """
     if isinstance(exc, InvalidThreadId):
         return 400, "invalid_thread_id"
@@ -81,6 +83,10 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return 422, "invalid_delay"
     if isinstance(exc, InvalidSchedule):
         return 422, "invalid_schedule"
+    if isinstance(exc, DatabaseUnavailable) or (
+        isinstance(exc, ThreadStorageError) and exc.unavailable
+    ):
+        return 503, "database_unavailable"
     if isinstance(exc, ThreadStorageError):
         return 500, "thread_storage_error"
     if isinstance(exc, RuntimeClosed):

@@ -32,7 +32,7 @@ from runtime.config import MAX_ATTEMPTS, RetentionPolicy
 from runtime.effects import EffectRun
 from runtime.errors import ThreadExists, ThreadNotFound
 from runtime.ids import validate_thread_id
-from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
+from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 from runtime.storage.records import process_owner_prefix
 
 log = logging.getLogger("runtime")
@@ -72,6 +72,9 @@ class ThreadActor:
         lock: Held around each store transaction (never while effect code runs), so
             effect code may schedule on its own thread without deadlocking.
         current_run: The run it executes now, if any.
+        unrecorded: The outcome of its last in-line run that the store failed to record
+            (the database was unreachable): the next drain records it first, and the
+            run is never executed again.
         effect_task: The task running that effect's code, if any.
         immediate_runs: ``(window_start, count)``: immediate runs (delay under 1 s) its
             effects scheduled in the current one-second window (the runaway guard, `runtime.runs`).
@@ -90,6 +93,7 @@ class ThreadActor:
         self.store = store
         self.lock = asyncio.Lock()
         self.current_run: EffectRun | None = None
+        self.unrecorded: Finish | None = None
         self.effect_task: asyncio.Task[None] | None = None
         self.immediate_runs: tuple[float, int] = (0.0, 0)
         self.side_runs: dict[str, EffectRun] = {}
@@ -107,7 +111,8 @@ class ThreadActor:
     @property
     def busy(self) -> bool:
         """Whether the actor is running effects or holds its lock (not evictable)."""
-        return self.current_run is not None or self.lock.locked() or bool(self.side_runs)
+        return (self.current_run is not None or self.unrecorded is not None
+                or self.lock.locked() or bool(self.side_runs))
 
 
 @dataclass

@@ -104,8 +104,10 @@ class ThreadStorageError(EffectsError):
     Only that thread is affected; every other thread keeps running.
     """
 
-    def __init__(self, thread_id: str, message: str) -> None:
+    def __init__(self, thread_id: str, message: str, *, unavailable: bool = False) -> None:
         self.thread_id = thread_id
+        self.unavailable = unavailable
+        """The database server could not be reached (nothing is wrong with the thread)."""
         super().__init__(message)
 
 
@@ -271,6 +273,10 @@ class ModelNotAvailable(EffectsError):
 
 class RuntimeStorageError(EffectsError):
     """The runtime database (``runtime.sqlite``) is unusable, so the runtime cannot start."""
+
+
+class DatabaseUnavailable(RuntimeStorageError):
+    """The database server (PostgreSQL) cannot be reached now; try again later (HTTP 503)."""
 
 
 class EffectKeyBusy(EffectsError):

@@ -44,6 +44,10 @@ from runtime.watchdog import describe_tool
 log = logging.getLogger("runtime")
 
 DRAIN_BATCH = 100
+# A drain (or the recording of a concurrent run's outcome) that failed on a storage error
+# is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
+RETRY_FIRST_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
 """Runs a worker executes for one thread before letting other due threads go first."""
 
 MAX_ERROR_CHARS = 8192
@@ -146,7 +150,8 @@ class EffectExecutor:
             ThreadStorageError: the thread's store failed.
         """
         thread_id = actor.thread_id
-        finish: Finish | None = None
+        # An outcome a previous drain could not record (the store failed) goes first.
+        finish: Finish | None = actor.unrecorded
         done = 0
         beside = bool(self._concurrent_names())  # the app has concurrent effects
         while True:
@@ -158,19 +163,25 @@ class EffectExecutor:
                 # wakes it (`runtime.Runtime.resume_thread`).
                 paused = actor.info.paused
                 stop = stopping or paused or done >= DRAIN_BATCH
-                if not stop:
-                    finish = await self._fire_schedules(actor, finish)
-                    if actor.deleted:
-                        return False
-                finished, claimed, next_due = await self._run_sync(
-                    partial(
-                        actor.store.finish_and_claim,
-                        claim=not stop,
-                        retention=self._retention,
-                    ),
-                    finish,
-                    self._now(),
-                )
+                try:
+                    if not stop:
+                        finish = await self._fire_schedules(actor, finish)
+                        if actor.deleted:
+                            return False
+                    finished, claimed, next_due = await self._run_sync(
+                        partial(
+                            actor.store.finish_and_claim,
+                            claim=not stop,
+                            retention=self._retention,
+                        ),
+                        finish,
+                        self._now(),
+                    )
+                except ThreadStorageError:
+                    # Kept in memory: recorded by the next drain, never run again.
+                    actor.unrecorded = finish
+                    raise
+                actor.unrecorded = None
                 actor.current_run = claimed
                 if actor.deleted:
                     actor.current_run = None
@@ -347,21 +358,32 @@ class EffectExecutor:
                                 self._now())
             if finish is None:  # interrupted: deletion or shutdown
                 return
-            async with actor.lock:
-                if actor.deleted:
-                    return
-                try:
-                    finished, _, _ = await self._run_sync(
-                        partial(actor.store.finish_and_claim, claim=False,
-                                retention=self._retention),
-                        finish,
-                        self._now(),
-                    )
-                except ThreadStorageError as exc:
-                    log.error("run %s of thread %s: outcome not recorded: %s",
-                              run.id, actor.thread_id, exc)
-                    return
-                actor.side_runs.pop(run.id, None)
+            delay = RETRY_FIRST_SECONDS
+            while True:
+                async with actor.lock:
+                    if actor.deleted:
+                        return
+                    try:
+                        finished, _, _ = await self._run_sync(
+                            partial(actor.store.finish_and_claim, claim=False,
+                                    retention=self._retention),
+                            finish,
+                            self._now(),
+                        )
+                    except ThreadStorageError as exc:
+                        if self._stopping():
+                            log.error("run %s of thread %s: outcome not recorded: %s",
+                                      run.id, actor.thread_id, exc)
+                            return
+                        # Kept in memory and written when the store answers again: the
+                        # run is never executed twice because the database blinked.
+                        log.error("run %s of thread %s: outcome not recorded yet, retrying "
+                                  "in %.0f s: %s", run.id, actor.thread_id, delay, exc)
+                    else:
+                        actor.side_runs.pop(run.id, None)
+                        break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
             if finished is not None:
                 self._hub.publish(_change_of(finished), finished)
             if not actor.side_runs and self._wake is not None:

@@ -141,6 +141,12 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                 "database URL must begin with postgresql:// "
                 "(postgresql://user@host:5432/dbname)"
             )
+        from runtime.storage.postgres import PostgresBackend
+
+        try:  # checks the schema parameter now: one line, no traceback
+            PostgresBackend(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         return text
 
     p = _Parser(prog=prog, description=DESCRIPTION)

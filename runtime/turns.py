@@ -523,6 +523,23 @@ async def _save_turn(rt: Runtime, thread_id: str, row: TurnRow,
         await rt.run_sync(actor.store.set_meta, TURNS_META, text)
 
 
+async def _undo_turn(rt: Runtime, thread_id: str, run_id: str, prior: TurnRow | None) -> None:
+    """Put the turn's row back as it was (gone if it was new); logged if that fails too."""
+    try:
+        rows = await load_turns(rt, thread_id)
+        if prior is None:
+            rows.pop(run_id, None)
+        else:
+            rows[run_id] = prior
+        text = json.dumps({r.run_id: r.stored() for r in rows.values()})
+        async with rt.actors.writing(thread_id) as actor:
+            await rt.run_sync(actor.store.set_meta, TURNS_META, text)
+    except Exception as exc:
+        log.error("turn %s of thread %s: its message was not stored and its turn row "
+                  "could not be removed either (it is resumed at the next start): %s",
+                  run_id, thread_id, exc)
+
+
 # ------------------------------------------------------------------- the turn
 
 
@@ -617,6 +634,7 @@ async def _run_turn(
             # A finished turn: its stored answer, nothing runs again.
             return _answer(run_id, [m for m in stored if m.run_id == run_id])
         now = rt.clock.now()
+        prior = row
         if row is None:
             row = TurnRow(run_id, content, TurnStatus.RUNNING, 1, None, now, now)
         else:
@@ -630,7 +648,12 @@ async def _run_turn(
                 created_at_ts=rt.clock.now(), run_id=run_id,
             )
             user = await _hooks.before_create_message(before, turn_state, user)
-            await _store(rt, tid, [user])
+            try:
+                await _store(rt, tid, [user])
+            except Exception:
+                # The message was not stored: neither is its turn (no turn to resume).
+                await _undo_turn(rt, tid, run_id, prior)
+                raise
             await _hooks.after_create_message(after, turn_state, user)
             stored.append(user)
             index = len(stored) - 1

@@ -103,3 +103,65 @@ def test_connections_the_server_ended_are_replaced_without_failing_a_call(pg_url
     finally:
         rtdb.close()
         backend.close()
+
+
+def test_password_query_parameters_are_redacted_too() -> None:
+    assert redact_url("postgresql://h/db?user=u&password=s3cret&sslmode=disable") == (
+        "postgresql://h/db?user=u&password=***&sslmode=disable"
+    )
+    assert "s3cret" not in redact_url("postgresql://u:pw@h/db?PASSWORD=s3cret")
+    assert "pw" not in redact_url("postgresql://u:pw@h/db?PASSWORD=s3cret").split("@")[0][6:]
+
+
+def test_a_url_without_a_host_part_is_kept_intact_when_the_schema_is_taken_off() -> None:
+    assert split_schema("postgresql:///db?host=127.0.0.1&user=postgres&schema=app1") == (
+        "postgresql:///db?host=127.0.0.1&user=postgres", "app1"
+    )
+    assert split_schema("postgresql:///db?schema=app1") == ("postgresql:///db", "app1")
+    assert split_schema("postgresql:///db?host=/run/x") == ("postgresql:///db?host=/run/x", None)
+
+
+@pytest.mark.parametrize("query", ["schema=Mixed", "schema=a;drop"])
+def test_an_invalid_schema_name_is_refused_naming_the_rule(query: str) -> None:
+    with pytest.raises(ValueError, match=r"must match \[a-z_\]\[a-z0-9_\]\*"):
+        PostgresBackend(f"postgresql://h/db?{query}")
+
+
+def test_an_empty_or_repeated_schema_parameter_is_refused() -> None:
+    with pytest.raises(ValueError, match="schema parameter is empty"):
+        PostgresBackend("postgresql://h/db?schema=")
+    with pytest.raises(ValueError, match="given 2 times"):
+        PostgresBackend("postgresql://h/db?schema=a&schema=b")
+    with pytest.raises(ValueError, match="Invalid PostgreSQL schema name ''"):
+        PostgresBackend("postgresql://h/db", schema="")
+
+
+def test_the_server_refuses_a_bad_schema_in_one_line() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "server.py", "--database-url", "postgresql://h/db?schema=a;drop"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "[a-z_][a-z0-9_]*" in proc.stderr
+
+
+def test_a_schema_version_of_zero_is_reported_as_such(pg_url: str) -> None:
+    url, _ = split_schema(pg_url)
+    name = "zero_version"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        conn.execute(f"CREATE SCHEMA {name}")
+        conn.execute(f"CREATE TABLE {name}.schema_version (version integer)")
+        conn.execute(f"INSERT INTO {name}.schema_version VALUES (0)")
+    backend = PostgresBackend(url, schema=name)
+    try:
+        with pytest.raises(RuntimeStorageError, match="holds version 0"):
+            backend.open()
+    finally:
+        backend.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import sqlite3
 import threading
@@ -868,3 +869,27 @@ async def test_the_storage_pool_skips_a_call_cancelled_before_it_started() -> No
             await pool.submit(loop, divmod, (1, 0))
     finally:
         pool.shutdown()
+
+
+async def test_a_corrupt_thread_is_retried_with_backoff_not_in_a_hot_loop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        bad = await rt.create_thread("bad")
+        await bad.schedule_effect("record", {"key": "never"}, delay=0.2)
+    (tmp_path / "threads" / "bad.sqlite").write_bytes(b"this is not a database" * 100)
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / "threads" / f"bad.sqlite{suffix}").unlink(missing_ok=True)
+    caplog.set_level(logging.ERROR)
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        for _ in range(400):  # a hang guard
+            if "(retrying in 2 s)" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+        tries = caplog.text.count("thread bad cannot run its effects")
+        assert "(retrying in 1 s)" in caplog.text and "(retrying in 2 s)" in caplog.text
+        assert tries == 2, caplog.text  # the first try and one retry: no hot loop
+        good = await rt.create_thread("good")
+        run_id = await good.schedule_effect("record", {"key": "fine"})
+        await rt.wait_idle()
+        assert (await good.get_run(run_id)).status is EffectStatus.COMPLETED

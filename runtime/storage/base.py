@@ -936,6 +936,15 @@ class StorageBackend(ABC):
         """
         return None
 
+    def lock_problem(self) -> str | None:
+        """Why this process must not start runs or turns now, or None (it may).
+
+        A backend shared by processes says so when it lost the exclusive hold it had at
+        `open` (PostgreSQL: the schema's lock); the runtime then starts nothing until the
+        backend holds it again.
+        """
+        return None
+
     @abstractmethod
     def open(self) -> RuntimeStore:
         """Take exclusive use of the backend and return the runtime store (registry + alarms).

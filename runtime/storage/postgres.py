@@ -32,12 +32,13 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
 from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
 from runtime.errors import (
+    DatabaseUnavailable,
     DataDirLocked,
     RuntimeClosed,
     RuntimeStorageError,
@@ -115,6 +116,17 @@ _INDEX_COMPLETE = "run_index_complete"
 LOCK_WAIT_SECONDS = 1.0
 """How long `PostgresBackend.open` retries the schema's lock before refusing."""
 
+LOCK_CHECK_SECONDS = 2.0
+"""How often the connection holding the schema's lock is checked (``SELECT 1``)."""
+
+UNAVAILABLE_WAIT_SECONDS = 2.0
+"""How long a call waits for a pooled connection while the server is known unreachable
+(the lock's connection was lost); otherwise it waits ``connect_timeout``."""
+
+LOCK_RETRY_FIRST_SECONDS = 1.0
+LOCK_RETRY_MAX_SECONDS = 30.0
+"""After the lock's connection is lost, reacquiring is tried after 1 s, doubling to 30 s."""
+
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
 store (as `runtime.storage.sqlite.SWEEP_SECONDS`)."""
@@ -152,23 +164,38 @@ _NEWEST_FINISHED = (
 
 
 def redact_url(url: str) -> str:
-    """The database URL without its password (for messages and logs)."""
+    """The database URL without its passwords (for messages and logs).
+
+    Both the ``user:password@`` part and any ``password=`` query parameter become ``***``.
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable database URL>"
-    if parts.password is None:
+    if parts.password is not None:
+        head, sep, rest = url.partition("//")
+        userinfo, at, after = rest.partition("@")
+        user = userinfo.split(":", 1)[0]
+        url = f"{head}{sep}{user}:***{at}{after}"
+    base, question, query = url.partition("?")
+    if not question:
         return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+    query, hash_, fragment = query.partition("#")
+    pairs = [
+        f"{kv.split('=', 1)[0]}=***" if kv.split("=", 1)[0].lower() == "password" else kv
+        for kv in query.split("&")
+    ]
+    return f"{base}?{'&'.join(pairs)}{hash_}{fragment}"
 
 
 def split_schema(url: str) -> tuple[str, str | None]:
     """``(url without its schema parameter, the schema or None)``.
 
+    The rest of the URL is kept as written (``postgresql:///db?host=...`` stays so).
+
     Raises:
-        ValueError: the URL is not a ``postgresql://`` or ``postgres://`` URL.
+        ValueError: the URL is not a ``postgresql://`` or ``postgres://`` URL, or its
+            ``schema`` parameter is empty or given more than once.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
@@ -176,10 +203,25 @@ def split_schema(url: str) -> tuple[str, str | None]:
             f"Invalid database URL {redact_url(url)!r}: must begin with postgresql:// "
             f"(postgresql://user@host:5432/dbname)"
         )
-    query = [kv for kv in parts.query.split("&") if kv]
-    schemas = [kv.split("=", 1)[1] for kv in query if kv.startswith("schema=")]
-    rest = "&".join(kv for kv in query if not kv.startswith("schema="))
-    return urlunsplit(parts._replace(query=rest)), (schemas[-1] if schemas else None)
+    base, question, query = url.partition("?")
+    if not question:
+        return url, None
+    query, hash_, fragment = query.partition("#")
+    pairs = [kv for kv in query.split("&") if kv]
+    schemas = [kv.partition("=")[2] for kv in pairs if kv.partition("=")[0] == "schema"]
+    if len(schemas) > 1:
+        raise ValueError(
+            f"Invalid database URL {redact_url(url)!r}: the schema parameter is given "
+            f"{len(schemas)} times; give it once"
+        )
+    if schemas and not schemas[0]:
+        raise ValueError(
+            f"Invalid database URL {redact_url(url)!r}: the schema parameter is empty; "
+            f"give a schema name matching [a-z_][a-z0-9_]* or leave the parameter out"
+        )
+    rest = "&".join(kv for kv in pairs if kv.partition("=")[0] != "schema")
+    kept = f"{base}?{rest}" if rest else base
+    return f"{kept}{hash_}{fragment}", (schemas[0] if schemas else None)
 
 
 def _sweep_due(swept_at: float | None, now: float) -> bool:
@@ -402,10 +444,11 @@ class PostgresThreadStore(ThreadStore):
         try:
             with self._backend.transaction() as c:
                 return fn(c)
-        except (_db_error(), RuntimeClosed) as exc:
+        except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             self._swept_at = None
             raise ThreadStorageError(
-                self.thread_id, f"Thread {self.thread_id}: PostgreSQL failed: {exc}"
+                self.thread_id, f"Thread {self.thread_id}: PostgreSQL failed: {exc}",
+                unavailable=isinstance(exc, DatabaseUnavailable),
             ) from exc
 
     def _one(self, c: Cursor, sql: str, params: Sequence[Any]) -> EffectRun | None:
@@ -1490,7 +1533,8 @@ class PostgresBackend(StorageBackend):
         connect_timeout: float = 10.0,
     ) -> None:
         url, from_url = split_schema(url)
-        schema = schema or from_url or "public"
+        if schema is None:
+            schema = from_url or "public"
         if not _SCHEMA_RE.fullmatch(schema):
             raise ValueError(
                 f"Invalid PostgreSQL schema name {schema!r}: must match [a-z_][a-z0-9_]* "
@@ -1505,6 +1549,9 @@ class PostgresBackend(StorageBackend):
         self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._lock_conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._guard = threading.Lock()
+        # Set while this process does not hold the schema's lock after holding it.
+        self._lock_problem: str | None = None
+        self._watch_stop = threading.Event()
 
     @property
     def _lock_key(self) -> int:
@@ -1525,7 +1572,68 @@ class PostgresBackend(StorageBackend):
     def connection_held(self) -> bool:
         """Whether the backend is open and its lock's connection to the server is alive."""
         conn = self._lock_conn
-        return conn is not None and not conn.closed and not conn.broken
+        return (conn is not None and not conn.closed and not conn.broken
+                and self._lock_problem is None)
+
+    def lock_problem(self) -> str | None:
+        """Why this process must not start runs now (its schema lock was lost), or None."""
+        return self._lock_problem
+
+    def _watch_lock(self, stop: threading.Event, where: str) -> None:
+        """Check the lock's connection; when lost, reacquire the lock with backoff."""
+        import psycopg
+
+        delay = LOCK_RETRY_FIRST_SECONDS
+        while not stop.wait(LOCK_CHECK_SECONDS if self._lock_problem is None else delay):
+            conn = self._lock_conn
+            if conn is None:
+                return
+            if self._lock_problem is None:
+                try:
+                    conn.execute("SELECT 1")
+                    continue
+                except _db_error() as exc:
+                    if stop.is_set():
+                        return
+                    self._lock_problem = (
+                        f"{where}: the connection holding its lock was lost ({exc}); this "
+                        f"process starts no runs until it holds the lock again"
+                    )
+                    log.error("%s", self._lock_problem)
+                    delay = LOCK_RETRY_FIRST_SECONDS
+                    continue
+            try:
+                new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-lock"))
+            except _db_error():
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                continue
+            try:
+                row = new.execute(
+                    "SELECT pg_try_advisory_lock(%s)", (self._lock_key,)
+                ).fetchone()
+            except _db_error():
+                new.close()
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                continue
+            if row is None or not row[0]:
+                new.close()
+                problem = (f"{where} is in use by another process, which took its lock "
+                           f"after this process lost it; this process starts no runs")
+                if self._lock_problem != problem:
+                    log.error("%s", problem)
+                self._lock_problem = problem
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                continue
+            with self._guard:
+                old, self._lock_conn = self._lock_conn, new
+            if old is None or stop.is_set():  # closed meanwhile
+                self._lock_conn = None
+                new.close()
+                return
+            old.close()
+            self._lock_problem = None
+            delay = LOCK_RETRY_FIRST_SECONDS
+            log.warning("%s: the lock is held again; starting runs again", where)
 
     @contextmanager
     def transaction(self) -> Iterator[Cursor]:
@@ -1538,9 +1646,26 @@ class PostgresBackend(StorageBackend):
         pool = self._pool
         if pool is None:
             raise RuntimeClosed(f"PostgreSQL backend {redact_url(self.url)} is not open")
-        with pool.connection(timeout=self.connect_timeout) as conn, conn.transaction(), \
-                conn.cursor() as cur:
-            yield cur
+        from psycopg_pool import PoolTimeout
+
+        # While the lock's connection is known lost, a call waits briefly for a connection.
+        wait = self.connect_timeout if self._lock_problem is None else min(
+            self.connect_timeout, UNAVAILABLE_WAIT_SECONDS)
+        try:
+            with pool.connection(timeout=wait) as conn:
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        yield cur
+                except _db_error() as exc:
+                    if conn.broken:
+                        raise DatabaseUnavailable(
+                            f"PostgreSQL database {redact_url(self.url)} cannot be reached: "
+                            f"{exc}") from exc
+                    raise
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL database {redact_url(self.url)} cannot be reached (no "
+                f"connection within {wait:g} s); try again later") from exc
 
     def open(self) -> PostgresRuntimeStore:  # noqa: D102 - contract in base
         import psycopg
@@ -1579,6 +1704,11 @@ class PostgresBackend(StorageBackend):
             if created:  # a new database: its (empty) index holds every run there is
                 store.set_run_index_complete(True)
             self._discard_orphans()
+            self._lock_problem = None
+            self._watch_stop = threading.Event()
+            threading.Thread(target=self._watch_lock, args=(self._watch_stop, where),
+                             name=f"thread-effects-lock-watch:{self.schema}",
+                             daemon=True).start()
         except BaseException as exc:
             self.close()
             if isinstance(exc, _db_error()):
@@ -1614,11 +1744,17 @@ class PostgresBackend(StorageBackend):
                 version = 0
                 if exists is not None and exists[0]:
                     row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-                    version = int(row[0]) if row is not None and row[0] is not None else 0
-                    if version == 0:
+                    if row is None or row[0] is None:
                         raise RuntimeStorageError(
                             f"{where}: its schema_version table is empty; restore it from "
                             f"a backup, or drop the schema to start empty"
+                        )
+                    version = int(row[0])
+                    if version < 1:
+                        raise RuntimeStorageError(
+                            f"{where}: its schema_version table holds version {version}; "
+                            f"versions start at 1: restore it from a backup, or drop the "
+                            f"schema to start empty"
                         )
                 if version > SCHEMA_VERSION:
                     raise RuntimeStorageError(
@@ -1697,9 +1833,10 @@ class PostgresBackend(StorageBackend):
                     "SELECT 1 FROM thread_meta WHERE thread_id = %s AND key = 'thread_id'",
                     (thread_id,),
                 ).fetchone()
-        except (_db_error(), RuntimeClosed) as exc:
+        except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             raise ThreadStorageError(
-                thread_id, f"Thread {thread_id}: PostgreSQL failed: {exc}"
+                thread_id, f"Thread {thread_id}: PostgreSQL failed: {exc}",
+                unavailable=isinstance(exc, DatabaseUnavailable),
             ) from exc
         if version > SCHEMA_VERSION:
             raise ThreadStorageError(
@@ -1722,6 +1859,7 @@ class PostgresBackend(StorageBackend):
             self._remove_rows(c, thread_id)
 
     def close(self) -> None:  # noqa: D102
+        self._watch_stop.set()
         with self._guard:
             pool, self._pool = self._pool, None
             lock_conn, self._lock_conn = self._lock_conn, None

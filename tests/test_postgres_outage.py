@@ -1,0 +1,257 @@
+"""A database outage as a user sees it: runs wait, then go on; nothing runs twice.
+
+The runtime talks to PostgreSQL through a small TCP proxy that the test stops (every
+connection cut, new ones refused) and starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from runtime import EffectStatus, Runtime, ThreadState, ThreadStorageError
+from tests.conftest import release, serve_api
+
+APP = Path(__file__).parent / "apps" / "scheduling"
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to the PostgreSQL server; `stop` cuts everything."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port: int = probe.getsockname()[1]
+        probe.close()
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._guard = threading.Lock()
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with self._guard:
+            socks, self._open = list(self._open), set()
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._guard:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._open.update((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+async def wait_for(thread: ThreadState, run_id: str, status: EffectStatus,
+                   seconds: float = 120) -> None:
+    """Wait (bounded, a hang guard) until the run has ``status``."""
+    for _ in range(int(seconds / 0.05)):
+        with contextlib.suppress(Exception):  # the database may still be down
+            if (await thread.get_run(run_id)).status is status:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} never became {status}")
+
+
+async def test_a_thread_goes_on_after_a_database_outage_and_runs_nothing_twice(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    assert url != pg_url
+    caplog.set_level(logging.ERROR)
+    try:
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
+            tid = await api.new_thread()
+            thread = await api.rt.get_thread(tid)
+            in_flight = await api.schedule(tid, "hold", {"key": "outage"})
+            await wait_for(thread, in_flight, EffectStatus.RUNNING)
+            behind = await api.schedule(tid, "ping")
+            # The database goes away for longer than the pool waits (10 s); the run in
+            # flight ends meanwhile, so its outcome cannot be written.
+            proxy.stop()
+            release(api.rt, "outage")
+            for _ in range(400):
+                if "cannot run its effects (retrying" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            assert "cannot run its effects (retrying" in caplog.text
+            proxy.start()
+            await wait_for(thread, in_flight, EffectStatus.COMPLETED)
+            await wait_for(thread, behind, EffectStatus.COMPLETED)
+            # Recorded from memory, never executed again.
+            assert (await api.run(tid, in_flight))["attempts"] == 1
+            hold_log = (tmp_path / "data" / "hold.log").read_text().splitlines()
+            assert hold_log.count("outage started") == 1
+            # New runs on the thread start too.
+            later = await api.schedule(tid, "ping")
+            await wait_for(thread, later, EffectStatus.COMPLETED)
+    finally:
+        proxy.stop()
+
+
+async def test_a_message_the_database_refuses_leaves_no_turn_to_resume(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from runtime.storage.postgres import split_schema
+    from runtime.testing import override_model
+    from runtime.turns import load_turns
+    from tests.test_turns import APP as TURNS_APP
+    from tests.test_turns import Script, text
+
+    url, schema = split_schema(pg_url)
+    async with Runtime(app_dir=TURNS_APP, data_dir=tmp_path, database_url=pg_url,
+                       load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        # The database refuses this one message (as it would refuse any failing write).
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE {schema}.messages ADD CONSTRAINT refuse_one "
+                         f"CHECK (content <> 'refused by the database')")
+        with override_model(rt, Script(text("never")).model), pytest.raises(ThreadStorageError):
+            await thread.send_message("refused by the database")
+        assert await load_turns(rt, "t") == {}
+        with override_model(rt, Script(text("hello back")).model):
+            result = await thread.send_message("hello")
+        assert result.reply is not None and result.reply.content == "hello back"
+    # Nothing is resumed at the next start.
+    async with Runtime(app_dir=TURNS_APP, data_dir=tmp_path, database_url=pg_url,
+                       load_packages=False) as rt:
+        turns = await load_turns(rt, "t")
+        assert [row.status for row in turns.values()] == ["succeeded"]
+        messages = (await (await rt.get_thread("t")).get_messages()).messages
+        assert [m.content for m in messages] == ["hello", "hello back"]
+
+
+async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_again(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.storage import postgres
+    from runtime.storage.postgres import PostgresBackend, split_schema
+
+    monkeypatch.setattr(postgres, "LOCK_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(postgres, "LOCK_RETRY_FIRST_SECONDS", 2.0)
+    caplog.set_level(logging.ERROR)
+    url, schema = split_schema(pg_url)
+    async with serve_api(tmp_path / "data", app_dir=APP, database_url=pg_url) as api:
+        tid = await api.new_thread()
+        thread = await api.rt.get_thread(tid)
+        first = await api.schedule(tid, "ping")
+        await wait_for(thread, first, EffectStatus.COMPLETED)
+        assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE application_name = %s", (f"thread-effects-lock:{schema}",))
+        # A second process takes the schema before this one reacquires it.
+        other = PostgresBackend(pg_url)
+        await asyncio.to_thread(other.open)
+        try:
+            for _ in range(400):  # a hang guard
+                health = (await api.client.get("/api/health")).json()
+                if health["databaseConnected"] is False:
+                    break
+                await asyncio.sleep(0.05)
+            assert health["databaseConnected"] is False
+            assert "connection holding its lock was lost" in caplog.text
+            for _ in range(400):
+                if "in use by another process" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            ready = await api.client.get("/api/ready")
+            assert ready.status_code == 503
+            assert "in use by another process" in ready.json()["error"]["message"]
+            # Runs are still accepted, but none starts while the other process holds it.
+            stopped = await api.schedule(tid, "ping")
+            await asyncio.sleep(1.5)
+            assert (await thread.get_run(stopped)).status is EffectStatus.PENDING
+        finally:
+            await asyncio.to_thread(other.close)
+        # The other process is gone: the lock is taken again and the run goes on.
+        await wait_for(thread, stopped, EffectStatus.COMPLETED, seconds=60)
+        assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
+        assert (await api.client.get("/api/ready")).status_code == 200
+
+
+async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_traceback(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.storage import postgres
+
+    monkeypatch.setattr(postgres, "LOCK_CHECK_SECONDS", 0.2)
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    caplog.set_level(logging.ERROR)
+    try:
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
+            tid = await api.new_thread()
+            proxy.stop()
+            for _ in range(400):  # a hang guard
+                if (await api.client.get("/api/health")).json()["databaseConnected"] is False:
+                    break
+                await asyncio.sleep(0.05)
+            ready = await api.client.get("/api/ready")
+            assert ready.status_code == 503
+            caplog.clear()
+            res = await api.client.get(f"/api/threads/{tid}/effects")
+            assert res.status_code == 503, res.text
+            assert res.json()["error"]["code"] == "database_unavailable"
+            listing = await api.client.get("/api/threads")
+            assert listing.status_code == 503, listing.text
+            assert listing.json()["error"]["code"] == "database_unavailable"
+            assert "Traceback" not in caplog.text
+            proxy.start()
+            for _ in range(600):  # a hang guard: back once the lock is held again
+                if (await api.client.get("/api/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await api.client.get(f"/api/threads/{tid}/effects")).status_code == 200
+    finally:
+        proxy.stop()
