@@ -234,6 +234,13 @@ def _instants(wall: datetime, tz: ZoneInfo) -> tuple[float, ...]:
     return (first,)  # in a gap
 
 
+def _offset(at: datetime) -> timedelta:
+    """The UTC offset of an aware time (``timedelta(0)`` in UTC or GMT: never falsy-skipped)."""
+    offset = at.utcoffset()
+    assert offset is not None, "an aware datetime has an offset"
+    return offset
+
+
 def _next_cron_fire(expr: str, tz: ZoneInfo, after_ts: float) -> float | None:
     """The first instant strictly after ``after_ts`` at which ``expr`` fires in ``tz``.
 
@@ -250,9 +257,10 @@ def _next_cron_fire(expr: str, tz: ZoneInfo, after_ts: float) -> float | None:
         return None
     triggers = _wall_triggers(expr)
     at = datetime.fromtimestamp(after_ts, tz)
-    offset = at.utcoffset() or timedelta(0)
+    offset = _offset(at)
+    # An offset of zero (Europe/London in winter) is a real offset, not a missing one.
     shift = max(
-        abs((datetime.fromtimestamp(after_ts + d, tz).utcoffset() or offset) - offset)
+        abs(_offset(datetime.fromtimestamp(after_ts + d, tz)) - offset)
         for d in (-_LOOKAROUND.total_seconds(), _LOOKAROUND.total_seconds())
     )
     wall: datetime | None = at.replace(tzinfo=None) - shift

@@ -115,6 +115,24 @@ async def test_cron_on_the_fall_back_day_fires_a_repeated_wall_time_twice(api: A
     assert len(hours) == len(set(hours)) == 48
 
 
+@pytest.mark.parametrize("cron", ["0,30 1 * * *", "*/30 * * * *"])
+async def test_a_repeated_wall_time_fires_twice_where_winter_is_utc_plus_zero(
+    api: Api, cron: str
+) -> None:
+    # Europe/London, 2026-10-25: 02:00 BST goes back to 01:00 GMT (offset +0000); 01:00
+    # and 01:30 happen twice, at 00:00/00:30 UTC (BST) and again at 01:00/01:30 UTC (GMT).
+    clock_of(api).advance(ts("2026-10-24T12:00:00") - clock_of(api).now())
+    thread = await api.rt.create_thread()
+    made = await thread.schedule_recurring("ping", cron=cron, timezone="Europe/London")
+    for _ in range(48):
+        await step(api, 1800)
+    fires = await fire_times(thread, made.schedule.id)
+    assert [f for f in fires if "2026-10-25 00:00" <= f <= "2026-10-25 01:30"] == [
+        "2026-10-25 00:00", "2026-10-25 00:30", "2026-10-25 01:00", "2026-10-25 01:30"
+    ]
+    assert len(fires) == len(set(fires))
+
+
 @pytest.mark.parametrize(
     ("zone", "start", "fires"),
     [
@@ -655,6 +673,10 @@ def test_a_schedule_frame_serializes_once_as_compact_json() -> None:
         ("America/Havana", "2026-03-08"), ("America/Havana", "2026-11-01"),
         ("America/Santiago", "2026-09-06"), ("America/Santiago", "2026-04-05"),
         ("Australia/Lord_Howe", "2026-10-04"), ("Australia/Lord_Howe", "2026-04-05"),
+        # Zones whose winter offset is zero (+0000 is an offset like any other).
+        ("Europe/London", "2026-03-29"), ("Europe/London", "2026-10-25"),
+        ("Europe/Lisbon", "2026-03-29"), ("Europe/Lisbon", "2026-10-25"),
+        ("Antarctica/Troll", "2026-03-29"), ("Antarctica/Troll", "2026-10-25"),
     ],
 )
 @pytest.mark.parametrize("minutes", [[0], [0, 30], [15, 45], list(range(0, 60, 5))])
