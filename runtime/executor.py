@@ -110,6 +110,11 @@ class EffectExecutor:
         self.up_since = -math.inf
         """When the runtime started (seconds, UTC): schedules' fire times before it passed
         while the process was down and are never counted as skipped."""
+        self._first_fire_check: dict[str, float] = {}
+        """Per thread, when its drain first looked at its schedules in this process
+        (seconds, UTC). Fire times at or before it came while the process was down or
+        still starting, before any occurrence could be claimed here: never counted as
+        skipped (a re-queued occurrence covers them). One float per thread drained."""
         self._cancels: dict[str, str] = {}  # run id -> who asked to cancel it
         self._side: set[asyncio.Task[None]] = set()  # concurrent runs executing now
         self._side_idle = asyncio.Event()
@@ -222,6 +227,9 @@ class EffectExecutor:
             The outcome still to record (None once it was recorded here).
         """
         now = self._now()
+        # Fire times up to the thread's first look here are downtime, not skips: a
+        # re-queued occurrence cannot have been claimed before this drain.
+        up_since = max(self.up_since, self._first_fire_check.setdefault(actor.thread_id, now))
         if actor.next_fire_known and (actor.next_fire is None or actor.next_fire > now):
             return finish  # nothing due: no trip to the storage pool
         if not actor.next_fire_known:
@@ -239,7 +247,7 @@ class EffectExecutor:
                 self._hub.publish(_change_of(finished), finished)
         actor.next_fire_known = False  # unknown if the fire fails
         fired, actor.next_fire = await self._run_sync(
-            fire_due, actor.store, now, self._retention or RetentionPolicy(), self.up_since
+            fire_due, actor.store, now, self._retention or RetentionPolicy(), up_since
         )
         actor.next_fire_known = True
         publish_fires(self._hub, fired)

@@ -15,9 +15,10 @@ Rules a user sees:
 - Coalesced: fire times missed while the process was down (or the thread was paused)
   make one occurrence when the thread next drains, due at the first missed fire time
   after the previous occurrence ended; the next fire time is then the first one after
-  now. Fire times from before the process started are never counted as skipped: when the
-  previous occurrence is still pending or running (re-queued after a crash), they make
-  nothing and count nothing (that occurrence covers them).
+  now. Fire times from before the thread's first drain in this process (downtime, and
+  the process's own start-up) are never counted as skipped: when the previous occurrence
+  is still pending or running (re-queued after a crash), they make nothing and count
+  nothing (that occurrence covers them).
 - Pause creates nothing; resume computes the next fire time from now (no backlog).
 - A paused thread (`runtime.Runtime.pause_thread`) does not drain: its schedules fire
   once it is resumed (coalesced as above).
@@ -66,9 +67,10 @@ def fire_due(
     For each due schedule, its fire times from its stored ``next_fire_at`` up to ``now``
     are looked at in order: one that came while its previous occurrence was pending or
     running (before that run finished) is skipped, and counted when it is after
-    ``up_since`` (fire times at or before the process started passed in the downtime and
-    are never counted); the first one after that run ended makes the occurrence run (due at that
-    fire time), and the later ones are coalesced into it. The next fire time is then the
+    ``up_since`` (the thread's first drain in this process: fire times at or before it
+    passed in the downtime or the start-up and are never counted); the first one after
+    that run ended makes the occurrence run (due at that fire time), and the later ones
+    are coalesced into it. The next fire time is then the
     first after ``now``.
 
     Returns:

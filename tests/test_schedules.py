@@ -300,6 +300,32 @@ async def test_fire_times_missed_while_down_are_never_counted_as_skipped(
         assert schedule.next_fire_at_ts == ts("2026-05-01T09:03:00")
 
 
+async def test_fire_times_during_start_up_are_never_counted_as_skipped(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.create_thread("t1")
+        sid = await thread.schedule_effect("hold", {"key": "slow"}, every=60)
+        clock.advance(60)
+        run_id = await _running_of(thread, sid)
+    # Closed while its occurrence ran: it is re-queued at the next start.
+    clock.advance(30)
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        # Started, but the thread has not drained yet: the re-queued occurrence is not
+        # claimed. A fire time passes now (08:02), still part of the start-up.
+        clock.advance(60)
+        thread = await rt.get_thread("t1")
+        await _running_of(thread, sid)
+        release(rt, "slow")
+        await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+        assert [r.id for r in runs] == [run_id]
+        assert (schedule.occurrences, schedule.skipped) == (1, 0)
+        assert schedule.next_fire_at_ts == ts("2026-05-01T08:03:00")
+
+
 @pytest.mark.every_backend
 async def test_pause_creates_nothing_and_resume_starts_from_now(api: Api) -> None:
     thread = await api.rt.create_thread()
