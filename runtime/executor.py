@@ -110,6 +110,8 @@ class EffectExecutor:
         self.up_since = -math.inf
         """When the runtime started (seconds, UTC): schedules' fire times before it passed
         while the process was down and are never counted as skipped."""
+        self.paused_reasons: dict[str, str] = {}
+        """Why the runtime paused a schedule (its effect is gone), by schedule id."""
         self._first_fire_check: dict[str, float] = {}
         """Per thread, when its drain first looked at its schedules in this process
         (seconds, UTC). Fire times at or before it came while the process was down or
@@ -247,11 +249,27 @@ class EffectExecutor:
                 self._hub.publish(_change_of(finished), finished)
         actor.next_fire_known = False  # unknown if the fire fails
         fired, actor.next_fire = await self._run_sync(
-            fire_due, actor.store, now, self._retention or RetentionPolicy(), up_since
+            fire_due, actor.store, now, self._retention or RetentionPolicy(), up_since,
+            self._known_effect,
         )
         actor.next_fire_known = True
+        for schedule, _ in fired:
+            if schedule.paused_reason is not None:
+                self.paused_reasons[schedule.id] = schedule.paused_reason
+                log.warning(
+                    "schedule %s of thread %s paused: its effect %s was not found (was its "
+                    "file removed?); resume it once the effect exists again",
+                    schedule.id, schedule.thread_id, schedule.name,
+                )
         publish_fires(self._hub, fired)
         return None
+
+    def _known_effect(self, name: str) -> bool:
+        try:
+            self._registry().resolve(name)
+        except EffectNotFound:
+            return False
+        return True
 
     def _concurrent_names(self) -> list[str]:
         return [d.qualified_name for d in self._registry().all() if d.concurrent]

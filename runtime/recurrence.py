@@ -408,6 +408,9 @@ class Schedule:
             still pending or running (it never stacks runs).
         last_run_id: The run of its latest occurrence, or None.
         last_fire_at_ts: The fire time of its latest occurrence or skip, or None.
+        paused_reason: Why the runtime paused it (``"effect not found: ping"``), or None
+            (active, or paused by a caller). Kept in memory by the process that paused
+            it: after a restart the schedule is still paused, without the reason.
     """
 
     id: str
@@ -423,6 +426,7 @@ class Schedule:
     skipped: int = 0
     last_run_id: str | None = None
     last_fire_at_ts: float | None = None
+    paused_reason: str | None = None
 
     def to_json(self, *, include_args: bool = False) -> dict[str, Any]:
         """The wire form (camelCase keys, ISO 8601 UTC times); args only when asked for."""
@@ -439,6 +443,7 @@ class Schedule:
             "skipped": self.skipped,
             "lastRunId": self.last_run_id,
             "lastFireAt": _iso(self.last_fire_at_ts),
+            "pausedReason": self.paused_reason,
         }
         if include_args:
             out["args"] = self.args

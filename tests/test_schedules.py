@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -298,6 +299,35 @@ async def test_fire_times_missed_while_down_are_never_counted_as_skipped(
         assert [r.id for r in runs] == [run_id]
         assert (schedule.occurrences, schedule.skipped) == (1, 1)
         assert schedule.next_fire_at_ts == ts("2026-05-01T09:03:00")
+
+
+async def test_a_schedule_whose_effect_is_gone_is_paused_with_a_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = tmp_path / "app"
+    shutil.copytree(APP, app)
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    async with Runtime(app_dir=app, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.create_thread("t1")
+        sid = await thread.schedule_effect("ping", every=60)
+    (app / "effects" / "ping.py").unlink()  # the effect file removed between restarts
+    async with Runtime(app_dir=app, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.get_thread("t1")
+        for _ in range(3):
+            clock.advance(60)
+            await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        assert schedule.to_json()["state"] == "paused"
+        assert schedule.to_json()["pausedReason"] == "effect not found: ping"
+        assert [s.paused_reason for s in await thread.list_schedules()] == [
+            "effect not found: ping"
+        ]
+        assert [r for r in (await thread.list_runs()).runs if r.schedule_id == sid] == []
+        assert schedule.occurrences == 0
+        assert any(sid in r.getMessage() and "ping" in r.getMessage()
+                   for r in caplog.records if r.levelname == "WARNING")
+        resumed = await thread.resume_schedule(sid)
+        assert (resumed.state, resumed.paused_reason) == (ScheduleState.ACTIVE, None)
 
 
 async def test_fire_times_during_start_up_are_never_counted_as_skipped(
