@@ -194,6 +194,12 @@ def _wall_triggers(expr: str) -> tuple[CronTrigger, ...]:
     fields = expr.split()
     if len(fields) != 5:
         raise ValueError(f"expected 5 fields, got {len(fields)}")
+    for label, field in zip(("minute", "hour", "day", "month", "weekday"), fields, strict=True):
+        for part in field.split(","):
+            _, slash, step = part.partition("/")
+            # APScheduler lets "jan-dec/0" (a step on month names) through: check every form.
+            if slash and not (step.isascii() and step.isdigit() and int(step) > 0):
+                raise ValueError(f"{label} step {step!r} in {part!r} is not a positive integer")
     minute, hour, day, month, weekday = fields
     days = _weekday_names(weekday)
 

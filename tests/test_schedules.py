@@ -648,6 +648,22 @@ def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
         Recurrence.parse(cron=f"0 9 * * {weekdays}")
 
 
+@pytest.mark.parametrize(
+    ("cron", "field"),
+    [
+        ("*/0 9 * * *", "minute"), ("5/0 9 * * *", "minute"), ("0 0-23/0 * * *", "hour"),
+        ("0 9 1-31/0 * *", "day"), ("0 9 * */0 *", "month"), ("0 9 * 1-12/0 *", "month"),
+        ("0 9 * jan-dec/0 *", "month"), ("0 9 * jan/0 *", "month"),
+        ("0 9 * 1,jan-dec/0 *", "month"), ("0 9 * * mon-fri/0", "weekday"),
+        ("0 9 * jan-dec/x *", "month"), ("0 9 * jan-dec/ *", "month"),
+    ],
+)
+def test_a_step_of_zero_is_refused_in_every_field_form(cron: str, field: str) -> None:
+    with pytest.raises(InvalidSchedule, match=rf"not a valid crontab.*{field} step"):
+        Recurrence.parse(cron=cron)
+    assert Recurrence.parse(cron="0 9 * jan-dec/2 *").cron == "0 9 * jan-dec/2 *"
+
+
 @pytest.mark.parametrize("kind", ["memory", "postgres"])
 async def test_the_other_backends_fire_skip_and_coalesce_the_same(
     tmp_path: Path, kind: str
