@@ -86,7 +86,9 @@ class Recurrence:
 
         Args:
             cron: A crontab expression (minute hour day month weekday), or None.
-            timezone: An IANA zone name for ``cron`` (default ``"UTC"``); not with ``every``.
+            timezone: An IANA zone name for ``cron`` (default ``"UTC"``), or a `ZoneInfo`
+                made from one (``ZoneInfo("Europe/Berlin")``: its key is kept); not with
+                ``every``.
             every: Seconds (int/float) or a `timedelta`, at least `MIN_EVERY_SECONDS`.
             every_name: How messages name ``every`` (``"every_seconds"`` over HTTP).
 
@@ -114,6 +116,9 @@ class Recurrence:
             raise InvalidSchedule(
                 f"cron must be at most {MAX_CRON_CHARS} characters, got {len(cron)}"
             )
+        if isinstance(timezone, ZoneInfo):
+            # Its key is the IANA name it was made from (None when read from a file).
+            timezone = timezone.key if timezone.key is not None else timezone
         zone = "UTC" if timezone is None else timezone
         tz = _zone(zone)
         assert isinstance(zone, str)

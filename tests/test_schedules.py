@@ -664,6 +664,22 @@ def test_a_step_of_zero_is_refused_in_every_field_form(cron: str, field: str) ->
     assert Recurrence.parse(cron="0 9 * jan-dec/2 *").cron == "0 9 * jan-dec/2 *"
 
 
+async def test_a_zoneinfo_is_accepted_as_the_timezone(api: Api, tmp_path: Path) -> None:
+    thread = await api.rt.create_thread()
+    made = await thread.schedule_recurring(
+        "ping", cron="30 2 * * *", timezone=ZoneInfo("Europe/Berlin")
+    )
+    assert made.schedule.recurrence.timezone == "Europe/Berlin"
+    assert made.schedule.next_fire_at_ts == ts("2026-03-29T01:30:00")  # in the gap
+    # A ZoneInfo read from a file has no IANA key: refused as any unknown zone.
+    source = Path("/usr/share/zoneinfo/Europe/Berlin")
+    if source.exists():
+        with source.open("rb") as f:
+            keyless = ZoneInfo.from_file(f)
+        with pytest.raises(InvalidSchedule, match="timezone must be an IANA zone name"):
+            Recurrence.parse(cron="0 9 * * *", timezone=keyless)
+
+
 @pytest.mark.parametrize("kind", ["memory", "postgres"])
 async def test_the_other_backends_fire_skip_and_coalesce_the_same(
     tmp_path: Path, kind: str
