@@ -114,6 +114,13 @@ class EffectExecutor:
         self.up_since = -math.inf
         """When the runtime started (seconds, UTC): schedules' fire times before it passed
         while the process was down and are never counted as skipped."""
+        self.paused_reasons: dict[str, str] = {}
+        """Why the runtime paused a schedule (its effect is gone), by schedule id."""
+        self._first_fire_check: dict[str, float] = {}
+        """Per thread, when its drain first looked at its schedules in this process
+        (seconds, UTC). Fire times at or before it came while the process was down or
+        still starting, before any occurrence could be claimed here: never counted as
+        skipped (a re-queued occurrence covers them). One float per thread drained."""
         self._cancels: dict[str, str] = {}  # run id -> who asked to cancel it
         self._side: set[asyncio.Task[None]] = set()  # concurrent runs executing now
         self._side_idle = asyncio.Event()
@@ -233,6 +240,9 @@ class EffectExecutor:
             The outcome still to record (None once it was recorded here).
         """
         now = self._now()
+        # Fire times up to the thread's first look here are downtime, not skips: a
+        # re-queued occurrence cannot have been claimed before this drain.
+        up_since = max(self.up_since, self._first_fire_check.setdefault(actor.thread_id, now))
         if actor.next_fire_known and (actor.next_fire is None or actor.next_fire > now):
             return finish  # nothing due: no trip to the storage pool
         if not actor.next_fire_known:
@@ -250,11 +260,27 @@ class EffectExecutor:
                 self._hub.publish(_change_of(finished), finished)
         actor.next_fire_known = False  # unknown if the fire fails
         fired, actor.next_fire = await self._run_sync(
-            fire_due, actor.store, now, self._retention or RetentionPolicy(), self.up_since
+            fire_due, actor.store, now, self._retention or RetentionPolicy(), up_since,
+            self._known_effect,
         )
         actor.next_fire_known = True
+        for schedule, _ in fired:
+            if schedule.paused_reason is not None:
+                self.paused_reasons[schedule.id] = schedule.paused_reason
+                log.warning(
+                    "schedule %s of thread %s paused: its effect %s was not found (was its "
+                    "file removed?); resume it once the effect exists again",
+                    schedule.id, schedule.thread_id, schedule.name,
+                )
         publish_fires(self._hub, fired)
         return None
+
+    def _known_effect(self, name: str) -> bool:
+        try:
+            self._registry().resolve(name)
+        except EffectNotFound:
+            return False
+        return True
 
     def _concurrent_names(self) -> list[str]:
         return [d.qualified_name for d in self._registry().all() if d.concurrent]

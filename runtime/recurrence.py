@@ -86,7 +86,9 @@ class Recurrence:
 
         Args:
             cron: A crontab expression (minute hour day month weekday), or None.
-            timezone: An IANA zone name for ``cron`` (default ``"UTC"``); not with ``every``.
+            timezone: An IANA zone name for ``cron`` (default ``"UTC"``), or a `ZoneInfo`
+                made from one (``ZoneInfo("Europe/Berlin")``: its key is kept); not with
+                ``every``.
             every: Seconds (int/float) or a `timedelta`, at least `MIN_EVERY_SECONDS`.
             every_name: How messages name ``every`` (``"every_seconds"`` over HTTP).
 
@@ -114,6 +116,9 @@ class Recurrence:
             raise InvalidSchedule(
                 f"cron must be at most {MAX_CRON_CHARS} characters, got {len(cron)}"
             )
+        if isinstance(timezone, ZoneInfo):
+            # Its key is the IANA name it was made from (None when read from a file).
+            timezone = timezone.key if timezone.key is not None else timezone
         zone = "UTC" if timezone is None else timezone
         tz = _zone(zone)
         assert isinstance(zone, str)
@@ -194,6 +199,12 @@ def _wall_triggers(expr: str) -> tuple[CronTrigger, ...]:
     fields = expr.split()
     if len(fields) != 5:
         raise ValueError(f"expected 5 fields, got {len(fields)}")
+    for label, field in zip(("minute", "hour", "day", "month", "weekday"), fields, strict=True):
+        for part in field.split(","):
+            _, slash, step = part.partition("/")
+            # APScheduler lets "jan-dec/0" (a step on month names) through: check every form.
+            if slash and not (step.isascii() and step.isdigit() and int(step) > 0):
+                raise ValueError(f"{label} step {step!r} in {part!r} is not a positive integer")
     minute, hour, day, month, weekday = fields
     days = _weekday_names(weekday)
 
@@ -234,6 +245,13 @@ def _instants(wall: datetime, tz: ZoneInfo) -> tuple[float, ...]:
     return (first,)  # in a gap
 
 
+def _offset(at: datetime) -> timedelta:
+    """The UTC offset of an aware time (``timedelta(0)`` in UTC or GMT: never falsy-skipped)."""
+    offset = at.utcoffset()
+    assert offset is not None, "an aware datetime has an offset"
+    return offset
+
+
 def _next_cron_fire(expr: str, tz: ZoneInfo, after_ts: float) -> float | None:
     """The first instant strictly after ``after_ts`` at which ``expr`` fires in ``tz``.
 
@@ -250,9 +268,10 @@ def _next_cron_fire(expr: str, tz: ZoneInfo, after_ts: float) -> float | None:
         return None
     triggers = _wall_triggers(expr)
     at = datetime.fromtimestamp(after_ts, tz)
-    offset = at.utcoffset() or timedelta(0)
+    offset = _offset(at)
+    # An offset of zero (Europe/London in winter) is a real offset, not a missing one.
     shift = max(
-        abs((datetime.fromtimestamp(after_ts + d, tz).utcoffset() or offset) - offset)
+        abs(_offset(datetime.fromtimestamp(after_ts + d, tz)) - offset)
         for d in (-_LOOKAROUND.total_seconds(), _LOOKAROUND.total_seconds())
     )
     wall: datetime | None = at.replace(tzinfo=None) - shift
@@ -400,6 +419,9 @@ class Schedule:
             still pending or running (it never stacks runs).
         last_run_id: The run of its latest occurrence, or None.
         last_fire_at_ts: The fire time of its latest occurrence or skip, or None.
+        paused_reason: Why the runtime paused it (``"effect not found: ping"``), or None
+            (active, or paused by a caller). Kept in memory by the process that paused
+            it: after a restart the schedule is still paused, without the reason.
     """
 
     id: str
@@ -415,6 +437,7 @@ class Schedule:
     skipped: int = 0
     last_run_id: str | None = None
     last_fire_at_ts: float | None = None
+    paused_reason: str | None = None
 
     def to_json(self, *, include_args: bool = False) -> dict[str, Any]:
         """The wire form (camelCase keys, ISO 8601 UTC times); args only when asked for."""
@@ -431,6 +454,7 @@ class Schedule:
             "skipped": self.skipped,
             "lastRunId": self.last_run_id,
             "lastFireAt": _iso(self.last_fire_at_ts),
+            "pausedReason": self.paused_reason,
         }
         if include_args:
             out["args"] = self.args

@@ -15,9 +15,10 @@ Rules a user sees:
 - Coalesced: fire times missed while the process was down (or the thread was paused)
   make one occurrence when the thread next drains, due at the first missed fire time
   after the previous occurrence ended; the next fire time is then the first one after
-  now. Fire times from before the process started are never counted as skipped: when the
-  previous occurrence is still pending or running (re-queued after a crash), they make
-  nothing and count nothing (that occurrence covers them).
+  now. Fire times from before the thread's first drain in this process (downtime, and
+  the process's own start-up) are never counted as skipped: when the previous occurrence
+  is still pending or running (re-queued after a crash), they make nothing and count
+  nothing (that occurrence covers them).
 - Pause creates nothing; resume computes the next fire time from now (no backlog).
 - A paused thread (`runtime.Runtime.pause_thread`) does not drain: its schedules fire
   once it is resumed (coalesced as above).
@@ -27,8 +28,10 @@ Rules a user sees:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from runtime._text import check_text
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
     from runtime.runs import RunOperations
     from runtime.thread import ThreadState
 
+log = logging.getLogger("runtime")
+
 MAX_SCHEDULES = 1000
 """Most recurring schedules one thread may have."""
 
@@ -59,27 +64,40 @@ skips beyond it are not counted."""
 
 
 def fire_due(
-    store: ThreadStore, now: float, retention: RetentionPolicy, up_since: float = -math.inf
+    store: ThreadStore,
+    now: float,
+    retention: RetentionPolicy,
+    up_since: float = -math.inf,
+    known: Callable[[str], bool] = lambda name: True,
 ) -> tuple[list[tuple[Schedule, EffectRun | None]], float | None]:
     """Fire every due schedule of a thread's store (blocking: call off the loop).
 
     For each due schedule, its fire times from its stored ``next_fire_at`` up to ``now``
     are looked at in order: one that came while its previous occurrence was pending or
     running (before that run finished) is skipped, and counted when it is after
-    ``up_since`` (fire times at or before the process started passed in the downtime and
-    are never counted); the first one after that run ended makes the occurrence run (due at that
-    fire time), and the later ones are coalesced into it. The next fire time is then the
-    first after ``now``.
+    ``up_since`` (the thread's first drain in this process: fire times at or before it
+    passed in the downtime or the start-up and are never counted); the first one after
+    that run ended makes the occurrence run (due at that fire time), and the later ones
+    are coalesced into it. The next fire time is then the
+    first after ``now``. A due schedule whose effect ``known`` does not know (its file
+    was removed) is paused instead, with a ``paused_reason``, and makes no run.
 
     Returns:
         ``(fired, next_fire)``: ``(schedule, run)`` per schedule written (the schedule
         after it, and its new occurrence run, or None when every due fire time was
-        skipped), and the store's earliest next fire time afterwards (None: none).
+        skipped or it was paused), and the store's earliest next fire time afterwards
+        (None: none).
     """
     out: list[tuple[Schedule, EffectRun | None]] = []
     for schedule in store.due_schedules(now):
         first = schedule.next_fire_at_ts
         assert first is not None
+        if not known(schedule.name):
+            paused = store.set_schedule_state(schedule.id, ScheduleState.PAUSED, None)
+            if paused is not None:
+                out.append((replace(paused, paused_reason=f"effect not found: {paused.name}"),
+                            None))
+            continue
         busy_until = -math.inf  # no previous occurrence, or it was pruned long since
         if schedule.last_run_id is not None:
             previous = store.get_run(schedule.last_run_id, now, retention)
@@ -140,6 +158,8 @@ class ScheduleOperations:
         runs: Encodes and checks args as a run's are.
         poke: Tells a drain running a run in line that the thread's schedules changed
             (it then fires them on time beside that run).
+        reasons: Why the runtime paused a schedule, by schedule id (shared with the
+            executor, which pauses a schedule whose effect is gone).
     """
 
     def __init__(
@@ -153,6 +173,7 @@ class ScheduleOperations:
         check_open: Callable[[], None],
         runs: RunOperations,
         poke: Callable[[str], None] | None = None,
+        reasons: dict[str, str] | None = None,
     ) -> None:
         self._registry = registry
         self._actors = actors
@@ -163,6 +184,13 @@ class ScheduleOperations:
         self._check_open = check_open
         self._runs = runs
         self._poke = poke or (lambda thread_id: None)
+        self._reasons = reasons if reasons is not None else {}
+
+    def _with_reason(self, schedule: Schedule) -> Schedule:
+        reason = self._reasons.get(schedule.id)
+        if reason is None or schedule.state is not ScheduleState.PAUSED:
+            return schedule
+        return replace(schedule, paused_reason=reason)
 
     async def create(
         self,
@@ -224,7 +252,7 @@ class ScheduleOperations:
         self._check_open()
         async with self._actors.use(thread_id) as actor:
             found: list[Schedule] = await self._run_sync(actor.store.list_schedules)
-            return found
+            return [self._with_reason(s) for s in found]
 
     async def get(self, thread_id: str, schedule_id: str) -> Schedule:
         """See `ThreadState.get_schedule`."""
@@ -233,7 +261,7 @@ class ScheduleOperations:
             found = await self._run_sync(actor.store.get_schedule, str(schedule_id))
         if found is None:
             raise ScheduleNotFound(thread_id, str(schedule_id))
-        return found
+        return self._with_reason(found)
 
     async def pause(self, thread_id: str, schedule_id: str) -> Schedule:
         """See `ThreadState.pause_schedule`."""
@@ -253,7 +281,8 @@ class ScheduleOperations:
             if current is None:
                 raise ScheduleNotFound(thread_id, schedule_id)
             if current.state is state:
-                return current
+                return self._with_reason(current)
+            self._reasons.pop(schedule_id, None)
             next_fire = None
             if state is ScheduleState.ACTIVE:
                 # From now: the fire times it missed while paused are not made up.
@@ -280,6 +309,7 @@ class ScheduleOperations:
             removed = await self._run_sync(actor.store.delete_schedule, schedule_id)
         if removed is None:
             raise ScheduleNotFound(thread_id, schedule_id)
+        self._reasons.pop(schedule_id, None)
         self._hub.publish_schedule(ScheduleChange.CANCELED, removed)
         return removed
 
@@ -287,7 +317,9 @@ class ScheduleOperations:
 def publish_fires(hub: ChangeHub, fired: list[tuple[Schedule, EffectRun | None]]) -> None:
     """Publish what `fire_due` wrote: each new run (``scheduled``), then its schedule."""
     for schedule, run in fired:
-        if run is not None:
+        if schedule.paused_reason is not None:
+            hub.publish_schedule(ScheduleChange.PAUSED, schedule)
+        elif run is not None:
             hub.publish(RunChange.SCHEDULED, run)
             hub.publish_schedule(ScheduleChange.FIRED, schedule)
         else:

@@ -344,6 +344,7 @@ class Runtime:
         self.schedules = ScheduleOperations(
             lambda: self.registry, self.actors, self.alarms, self.hub, self.run_sync,
             self.clock.now, self._check_open, self.runs, poke=self.executor.poke,
+            reasons=self.executor.paused_reasons,
         )
         self.all_runs = AllRuns(
             store=self._opened_store, index=self.run_index, runs=self.runs,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 from runtime.discovery import PACKAGE_ID_RE
 from runtime.effects import EffectRun, EffectStatus, RunAttempt
@@ -215,7 +216,7 @@ class ThreadState:
         key: str | None = None,
         at: datetime | None = None,
         cron: str | None = None,
-        timezone: str | None = None,
+        timezone: str | ZoneInfo | None = None,
         every: float | timedelta | None = None,
     ) -> str:
         """Schedule a run of an effect on this thread, or a recurring schedule of it.
@@ -239,7 +240,8 @@ class ThreadState:
                 `schedule_recurring`).
             cron: A crontab expression (minute hour day month weekday), such as
                 ``"0 9 * * 1-5"``: a recurring schedule.
-            timezone: The IANA zone ``cron`` is read in (default ``"UTC"``).
+            timezone: The IANA zone ``cron`` is read in (default ``"UTC"``): a name or a
+                `ZoneInfo` made from one.
             every: A recurring schedule every so many seconds (int/float, at least 1) or
                 a `timedelta`.
 
@@ -279,7 +281,7 @@ class ThreadState:
         args: Any = None,
         *,
         cron: str | None = None,
-        timezone: str | None = None,
+        timezone: str | ZoneInfo | None = None,
         every: float | timedelta | None = None,
         key: str | None = None,
     ) -> ScheduleCreated:
@@ -301,8 +303,8 @@ class ThreadState:
                 fires once, shifted by the gap (in every zone, midnight gaps included);
                 one repeated by a fall-back fires twice (once per offset).
             timezone: The IANA zone ``cron`` is read in (a name in
-                ``zoneinfo.available_timezones()``, not ``"localtime"``); default
-                ``"UTC"``. Not with ``every``.
+                ``zoneinfo.available_timezones()``, not ``"localtime"``), or a `ZoneInfo`
+                made from one (its key is kept); default ``"UTC"``. Not with ``every``.
             every: The period: seconds (int/float) or a `timedelta`, at least 1 s and at
                 most 10 years. Fire times are ``created_at + k * every``.
             key: At most one schedule per key in this thread (1 to 256 characters): while

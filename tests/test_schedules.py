@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -113,6 +114,24 @@ async def test_cron_on_the_fall_back_day_fires_a_repeated_wall_time_twice(api: A
         "2026-10-25 00:00", "2026-10-25 01:00", "2026-10-25 02:00", "2026-10-25 03:00"
     ]
     assert len(hours) == len(set(hours)) == 48
+
+
+@pytest.mark.parametrize("cron", ["0,30 1 * * *", "*/30 * * * *"])
+async def test_a_repeated_wall_time_fires_twice_where_winter_is_utc_plus_zero(
+    api: Api, cron: str
+) -> None:
+    # Europe/London, 2026-10-25: 02:00 BST goes back to 01:00 GMT (offset +0000); 01:00
+    # and 01:30 happen twice, at 00:00/00:30 UTC (BST) and again at 01:00/01:30 UTC (GMT).
+    clock_of(api).advance(ts("2026-10-24T12:00:00") - clock_of(api).now())
+    thread = await api.rt.create_thread()
+    made = await thread.schedule_recurring("ping", cron=cron, timezone="Europe/London")
+    for _ in range(48):
+        await step(api, 1800)
+    fires = await fire_times(thread, made.schedule.id)
+    assert [f for f in fires if "2026-10-25 00:00" <= f <= "2026-10-25 01:30"] == [
+        "2026-10-25 00:00", "2026-10-25 00:30", "2026-10-25 01:00", "2026-10-25 01:30"
+    ]
+    assert len(fires) == len(set(fires))
 
 
 @pytest.mark.parametrize(
@@ -280,6 +299,61 @@ async def test_fire_times_missed_while_down_are_never_counted_as_skipped(
         assert [r.id for r in runs] == [run_id]
         assert (schedule.occurrences, schedule.skipped) == (1, 1)
         assert schedule.next_fire_at_ts == ts("2026-05-01T09:03:00")
+
+
+async def test_a_schedule_whose_effect_is_gone_is_paused_with_a_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = tmp_path / "app"
+    shutil.copytree(APP, app)
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    async with Runtime(app_dir=app, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.create_thread("t1")
+        sid = await thread.schedule_effect("ping", every=60)
+    (app / "effects" / "ping.py").unlink()  # the effect file removed between restarts
+    async with Runtime(app_dir=app, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.get_thread("t1")
+        for _ in range(3):
+            clock.advance(60)
+            await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        assert schedule.to_json()["state"] == "paused"
+        assert schedule.to_json()["pausedReason"] == "effect not found: ping"
+        assert [s.paused_reason for s in await thread.list_schedules()] == [
+            "effect not found: ping"
+        ]
+        assert [r for r in (await thread.list_runs()).runs if r.schedule_id == sid] == []
+        assert schedule.occurrences == 0
+        assert any(sid in r.getMessage() and "ping" in r.getMessage()
+                   for r in caplog.records if r.levelname == "WARNING")
+        resumed = await thread.resume_schedule(sid)
+        assert (resumed.state, resumed.paused_reason) == (ScheduleState.ACTIVE, None)
+
+
+async def test_fire_times_during_start_up_are_never_counted_as_skipped(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(ts("2026-05-01T08:00:00"))
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        thread = await rt.create_thread("t1")
+        sid = await thread.schedule_effect("hold", {"key": "slow"}, every=60)
+        clock.advance(60)
+        run_id = await _running_of(thread, sid)
+    # Closed while its occurrence ran: it is re-queued at the next start.
+    clock.advance(30)
+    async with Runtime(app_dir=APP, data_dir=tmp_path / "d", clock=clock) as rt:
+        # Started, but the thread has not drained yet: the re-queued occurrence is not
+        # claimed. A fire time passes now (08:02), still part of the start-up.
+        clock.advance(60)
+        thread = await rt.get_thread("t1")
+        await _running_of(thread, sid)
+        release(rt, "slow")
+        await rt.wait_idle()
+        schedule = await thread.get_schedule(sid)
+        runs = [r for r in (await thread.list_runs()).runs if r.schedule_id == sid]
+        assert [r.id for r in runs] == [run_id]
+        assert (schedule.occurrences, schedule.skipped) == (1, 0)
+        assert schedule.next_fire_at_ts == ts("2026-05-01T08:03:00")
 
 
 @pytest.mark.every_backend
@@ -574,6 +648,38 @@ def test_a_bad_crontab_weekday_is_refused(weekdays: str) -> None:
         Recurrence.parse(cron=f"0 9 * * {weekdays}")
 
 
+@pytest.mark.parametrize(
+    ("cron", "field"),
+    [
+        ("*/0 9 * * *", "minute"), ("5/0 9 * * *", "minute"), ("0 0-23/0 * * *", "hour"),
+        ("0 9 1-31/0 * *", "day"), ("0 9 * */0 *", "month"), ("0 9 * 1-12/0 *", "month"),
+        ("0 9 * jan-dec/0 *", "month"), ("0 9 * jan/0 *", "month"),
+        ("0 9 * 1,jan-dec/0 *", "month"), ("0 9 * * mon-fri/0", "weekday"),
+        ("0 9 * jan-dec/x *", "month"), ("0 9 * jan-dec/ *", "month"),
+    ],
+)
+def test_a_step_of_zero_is_refused_in_every_field_form(cron: str, field: str) -> None:
+    with pytest.raises(InvalidSchedule, match=rf"not a valid crontab.*{field} step"):
+        Recurrence.parse(cron=cron)
+    assert Recurrence.parse(cron="0 9 * jan-dec/2 *").cron == "0 9 * jan-dec/2 *"
+
+
+async def test_a_zoneinfo_is_accepted_as_the_timezone(api: Api, tmp_path: Path) -> None:
+    thread = await api.rt.create_thread()
+    made = await thread.schedule_recurring(
+        "ping", cron="30 2 * * *", timezone=ZoneInfo("Europe/Berlin")
+    )
+    assert made.schedule.recurrence.timezone == "Europe/Berlin"
+    assert made.schedule.next_fire_at_ts == ts("2026-03-29T01:30:00")  # in the gap
+    # A ZoneInfo read from a file has no IANA key: refused as any unknown zone.
+    source = Path("/usr/share/zoneinfo/Europe/Berlin")
+    if source.exists():
+        with source.open("rb") as f:
+            keyless = ZoneInfo.from_file(f)
+        with pytest.raises(InvalidSchedule, match="timezone must be an IANA zone name"):
+            Recurrence.parse(cron="0 9 * * *", timezone=keyless)
+
+
 @pytest.mark.parametrize("kind", ["memory", "postgres"])
 async def test_the_other_backends_fire_skip_and_coalesce_the_same(
     tmp_path: Path, kind: str
@@ -655,6 +761,10 @@ def test_a_schedule_frame_serializes_once_as_compact_json() -> None:
         ("America/Havana", "2026-03-08"), ("America/Havana", "2026-11-01"),
         ("America/Santiago", "2026-09-06"), ("America/Santiago", "2026-04-05"),
         ("Australia/Lord_Howe", "2026-10-04"), ("Australia/Lord_Howe", "2026-04-05"),
+        # Zones whose winter offset is zero (+0000 is an offset like any other).
+        ("Europe/London", "2026-03-29"), ("Europe/London", "2026-10-25"),
+        ("Europe/Lisbon", "2026-03-29"), ("Europe/Lisbon", "2026-10-25"),
+        ("Antarctica/Troll", "2026-03-29"), ("Antarctica/Troll", "2026-10-25"),
     ],
 )
 @pytest.mark.parametrize("minutes", [[0], [0, 30], [15, 45], list(range(0, 60, 5))])

@@ -205,7 +205,7 @@ export class RunsView {
           : nothing
       }${
         run.scheduleId
-          ? html`<span class="run-key muted mono" data-testid="run-schedule"
+          ? html`<span class="run-key run-schedule muted mono" data-testid="run-schedule"
               title=${`An occurrence of recurring schedule ${run.scheduleId}`}>schedule ${shortId(run.scheduleId)}</span>`
           : nothing
       }</td>

@@ -8,7 +8,7 @@
 import { html, nothing, render } from "./vendor/lit-html/lit-html.js";
 import { repeat } from "./vendor/lit-html/directives/repeat.js";
 import { api } from "./api.js";
-import { fmtLocal, shortId } from "./format.js";
+import { fmtLocal, fmtZoned, shortId } from "./format.js";
 import { cancelScheduleQuestion, mergeSchedule, nextFireView, recurrenceText } from "./schedules-model.js";
 import { toastApiError } from "./toasts.js";
 
@@ -35,7 +35,17 @@ function scheduleRow(s, now, view) {
     </span>
     <span class="sch-status">
       <span class="badge badge-${paused ? "canceled" : "completed"}" data-testid="schedule-state">${s.state}</span>
-      <span data-testid="schedule-next">${next}</span>
+      <span data-testid="schedule-next">${next}</span>${
+        s.nextFireAt && view_.kind !== "paused" && view_.kind !== "never"
+          ? html`<span class="muted nw" data-testid="schedule-next-at"
+              title="The next fire time, in this browser's zone">${fmtZoned(s.nextFireAt)}</span>`
+          : nothing
+      }${
+        paused && s.pausedReason
+          ? html`<span class="error-text" data-testid="schedule-paused-reason"
+              title="Why the runtime paused it">${s.pausedReason}</span>`
+          : nothing
+      }
       <span class="muted" data-testid="schedule-counts"
         title="Runs made · fire times skipped (the previous run was still pending or running)">${runs}</span>
     </span>

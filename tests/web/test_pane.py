@@ -1434,6 +1434,17 @@ def test_recurring_schedules_show_live_and_pause_resume_cancel(pane: Pane) -> No
     tagged = page.locator('[data-testid="run-row"]').get_by_test_id("run-schedule")
     expect(tagged.first).to_have_attribute(
         "title", f"An occurrence of recurring schedule {tick['id']}", timeout=WAIT_MS)
+    # The run row and the schedule row show one short form of the id, uncut.
+    short = f"schedule …{tick['id'][-8:]}"
+    expect(tagged.first).to_have_text(short)
+    expect(tick_row.get_by_test_id("schedule-id")).to_have_text(short)
+    assert tagged.first.evaluate("e => e.scrollWidth <= e.clientWidth + 1 || "
+                                 "getComputedStyle(e).textOverflow !== 'ellipsis'")
+    # Beside "next in …", the next fire time itself, local with its zone.
+    expect(row.get_by_test_id("schedule-next-at")).to_have_text(page.evaluate(
+        """iso => new Intl.DateTimeFormat(undefined, {year: "numeric", month: "short",
+        day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+        timeZoneName: "short"}).format(new Date(iso))""", digest["nextFireAt"]))
     expect(tick_row.get_by_test_id("schedule-counts")).not_to_contain_text(
         "0 runs", timeout=WAIT_MS)
     expect(row.get_by_test_id("schedule-counts")).to_have_text("0 runs · 0 skipped")
