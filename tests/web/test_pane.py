@@ -1488,6 +1488,14 @@ def chip_count(pane: Pane, status: str) -> Any:
     return pane.page.get_by_test_id(f"all-filter-{status}")
 
 
+def wait_for_dialog(pane: Pane, asked: int) -> None:
+    """Wait until the page asked more than ``asked`` questions (a `confirm()`), up to WAIT_MS."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while len(pane.dialogs) <= asked:
+        assert time.monotonic() < deadline, f"no question after {asked}: {pane.dialogs}"
+        pane.page.wait_for_timeout(50)
+
+
 def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     page = pane.page
     t1, t2, t3 = pane.new_thread(user_id="ann"), pane.new_thread(), pane.new_thread()
@@ -1559,7 +1567,10 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     page.get_by_test_id("all-user").fill(" ann ")
     page.get_by_test_id("all-since").fill("2020-01-01T00:00:00")
     pane.refuse = True
+    asked = len(pane.dialogs)
     page.get_by_test_id("all-cancel-pending").click()
+    # The question comes after the count is fetched: wait for it, not for the button.
+    wait_for_dialog(pane, asked)
     expect(page.get_by_test_id("all-cancel-pending")).to_be_enabled(timeout=WAIT_MS)
     assert pane.dialogs[-1].startswith(
         "Cancel all 2 pending runs named send_reminder, of user ann, due from "
