@@ -8,11 +8,14 @@ and read back unchanged on every backend.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pydantic_ai.messages  # noqa: F401 - imported here, not on the loop (no_blocking)
 import pytest
 
 from runtime.errors import InvalidArgument
-from tests.conftest import Api
+from tests.conftest import DEMO_APP, Api, serve_api
 from tests.test_http import error_of
 
 pytestmark = [pytest.mark.usefixtures("no_blocking"), pytest.mark.every_backend]
@@ -27,6 +30,8 @@ async def test_identifiers_with_nul_are_refused_over_http(api: Api) -> None:
     ]:
         assert field in error_of(await post("/api/threads", json=body), 400, "invalid_argument")
     assert (await api.client.get("/api/threads/n")).status_code == 404  # nothing stored
+    error_of(await post("/api/threads", json={"id": "a\u0000"}), 400, "invalid_thread_id")
+    error_of(await api.client.get("/api/threads/a%00"), 400, "invalid_thread_id")
 
     for url, field in [
         ("/api/threads?user_id=a%00", "user_id"),
@@ -102,3 +107,16 @@ async def test_free_text_with_nul_is_stored_and_read_back_unchanged(api: Api) ->
     indexed = (await api.client.get("/api/runs", params={"status": "failed"})).json()
     assert [r["id"] for r in indexed["runs"]] == [failed]
     assert "bad \u0000 thing" in indexed["runs"][0]["error"]
+
+
+async def test_a_reminder_with_nul_completes_and_posts_it(
+    tmp_path: Path, backend_settings: dict[str, Any]
+) -> None:
+    async with serve_api(tmp_path / "data", app_dir=DEMO_APP, **backend_settings) as api:
+        tid = await api.new_thread()
+        run_id = await api.schedule(tid, "send_reminder", {"text": "hi \u0000"})
+        await api.rt.wait_idle()
+        run = await api.run(tid, run_id)
+        assert run["status"] == "completed", run["error"]
+        page = (await api.client.get(f"/api/threads/{tid}/messages")).json()
+        assert page["messages"][-1]["content"] == "Reminder: hi \u0000"
