@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from runtime._text import NUL, no_nul_message
 from runtime.errors import InvalidArgument, InvalidDelay, InvalidEffectArgs, short_repr
 
 MAX_JSON_DEPTH = 64
@@ -243,16 +244,22 @@ MAX_CURSOR_SECONDS = 253_402_300_799.0
 
 
 def empty_filter(**filters: object) -> None:
-    """Refuse a filter given as an empty string (None means "not filtered by it").
+    """Refuse a filter given as an empty string (None means "not filtered by it") or holding NUL.
+
+    No identifier, name or tag may hold NUL (U+0000), so such a filter could match nothing;
+    it is refused, as on every backend (PostgreSQL text cannot hold NUL at all).
 
     Raises:
-        InvalidArgument: naming the first empty filter.
+        InvalidArgument: naming the first empty filter or the first holding NUL.
     """
     for key, value in filters.items():
         if value == "":
             raise InvalidArgument(
                 f"{key} must not be empty; pass None to not filter by it"
             )
+        if isinstance(value, str) and NUL in value:
+            raise InvalidArgument(no_nul_message(key))
+
 
 
 def parse_thread_cursor(cursor: str) -> tuple[float, str]:

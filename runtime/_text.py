@@ -13,6 +13,15 @@ from typing import Any
 
 from runtime.errors import InvalidArgument
 
+NUL = "\x00"
+"""The NUL character (U+0000): refused in identifiers, keys, names, tags and filters."""
+
+
+def no_nul_message(what: str) -> str:
+    """The error text for ``what`` holding NUL, e.g. ``"user_id holds a NUL ..."``."""
+    return (f"{what} holds a NUL character (U+0000), which identifiers, keys, names, tags "
+            f"and filters may not contain")
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -65,19 +74,24 @@ def find_invalid_text(value: Any) -> str | None:
     return None
 
 
-def check_text(value: object, what: str, *, max_chars: int) -> str:
+def check_text(value: object, what: str, *, max_chars: int, nul: bool = False) -> str:
     """Return ``value`` if it is a string of valid Unicode of at most ``max_chars``.
 
     Args:
         value: The argument.
         what: Its name in the message, e.g. ``"user_id"`` or ``"tags[2]"``.
         max_chars: The longest accepted value, in characters.
+        nul: Whether NUL (U+0000) is accepted: True for free text (message content);
+            identifiers, keys, names and tags (the default) may not hold it.
 
     Raises:
-        InvalidArgument: not a string, a lone surrogate, or too long (naming ``what``).
+        InvalidArgument: not a string, a lone surrogate, a NUL when ``nul`` is False, or
+            too long (naming ``what``).
     """
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a string, got {type(value).__name__}")
+    if not nul and NUL in value:
+        raise InvalidArgument(no_nul_message(what))
     bad = lone_surrogate(value)
     if bad:
         raise InvalidArgument(

@@ -72,7 +72,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from runtime._http_errors import error_response, runtime_error_status
 from runtime._limits import cut, delay_seconds, may_hold_surrogates, parse_json, run_at_seconds
 from runtime._limits import quoted as _quoted
-from runtime._text import find_invalid_text
+from runtime._text import NUL, find_invalid_text, no_nul_message
 from runtime.alarms import Clock
 from runtime.config import Settings
 from runtime.effect_records import listed_record_json
@@ -703,6 +703,8 @@ def _check_query(request: Request, known: frozenset[str]) -> None:
                 f"Unknown query parameter {_quoted(key)}; known: {', '.join(sorted(known))}",
             )
     for key, value in request.query_params.multi_items():
+        if NUL in value:
+            raise ApiError(400, "invalid_parameter", no_nul_message(key))
         if value == "":
             if key == "thread_id":
                 validate_thread_id(value)  # raises InvalidThreadId (400 invalid_thread_id)
@@ -1652,6 +1654,9 @@ def _route(path: str, **by_method: Endpoint) -> Route:
 
     async def dispatch(request: Request) -> Response:
         method = "GET" if request.method == "HEAD" else request.method
+        for name, value in request.path_params.items():  # no id, key or name holds NUL
+            if name != "tid" and isinstance(value, str) and NUL in value:  # tid: its own rule
+                raise ApiError(400, "invalid_parameter", no_nul_message(f"path segment {name}"))
         return await by_method[method](request)
 
     return Route(path, dispatch, methods=list(by_method))

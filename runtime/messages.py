@@ -372,7 +372,7 @@ def check_content(content: object) -> str:
         InvalidArgument: (a ``ValueError``) not a string, empty, not valid Unicode (a lone
             surrogate), or longer than `MAX_CONTENT_CHARS`.
     """
-    content = check_text(content, "message content", max_chars=MAX_CONTENT_CHARS)
+    content = check_text(content, "message content", max_chars=MAX_CONTENT_CHARS, nul=True)
     if not content.strip():
         raise InvalidArgument("message content must not be empty")
     return content

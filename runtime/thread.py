@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+from runtime._text import NUL, no_nul_message
 from runtime.discovery import PACKAGE_ID_RE
 from runtime.effects import EffectRun, EffectStatus, RunAttempt
 from runtime.errors import InvalidArgument, InvalidSchedule
@@ -203,6 +204,8 @@ class ThreadState:
 
     def _qualified(self, name: str | None) -> str | None:
         """A short name inside a package names that package's effect, as stored in runs."""
+        if name is not None and NUL in name:
+            raise InvalidArgument(no_nul_message("name"))
         if name is None or self.package_id is None or "/" in name:
             return name
         return f"{self.package_id}/{name}"

@@ -22,6 +22,7 @@ data-directory lock, one process uses a database (schema) at a time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -74,6 +75,73 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime")
 
 T = TypeVar("T")
+
+
+_NUL = "\x00"
+NUL_MARK = "\x01nul\x01"
+"""Prefix of a stored text that was escaped because PostgreSQL text cannot hold NUL.
+
+A text column cannot hold U+0000, which SQLite and the memory backend store as given; so a
+string holding NUL (or starting with this mark, to keep the mapping one-to-one) is written
+as the mark followed by its JSON form (``"a\\u0000b"``) and read back as the original.
+Other strings are written unchanged, so equality and prefix filters on them still work.
+"""
+
+
+def escape_nul(text: str) -> str:
+    """``text`` as stored: unchanged unless it holds NUL or starts with `NUL_MARK`."""
+    if _NUL in text or text.startswith(NUL_MARK):
+        return NUL_MARK + json.dumps(text)
+    return text
+
+
+def unescape_nul(text: str) -> str:
+    """The string `escape_nul` stored as ``text``."""
+    if text.startswith(NUL_MARK):
+        value = json.loads(text[len(NUL_MARK):])
+        if isinstance(value, str):
+            return value
+    return text
+
+
+@functools.cache
+def _adapters() -> Any:
+    """The psycopg adapters with every str parameter escaped and every text column unescaped."""
+    import psycopg
+    from psycopg.adapt import AdaptersMap, Buffer
+    from psycopg.types.string import (
+        StrBinaryDumper,
+        StrDumperUnknown,
+        TextBinaryLoader,
+        TextLoader,
+    )
+
+    class NulStrBinaryDumper(StrBinaryDumper):
+        def dump(self, obj: str) -> Buffer | None:
+            return super().dump(escape_nul(obj))
+
+    class NulStrDumper(StrDumperUnknown):
+        def dump(self, obj: str) -> Buffer | None:
+            return super().dump(escape_nul(obj))
+
+    class NulTextLoader(TextLoader):
+        def load(self, data: Buffer) -> bytes | str:
+            value = super().load(data)
+            return unescape_nul(value) if isinstance(value, str) else value
+
+    class NulTextBinaryLoader(TextBinaryLoader):
+        def load(self, data: Buffer) -> bytes | str:
+            value = super().load(data)
+            return unescape_nul(value) if isinstance(value, str) else value
+
+    adapters = AdaptersMap(psycopg.adapters)
+    # Binary first, text last: the last registered is the default (as psycopg does).
+    adapters.register_dumper(str, NulStrBinaryDumper)
+    adapters.register_dumper(str, NulStrDumper)
+    for name in ("text", "varchar"):
+        adapters.register_loader(name, NulTextLoader)
+        adapters.register_loader(name, NulTextBinaryLoader)
+    return adapters
 
 
 def _db_error() -> type[Exception]:
@@ -1561,6 +1629,7 @@ class PostgresBackend(StorageBackend):
     def _connect_kwargs(self, role: str = "thread-effects") -> dict[str, Any]:
         return {
             "autocommit": True,
+            "context": _adapters(),  # NUL-safe text (see `escape_nul`)
             "options": f"-c search_path={self.schema}",
             "connect_timeout": max(1, round(self.connect_timeout)),
             # Seen in pg_stat_activity: which schema's pool (or lock) a connection is.

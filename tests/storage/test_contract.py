@@ -898,6 +898,28 @@ def test_messages_round_trip_in_order(store: ThreadStore) -> None:
     assert store.get_message("nope") is None
 
 
+def test_free_text_with_nul_round_trips(store: ThreadStore, rtdb: RuntimeStore) -> None:
+    """NUL in content, args and errors is kept (PostgreSQL text cannot hold it: escaped)."""
+    texts = ["a\u0000b", "\u0000", "\u0001nul\u0001\"x\"", "\u0001nul\u0001", "plain"]
+    batch = [replace(message(i), content=t) for i, t in enumerate(texts, start=1)]
+    store.insert_messages(batch)
+    assert store.all_messages() == batch
+    assert store.get_message("m0001") == batch[0]
+
+    r = run(args={"text": "hi \u0000", "\u0000key": ["\u0000"]})
+    store.insert_run(r)
+    _, claimed, _ = store.finish_and_claim(None, T0)
+    assert claimed is not None and claimed.args == r.args
+    failed = Finish(r.id, EffectStatus.FAILED, "ValueError: bad \u0000 thing", T0)
+    done, _, _ = store.finish_and_claim(failed, T0, claim=False)
+    assert done is not None and done.error == "ValueError: bad \u0000 thing"
+    got = store.get_run(r.id, T0, KEEP)
+    assert got is not None and got.error == done.error and got.args == r.args
+    rtdb.index_runs([done])
+    page = rtdb.list_indexed_runs(RunQuery(statuses=(EffectStatus.FAILED,)), T0, KEEP, 10)
+    assert [(x.id, x.error) for x in page[0]] == [(r.id, done.error)]
+
+
 def test_a_batch_with_a_taken_id_writes_nothing(store: ThreadStore) -> None:
     store.insert_messages([message(1)])
     with pytest.raises(ThreadStorageError, match="Thread t"):
