@@ -28,11 +28,17 @@ from runtime.effects import EffectRun
 from runtime.messages import Message
 from runtime.recurrence import Schedule
 
-_ENCODE_SCHEDULE = json.JSONEncoder(separators=(",", ":")).encode
-"""Compact JSON of a schedule frame (as ``json.dumps`` would, ASCII-escaped)."""
-
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 """The one JSON encoder of frames (compact, ASCII-escaped, as ``json.dumps`` would)."""
+
+
+def _frame_text(event: ThreadEvent) -> str:
+    """``event.to_frame()`` as compact JSON, made on the first call and kept on the event."""
+    text = event._text
+    if text is None:
+        text = _ENCODE(event.to_frame())
+        object.__setattr__(event, "_text", text)
+    return text
 
 
 class RunChange(StrEnum):
@@ -85,11 +91,7 @@ class EffectChanged:
 
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
-        text = self._text
-        if text is None:
-            text = _ENCODE(self.to_frame())
-            object.__setattr__(self, "_text", text)
-        return text
+        return _frame_text(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +130,7 @@ class MessageCreated:
 
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
-        text = self._text
-        if text is None:
-            text = _ENCODE(self.to_frame())
-            object.__setattr__(self, "_text", text)
-        return text
+        return _frame_text(self)
 
 
 class RecordChange(StrEnum):
@@ -181,11 +179,7 @@ class EffectRecordChanged:
 
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
-        text = self._text
-        if text is None:
-            text = _ENCODE(self.to_frame())
-            object.__setattr__(self, "_text", text)
-        return text
+        return _frame_text(self)
 
 
 class ScheduleChange(StrEnum):
@@ -240,11 +234,7 @@ class ScheduleChanged:
 
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
-        text = self._text
-        if text is None:
-            text = _ENCODE_SCHEDULE(self.to_frame())
-            object.__setattr__(self, "_text", text)
-        return text
+        return _frame_text(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +264,7 @@ class ThreadDeleted:
 
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
-        text = self._text
-        if text is None:
-            text = _ENCODE(self.to_frame())
-            object.__setattr__(self, "_text", text)
-        return text
+        return _frame_text(self)
 
 
 ThreadEvent: TypeAlias = (
