@@ -105,6 +105,8 @@ class RunOperations:
         now: The clock's ``now``.
         check_open: Raises `RuntimeClosed` unless the runtime is running.
         executor: Cancels running runs (None: only pending runs can be canceled).
+        run_short: Runs the store call that records a schedule (`Runtime.run_short`: on
+            the loop when the backend says it is cheap); ``run_sync`` when None.
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class RunOperations:
         now: Callable[[], float],
         check_open: Callable[[], None],
         executor: EffectExecutor | None = None,
+        run_short: RunSync | None = None,
     ) -> None:
         self._settings = settings
         self._registry = registry
@@ -125,6 +128,7 @@ class RunOperations:
         self._alarms = alarms
         self._hub = hub
         self._run_sync = run_sync
+        self._run_short = run_short or run_sync
         self._now = now
         self._check_open = check_open
         self._executor = executor
@@ -230,7 +234,7 @@ class RunOperations:
             await self._alarms.lower(state.thread_id, run.run_at_ts)
             current = CURRENT_RUN.get()
             hand_off = current[1] if current and current[0] == state.thread_id else None
-            existing = await self._run_sync(
+            existing = await self._run_short(
                 partial(actor.store.insert_run, hand_off_from=hand_off), run
             )
         if existing is not None:

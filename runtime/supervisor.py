@@ -106,6 +106,9 @@ log = logging.getLogger("runtime")
 T = TypeVar("T")
 
 _STORAGE_THREADS = 16
+
+_INLINE_YIELD_EVERY = 8
+"""`Runtime.run_short` lets the loop take a turn after this many calls made on the loop."""
 LOCK_RECHECK_SECONDS = 2.0
 """While the backend reports a lock problem, a due thread is looked at again this often."""
 """OS threads for store calls. Measured with bench/bench_effects.py (2 cores, FULL): 16
@@ -302,6 +305,7 @@ class Runtime:
         self.hub = ChangeHub(self.settings.subscriber_queue_size)
         self.hub.add_listener(log_run_change)  # one log line per run transition
         self._executor_pool: _StoragePool | None = None
+        self._inline_calls = 0  # short store calls made on the loop since it last yielded
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
@@ -324,7 +328,7 @@ class Runtime:
             retention=self.settings.retention,
         )
         self.executor = EffectExecutor(
-            lambda: self.registry, self.clock.now, self.hub, self.alarms, self.run_sync,
+            lambda: self.registry, self.clock.now, self.hub, self.alarms, self.run_short,
             self._state_for_effect, lambda: self._closing,
             retention=self.settings.retention,
             wake=lambda thread_id: self.dispatcher.wake(thread_id),
@@ -340,6 +344,7 @@ class Runtime:
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open, executor=self.executor,
+            run_short=self.run_short,
         )
         self.schedules = ScheduleOperations(
             lambda: self.registry, self.actors, self.alarms, self.hub, self.run_sync,
@@ -623,6 +628,35 @@ class Runtime:
                     "The runtime was shut down while this call was in flight"
                 ) from exc
             raise
+
+    async def run_short(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a short store call: on the loop when the backend says it is cheap, else `run_sync`.
+
+        With a backend whose ``short_calls_inline`` is set (SQLite with
+        ``synchronous=NORMAL``) ``fn(*args)`` runs here, on the event loop, and then the
+        loop gets one turn (``asyncio.sleep(0)``), so that a caller scheduling in a loop
+        still lets due runs and other requests go; otherwise it is `run_sync`. Used for the
+        per-run calls (recording a schedule, recording an outcome and claiming the next run),
+        whose hand-off to a storage thread and back cost more CPU than the call itself.
+
+        Returns:
+            What ``fn(*args)`` returned (its exception is raised here).
+        """
+        if not self.storage.short_calls_inline:
+            return await self.run_sync(fn, *args)
+        try:
+            result = fn(*args)
+        except ThreadStorageError as exc:
+            if self._stores_closing:
+                raise RuntimeClosed(
+                    "The runtime was shut down while this call was in flight"
+                ) from exc
+            raise
+        self._inline_calls += 1
+        if self._inline_calls >= _INLINE_YIELD_EVERY:
+            self._inline_calls = 0
+            await asyncio.sleep(0)
+        return result
 
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).

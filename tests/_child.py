@@ -96,6 +96,8 @@ async def main(argv: list[str]) -> None:
         app_dir=APP, data_dir=data_dir, load_packages=False,
         # PostgreSQL when the test sets it (tests marked every_backend), else SQLite files.
         database_url=os.environ.get("THREAD_EFFECTS_DATABASE_URL") or None,
+        # NORMAL: the run's store calls are made on the event loop (sqlite-normal).
+        synchronous=os.environ.get("THREAD_EFFECTS_TEST_SYNCHRONOUS") or "FULL",
     ) as rt:
         if mode == "serve-warm":
             state = await rt.create_thread(argv[2])

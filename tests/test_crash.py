@@ -26,6 +26,10 @@ def child_backend(monkeypatch: pytest.MonkeyPatch, backend_settings: dict[str, s
         monkeypatch.setenv("THREAD_EFFECTS_DATABASE_URL", backend_settings["database_url"])
     else:
         monkeypatch.delenv("THREAD_EFFECTS_DATABASE_URL", raising=False)
+    if "synchronous" in backend_settings:
+        monkeypatch.setenv("THREAD_EFFECTS_TEST_SYNCHRONOUS", backend_settings["synchronous"])
+    else:
+        monkeypatch.delenv("THREAD_EFFECTS_TEST_SYNCHRONOUS", raising=False)
 
 
 def _start(data_dir: Path, *args: str) -> subprocess.Popen[str]:

@@ -31,6 +31,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 GUARD_SECONDS = 60.0
 
+STORAGE_KINDS = ("sqlite", "postgres")
+"""The backends of this module's every_backend tests: the server has no synchronous option."""
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -928,6 +928,13 @@ class StorageBackend(ABC):
     kind: str = "custom"
     """What `GET /api/health` names the backend: ``sqlite``, ``memory``, ``postgres``."""
 
+    short_calls_inline: bool = False
+    """Whether a thread store's short writes (recording a schedule, recording an outcome
+    and claiming the next due run) cost so little that the runtime makes them on the event
+    loop itself, without the hand-off to a storage thread and back. True for SQLite with
+    ``synchronous=NORMAL`` (a commit writes the WAL without waiting for the disk); False
+    where a commit waits for a disk flush or a server round trip."""
+
     def connection_held(self) -> bool | None:
         """Whether the backend holds a live connection to a database server now.
 
