@@ -41,6 +41,15 @@ def _frame_text(event: ThreadEvent) -> str:
     return text
 
 
+def _frame_bytes(event: ThreadEvent) -> bytes:
+    """``event.frame_text()`` encoded, made on the first call and kept on the event."""
+    data = event._bytes
+    if data is None:
+        data = _frame_text(event).encode("ascii")
+        object.__setattr__(event, "_bytes", data)
+    return data
+
+
 class RunChange(StrEnum):
     """What happened to a run, as carried by a change event."""
 
@@ -70,6 +79,7 @@ class EffectChanged:
     change: RunChange
     run: EffectRun = field(repr=False)
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -93,6 +103,10 @@ class EffectChanged:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
         return _frame_text(self)
 
+    def frame_bytes(self) -> bytes:
+        """`frame_text` encoded (ASCII, hence UTF-8); made on the first call, then kept."""
+        return _frame_bytes(self)
+
 
 @dataclass(frozen=True, slots=True)
 class MessageCreated:
@@ -112,6 +126,7 @@ class MessageCreated:
     seq: int
     message: Message = field(repr=False)
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -131,6 +146,10 @@ class MessageCreated:
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
         return _frame_text(self)
+
+    def frame_bytes(self) -> bytes:
+        """`frame_text` encoded (ASCII, hence UTF-8); made on the first call, then kept."""
+        return _frame_bytes(self)
 
 
 class RecordChange(StrEnum):
@@ -161,6 +180,7 @@ class EffectRecordChanged:
     change: RecordChange
     record: dict[str, Any] = field(repr=False)
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -180,6 +200,10 @@ class EffectRecordChanged:
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
         return _frame_text(self)
+
+    def frame_bytes(self) -> bytes:
+        """`frame_text` encoded (ASCII, hence UTF-8); made on the first call, then kept."""
+        return _frame_bytes(self)
 
 
 class ScheduleChange(StrEnum):
@@ -213,6 +237,7 @@ class ScheduleChanged:
     change: ScheduleChange
     schedule: Schedule = field(repr=False)
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def data(self) -> dict[str, Any]:
@@ -236,6 +261,10 @@ class ScheduleChanged:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
         return _frame_text(self)
 
+    def frame_bytes(self) -> bytes:
+        """`frame_text` encoded (ASCII, hence UTF-8); made on the first call, then kept."""
+        return _frame_bytes(self)
+
 
 @dataclass(frozen=True, slots=True)
 class ThreadDeleted:
@@ -252,6 +281,7 @@ class ThreadDeleted:
     thread_id: str
     seq: int
     _text: str | None = field(default=None, init=False, repr=False, compare=False)
+    _bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_frame(self) -> dict[str, Any]:
         """The ``thread_deleted`` WebSocket frame (no ``data``)."""
@@ -265,6 +295,10 @@ class ThreadDeleted:
     def frame_text(self) -> str:
         """``to_frame()`` as compact JSON text; made on the first call, then the same string."""
         return _frame_text(self)
+
+    def frame_bytes(self) -> bytes:
+        """`frame_text` encoded (ASCII, hence UTF-8); made on the first call, then kept."""
+        return _frame_bytes(self)
 
 
 ThreadEvent: TypeAlias = (

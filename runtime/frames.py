@@ -14,6 +14,7 @@ core's run log (`runtime.telemetry`) and the server's Prometheus metrics
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +42,13 @@ __all__ = ["ChangeHub", "Listener", "Subscription", "ThreadEvent"]
 _E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged, ScheduleChanged)
 
 log = logging.getLogger("runtime")
+
+_NEVER = 1 << 62
+"""A buffer length no subscription reaches (`Subscription._wake_at` while nobody waits)."""
+
+_LINGER_ROOM = 16
+"""A batching reader lingers only while this many events or more fit in a quarter of its
+queue (`Subscription.next_batch`)."""
 
 ALL_THREADS = "*"
 """The key of the subscriptions to every thread's run changes (not a valid thread id)."""
@@ -83,6 +91,9 @@ class Subscription(AsyncIterator[ThreadEvent]):
         self._hub = hub
         self._buffer: deque[ThreadEvent] = deque()
         self._ready = asyncio.Event()
+        # A push sets _ready once the buffer holds this many events: 1 while the reader
+        # waits for any, more while a batching reader lingers, _NEVER while it is busy.
+        self._wake_at = _NEVER
         self._ended: asyncio.Event | None = None
 
     def _push(self, event: ThreadEvent) -> None:
@@ -90,13 +101,17 @@ class Subscription(AsyncIterator[ThreadEvent]):
             return
         buffer = self._buffer
         if len(buffer) >= self.maxsize:
-            self.overflowed = True
-            self.dropped = len(buffer) + 1
-            buffer.clear()
-            self._end()
+            self._overflow()
             return
         buffer.append(event)
-        self._ready.set()
+        if len(buffer) >= self._wake_at:
+            self._ready.set()
+
+    def _overflow(self) -> None:
+        self.overflowed = True
+        self.dropped = len(self._buffer) + 1
+        self._buffer.clear()
+        self._end()
 
     def _end(self) -> None:
         self.closed = True
@@ -136,8 +151,56 @@ class Subscription(AsyncIterator[ThreadEvent]):
                 return self._buffer.popleft()
             if self.closed:
                 raise StopAsyncIteration
-            self._ready.clear()
+            await self._wait(1)
+
+    async def _wait(self, count: int) -> None:
+        """Until the buffer holds ``count`` events or the subscription ends."""
+        self._ready.clear()
+        self._wake_at = count
+        try:
             await self._ready.wait()
+        finally:
+            self._wake_at = _NEVER
+
+    async def next_batch(self, linger_until: float | None = None) -> list[ThreadEvent]:
+        """Every event buffered now (waiting for at least one), oldest first.
+
+        What a writer that sends many events at once uses instead of iterating. With
+        ``linger_until`` (the loop's clock, ``loop.time()``, seconds), once an event is
+        there it waits further, until then, for more to come with it, but no longer than
+        until a quarter of ``maxsize`` is buffered (the rest is room for what is published
+        before the reader runs again; a queue shorter than four times `_LINGER_ROOM` never
+        lingers). Returns an empty list once the subscription is closed and everything was read.
+
+        Raises:
+            SubscriptionOverflow: as iteration does.
+        """
+        while True:
+            if self.overflowed:
+                raise SubscriptionOverflow(
+                    f"Subscriber of thread {self.thread_id} fell more than {self.maxsize} "
+                    f"events behind and was dropped; reload over HTTP and subscribe again"
+                )
+            buffer = self._buffer
+            fill = self.maxsize // 4
+            if (
+                buffer and linger_until is not None and not self.closed
+                and fill >= _LINGER_ROOM and len(buffer) < fill
+            ):
+                remaining = linger_until - asyncio.get_running_loop().time()
+                linger_until = None
+                if remaining > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(remaining):
+                            await self._wait(fill)
+                    continue
+            if buffer:
+                batch = list(buffer)
+                buffer.clear()
+                return batch
+            if self.closed:
+                return []
+            await self._wait(1)
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -246,8 +309,20 @@ class ChangeHub:
                 listener(event)
             except Exception:
                 log.exception("a listener of the change hub failed on %r", event)
-        for sub in list(self._subs.get(thread_id, ())):
-            sub._push(event)
+        subs = self._subs.get(thread_id)
+        if subs:
+            # `Subscription._push`, inlined: with hundreds of clients on one thread this
+            # loop runs for each of them at every event.
+            for sub in list(subs):
+                if sub.closed:
+                    continue
+                buffer = sub._buffer
+                if len(buffer) >= sub.maxsize:
+                    sub._overflow()
+                    continue
+                buffer.append(event)
+                if len(buffer) >= sub._wake_at:
+                    sub._ready.set()
         return event
 
     def close_thread(self, thread_id: str) -> None:

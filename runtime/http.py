@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import os
 import re
 import socket
@@ -67,7 +68,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.types import Message as ASGIMessage
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State as WebSocketState
 
 from runtime._http_errors import error_response, runtime_error_status
 from runtime._limits import cut, delay_seconds, may_hold_surrogates, parse_json, run_at_seconds
@@ -136,6 +139,17 @@ WS_CLOSE_REASON_BYTES = 123
 """Longest close reason a WebSocket close frame can carry, in bytes of UTF-8."""
 
 WS_CLOSE_TIMEOUT_SECONDS = 10.0
+
+FRAME_BATCH_SECONDS = 0.05
+"""After sending to a stream client, its writer sends again at most this much later
+(seconds; earlier once half its queue is full): frames published meanwhile go out
+together, in one socket write. An idle client's next frame goes out at once."""
+
+SEND_FRAMES_EXTENSION = "thread_effects.send_frames"
+"""The ASGI scope extension of this server's WebSocket protocol (`server_options`): its
+``"send"`` is ``async send(payloads: list[bytes])``, which sends each UTF-8 payload as one
+text message, all in one socket write. Without it (another server, the test client), a
+stream sends its frames one ``send_text`` at a time."""
 # How long a request cancelled at the end of the shutdown grace period has to answer 503.
 REQUEST_CANCEL_SECONDS = 2.0
 """How long the stream waits to get its close frame (or last frames) out to a client."""
@@ -1371,10 +1385,24 @@ class FrameStream:
         self.close_timeout_seconds = close_timeout_seconds
 
     async def _write(self) -> None:
-        send = self.websocket.send_text
+        extension = self.websocket.scope.get("extensions", {}).get(SEND_FRAMES_EXTENSION)
         with contextlib.suppress(SubscriptionOverflow):  # `run` sees it and closes with 1013
-            async for event in self.subscription:
-                await send(event.frame_text())
+            if extension is None:
+                send = self.websocket.send_text
+                async for event in self.subscription:
+                    await send(event.frame_text())
+                return
+            # Several frames per socket write: the events buffered since the last write
+            # (each still its own WebSocket message), at most one write per
+            # FRAME_BATCH_SECONDS, so 200 clients of a busy thread cost the loop a few
+            # writes per client per tick instead of one per client per frame.
+            send_frames = extension["send"]
+            next_batch = self.subscription.next_batch
+            clock = asyncio.get_running_loop().time
+            sent_at = -math.inf
+            while batch := await next_batch(linger_until=sent_at + FRAME_BATCH_SECONDS):
+                await send_frames([event.frame_bytes() for event in batch])
+                sent_at = clock()
 
     async def _read(self) -> None:
         # The pane sends nothing; reading is how a disconnect is noticed.
@@ -1765,6 +1793,62 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
         super().connection_lost(exc)
         self.transport.cancel_abort()  # type: ignore[attr-defined]
 
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:  # the ASGI app gets this dict when its task first runs
+            scope["extensions"][SEND_FRAMES_EXTENSION] = {"send": self.send_frames}
+
+    async def send_frames(self, payloads: list[bytes]) -> None:
+        """Send each UTF-8 ``payload`` as a text message, all in one socket write.
+
+        Without a negotiated extension (the server offers no compression, `server_options`)
+        a server's text frame is the same bytes for every client: a 2-to-10-byte header
+        and the payload, built here without the protocol object's per-frame work.
+
+        Raises:
+            ClientDisconnected: the connection is closed or closing.
+        """
+        await self.writable.wait()
+        conn = self.conn
+        if self.disconnected or self.close_sent or conn.state is not WebSocketState.OPEN:
+            raise ClientDisconnected()
+        if conn.extensions:
+            for payload in payloads:
+                conn.send_text(payload)
+            self.transport.write(b"".join(conn.data_to_send()))
+            return
+        wire = _WIRE_FRAMES
+        parts: list[bytes] = []
+        for payload in payloads:
+            # The same payload object goes to every client of the thread: its frame is
+            # built once. The entry holds the payload, so its id is not reused meanwhile.
+            entry = wire.get(id(payload))
+            if entry is None:
+                if len(wire) >= _WIRE_FRAMES_KEPT:
+                    wire.clear()
+                entry = wire[id(payload)] = (
+                    payload, _text_frame_header(len(payload)) + payload
+                )
+            parts.append(entry[1])
+        self.transport.write(b"".join(parts))
+
+
+_WIRE_FRAMES: dict[int, tuple[bytes, bytes]] = {}
+"""Recent payloads' text frames, by the payload's id (kept with it): built once, sent to
+every client (`_AbortingWebSockets.send_frames`; the event loop's thread only)."""
+
+_WIRE_FRAMES_KEPT = 4096
+
+
+def _text_frame_header(length: int) -> bytes:
+    """The header of an unmasked, final text frame (RFC 6455, 5.2) of ``length`` bytes."""
+    if length < 126:
+        return bytes((0x81, length))
+    if length < 1 << 16:
+        return b"\x81\x7e" + length.to_bytes(2, "big")
+    return b"\x81\x7f" + length.to_bytes(8, "big")
+
 
 class Server(uvicorn.Server):
     """uvicorn's server, shutting the runtime down before the connections (SIGINT/SIGTERM).
@@ -1845,7 +1929,9 @@ def server_options(
     - request heads over 16 KiB are refused (uvicorn's 400);
     - a WebSocket the server closes is aborted ``ws_close_timeout_seconds`` later if its
       close could not be delivered (a client that does not read): socket and unsent
-      frames are released.
+      frames are released;
+    - WebSocket messages are not compressed (no permessage-deflate): a frame is the same
+      bytes for every client, and several go out in one socket write (`FrameStream`).
 
     Bodies are bounded by `BodyLimitMiddleware` (size, and `BODY_IDLE_TIMEOUT_SECONDS`).
 
@@ -1868,6 +1954,9 @@ def server_options(
         "http": protocol,
         "ws": ws_protocol,
         "timeout_keep_alive": KEEP_ALIVE_SECONDS,  # uvicorn wants an int
+        # Frames go out uncompressed: the same bytes for every client, made once
+        # (compressing is per connection, per frame, on the loop).
+        "ws_per_message_deflate": False,
         "h11_max_incomplete_event_size": 16 * 1024,
     }
 

@@ -470,3 +470,60 @@ async def test_a_thread_whose_file_is_corrupt_is_refused_with_4500(tmp_path: Pat
         assert code == 4500
         assert reason == "Thread storage error: thread corrupt1's database cannot be used"
         assert len(reason.encode()) <= 123
+
+
+async def test_a_batching_reader_gets_every_event_in_order_and_lingers_only_with_room() -> None:
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.events import RunChange
+    from runtime.frames import ChangeHub
+
+    hub = ChangeHub(queue_size=100)
+    sub = hub.subscribe("t1")
+    loop = asyncio.get_running_loop()
+
+    def publish(n: int) -> None:
+        for i in range(n):
+            run = EffectRun(id=f"r{i}", thread_id="t1", name="noop",
+                            status=EffectStatus.PENDING, args=None, run_at_ts=0.0,
+                            created_at_ts=0.0)
+            hub.publish(RunChange.SCHEDULED, run)
+
+    publish(3)
+    # An idle reader's first batch goes at once: nothing to linger for.
+    assert [e.seq for e in await sub.next_batch()] == [1, 2, 3]
+    # A lingering reader waits for more, until a quarter of its queue (25) is there.
+    reader = asyncio.create_task(sub.next_batch(linger_until=loop.time() + 60))
+    await asyncio.sleep(0)
+    publish(10)
+    await asyncio.sleep(0.01)
+    assert not reader.done()
+    publish(15)
+    batch = await asyncio.wait_for(reader, 5)
+    assert [e.seq for e in batch] == list(range(4, 29))
+    # Or until its deadline.
+    publish(2)
+    batch = await sub.next_batch(linger_until=loop.time() + 0.02)
+    assert [e.seq for e in batch] == [29, 30]
+    # A short queue never lingers (it would overflow before the reader runs again).
+    small = ChangeHub(queue_size=8).subscribe("t2")
+    small._hub._deliver("t2", lambda seq: _Marker(seq))  # type: ignore[arg-type]
+    assert len(await asyncio.wait_for(small.next_batch(linger_until=loop.time() + 60), 5)) == 1
+    sub.close()
+    assert await sub.next_batch() == []
+
+
+@dataclass(frozen=True)
+class _Marker:
+    seq: int
+
+
+@pytest.mark.parametrize("length", [0, 125, 126, 65535, 65536])
+def test_a_text_frame_header_is_what_the_websockets_library_writes(length: int) -> None:
+    from websockets.frames import Frame, Opcode
+
+    from runtime.http import _text_frame_header
+
+    payload = b"x" * length
+    assert _text_frame_header(length) + payload == Frame(Opcode.TEXT, payload).serialize(
+        mask=False
+    )
