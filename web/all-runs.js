@@ -115,6 +115,7 @@ export class AllRunsView {
     this.loadingMore = false;
     this.reloadQueued = false;
     this.framesDuringLoad = null;
+    this.deletedDuringLoad = null; // threads deleted while a reload was on its way
     this.complete = true;
     this.drawScheduled = false;
   }
@@ -293,6 +294,7 @@ export class AllRunsView {
     }
     this.loading = true;
     this.framesDuringLoad = new Set();
+    this.deletedDuringLoad = new Set();
     this.el.table.setAttribute("aria-busy", "true");
     this.drawEffectNames(); // the effects may have arrived since the view was shown
     const want = Math.max(this.loadedOnce ? this.model.runs.size : 0, 1);
@@ -310,6 +312,8 @@ export class AllRunsView {
         cursor = res.nextCursor || null;
       } while (cursor && fetched.length < want);
       this.model = snapshotModel(this.model, fetched, { during: this.framesDuringLoad, counts, now: Date.now() });
+      // A thread deleted while the pages were on their way: the pages may still have its runs.
+      for (const threadId of this.deletedDuringLoad) dropThread(this.model, threadId);
       this.cursor = cursor;
       this.exhausted = !cursor;
       this.complete = complete;
@@ -320,6 +324,7 @@ export class AllRunsView {
       if (!s.closed) {
         this.loading = false;
         this.framesDuringLoad = null;
+        this.deletedDuringLoad = null;
         this.el.table.removeAttribute("aria-busy");
         this.draw();
         if (this.reloadQueued) {
@@ -360,6 +365,7 @@ export class AllRunsView {
       if (frame.threadId == null) return;
       // Its runs are gone: nothing to show or act on; the counts are asked for again.
       dropThread(this.model, frame.threadId);
+      if (this.deletedDuringLoad) this.deletedDuringLoad.add(String(frame.threadId));
       this.scheduleDraw();
       this.scheduleCountsSync(0);
       return;
