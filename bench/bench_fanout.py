@@ -15,8 +15,9 @@ every client's frames / (first schedule call → the last client has its last fr
 
 Prints one Markdown table (or one JSON line with ``--json``): runs/s with and without
 clients, their ratio (issue 14, target 5: ≥ 0.8), delivered frames/s (goal ≥ 20,000/s),
-how many clients got every frame, how many were closed with 1013, and whether every
-client that got every frame got the same bytes.
+how many clients got every frame, how many were closed with 1013, whether every
+client that got every frame got the same bytes, the server's CPU per run and the clients'
+(this process's CPU while they receive: on a 2-core machine it competes with the server).
 """
 
 from __future__ import annotations
@@ -119,11 +120,13 @@ async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
     for r in readies:
         await r.wait()
     start = time.perf_counter()
+    cpu0 = time.process_time()
     child.stdin.write(b"go\n")
     await child.stdin.drain()
     result = json.loads(await child.stdout.readline())
     async with asyncio.timeout(GUARD_SECONDS):
         got = await asyncio.gather(*tasks)
+    clients_cpu = time.process_time() - cpu0
     child.stdin.write(b"done\n")
     await child.stdin.drain()
     await child.wait()
@@ -139,6 +142,7 @@ async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
         other=sum(1 for g in got if g["frames"] < expected and g["code"] != 1013),
         identical=len({g["crc"] for g in complete}) <= 1,
         delivered=delivered,
+        clients_cpu_us_per_run=clients_cpu * 1e6 / runs,
     )
     return result
 
@@ -165,6 +169,7 @@ async def measure(clients: int, runs: int, synchronous: str, repeat: int) -> dic
         "ratio": med([f["runs_per_second"] / a["runs_per_second"] for a, f in pairs]),
         "cpu_us_per_run_alone": med([a["cpu_us_per_run"] for a, _ in pairs]),
         "cpu_us_per_run_with_clients": med([f["cpu_us_per_run"] for _, f in pairs]),
+        "clients_cpu_us_per_run": med([f["clients_cpu_us_per_run"] for _, f in pairs]),
         "frames_per_second": med([f.get("frames_per_second", 0.0) for _, f in pairs]),
         "complete": min(f["complete"] for _, f in pairs),
         "closed_1013": max(f["closed_1013"] for _, f in pairs),
@@ -192,6 +197,8 @@ def table(r: dict[str, Any]) -> str:
         "|  |  |",
         f"| server CPU µs per run, no client / {r['clients']} clients "
         f"| {r['cpu_us_per_run_alone']:,.0f} / {r['cpu_us_per_run_with_clients']:,.0f} |  |  |",
+        f"| the clients' process CPU µs per run (on the same cores) "
+        f"| {r['clients_cpu_us_per_run']:,.0f} |  |  |",
     ]
     return "\n".join(rows)
 
