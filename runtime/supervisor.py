@@ -637,7 +637,9 @@ class Runtime:
         loop gets one turn (``asyncio.sleep(0)``), so that a caller scheduling in a loop
         still lets due runs and other requests go; otherwise it is `run_sync`. Used for the
         per-run calls (recording a schedule, recording an outcome and claiming the next run),
-        whose hand-off to a storage thread and back cost more CPU than the call itself.
+        whose hand-off to a storage thread and back cost more CPU than the call itself. On
+        the loop, the call waits for the store's own lock if a storage thread holds it (a
+        listing of that thread), and sometimes runs SQLite's WAL checkpoint.
 
         Returns:
             What ``fn(*args)`` returned (its exception is raised here).
