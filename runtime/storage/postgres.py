@@ -26,6 +26,7 @@ import functools
 import json
 import logging
 import re
+import select
 import threading
 import time
 import zlib
@@ -179,6 +180,32 @@ _TOUCH = (
     "WHERE id = %s"
 )
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
+
+_NEW_RUN_COLUMNS = (
+    "thread_id, id, name, status, args, run_at, created_at, attempts, replay_of, key, "
+    "schedule_id"
+)
+_NEW_RUN_VALUES = (
+    "%(t)s, %(id)s, %(name)s, %(status)s, %(args)s, %(run_at)s, %(created_at)s, 0, "
+    "%(replay_of)s, %(key)s, %(schedule_id)s"
+)
+_INSERT_RUN = f"INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) VALUES ({_NEW_RUN_VALUES})"
+_INSERT_TRACE = (
+    "INSERT INTO run_traces (thread_id, run_id, context) SELECT %(t)s, id, %(trace)s FROM ins"
+)
+_INSERT_RUN_WITH_TRACE = f"WITH ins AS ({_INSERT_RUN} RETURNING id) {_INSERT_TRACE}"
+_INSERT_KEYED_RUN = (
+    f"WITH live AS (SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %(t)s "
+    f"AND key = %(key)s AND status IN ('pending', 'running') AND (status = 'pending' "
+    f"OR id IS DISTINCT FROM %(hand_off)s) ORDER BY status, seq LIMIT 1), "
+    f"ins AS (INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) SELECT {_NEW_RUN_VALUES} "
+    f"WHERE NOT EXISTS (SELECT 1 FROM live) RETURNING id){{trace}} "
+    f"SELECT {_RUN_COLUMNS} FROM live"
+)
+"""A run with a key, as one statement: the live run holding the key (the first pending
+one, else a running one other than ``hand_off``) is returned, or else the run is inserted
+(``{trace}``: with its trace context, `_KEYED_TRACE`, or empty)."""
+_KEYED_TRACE = f", tr AS ({_INSERT_TRACE})"
 _INDEX_COMPLETE = "run_index_complete"
 
 LOCK_WAIT_SECONDS = 1.0
@@ -190,6 +217,10 @@ LOCK_CHECK_SECONDS = 2.0
 UNAVAILABLE_WAIT_SECONDS = 2.0
 """How long a call waits for a pooled connection while the server is known unreachable
 (the lock's connection was lost); otherwise it waits ``connect_timeout``."""
+
+RECENT_SECONDS = 5.0
+"""A pooled connection used within this many seconds is handed out without a round trip
+to check it (`PostgresBackend._check`)."""
 
 LOCK_RETRY_FIRST_SECONDS = 1.0
 LOCK_RETRY_MAX_SECONDS = 30.0
@@ -506,11 +537,12 @@ class PostgresThreadStore(ThreadStore):
         self._swept_at: float | None = None
         self._records_swept_at: float | None = None
 
-    def _tx(self, fn: Callable[[Cursor], T]) -> T:
+    def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False) -> T:
+        """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement."""
         if self._closed:
             raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
         try:
-            with self._backend.transaction() as c:
+            with self._backend.transaction(single=single) as c:
                 return fn(c)
         except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             self._swept_at = None
@@ -608,21 +640,23 @@ class PostgresThreadStore(ThreadStore):
     def insert_run(  # noqa: D102 - contract in base
         self, run: EffectRun, *, hand_off_from: str | None = None
     ) -> EffectRun | None:
-        def tx(c: Cursor) -> EffectRun | None:
-            if run.key is not None:
-                rows = c.execute(
-                    f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
-                    f"AND key = %s AND status IN ('pending', 'running') ORDER BY status, seq",
-                    (self.thread_id, run.key),
-                ).fetchall()
-                for row in rows:  # 'pending' sorts first: a successor wins over its link
-                    live = _row_to_run(self.thread_id, row)
-                    if live.status is EffectStatus.PENDING or live.id != hand_off_from:
-                        return live
-            self._insert_run_in(c, run)
+        # One statement (its own transaction, one round trip): the live run holding the
+        # key, if any, and otherwise the insert of the run (and its trace). 'pending'
+        # sorts first: a successor wins over the running run it hands off from.
+        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        params: dict[str, Any] = {
+            "t": self.thread_id, "id": run.id, "name": run.name, "status": str(run.status),
+            "args": args, "run_at": run.run_at_ts, "created_at": run.created_at_ts,
+            "replay_of": run.replay_of, "key": run.key, "schedule_id": run.schedule_id,
+            "trace": run.trace_context, "hand_off": hand_off_from,
+        }
+        if run.key is None:
+            sql = _INSERT_RUN if run.trace_context is None else _INSERT_RUN_WITH_TRACE
+            self._tx(lambda c: c.execute(sql, params), single=True)
             return None
-
-        return self._tx(tx)
+        sql = _INSERT_KEYED_RUN.format(trace="" if run.trace_context is None else _KEYED_TRACE)
+        row = self._tx(lambda c: c.execute(sql, params).fetchone(), single=True)
+        return None if row is None else _row_to_run(self.thread_id, row)
 
     def _insert_run_in(self, c: Cursor, run: EffectRun) -> None:
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
@@ -1241,11 +1275,12 @@ class PostgresRuntimeStore(RuntimeStore):
         self._backend = backend
         self._closed = False
 
-    def _tx(self, fn: Callable[[Cursor], T]) -> T:
+    def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False) -> T:
+        """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement."""
         if self._closed:
             raise RuntimeClosed(
                 f"The runtime store {redact_url(self._backend.url)} is closed")
-        with self._backend.transaction() as c:
+        with self._backend.transaction(single=single) as c:
             return fn(c)
 
     @staticmethod
@@ -1471,20 +1506,20 @@ class PostgresRuntimeStore(RuntimeStore):
     def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
         if due_at is None:
             self._tx(lambda c: c.execute("DELETE FROM alarms WHERE thread_id = %s",
-                                         (thread_id,)))
+                                         (thread_id,)), single=True)
         else:
             self._tx(lambda c: c.execute(
                 "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) "
                 "ON CONFLICT (thread_id) DO UPDATE SET due_at = excluded.due_at",
                 (thread_id, due_at),
-            ))
+            ), single=True)
 
     def lower_alarm(self, thread_id: str, due_at: float) -> None:  # noqa: D102
         self._tx(lambda c: c.execute(
             "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) ON CONFLICT (thread_id) "
             "DO UPDATE SET due_at = LEAST(alarms.due_at, excluded.due_at)",
             (thread_id, due_at),
-        ))
+        ), single=True)
 
     def move_alarms(  # noqa: D102
         self, changes: Sequence[tuple[str, float | None, float | None]]
@@ -1620,6 +1655,8 @@ class PostgresBackend(StorageBackend):
         # Set while this process does not hold the schema's lock after holding it.
         self._lock_problem: str | None = None
         self._watch_stop = threading.Event()
+        # id(connection) -> time.monotonic() it went back to the pool (see `_check`).
+        self._returned_at: dict[int, float] = {}
 
     @property
     def _lock_key(self) -> int:
@@ -1704,9 +1741,36 @@ class PostgresBackend(StorageBackend):
             delay = LOCK_RETRY_FIRST_SECONDS
             log.warning("%s: the lock is held again; starting runs again", where)
 
+    def _check(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        """Raise if ``conn``, about to be taken from the pool, is not fit to use.
+
+        A connection back in the pool for less than `RECENT_SECONDS` whose socket has
+        nothing to read is used as it is: a server that ended it (a restart, a failover,
+        ``pg_terminate_backend``, a proxy's cut) sent an error or closed the socket, which
+        makes it readable. Any other is checked with an empty query, one round trip, which
+        on a busy node would otherwise double the round trips of a call.
+        """
+        from psycopg import OperationalError
+        from psycopg_pool import ConnectionPool
+
+        if conn.closed or conn.broken:
+            raise OperationalError("the connection is closed")
+        returned = self._returned_at.get(id(conn))
+        if returned is not None and time.monotonic() - returned < RECENT_SECONDS:
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
+            if not poller.poll(0):
+                return
+        ConnectionPool.check_connection(conn)
+
     @contextmanager
-    def transaction(self) -> Iterator[Cursor]:
+    def transaction(self, *, single: bool = False) -> Iterator[Cursor]:
         """A cursor in one transaction on a pooled connection (committed on success).
+
+        Args:
+            single: the caller runs exactly one statement: it runs in autocommit (the
+                statement is its own transaction), which saves the ``BEGIN`` and
+                ``COMMIT`` round trips.
 
         Raises:
             RuntimeClosed: the backend is not open.
@@ -1723,7 +1787,8 @@ class PostgresBackend(StorageBackend):
         try:
             with pool.connection(timeout=wait) as conn:
                 try:
-                    with conn.transaction(), conn.cursor() as cur:
+                    with (contextlib.nullcontext() if single else conn.transaction(),
+                          conn.cursor() as cur):
                         yield cur
                 except _db_error() as exc:
                     if conn.broken:
@@ -1731,6 +1796,8 @@ class PostgresBackend(StorageBackend):
                             f"PostgreSQL database {redact_url(self.url)} cannot be reached: "
                             f"{exc}") from exc
                     raise
+                finally:
+                    self._returned_at[id(conn)] = time.monotonic()
         except PoolTimeout as exc:
             raise DatabaseUnavailable(
                 f"PostgreSQL database {redact_url(self.url)} cannot be reached (no "
@@ -1765,7 +1832,7 @@ class PostgresBackend(StorageBackend):
                 timeout=self.connect_timeout, name=f"thread-effects:{self.schema}",
                 # Checked when taken from the pool: a connection the server ended (a
                 # restart, a failover, a proxy's cut) is replaced, not handed to a call.
-                check=ConnectionPool.check_connection, open=False,
+                check=self._check, open=False,
             )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
