@@ -1591,6 +1591,15 @@ class PostgresBackend(StorageBackend):
             at most 16 at once; one more connection holds the lock).
         connect_timeout: Seconds to wait for a connection (from the pool or the server)
             before a call fails.
+        exclusive: True (the default): `open` takes the schema's advisory lock, so one
+            process uses the schema at a time (a second is refused with `DataDirLocked`).
+            False: no lock is taken and several backends (processes) may open one schema;
+            what a thread's store holds in progress is then not assumed to be left by a
+            process that is gone (`StorageBackend.exclusive`).
+
+    Attributes:
+        cluster: The `PostgresClusterBus` of this schema (``LISTEN``/``NOTIFY`` between
+            the processes sharing it); it listens from `open` to `close`.
 
     Raises:
         ValueError: an invalid ``schema`` or ``pool_size``.
@@ -1598,8 +1607,10 @@ class PostgresBackend(StorageBackend):
 
     def __init__(
         self, url: str, *, schema: str | None = None, pool_size: int = 17,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = 10.0, exclusive: bool = True,
     ) -> None:
+        from runtime.storage.pg_bus import PostgresClusterBus
+
         url, from_url = split_schema(url)
         if schema is None:
             schema = from_url or "public"
@@ -1620,6 +1631,8 @@ class PostgresBackend(StorageBackend):
         # Set while this process does not hold the schema's lock after holding it.
         self._lock_problem: str | None = None
         self._watch_stop = threading.Event()
+        self.exclusive = exclusive
+        self.cluster: PostgresClusterBus = PostgresClusterBus(self)
 
     @property
     def _lock_key(self) -> int:
@@ -1678,7 +1691,8 @@ class PostgresBackend(StorageBackend):
                 continue
             try:
                 row = new.execute(
-                    "SELECT pg_try_advisory_lock(%s)", (self._lock_key,)
+                    "SELECT pg_try_advisory_lock(%s)" if self.exclusive else "SELECT true",
+                    (self._lock_key,) if self.exclusive else (),
                 ).fetchone()
             except _db_error():
                 new.close()
@@ -1752,7 +1766,7 @@ class PostgresBackend(StorageBackend):
             except _db_error() as exc:
                 raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
             try:
-                if not self._try_lock(lock_conn):
+                if self.exclusive and not self._try_lock(lock_conn):
                     raise DataDirLocked(f"{where} is in use by another process; "
                                         f"one process per database schema")
                 created = self._migrate(lock_conn, where)
@@ -1774,6 +1788,7 @@ class PostgresBackend(StorageBackend):
                 store.set_run_index_complete(True)
             self._discard_orphans()
             self._lock_problem = None
+            self.cluster.start()
             self._watch_stop = threading.Event()
             threading.Thread(target=self._watch_lock, args=(self._watch_stop, where),
                              name=f"thread-effects-lock-watch:{self.schema}",
@@ -1929,6 +1944,7 @@ class PostgresBackend(StorageBackend):
 
     def close(self) -> None:  # noqa: D102
         self._watch_stop.set()
+        self.cluster.stop()
         with self._guard:
             pool, self._pool = self._pool, None
             lock_conn, self._lock_conn = self._lock_conn, None
@@ -1937,7 +1953,7 @@ class PostgresBackend(StorageBackend):
         if lock_conn is not None:
             # Unlocked explicitly: the server ends a closed session's locks only once it
             # has processed the close, and a new open may come first.
-            if not lock_conn.closed and not lock_conn.broken:
+            if self.exclusive and not lock_conn.closed and not lock_conn.broken:
                 with contextlib.suppress(_db_error()):
                     lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
             lock_conn.close()
