@@ -843,8 +843,13 @@ class RuntimeStore(ABC):
         """
 
     @abstractmethod
-    def load_alarms(self) -> list[tuple[str, float]]:
-        """Every alarm as ``(thread_id, due_at)``, in no particular order."""
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:
+        """Every alarm as ``(thread_id, due_at)``, in no particular order.
+
+        With ``until`` (seconds, UTC), only those with ``due_at < until``: a node that
+        keeps timers only for the alarms due within a horizon reads that window
+        (PostgreSQL: an index walk on ``due_at``).
+        """
 
     # Runtime-level records: the `runtime.storage.records.EffectRecordStore` contract, in
     # the runtime database (durable turns' "cross-run" keys, `runtime.durable`). ``scope``
@@ -1000,6 +1005,131 @@ class ClusterBus(ABC):
     @abstractmethod
     def connected(self) -> bool:
         """Whether the node's listening connection is up now (asks no server)."""
+
+    # -------------------------------------------------------------- frames across nodes
+
+    @abstractmethod
+    def append_frames(self, drafts: Sequence[FrameDraft], now: float) -> list[int]:
+        """Number, store and announce frames, in one transaction; their ``seq``s, in order.
+
+        Each thread's frames get the next numbers of its counter, shared by every node
+        (the counter's row is locked until commit, so a thread's numbers follow commit
+        order across nodes). Each frame is stored (`read_frames`, until `prune_frames`)
+        and announced on the ``frames`` channel when the transaction commits: one
+        notification carries as many frames as fit (`decode_frames` reads it); a frame
+        too large to fit is announced without its text, to be read from the table.
+
+        Args:
+            drafts: The frames, in publication order.
+            now: When they were made (seconds, UTC): what `prune_frames` compares.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached (nothing was stored).
+        """
+
+    @abstractmethod
+    def read_frames(
+        self, thread_id: str, after_seq: int, upto_seq: int | None = None,
+    ) -> list[tuple[int, str, str]]:
+        """A thread's stored frames with ``after_seq < seq <= upto_seq``, in ``seq`` order.
+
+        As ``(seq, kind, text)``; ``upto_seq`` None: no upper bound. Pruned ones are missing.
+        """
+
+    @abstractmethod
+    def prune_frames(self, older_than: float) -> int:
+        """Delete the frames made before ``older_than`` (seconds, UTC); how many went.
+
+        The counters of threads that are no longer registered and keep no frame go too.
+        """
+
+
+WAKE_CHANNEL = "wake"
+"""The `ClusterBus` channel on which a backend announces runs as their rows commit."""
+
+
+def encode_wake(sender: str, thread_id: str, due_at: float) -> str:
+    """The ``wake`` payload: ``sender thread_id due_at`` (`decode_wake`)."""
+    return f"{sender} {thread_id} {due_at!r}"
+
+
+def decode_wake(payload: str) -> tuple[str, str, float]:
+    """``(sender, thread_id, due_at)`` of a ``wake`` payload.
+
+    Raises:
+        ValueError: the payload is not one `encode_wake` made.
+    """
+    sender, thread_id, due_at = payload.split(" ")
+    return sender, thread_id, float(due_at)
+
+
+FRAMES_CHANNEL = "frames"
+"""The `ClusterBus` channel on which `ClusterBus.append_frames` announces frames."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameDraft:
+    """A frame to be numbered: ``render(seq)`` gives its JSON text once ``seq`` is known.
+
+    ``render`` runs in the storage thread that appends the frame, inside its transaction;
+    it must be quick and must not touch the event loop.
+    """
+
+    thread_id: str
+    kind: str
+    render: Callable[[int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class AnnouncedFrame:
+    """One frame of a ``frames`` notification (`decode_frames`).
+
+    ``text`` is None when it was too large to carry (read it with `ClusterBus.read_frames`).
+    """
+
+    thread_id: str
+    seq: int
+    kind: str
+    text: str | None
+
+
+def encode_frames(sender: str, frames: Sequence[AnnouncedFrame]) -> list[str]:
+    r"""``frames`` as few notification payloads as fit `MAX_PAYLOAD_BYTES`, in order.
+
+    A payload is the sender's id then one line per frame (``thread\tseq\tkind\ttext``):
+    frame texts are compact JSON, which never holds a raw newline or tab.
+    """
+    payloads: list[str] = []
+    lines = [sender]
+    size = len(sender.encode())
+    for f in frames:
+        line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t{f.text or ''}"
+        n = len(line.encode("utf-8", "surrogatepass")) + 1
+        if n + len(sender.encode()) > MAX_PAYLOAD_BYTES - 64:
+            line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t"
+            n = len(line.encode()) + 1
+        if size + n > MAX_PAYLOAD_BYTES - 64 and len(lines) > 1:
+            payloads.append("\n".join(lines))
+            lines, size = [sender], len(sender.encode())
+        lines.append(line)
+        size += n
+    if len(lines) > 1:
+        payloads.append("\n".join(lines))
+    return payloads
+
+
+def decode_frames(payload: str) -> tuple[str, list[AnnouncedFrame]]:
+    """``(sender, frames)`` of a ``frames`` notification (`encode_frames`).
+
+    Raises:
+        ValueError: the payload is not one `encode_frames` made.
+    """
+    sender, *lines = payload.split("\n")
+    frames: list[AnnouncedFrame] = []
+    for line in lines:
+        thread_id, seq, kind, text = line.split("\t", 3)
+        frames.append(AnnouncedFrame(thread_id, int(seq), kind, text or None))
+    return sender, frames
 
 
 _CHANNEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.:-")

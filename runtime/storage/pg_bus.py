@@ -20,14 +20,25 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.storage.base import ClusterBus, check_channel, check_payload
+from runtime.storage.base import (
+    FRAMES_CHANNEL,
+    WAKE_CHANNEL,
+    AnnouncedFrame,
+    ClusterBus,
+    FrameDraft,
+    check_channel,
+    check_payload,
+    encode_frames,
+    encode_wake,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -83,6 +94,8 @@ class PostgresClusterBus(ClusterBus):
         self._wake_r, self._wake_w = -1, -1
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._connected = False
+        self.sender = secrets.token_hex(8)
+        """This process's id in what it sends (`encode_frames`): tells its own apart."""
 
     # ------------------------------------------------------------------ public API
 
@@ -148,6 +161,77 @@ class PostgresClusterBus(ClusterBus):
     @property
     def connected(self) -> bool:  # noqa: D102 - contract in base
         return self._connected
+
+    def wake_in(self, cursor: Any, thread_id: str, due_at: float) -> None:
+        """Announce, in the caller's transaction, a run of ``thread_id`` due at ``due_at``.
+
+        On `WAKE_CHANNEL`, sent at commit; read with `decode_wake`.
+        """
+        cursor.execute("SELECT pg_notify(%s, %s)",
+                       (self._name(WAKE_CHANNEL), encode_wake(self.sender, thread_id, due_at)))
+
+    # ------------------------------------------------------------ frames across nodes
+
+    def append_frames(  # noqa: D102 - contract in base
+        self, drafts: Sequence[FrameDraft], now: float,
+    ) -> list[int]:
+        if not drafts:
+            return []
+        counts: dict[str, int] = {}
+        for d in drafts:
+            counts[d.thread_id] = counts.get(d.thread_id, 0) + 1
+        with self._backend.transaction() as cur:
+            nxt: dict[str, int] = {}
+            # In thread-id order: two nodes' batches never lock counters in opposite orders.
+            for thread_id in sorted(counts):
+                row = cur.execute(
+                    "INSERT INTO frame_counters (thread_id, last_seq) VALUES (%s, %s) "
+                    "ON CONFLICT (thread_id) DO UPDATE SET last_seq = "
+                    "frame_counters.last_seq + excluded.last_seq RETURNING last_seq",
+                    (thread_id, counts[thread_id]),
+                ).fetchone()
+                assert row is not None
+                nxt[thread_id] = int(row[0]) - counts[thread_id] + 1
+            seqs: list[int] = []
+            rows: list[tuple[str, int, str, str, float]] = []
+            announced: list[AnnouncedFrame] = []
+            for d in drafts:
+                seq = nxt[d.thread_id]
+                nxt[d.thread_id] = seq + 1
+                text = d.render(seq)
+                seqs.append(seq)
+                rows.append((d.thread_id, seq, d.kind, text, now))
+                announced.append(AnnouncedFrame(d.thread_id, seq, d.kind, text))
+            cur.executemany(
+                "INSERT INTO frames (thread_id, frame_seq, kind, frame, created_at) "
+                "VALUES (%s, %s, %s, %s, %s)", rows,
+            )
+            name = self._name(FRAMES_CHANNEL)
+            for payload in encode_frames(self.sender, announced):
+                cur.execute("SELECT pg_notify(%s, %s)", (name, payload))
+        return seqs
+
+    def read_frames(  # noqa: D102 - contract in base
+        self, thread_id: str, after_seq: int, upto_seq: int | None = None,
+    ) -> list[tuple[int, str, str]]:
+        with self._backend.transaction() as cur:
+            rows = cur.execute(
+                "SELECT frame_seq, kind, frame FROM frames WHERE thread_id = %s "
+                "AND frame_seq > %s AND (%s::bigint IS NULL OR frame_seq <= %s) "
+                "ORDER BY frame_seq",
+                (thread_id, after_seq, upto_seq, upto_seq),
+            ).fetchall()
+        return [(int(r[0]), r[1], r[2]) for r in rows]
+
+    def prune_frames(self, older_than: float) -> int:  # noqa: D102 - contract in base
+        with self._backend.transaction() as cur:
+            n = cur.execute("DELETE FROM frames WHERE created_at < %s", (older_than,)).rowcount
+            cur.execute(
+                "DELETE FROM frame_counters c WHERE NOT EXISTS (SELECT 1 FROM threads t "
+                "WHERE t.id = c.thread_id) AND NOT EXISTS (SELECT 1 FROM frames f "
+                "WHERE f.thread_id = c.thread_id)"
+            )
+        return n
 
     @staticmethod
     def _check(channel: str, payload: str) -> None:

@@ -195,6 +195,11 @@ LOCK_RETRY_FIRST_SECONDS = 1.0
 LOCK_RETRY_MAX_SECONDS = 30.0
 """After the lock's connection is lost, reacquiring is tried after 1 s, doubling to 30 s."""
 
+WAKE_WITHIN_SECONDS = 10.0
+"""A run scheduled due within this many seconds of its creation is announced on the
+cluster bus as its row commits (`PostgresClusterBus.wake_in`); a later one is left to the
+nodes' alarm polls (`runtime.alarms.AlarmIndex`, ``poll_seconds``), which come well before."""
+
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
 store (as `runtime.storage.sqlite.SWEEP_SECONDS`)."""
@@ -633,6 +638,10 @@ class PostgresThreadStore(ThreadStore):
             (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
              run.created_at_ts, run.replay_of, run.key, run.schedule_id),
         )
+        if run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS:
+            # Due soon: tell every node now. Later runs are found by the nodes' alarm
+            # polls well before they are due (docs/scale-out.md, "Wake-ups").
+            self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
         if run.trace_context is not None:
             c.execute(
                 "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
@@ -930,12 +939,18 @@ class PostgresThreadStore(ThreadStore):
         return self._tx(tx)
 
     def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
-        return self._tx(lambda c: self._one(
-            c,
-            f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
-            f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
-            (now, self.thread_id, run_id),
-        ))
+        def tx(c: Cursor) -> EffectRun | None:
+            run = self._one(
+                c,
+                f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
+                f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
+                (now, self.thread_id, run_id),
+            )
+            if run is not None:
+                self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
+            return run
+
+        return self._tx(tx)
 
     def _visible(
         self, c: Cursor, now: float, retention: RetentionPolicy
@@ -1518,8 +1533,13 @@ class PostgresRuntimeStore(RuntimeStore):
 
         return self._tx(tx)
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
-        rows = self._tx(lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall())
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall()
+            if until is None else
+            c.execute("SELECT thread_id, due_at FROM alarms WHERE due_at < %s",
+                      (until,)).fetchall()
+        )
         return [(r[0], r[1]) for r in rows]
 
     # ------------------------------------------------------------ runtime-level records
