@@ -277,6 +277,32 @@ class RuntimeMetaRow(SQLModel, table=True):
     value: str
 
 
+class FrameRow(SQLModel, table=True):
+    """A thread's frame, as its WebSocket clients get it (PostgreSQL only, from version 2).
+
+    Written by the node that made the change, read by the nodes whose clients missed its
+    notification; pruned after a few minutes (docs/scale-out.md, "Frames across nodes").
+    """
+
+    __tablename__ = "frames"
+    __table_args__ = (Index("ix_frames_created", "created_at"),)
+
+    thread_id: str = Field(primary_key=True)
+    frame_seq: int = Field(primary_key=True, sa_type=BigInteger)  # the frame's ``seq``
+    kind: str  # the frame's eventType
+    frame: str  # the frame's JSON text
+    created_at: float
+
+
+class FrameCounterRow(SQLModel, table=True):
+    """The last ``seq`` given to a frame of each thread, across nodes (PostgreSQL only)."""
+
+    __tablename__ = "frame_counters"
+
+    thread_id: str = Field(primary_key=True)
+    last_seq: int = Field(sa_type=BigInteger)
+
+
 def _table(model: type[SQLModel]) -> Table:
     table = model.__table__  # type: ignore[attr-defined]
     assert isinstance(table, Table)
@@ -390,10 +416,11 @@ def migration_ddl(
 
 # ---------------------------------------------------------------- PostgreSQL
 
-POSTGRES_SCHEMA_VERSION = 1
+POSTGRES_SCHEMA_VERSION = 2
 """The schema version of a current PostgreSQL database (`runtime.storage.postgres`); its
 ``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
-models above (as of thread schema 6 and runtime schema 5)."""
+models above (as of thread schema 6 and runtime schema 5); version 2 adds the frames across
+nodes (`FrameRow`, `FrameCounterRow`) and an index of the alarms by due time."""
 
 POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
 """The tables of a thread's store, all threads in one table each, keyed by ``thread_id``
@@ -406,6 +433,19 @@ POSTGRES_RUNTIME_MODELS: tuple[tuple[type[SQLModel], str], ...] = tuple(
 )
 """The runtime database's tables and their PostgreSQL names: the runtime-level effect
 records (keyed by scope, in ``thread_id``) get a table of their own beside the threads'."""
+
+POSTGRES_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
+    1: (FrameRow, FrameCounterRow),
+}
+"""The tables each later PostgreSQL migration creates: step N takes version N to N + 1 (step
+0 is every table of `POSTGRES_THREAD_MODELS` and `POSTGRES_RUNTIME_MODELS`). Add a step;
+never change one. These models keep ``thread_id`` as their first key column themselves."""
+
+POSTGRES_MIGRATION_INDEXES: dict[int, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
+    1: (("alarms", "ix_alarms_due", ("due_at",)),),
+}
+"""Indexes a later PostgreSQL migration adds to a table of step 0: ``(table, index name,
+columns)`` (version 2: the alarms due within a node's horizon, `load_alarms`' ``until``)."""
 
 POSTGRES_GLOBAL_TABLES = ("runtime_meta", "schema_version")
 """The tables without a ``thread_id`` (Citus: reference tables, copied to every node)."""
@@ -479,6 +519,20 @@ def postgres_ddl() -> list[str]:
     return statements
 
 
+def postgres_migration_ddl(step: int) -> list[str]:
+    """The statements of PostgreSQL migration ``step`` (1 and later), from the models."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    statements: list[str] = []
+    for model in POSTGRES_MIGRATION_MODELS.get(step, ()):
+        table = _table(model)
+        statements.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    for table_name, index_name, columns in POSTGRES_MIGRATION_INDEXES.get(step, ()):
+        statements.append(f"CREATE INDEX {index_name} ON {table_name} ({', '.join(columns)})")
+    return statements
+
+
 PG_SCHEMA_PATH = Path(__file__).with_name("pg_schema.py")
 
 _PG_SCHEMA_HEADER = '''"""The PostgreSQL schema: DDL generated from `runtime.storage.models`.
@@ -506,7 +560,18 @@ def pg_schema_source() -> str:
         else:
             out.append("        (\n" + "".join(f"            {x}\n" for x in literal)
                        + "        ),\n")
-    out.append("    ),\n}\n")
+    out.append("    ),\n")
+    for step in range(1, POSTGRES_SCHEMA_VERSION):
+        out.append(f"    {step}: (\n")
+        for statement in postgres_migration_ddl(step):
+            literal = _literal(statement)
+            if len(literal) == 1:
+                out.append(f"        {literal[0]},\n")
+            else:
+                out.append("        (\n" + "".join(f"            {x}\n" for x in literal)
+                           + "        ),\n")
+        out.append("    ),\n")
+    out.append("}\n")
     out.append('"""The statements that take schema version N to N + 1 (0: an empty schema)."""\n\n')
     thread_tables = tuple(_table(m).name for m in POSTGRES_THREAD_MODELS)
     out.append(f"THREAD_TABLES: tuple[str, ...] = {thread_tables!r}\n")

@@ -189,23 +189,42 @@ _NEW_RUN_VALUES = (
     "%(t)s, %(id)s, %(name)s, %(status)s, %(args)s, %(run_at)s, %(created_at)s, 0, "
     "%(replay_of)s, %(key)s, %(schedule_id)s"
 )
-_INSERT_RUN = f"INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) VALUES ({_NEW_RUN_VALUES})"
-_INSERT_TRACE = (
-    "INSERT INTO run_traces (thread_id, run_id, context) SELECT %(t)s, id, %(trace)s FROM ins"
-)
-_INSERT_RUN_WITH_TRACE = f"WITH ins AS ({_INSERT_RUN} RETURNING id) {_INSERT_TRACE}"
-_INSERT_KEYED_RUN = (
-    f"WITH live AS (SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %(t)s "
-    f"AND key = %(key)s AND status IN ('pending', 'running') AND (status = 'pending' "
-    f"OR id IS DISTINCT FROM %(hand_off)s) ORDER BY status, seq LIMIT 1), "
-    f"ins AS (INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) SELECT {_NEW_RUN_VALUES} "
-    f"WHERE NOT EXISTS (SELECT 1 FROM live) RETURNING id){{trace}} "
-    f"SELECT {_RUN_COLUMNS} FROM live"
-)
-"""A run with a key, as one statement: the live run holding the key (the first pending
-one, else a running one other than ``hand_off``) is returned, or else the run is inserted
-(``{trace}``: with its trace context, `_KEYED_TRACE`, or empty)."""
-_KEYED_TRACE = f", tr AS ({_INSERT_TRACE})"
+
+
+@functools.cache
+def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
+    """A run's insert as one statement (its own transaction: one round trip, one commit).
+
+    It answers one row: with ``keyed``, the live run holding the key (the first pending
+    one, else a running one other than ``%(hand_off)s``; 'pending' sorts first, so a
+    successor wins over the running run it hands off from), which is then returned
+    instead of inserting the run (all columns null if none); with ``trace``, the run's
+    trace context is inserted too; with ``wake``, the wake-up `PostgresClusterBus.wake_in`
+    would send is sent (``%(channel)s``, ``%(payload)s``) if the run was inserted.
+    """
+    ctes = []
+    if keyed:
+        ctes.append(
+            f"live AS (SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %(t)s "
+            f"AND key = %(key)s AND status IN ('pending', 'running') AND (status = "
+            f"'pending' OR id IS DISTINCT FROM %(hand_off)s) ORDER BY status, seq LIMIT 1)")
+        values = f"SELECT {_NEW_RUN_VALUES} WHERE NOT EXISTS (SELECT 1 FROM live)"
+    else:
+        values = f"VALUES ({_NEW_RUN_VALUES})"
+    ctes.append(f"ins AS (INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) {values} RETURNING id)")
+    if trace:
+        ctes.append("tr AS (INSERT INTO run_traces (thread_id, run_id, context) "
+                    "SELECT %(t)s, id, %(trace)s FROM ins)")
+    # A SELECT in WITH runs only where the statement reads it: the last column does.
+    if wake:
+        ctes.append("wk AS (SELECT 1 FROM ins, LATERAL pg_notify(%(channel)s, %(payload)s) n)")
+    woken = "(SELECT count(*) FROM wk)" if wake else "0"
+    if keyed:
+        return (f"WITH {', '.join(ctes)} SELECT live.*, {woken} "
+                f"FROM (SELECT 1) one LEFT JOIN live ON true")
+    return f"WITH {', '.join(ctes)} SELECT {woken}"
+
+
 _INDEX_COMPLETE = "run_index_complete"
 
 LOCK_WAIT_SECONDS = 1.0
@@ -225,6 +244,11 @@ to check it (`PostgresBackend._check`)."""
 LOCK_RETRY_FIRST_SECONDS = 1.0
 LOCK_RETRY_MAX_SECONDS = 30.0
 """After the lock's connection is lost, reacquiring is tried after 1 s, doubling to 30 s."""
+
+WAKE_WITHIN_SECONDS = 10.0
+"""A run scheduled due within this many seconds of its creation is announced on the
+cluster bus as its row commits (`PostgresClusterBus.wake_in`); a later one is left to the
+nodes' alarm polls (`runtime.alarms.AlarmIndex`, ``poll_seconds``), which come well before."""
 
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
@@ -640,9 +664,7 @@ class PostgresThreadStore(ThreadStore):
     def insert_run(  # noqa: D102 - contract in base
         self, run: EffectRun, *, hand_off_from: str | None = None
     ) -> EffectRun | None:
-        # One statement (its own transaction, one round trip): the live run holding the
-        # key, if any, and otherwise the insert of the run (and its trace). 'pending'
-        # sorts first: a successor wins over the running run it hands off from.
+        # One statement, its own transaction: one round trip, one commit.
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         params: dict[str, Any] = {
             "t": self.thread_id, "id": run.id, "name": run.name, "status": str(run.status),
@@ -650,13 +672,17 @@ class PostgresThreadStore(ThreadStore):
             "replay_of": run.replay_of, "key": run.key, "schedule_id": run.schedule_id,
             "trace": run.trace_context, "hand_off": hand_off_from,
         }
-        if run.key is None:
-            sql = _INSERT_RUN if run.trace_context is None else _INSERT_RUN_WITH_TRACE
-            self._tx(lambda c: c.execute(sql, params), single=True)
-            return None
-        sql = _INSERT_KEYED_RUN.format(trace="" if run.trace_context is None else _KEYED_TRACE)
+        # Due soon: tell every node as the row commits (as `_insert_run_in` does).
+        wake = run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS
+        if wake:
+            params["channel"], params["payload"] = self._backend.cluster.wake_params(
+                self.thread_id, run.run_at_ts)
+        sql = _insert_run_sql(keyed=run.key is not None,
+                              trace=run.trace_context is not None, wake=wake)
         row = self._tx(lambda c: c.execute(sql, params).fetchone(), single=True)
-        return None if row is None else _row_to_run(self.thread_id, row)
+        if run.key is None or row is None or row[0] is None:
+            return None
+        return _row_to_run(self.thread_id, row[:-1])
 
     def _insert_run_in(self, c: Cursor, run: EffectRun) -> None:
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
@@ -667,6 +693,10 @@ class PostgresThreadStore(ThreadStore):
             (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
              run.created_at_ts, run.replay_of, run.key, run.schedule_id),
         )
+        if run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS:
+            # Due soon: tell every node now. Later runs are found by the nodes' alarm
+            # polls well before they are due (docs/scale-out.md, "Wake-ups").
+            self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
         if run.trace_context is not None:
             c.execute(
                 "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
@@ -964,12 +994,18 @@ class PostgresThreadStore(ThreadStore):
         return self._tx(tx)
 
     def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
-        return self._tx(lambda c: self._one(
-            c,
-            f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
-            f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
-            (now, self.thread_id, run_id),
-        ))
+        def tx(c: Cursor) -> EffectRun | None:
+            run = self._one(
+                c,
+                f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
+                f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
+                (now, self.thread_id, run_id),
+            )
+            if run is not None:
+                self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
+            return run
+
+        return self._tx(tx)
 
     def _visible(
         self, c: Cursor, now: float, retention: RetentionPolicy
@@ -1553,8 +1589,13 @@ class PostgresRuntimeStore(RuntimeStore):
 
         return self._tx(tx)
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
-        rows = self._tx(lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall())
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall()
+            if until is None else
+            c.execute("SELECT thread_id, due_at FROM alarms WHERE due_at < %s",
+                      (until,)).fetchall()
+        )
         return [(r[0], r[1]) for r in rows]
 
     # ------------------------------------------------------------ runtime-level records
@@ -1626,6 +1667,15 @@ class PostgresBackend(StorageBackend):
             at most 16 at once; one more connection holds the lock).
         connect_timeout: Seconds to wait for a connection (from the pool or the server)
             before a call fails.
+        exclusive: True (the default): `open` takes the schema's advisory lock, so one
+            process uses the schema at a time (a second is refused with `DataDirLocked`).
+            False: no lock is taken and several backends (processes) may open one schema;
+            what a thread's store holds in progress is then not assumed to be left by a
+            process that is gone (`StorageBackend.exclusive`).
+
+    Attributes:
+        cluster: The `PostgresClusterBus` of this schema (``LISTEN``/``NOTIFY`` between
+            the processes sharing it); it listens from `open` to `close`.
 
     Raises:
         ValueError: an invalid ``schema`` or ``pool_size``.
@@ -1633,8 +1683,10 @@ class PostgresBackend(StorageBackend):
 
     def __init__(
         self, url: str, *, schema: str | None = None, pool_size: int = 17,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = 10.0, exclusive: bool = True,
     ) -> None:
+        from runtime.storage.pg_bus import PostgresClusterBus
+
         url, from_url = split_schema(url)
         if schema is None:
             schema = from_url or "public"
@@ -1657,6 +1709,8 @@ class PostgresBackend(StorageBackend):
         self._watch_stop = threading.Event()
         # id(connection) -> time.monotonic() it went back to the pool (see `_check`).
         self._returned_at: dict[int, float] = {}
+        self.exclusive = exclusive
+        self.cluster: PostgresClusterBus = PostgresClusterBus(self)
 
     @property
     def _lock_key(self) -> int:
@@ -1715,7 +1769,8 @@ class PostgresBackend(StorageBackend):
                 continue
             try:
                 row = new.execute(
-                    "SELECT pg_try_advisory_lock(%s)", (self._lock_key,)
+                    "SELECT pg_try_advisory_lock(%s)" if self.exclusive else "SELECT true",
+                    (self._lock_key,) if self.exclusive else (),
                 ).fetchone()
             except _db_error():
                 new.close()
@@ -1819,7 +1874,7 @@ class PostgresBackend(StorageBackend):
             except _db_error() as exc:
                 raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
             try:
-                if not self._try_lock(lock_conn):
+                if self.exclusive and not self._try_lock(lock_conn):
                     raise DataDirLocked(f"{where} is in use by another process; "
                                         f"one process per database schema")
                 created = self._migrate(lock_conn, where)
@@ -1841,6 +1896,7 @@ class PostgresBackend(StorageBackend):
                 store.set_run_index_complete(True)
             self._discard_orphans()
             self._lock_problem = None
+            self.cluster.start()
             self._watch_stop = threading.Event()
             threading.Thread(target=self._watch_lock, args=(self._watch_stop, where),
                              name=f"thread-effects-lock-watch:{self.schema}",
@@ -1996,6 +2052,7 @@ class PostgresBackend(StorageBackend):
 
     def close(self) -> None:  # noqa: D102
         self._watch_stop.set()
+        self.cluster.stop()
         with self._guard:
             pool, self._pool = self._pool, None
             lock_conn, self._lock_conn = self._lock_conn, None
@@ -2004,7 +2061,7 @@ class PostgresBackend(StorageBackend):
         if lock_conn is not None:
             # Unlocked explicitly: the server ends a closed session's locks only once it
             # has processed the close, and a new open may come first.
-            if not lock_conn.closed and not lock_conn.broken:
+            if self.exclusive and not lock_conn.closed and not lock_conn.broken:
                 with contextlib.suppress(_db_error()):
                     lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
             lock_conn.close()
