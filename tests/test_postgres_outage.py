@@ -224,15 +224,15 @@ async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from runtime.storage import postgres
 
-    monkeypatch.setattr(postgres, "LOCK_CHECK_SECONDS", 0.2)
     proxy = TcpProxy(("127.0.0.1", 5432))
     proxy.start()
     url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
     caplog.set_level(logging.ERROR)
     try:
-        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
+        # The node lease is renewed every 0.2 s: the cut is noticed at once.
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url,
+                             lease_seconds=0.6) as api:
             tid = await api.new_thread()
             proxy.stop()
             for _ in range(400):  # a hang guard
