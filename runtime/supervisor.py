@@ -121,7 +121,8 @@ def _default_backend(settings: Settings) -> StorageBackend:
         from runtime.storage.postgres import PostgresBackend
 
         # One pooled connection per storage thread (the lock has one of its own).
-        return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS)
+        return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS,
+                               lease_seconds=settings.lease_seconds)
     return SQLiteBackend(settings.data_dir, settings.synchronous)
 
 
@@ -296,6 +297,8 @@ class Runtime:
         self.storage: StorageBackend = (
             storage if storage is not None else _default_backend(self.settings)
         )
+        if self.storage.node_id is None:  # a backend made with a node id keeps it
+            self.storage.node_id = self.settings.node_id
         self.extensions: list[Extension] = (
             list(extensions) if extensions is not None else default_extensions()
         )
@@ -344,7 +347,9 @@ class Runtime:
             self._state_for_effect, lambda: self._closing,
             retention=self.settings.retention,
             wake=lambda thread_id: self.dispatcher.wake(thread_id),
+            shared=not self.storage.exclusive,
         )
+        self._orphans: asyncio.Task[None] | None = None
         self.watchdog: LoopWatchdog | None = (
             LoopWatchdog(self.settings.loop_stall_warning_seconds, self.executor.describe_task)
             if self.settings.loop_stall_warning_seconds is not None else None
@@ -433,6 +438,12 @@ class Runtime:
         # The app's own files go there whatever the backend (a database server keeps the
         # threads with a database_url; SQLite makes the folder itself).
         await self.run_sync(partial(self.settings.data_dir.mkdir, parents=True, exist_ok=True))
+        loop = asyncio.get_running_loop()
+
+        def lease_lost(why: str) -> None:  # called from the backend's own thread
+            loop.call_soon_threadsafe(self._lease_lost, why)
+
+        self.storage.on_lease_lost = lease_lost
         store = await self.run_sync(self.storage.open)
         try:
             self.registry = await self.run_sync(self._discover)
@@ -455,6 +466,11 @@ class Runtime:
         armed = await self.alarms.start(store)
         if self.cluster is not None:
             await self.cluster.start(store)
+        if not self.storage.exclusive:
+            # Runs other nodes left running when they died: re-queued here (and by every
+            # live node) once their lease expired, now and every third of the lease.
+            self._orphans = asyncio.create_task(self._requeue_orphans_forever(),
+                                                name="thread-effects-orphans")
         if rebuild:
             log.info("the run index is incomplete (a crash or an upgrade): rebuilding it")
             self._rebuild = asyncio.create_task(
@@ -505,6 +521,11 @@ class Runtime:
                                "waits for running effects, this one included")
         self._closing = True
         self._closing_started.set()
+        if self._orphans is not None:
+            self._orphans.cancel()
+            with contextlib.suppress(BaseException):
+                await self._orphans
+            self._orphans = None
         if self._rebuild is not None:
             self._rebuild.cancel()  # the next start rebuilds (the index stays incomplete)
             with contextlib.suppress(BaseException):
@@ -613,6 +634,11 @@ class Runtime:
                         extension.name, grace)
         except Exception:
             log.exception("extension %s failed to drain", extension.name)
+
+    @property
+    def node_id(self) -> str:
+        """This process's node id (`runtime.config.Settings.node_id`, or the backend's own)."""
+        return self.storage.node_id or self.settings.node_id
 
     @property
     def shutting_down(self) -> bool:
@@ -1051,6 +1077,64 @@ class Runtime:
             return False
         self._drain_retry_delay.pop(thread_id, None)
         return False
+
+    def _lease_lost(self, why: str) -> None:
+        """This node's lease may have expired: cancel every effect it runs (on the loop).
+
+        Other nodes re-queue those runs (the attempt rule applies); whatever this node
+        would record for them later is dropped by the claim's fencing.
+        """
+        abandoned: list[str] = []
+        for actor in self.actors.open_actors():
+            abandoned += self.executor.abandon(actor)
+        if abandoned:
+            log.error("node %s lost its lease (%s): canceled %d running effect(s) (runs %s); "
+                      "other nodes re-queue them", self.node_id, why, len(abandoned),
+                      ", ".join(abandoned[:10]))
+
+    async def _requeue_orphans_forever(self) -> None:
+        period = getattr(self.storage, "lease_seconds", 30.0) / 3
+        while True:
+            try:
+                await self.requeue_orphans()
+            except Exception:  # the database blinked: the next round tries again
+                log.exception("could not look for runs of dead nodes")
+            await asyncio.sleep(period)
+
+    async def requeue_orphans(self) -> int:
+        """Re-queue the runs nodes whose lease expired left ``running``; how many changed.
+
+        Each thread's runs are re-queued in its own transaction (the attempt rule applies:
+        a third interrupted attempt fails the run), and the changes are published. Does
+        nothing while this node does not hold its own lease (`StorageBackend.lock_problem`).
+        """
+        if self.storage.lock_problem() is not None or self._closing:
+            return 0
+        orphans = await self.run_sync(self.storage.orphaned_runs)
+        by_thread: dict[str, list[str]] = {}
+        for thread_id, run_id in orphans:
+            by_thread.setdefault(thread_id, []).append(run_id)
+        changed = 0
+        for thread_id, run_ids in by_thread.items():
+            try:
+                async with self.actors.writing(thread_id) as actor:
+                    runs = await self.run_sync(
+                        partial(actor.store.recover_interrupted,
+                                retention=self.settings.retention, dead_nodes_only=True),
+                        self.clock.now(), MAX_ATTEMPTS, run_ids,
+                    )
+            except (ThreadNotFound, InvalidThreadId, RuntimeClosed):
+                continue
+            except ThreadStorageError as exc:
+                log.error("could not re-queue the runs of dead nodes in thread %s: %s",
+                          thread_id, exc)
+                continue
+            if runs:
+                log.warning("thread %s: re-queued %d run(s) left running by a node whose "
+                            "lease expired", thread_id, len(runs))
+                changed += len(runs)
+                await self._recovered(actor, runs)
+        return changed
 
     def _retry_drain_later(self, thread_id: str, delay: float) -> None:
         old = self._drain_retries.pop(thread_id, None)

@@ -24,7 +24,8 @@ async def test_a_database_url_keeps_every_thread_in_postgres(pg_url: str, tmp_pa
     async with serve_api(tmp_path / "data", clock=FakeClock(), database_url=pg_url) as api:
         assert isinstance(api.rt.storage, PostgresBackend)
         res = await api.client.get("/api/health")
-        assert res.json() == {"status": "ok", "backend": "postgres", "databaseConnected": True}
+        assert res.json() == {"status": "ok", "backend": "postgres", "databaseConnected": True,
+                              "nodeId": api.rt.node_id}
         tid = await api.new_thread(user_id="u1")
         run_id = await api.schedule(tid, "note", {"text": "hello"})
         await api.rt.wait_idle()
@@ -43,7 +44,8 @@ async def test_a_database_url_keeps_every_thread_in_postgres(pg_url: str, tmp_pa
 async def test_without_a_database_url_health_names_sqlite(tmp_path: Path) -> None:
     async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
         res = await api.client.get("/api/health")
-        assert res.json() == {"status": "ok", "backend": "sqlite", "databaseConnected": None}
+        assert res.json() == {"status": "ok", "backend": "sqlite", "databaseConnected": None,
+                              "nodeId": api.rt.node_id}
 
 
 def test_a_database_url_that_is_not_postgres_is_refused_without_its_password(

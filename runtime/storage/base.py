@@ -62,6 +62,10 @@ class Finish:
     finished_at: float
     canceled_by: str | None = None
     """Who canceled the run (status ``canceled`` only), or None."""
+    attempt: int | None = None
+    """The attempt that ended (the claimed run's ``attempts``): the outcome is written only
+    while the run is still ``running`` in that attempt (fencing: a run re-queued and
+    claimed again meanwhile, by another node, is not overwritten). None: any attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +147,16 @@ class ThreadStore(ABC):
     Every method is one transaction (all or nothing). Methods raise
     `runtime.errors.ThreadStorageError` (naming the thread) when the storage fails or the
     store is closed; no other storage exception leaves a store.
+
+    Attributes:
+        claim_blocked: Why the last `finish_and_claim` of this store claimed nothing
+            although it may have had a due run, on a backend shared by several processes:
+            ``"paused"`` (the thread is paused in the store: another process paused it),
+            ``"busy"`` (another node runs one of its runs now), or None. Always None on
+            SQLite and memory (one process: the runtime's own state says both).
     """
+
+    claim_blocked: str | None = None
 
     @abstractmethod
     def insert_run(
@@ -200,7 +213,8 @@ class ThreadStore(ABC):
         Args:
             finish: The outcome of the run that just ended, or None (its status
                 ``completed``, ``failed`` or ``canceled``, with ``canceled_by``). Applied
-                only if that run is still ``running`` (a deleted run stays gone).
+                only if that run is still ``running`` (a deleted run stays gone), in the
+                attempt ``finish.attempt`` names (if it names one).
             now: The current time; runs with ``run_at <= now`` are due.
             claim: Whether to claim the next due run at all.
             retention: The policy to prune by; None prunes nothing.
@@ -215,6 +229,10 @@ class ThreadStore(ABC):
             when nothing was claimed (and ``claim``), the earlier of the ``run_at`` of
             the earliest pending run and (unless ``only_names``) the ``next_fire_at`` of
             the earliest active schedule (or None: the thread has nothing to wake for).
+
+        A backend shared by several processes also claims nothing while the thread is
+        paused in the store, or while another node runs one of its runs (one node runs
+        a thread at a time); it then says why in `claim_blocked`, and ``next_due`` is None.
 
         Raises:
             ThreadStorageError: the transaction failed; nothing was written.
@@ -349,6 +367,7 @@ class ThreadStore(ABC):
         run_ids: Sequence[str] | None = None,
         *,
         retention: RetentionPolicy | None = None,
+        dead_nodes_only: bool = False,
     ) -> list[EffectRun]:
         """Return interrupted ``running`` runs to ``pending`` (due ``now``), or fail them.
 
@@ -364,6 +383,14 @@ class ThreadStore(ABC):
             run_ids: Only these runs (those not ``running`` are left alone); None = every
                 ``running`` run (recovery when a thread is opened or the runtime stops).
             retention: The policy to prune by; None prunes nothing.
+            dead_nodes_only: Only runs of other nodes whose lease expired (the runs
+                `StorageBackend.orphaned_runs` names), never this node's own. Ignored by
+                a backend of one process (SQLite, memory).
+
+        On a backend shared by several processes (PostgreSQL), a run another node runs
+        under a live lease is never touched; this node's own runs are (the thread is being
+        opened, or the runtime stops: a run of its node id was left by an earlier process
+        with that id), unless ``dead_nodes_only``.
 
         Returns:
             The changed runs, as written, in scheduling order.
@@ -1188,6 +1215,11 @@ class StorageBackend(ABC):
     """
 
     exclusive: bool = True
+    node_id: str | None = None
+    """This process's node id (`runtime.config.Settings.node_id`), set by the runtime
+    before `open`: recorded on every run attempt its thread stores claim
+    (`runtime.effects.RunAttempt.node_id`), and, on a backend shared by several
+    processes, the name of its membership lease."""
     kind: str = "custom"
     """What `GET /api/health` names the backend: ``sqlite``, ``memory``, ``postgres``."""
     cluster: ClusterBus | None = None
@@ -1259,6 +1291,27 @@ class StorageBackend(ABC):
         Raises:
             InvalidThreadId: a malformed id.
         """
+
+    def orphaned_runs(self, limit: int = 1000) -> list[tuple[str, str]]:
+        """Runs left ``running`` by nodes whose lease expired: ``(thread_id, run_id)``.
+
+        At most ``limit``, by thread. A backend shared by several processes (PostgreSQL)
+        answers the runs whose current attempt is another node's and whose node no
+        longer holds a live lease (or that name no node); the runtime re-queues them
+        (`ThreadStore.recover_interrupted` with their ids, the attempt rule applied).
+        One process per backend (SQLite, memory): always empty, the runs a dead process
+        left are recovered when their thread is opened.
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return []
+
+    on_lease_lost: Callable[[str], None] | None = None
+    """Set by the runtime: called (from any thread, at most once per loss, with the reason)
+    when a shared backend's node lease may have expired without being renewed: the node
+    then cancels the effects it runs, which other nodes re-queue. Never called by SQLite
+    or memory."""
 
     @abstractmethod
     def close(self) -> None:

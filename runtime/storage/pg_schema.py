@@ -208,6 +208,25 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     1: (
         (
+            "CREATE TABLE nodes (\n"
+            "\tnode_id VARCHAR NOT NULL, \n"
+            "\ttoken VARCHAR NOT NULL, \n"
+            "\tlease_expires_at FLOAT NOT NULL, \n"
+            "\tstarted_at FLOAT NOT NULL, \n"
+            "\theartbeat_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (node_id)\n"
+            ")"
+        ),
+        (
+            "CREATE TABLE turn_leases (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tnode_id VARCHAR NOT NULL, \n"
+            "\ttoken VARCHAR NOT NULL, \n"
+            "\tacquired_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id)\n"
+            ")"
+        ),
+        (
             "CREATE TABLE frames (\n"
             "\tthread_id VARCHAR NOT NULL, \n"
             "\tframe_seq BIGINT NOT NULL, \n"
@@ -225,6 +244,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             "\tPRIMARY KEY (thread_id)\n"
             ")"
         ),
+        "ALTER TABLE run_attempts ADD COLUMN node_id VARCHAR",
         "CREATE INDEX ix_alarms_due ON alarms (due_at)",
     ),
 }
@@ -233,5 +253,5 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 THREAD_TABLES: tuple[str, ...] = ('thread_meta', 'effect_runs', 'messages', 'effect_records', 'run_traces', 'run_attempts', 'schedules')
 """The tables of threads' stores (each keyed by ``thread_id`` first)."""
 
-GLOBAL_TABLES: tuple[str, ...] = ('runtime_meta', 'schema_version')
+GLOBAL_TABLES: tuple[str, ...] = ('runtime_meta', 'schema_version', 'nodes')
 """The tables without a ``thread_id`` (Citus reference tables)."""

@@ -25,10 +25,12 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import re
 import select
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -228,14 +230,11 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
 _INDEX_COMPLETE = "run_index_complete"
 
 LOCK_WAIT_SECONDS = 1.0
-"""How long `PostgresBackend.open` retries the schema's lock before refusing."""
-
-LOCK_CHECK_SECONDS = 2.0
-"""How often the connection holding the schema's lock is checked (``SELECT 1``)."""
+"""How long `PostgresBackend.open` retries its node id's lock before refusing."""
 
 UNAVAILABLE_WAIT_SECONDS = 2.0
 """How long a call waits for a pooled connection while the server is known unreachable
-(the lock's connection was lost); otherwise it waits ``connect_timeout``."""
+(the node's connection was lost); otherwise it waits ``connect_timeout``."""
 
 RECENT_SECONDS = 5.0
 """A pooled connection used within this many seconds is handed out without a round trip
@@ -243,7 +242,27 @@ to check it (`PostgresBackend._check`)."""
 
 LOCK_RETRY_FIRST_SECONDS = 1.0
 LOCK_RETRY_MAX_SECONDS = 30.0
-"""After the lock's connection is lost, reacquiring is tried after 1 s, doubling to 30 s."""
+"""After the node's connection is lost, reconnecting is tried after 1 s, doubling to 30 s
+(and at least every third of the lease period)."""
+
+LEASE_SECONDS = 30.0
+"""The default node lease period (`runtime.config.Settings.lease_seconds`)."""
+
+_DB_NOW = "extract(epoch from clock_timestamp())::float8"
+"""The database server's clock, seconds since the epoch: node leases are stamped and
+compared by it, so the nodes' own clocks may differ."""
+
+_LIVE_NODE = (
+    f"EXISTS (SELECT 1 FROM nodes n WHERE n.node_id = a.node_id "
+    f"AND n.lease_expires_at > {_DB_NOW})"
+)
+"""True when attempt ``a``'s node holds a live lease."""
+
+_ATTEMPT_JOIN = (
+    "LEFT JOIN run_attempts a ON a.thread_id = r.thread_id AND a.run_id = r.id "
+    "AND a.attempt = r.attempts"
+)
+"""Run ``r`` with its current attempt ``a`` (which node runs it)."""
 
 WAKE_WITHIN_SECONDS = 10.0
 """A run scheduled due within this many seconds of its creation is announced on the
@@ -829,11 +848,11 @@ class PostgresThreadStore(ThreadStore):
 
     def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
         rows = self._tx(lambda c: c.execute(
-            "SELECT attempt, started_at, ended_at, outcome, error FROM run_attempts "
+            "SELECT attempt, started_at, ended_at, outcome, error, node_id FROM run_attempts "
             "WHERE thread_id = %s AND run_id = %s ORDER BY attempt",
             (self.thread_id, run_id),
         ).fetchall())
-        return [RunAttempt(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        return [RunAttempt(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -873,15 +892,35 @@ class PostgresThreadStore(ThreadStore):
             return fire if due is None else due if fire is None else min(due, fire)
 
         def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+            self.claim_blocked = None
+            blocked = None
+            if claim:
+                # The thread's row serializes claims across nodes; a paused thread, or
+                # one another node runs a run of, is not claimed from.
+                row = c.execute(
+                    f"SELECT EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = t.id), "
+                    f"EXISTS (SELECT 1 FROM effect_runs r {_ATTEMPT_JOIN} "
+                    f"WHERE r.thread_id = t.id AND r.status = 'running' "
+                    f"AND a.node_id IS DISTINCT FROM %s) "
+                    f"FROM threads t WHERE t.id = %s FOR UPDATE OF t",
+                    (self._backend.node_id, self.thread_id),
+                ).fetchone()
+                if row is None:
+                    blocked = "deleted"
+                elif row[0]:
+                    blocked = "paused"
+                elif row[1]:
+                    blocked = "busy"
             finished = None
             if finish is not None:
                 finished = self._one(
                     c,
                     f"UPDATE effect_runs SET status = %s, error = %s, finished_at = %s, "
                     f"canceled_by = %s WHERE thread_id = %s AND id = %s "
-                    f"AND status = 'running' RETURNING {_RUN_COLUMNS}",
+                    f"AND status = 'running' AND attempts = coalesce(%s, attempts) "
+                    f"RETURNING {_RUN_COLUMNS}",
                     (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
-                     self.thread_id, finish.run_id),
+                     self.thread_id, finish.run_id, finish.attempt),
                 )
                 self._drop_trace(c, finished)
                 if finished is not None:
@@ -890,6 +929,9 @@ class PostgresThreadStore(ThreadStore):
                     if retention is not None:
                         self._prune_in(c, now, retention)
             if not claim:
+                return finished, None, None
+            if blocked is not None:
+                self.claim_blocked = "paused" if blocked == "deleted" else blocked
                 return finished, None, None
             claimed = self._one(
                 c,
@@ -903,15 +945,18 @@ class PostgresThreadStore(ThreadStore):
             claimed = self._with_trace(c, claimed)
             if claimed is not None:
                 c.execute(
-                    "INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome) "
-                    "VALUES (%s, %s, %s, %s, 'running') ON CONFLICT (thread_id, run_id, attempt) "
-                    "DO UPDATE SET started_at = excluded.started_at, ended_at = NULL, "
-                    "outcome = 'running', error = NULL",
-                    (self.thread_id, claimed.id, claimed.attempts, now),
+                    "INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome, "
+                    "node_id) VALUES (%s, %s, %s, %s, 'running', %s) ON CONFLICT "
+                    "(thread_id, run_id, attempt) DO UPDATE SET started_at = "
+                    "excluded.started_at, ended_at = NULL, outcome = 'running', error = NULL, "
+                    "node_id = excluded.node_id",
+                    (self.thread_id, claimed.id, claimed.attempts, now,
+                     self._backend.node_id),
                 )
                 return finished, claimed, None
             return finished, None, next_due(c)
 
+        self.claim_blocked = None
         if finish is None and claim:
             # Nothing to write unless a run is due: probe first with one read.
             run_due, wake = self._tx(lambda c: (next_run(c), next_due(c)))
@@ -926,20 +971,29 @@ class PostgresThreadStore(ThreadStore):
         run_ids: Sequence[str] | None = None,
         *,
         retention: RetentionPolicy | None = None,
+        dead_nodes_only: bool = False,
     ) -> list[EffectRun]:
         if run_ids is not None and not run_ids:
             return []
 
         def tx(c: Cursor) -> list[EffectRun]:
+            # Serialized with other nodes' claims of the thread (`finish_and_claim`).
+            c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE", (self.thread_id,))
+            # A run another node holds under a live lease is that node's, and with
+            # dead_nodes_only so is every run of this node.
+            mine = "" if dead_nodes_only else "a.node_id = %s OR "
             sql = (
-                "SELECT id, attempts FROM effect_runs WHERE thread_id = %s "
-                "AND status = 'running'"
+                f"SELECT r.id, r.attempts FROM effect_runs r {_ATTEMPT_JOIN} "
+                f"WHERE r.thread_id = %s AND r.status = 'running' AND (a.node_id IS NULL OR "
+                f"{mine}(a.node_id <> %s AND NOT {_LIVE_NODE}))"
             )
-            params: tuple[Any, ...] = (self.thread_id,)
+            node = self._backend.node_id
+            params: tuple[Any, ...] = (
+                (self.thread_id, node) if dead_nodes_only else (self.thread_id, node, node))
             if run_ids is not None:
-                sql += " AND id = ANY(%s)"
+                sql += " AND r.id = ANY(%s)"
                 params += (list(run_ids),)
-            rows = c.execute(sql + " ORDER BY seq FOR UPDATE", params).fetchall()
+            rows = c.execute(sql + " ORDER BY r.seq FOR UPDATE OF r", params).fetchall()
             changed: list[EffectRun] = []
             for run_id, attempts in rows:
                 if attempts >= max_attempts:
@@ -1667,26 +1721,39 @@ class PostgresBackend(StorageBackend):
             at most 16 at once; one more connection holds the lock).
         connect_timeout: Seconds to wait for a connection (from the pool or the server)
             before a call fails.
-        exclusive: True (the default): `open` takes the schema's advisory lock, so one
-            process uses the schema at a time (a second is refused with `DataDirLocked`).
-            False: no lock is taken and several backends (processes) may open one schema;
-            what a thread's store holds in progress is then not assumed to be left by a
-            process that is gone (`StorageBackend.exclusive`).
+        node_id: This process's node id (default: set by the runtime from its settings,
+            `runtime.config.Settings.node_id`).
+        lease_seconds: The node lease period (seconds; default 30): renewed every third
+            of it; a node that has not renewed it for this long is dead to the others.
+
+    Several processes ("nodes") may open the same schema at once: each registers in the
+    ``nodes`` table with a lease it renews, and holds a session advisory lock on its node
+    id (so two live processes with one node id are refused). A node claims a thread's run
+    only while no other node runs one of that thread's runs, and re-queues the runs of
+    nodes whose lease expired (`orphaned_runs`).
 
     Attributes:
         cluster: The `PostgresClusterBus` of this schema (``LISTEN``/``NOTIFY`` between
             the processes sharing it); it listens from `open` to `close`.
 
     Raises:
-        ValueError: an invalid ``schema`` or ``pool_size``.
+        ValueError: an invalid ``schema``, ``pool_size``, ``node_id`` or ``lease_seconds``.
     """
+
+    exclusive = False
 
     def __init__(
         self, url: str, *, schema: str | None = None, pool_size: int = 17,
-        connect_timeout: float = 10.0, exclusive: bool = True,
+        connect_timeout: float = 10.0, node_id: str | None = None,
+        lease_seconds: float = LEASE_SECONDS,
     ) -> None:
+        from runtime.config import validate_node_id
         from runtime.storage.pg_bus import PostgresClusterBus
 
+        if node_id is not None:
+            validate_node_id(node_id)
+        if not 0.5 <= lease_seconds <= 86_400:
+            raise ValueError(f"lease_seconds must be from 0.5 to 86400, got {lease_seconds}")
         url, from_url = split_schema(url)
         if schema is None:
             schema = from_url or "public"
@@ -1709,13 +1776,23 @@ class PostgresBackend(StorageBackend):
         self._watch_stop = threading.Event()
         # id(connection) -> time.monotonic() it went back to the pool (see `_check`).
         self._returned_at: dict[int, float] = {}
-        self.exclusive = exclusive
         self.cluster: PostgresClusterBus = PostgresClusterBus(self)
+        self.node_id = node_id
+        self.lease_seconds = float(lease_seconds)
+        self._token = uuid.uuid4().hex
+        self._lease_valid_until = -math.inf  # time.monotonic() the lease surely lasts to
+        self._lost_notified = False
+        self.on_lease_lost = None
 
     @property
     def _lock_key(self) -> int:
-        """The advisory lock key of this schema (a signed 64-bit integer)."""
+        """The migration advisory lock key of this schema (a signed 64-bit integer)."""
         return zlib.crc32(f"thread-effects:{self.schema}".encode())
+
+    @property
+    def _node_key(self) -> int:
+        """The advisory lock key of this node id in this schema (held while open)."""
+        return zlib.crc32(f"thread-effects:{self.schema}:node:{self.node_id}".encode()) << 8
 
     def _connect_kwargs(self, role: str = "thread-effects") -> dict[str, Any]:
         return {
@@ -1730,60 +1807,124 @@ class PostgresBackend(StorageBackend):
     kind = "postgres"
 
     def connection_held(self) -> bool:
-        """Whether the backend is open and its lock's connection to the server is alive."""
+        """Whether the backend is open, its node's connection alive and its lease held."""
         conn = self._lock_conn
         return (conn is not None and not conn.closed and not conn.broken
-                and self._lock_problem is None)
+                and self.lock_problem() is None)
 
     def lock_problem(self) -> str | None:
-        """Why this process must not start runs now (its schema lock was lost), or None."""
-        return self._lock_problem
+        """Why this process must not start runs now (its node lease is not held), or None."""
+        if self._lock_problem is not None:
+            return self._lock_problem
+        if self._lock_conn is not None and time.monotonic() > self._lease_valid_until:
+            return (f"the lease of node {self.node_id} was not renewed within its period "
+                    f"({self.lease_seconds:g} s); this process starts no runs until it is")
+        return None
 
-    def _watch_lock(self, stop: threading.Event, where: str) -> None:
-        """Check the lock's connection; when lost, reacquire the lock with backoff."""
+    def _renew(
+        self, conn: psycopg.Connection[tuple[Any, ...]], *, take_over: bool = False
+    ) -> bool:
+        """Renew this node's lease on ``conn``; False if the row is another process's now.
+
+        ``take_over`` (this process holds its node id's lock again, after losing it): a
+        row another process with the same node id wrote is taken back once that process's
+        lease ended (it closed, or died).
+        """
+        started = time.monotonic()
+        expired = f" OR lease_expires_at <= {_DB_NOW}" if take_over else ""
+        row = conn.execute(
+            f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, heartbeat_at = {_DB_NOW}, "
+            f"token = %s WHERE node_id = %s AND (token = %s{expired}) RETURNING 1",
+            (self.lease_seconds, self._token, self.node_id, self._token),
+        ).fetchone()
+        if row is None:
+            return False
+        self._lease_valid_until = started + self.lease_seconds
+        return True
+
+    def _lease_lost(self, why: str) -> None:
+        """The lease may have expired: stop claiming (`lock_problem`), cancel running effects."""
+        if self._lost_notified:
+            return
+        self._lost_notified = True
+        log.error("node %s lost its lease (%s): it stops claiming runs and cancels the effects "
+                  "it runs (other nodes re-queue them)", self.node_id, why)
+        callback = self.on_lease_lost
+        if callback is not None:
+            try:
+                callback(why)
+            except Exception:
+                log.exception("node %s: the lease-lost callback failed", self.node_id)
+
+    def _heartbeat(self, stop: threading.Event, where: str) -> None:
+        """Renew the node lease every third of its period; on a lost connection, reconnect.
+
+        While the lease cannot be renewed the node claims nothing (`lock_problem`); once
+        its period has passed without renewal, `on_lease_lost` is called (once).
+        """
         import psycopg
 
-        delay = LOCK_RETRY_FIRST_SECONDS
-        while not stop.wait(LOCK_CHECK_SECONDS if self._lock_problem is None else delay):
+        period = self.lease_seconds / 3
+        delay = min(LOCK_RETRY_FIRST_SECONDS, period)
+        while not stop.wait(period if self._lock_problem is None else delay):
+            if time.monotonic() > self._lease_valid_until:
+                self._lease_lost("not renewed within its period of "
+                                 f"{self.lease_seconds:g} s")
             conn = self._lock_conn
             if conn is None:
                 return
             if self._lock_problem is None:
                 try:
-                    conn.execute("SELECT 1")
+                    if self._renew(conn):
+                        self._lost_notified = False
+                        continue
+                    problem = (f"{where}: the lease of node {self.node_id} was taken by "
+                               f"another process with the same node id; this process "
+                               f"starts no runs")
+                    log.error("%s", problem)
+                    self._lock_problem = problem
+                    self._lease_lost("taken by another process")
                     continue
                 except _db_error() as exc:
                     if stop.is_set():
                         return
                     self._lock_problem = (
-                        f"{where}: the connection holding its lock was lost ({exc}); this "
-                        f"process starts no runs until it holds the lock again"
+                        f"{where}: the connection renewing node {self.node_id}'s lease was "
+                        f"lost ({exc}); this process starts no runs until it renews it"
                     )
                     log.error("%s", self._lock_problem)
-                    delay = LOCK_RETRY_FIRST_SECONDS
+                    delay = min(LOCK_RETRY_FIRST_SECONDS, period)
                     continue
             try:
-                new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-lock"))
+                new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-node"))
             except _db_error():
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
             try:
-                row = new.execute(
-                    "SELECT pg_try_advisory_lock(%s)" if self.exclusive else "SELECT true",
-                    (self._lock_key,) if self.exclusive else (),
-                ).fetchone()
+                if not self._try_lock(new, wait=0.0):
+                    new.close()
+                    problem = (f"{where}: node id {self.node_id} is held by another live "
+                               f"process; this process starts no runs")
+                    if self._lock_problem != problem:
+                        log.error("%s", problem)
+                    self._lock_problem = problem
+                    delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
+                    continue
+                renewed = self._renew(new, take_over=True)
             except _db_error():
                 new.close()
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
-            if row is None or not row[0]:
+            if not renewed:
                 new.close()
-                problem = (f"{where} is in use by another process, which took its lock "
-                           f"after this process lost it; this process starts no runs")
+                problem = (f"{where}: the lease of node {self.node_id} is held by another "
+                           f"process with the same node id; this process starts no runs "
+                           f"until that one stops")
                 if self._lock_problem != problem:
                     log.error("%s", problem)
                 self._lock_problem = problem
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                self._lease_lost("taken by another process")
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
             with self._guard:
                 old, self._lock_conn = self._lock_conn, new
@@ -1793,8 +1934,10 @@ class PostgresBackend(StorageBackend):
                 return
             old.close()
             self._lock_problem = None
-            delay = LOCK_RETRY_FIRST_SECONDS
-            log.warning("%s: the lock is held again; starting runs again", where)
+            self._lost_notified = False
+            delay = min(LOCK_RETRY_FIRST_SECONDS, period)
+            log.warning("%s: node %s holds its lease again; starting runs again", where,
+                        self.node_id)
 
     def _check(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         """Raise if ``conn``, about to be taken from the pool, is not fit to use.
@@ -1863,21 +2006,27 @@ class PostgresBackend(StorageBackend):
         from psycopg_pool import ConnectionPool
 
         where = f"PostgreSQL database {redact_url(self.url)} (schema {self.schema})"
+        if self.node_id is None:
+            from runtime.config import default_node_id
+
+            self.node_id = default_node_id()
         with self._guard:
             if self._lock_conn is not None:
-                raise DataDirLocked(f"{where} is already open in this backend; "
-                                    f"one process per database schema")
+                raise DataDirLocked(f"{where} is already open in this backend")
             try:
                 lock_conn = psycopg.connect(
-                    self.url, **self._connect_kwargs("thread-effects-lock")
+                    self.url, **self._connect_kwargs("thread-effects-node")
                 )
             except _db_error() as exc:
                 raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
             try:
-                if self.exclusive and not self._try_lock(lock_conn):
-                    raise DataDirLocked(f"{where} is in use by another process; "
-                                        f"one process per database schema")
+                if not self._try_lock(lock_conn):
+                    raise DataDirLocked(
+                        f"{where}: node id {self.node_id} is in use by another live process; "
+                        f"give each process its own node id (--node-id, "
+                        f"THREAD_EFFECTS_NODE_ID)")
                 created = self._migrate(lock_conn, where)
+                self._register(lock_conn, where)
             except BaseException:
                 lock_conn.close()
                 raise
@@ -1897,9 +2046,10 @@ class PostgresBackend(StorageBackend):
             self._discard_orphans()
             self._lock_problem = None
             self.cluster.start()
+            self._lost_notified = False
             self._watch_stop = threading.Event()
-            threading.Thread(target=self._watch_lock, args=(self._watch_stop, where),
-                             name=f"thread-effects-lock-watch:{self.schema}",
+            threading.Thread(target=self._heartbeat, args=(self._watch_stop, where),
+                             name=f"thread-effects-node-lease:{self.schema}",
                              daemon=True).start()
         except BaseException as exc:
             self.close()
@@ -1908,15 +2058,33 @@ class PostgresBackend(StorageBackend):
             raise
         return store
 
-    def _try_lock(self, conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
-        """Take the schema's session advisory lock; False if another session holds it.
+    def _register(self, conn: psycopg.Connection[tuple[Any, ...]], where: str) -> None:
+        """Write this node's row (a new token, a fresh lease); its node-id lock is held."""
+        started = time.monotonic()
+        try:
+            conn.execute(
+                f"INSERT INTO nodes (node_id, token, lease_expires_at, started_at, "
+                f"heartbeat_at) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, {_DB_NOW}) "
+                f"ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
+                f"lease_expires_at = excluded.lease_expires_at, "
+                f"started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at",
+                (self.node_id, self._token, self.lease_seconds),
+            )
+        except _db_error() as exc:
+            raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
+        self._lease_valid_until = started + self.lease_seconds
 
-        Retries for `LOCK_WAIT_SECONDS`: the server releases a killed process's lock when
-        it notices the connection is gone, which can take a moment.
+    def _try_lock(
+        self, conn: psycopg.Connection[tuple[Any, ...]], wait: float = LOCK_WAIT_SECONDS
+    ) -> bool:
+        """Take this node id's session advisory lock; False if another session holds it.
+
+        Retries for ``wait`` seconds: the server releases a killed process's lock when it
+        notices the connection is gone, which can take a moment.
         """
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        deadline = time.monotonic() + wait
         while True:
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_key,)).fetchone()
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._node_key,)).fetchone()
             if row is not None and row[0]:
                 return True
             if time.monotonic() >= deadline:
@@ -2050,6 +2218,29 @@ class PostgresBackend(StorageBackend):
         with self.transaction() as c:
             self._remove_rows(c, thread_id)
 
+    def orphaned_runs(self, limit: int = 1000) -> list[tuple[str, str]]:  # noqa: D102
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT r.thread_id, r.id FROM effect_runs r {_ATTEMPT_JOIN} "
+                f"WHERE r.status = 'running' AND (a.node_id IS NULL OR "
+                f"(a.node_id <> %s AND NOT {_LIVE_NODE})) ORDER BY r.thread_id, r.seq LIMIT %s",
+                (self.node_id, limit),
+            ).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def live_nodes(self) -> list[tuple[str, float]]:
+        """The nodes holding a live lease: ``(node_id, lease_expires_at)``, by node id.
+
+        Raises:
+            RuntimeClosed: the backend is not open.
+            psycopg.Error: the read failed.
+        """
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT node_id, lease_expires_at FROM nodes WHERE lease_expires_at > {_DB_NOW} "
+                f"ORDER BY node_id").fetchall()
+        return [(r[0], r[1]) for r in rows]
+
     def close(self) -> None:  # noqa: D102
         self._watch_stop.set()
         self.cluster.stop()
@@ -2061,8 +2252,12 @@ class PostgresBackend(StorageBackend):
         if lock_conn is not None:
             # Unlocked explicitly: the server ends a closed session's locks only once it
             # has processed the close, and a new open may come first.
-            if self.exclusive and not lock_conn.closed and not lock_conn.broken:
+            if not lock_conn.closed and not lock_conn.broken:
                 with contextlib.suppress(_db_error()):
-                    lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
+                    # Its lease ends now: other nodes need not wait out its period.
+                    lock_conn.execute(
+                        "UPDATE nodes SET lease_expires_at = 0 WHERE node_id = %s "
+                        "AND token = %s", (self.node_id, self._token))
+                    lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._node_key,))
             lock_conn.close()
 

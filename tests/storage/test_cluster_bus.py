@@ -19,16 +19,16 @@ from runtime.storage.postgres import PostgresBackend, split_schema
 from runtime.storage.sqlite import SQLiteBackend
 
 
-async def _open(url: str) -> PostgresBackend:
-    backend = PostgresBackend(url, exclusive=False)
+async def _open(url: str, node_id: str = "node-a") -> PostgresBackend:
+    backend = PostgresBackend(url, node_id=node_id)
     await asyncio.to_thread(backend.open)
     return backend
 
 
 @pytest.fixture
 async def nodes(pg_url: str) -> AsyncIterator[tuple[PostgresBackend, PostgresBackend]]:
-    a = await _open(pg_url)
-    b = await _open(pg_url)
+    a = await _open(pg_url, "node-a")
+    b = await _open(pg_url, "node-b")
     try:
         yield a, b
     finally:
@@ -167,7 +167,7 @@ async def test_bad_channels_and_oversized_payloads_are_refused(
 
 
 def test_listening_needs_an_event_loop(pg_url: str) -> None:
-    backend = PostgresBackend(pg_url, exclusive=False)
+    backend = PostgresBackend(pg_url)
     with pytest.raises(RuntimeError, match="no event loop is running"):
         backend.cluster.listen("wake", print)
 

@@ -61,8 +61,18 @@ class Harness:
     """Stamp the (closed) runtime store with the version the code knows."""
 
 
+NODE = "node-a"
+"""The node id every harness backend records on the attempts it claims."""
+
+
+def _with_node(backend: StorageBackend) -> StorageBackend:
+    backend.node_id = NODE
+    return backend
+
+
 def _sqlite_harness(data_dir: Path) -> Harness:
     backend = SQLiteBackend(data_dir, "NORMAL")
+    backend.node_id = NODE
 
     def stamp(path: Path, version: int) -> None:
         conn = sqlite3.connect(path)
@@ -73,7 +83,7 @@ def _sqlite_harness(data_dir: Path) -> Harness:
 
     return Harness(
         backend=backend,
-        twin=lambda: SQLiteBackend(data_dir, "NORMAL"),
+        twin=lambda: _with_node(SQLiteBackend(data_dir, "NORMAL")),
         make_thread_newer=lambda tid, v: stamp(backend.thread_path(tid), v),
         make_runtime_newer=lambda v: stamp(backend.runtime_path, v),
         make_runtime_current=lambda: stamp(backend.runtime_path, RUNTIME_SCHEMA_VERSION),
@@ -82,6 +92,7 @@ def _sqlite_harness(data_dir: Path) -> Harness:
 
 def _memory_harness() -> Harness:
     backend = MemoryBackend()
+    backend.node_id = NODE
 
     def runtime_newer(version: int) -> None:
         backend.schema_version = version
@@ -100,7 +111,7 @@ def _postgres_harness(url: str) -> Harness:
     from runtime.storage.postgres import PostgresBackend, split_schema
     from tests.pg import set_schema_version
 
-    backend = PostgresBackend(url)
+    backend = PostgresBackend(url, node_id=NODE)
     base, schema = split_schema(url)
     assert schema is not None
 
@@ -109,7 +120,8 @@ def _postgres_harness(url: str) -> Harness:
 
     return Harness(
         backend=backend,
-        twin=lambda: PostgresBackend(url),
+        # The same node id: a second live process with it is refused.
+        twin=lambda: PostgresBackend(url, node_id=NODE),
         # One schema version for the whole database: every thread's store is in it.
         make_thread_newer=lambda _tid, v: stamp(v),
         make_runtime_newer=stamp,
@@ -735,7 +747,7 @@ def test_each_attempt_is_kept_with_how_it_ended(store: ThreadStore) -> None:
     store.insert_run(other)
     assert store.run_attempts(r.id) == []
     store.finish_and_claim(None, T0)  # attempt 1 ...
-    assert store.run_attempts(r.id) == [RunAttempt(1, T0, None, "running")]
+    assert store.run_attempts(r.id) == [RunAttempt(1, T0, None, "running", node_id=NODE)]
     store.recover_interrupted(T0 + 5, 3)  # ... interrupted by a restart
     store.finish_and_claim(None, T0 + 6)  # attempt 2 ...
     finished, _, _ = store.finish_and_claim(
@@ -743,12 +755,13 @@ def test_each_attempt_is_kept_with_how_it_ended(store: ThreadStore) -> None:
     )  # ... failed
     assert finished is not None
     assert store.run_attempts(r.id) == [
-        RunAttempt(1, T0, T0 + 5, "interrupted"),
-        RunAttempt(2, T0 + 6, T0 + 8, "failed", "boom"),
+        RunAttempt(1, T0, T0 + 5, "interrupted", node_id=NODE),
+        RunAttempt(2, T0 + 6, T0 + 8, "failed", "boom", NODE),
     ]
     store.finish_and_claim(None, T0 + 9)
     store.finish_and_claim(finish(other.id, at=T0 + 10), T0 + 10, claim=False)
-    assert store.run_attempts(other.id) == [RunAttempt(1, T0 + 9, T0 + 10, "completed")]
+    assert store.run_attempts(other.id) == [
+        RunAttempt(1, T0 + 9, T0 + 10, "completed", node_id=NODE)]
     assert store.run_attempts("unknown") == []
     # Pruned with their run.
     store.prune(T0 + 10 * DAY, RetentionPolicy(completed_seconds=1, failed_seconds=1))

@@ -1,0 +1,316 @@
+"""Several nodes on one PostgreSQL schema: node leases, claims, fencing, re-queues.
+
+Two `PostgresBackend`s (or two runtimes) on one schema in one test process play two server
+processes. Real PostgreSQL throughout; leases are short (about a second) where a lease
+must expire, instead of a fake clock: leases are stamped by the database server's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from runtime import Runtime
+from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
+from runtime.effects import EffectRun, EffectStatus
+from runtime.errors import DataDirLocked
+from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.postgres import PostgresBackend, split_schema
+
+APP = Path(__file__).parent / "apps" / "core"
+T0 = 1_800_000_000.0
+
+
+def new_run(run_id: str, run_at: float = T0, name: str = "record") -> EffectRun:
+    return EffectRun(id=run_id, thread_id="t", name=name, args={"key": run_id},
+                     status=EffectStatus.PENDING, run_at_ts=run_at, created_at_ts=T0)
+
+
+def expire_lease(pg_url: str, node_id: str) -> None:
+    """Make ``node_id``'s lease expired, as if it stopped renewing it long ago."""
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = 0 WHERE node_id = %s",
+                     (node_id,))
+
+
+@pytest.fixture
+def two_nodes(
+    pg_url: str,
+) -> Iterator[tuple[tuple[PostgresBackend, RuntimeStore], tuple[PostgresBackend, RuntimeStore]]]:
+    a = PostgresBackend(pg_url, node_id="node-a")
+    b = PostgresBackend(pg_url, node_id="node-b")
+    ra = a.open()
+    rb = b.open()
+    try:
+        yield (a, ra), (b, rb)
+    finally:
+        for backend, store in ((a, ra), (b, rb)):
+            store.close()
+            backend.close()
+
+
+def thread_on_both(
+    a: PostgresBackend, ra: RuntimeStore, b: PostgresBackend
+) -> tuple[ThreadStore, ThreadStore]:
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    assert ra.add_thread(info)
+    return a.create_thread_store(info), b.open_thread_store("t")
+
+
+# ------------------------------------------------------------------ identity
+
+
+def test_node_ids_are_validated_naming_the_rule() -> None:
+    assert validate_node_id("web-1.eu:8000@a_b") == "web-1.eu:8000@a_b"
+    assert validate_node_id(default_node_id()) == default_node_id()
+    with pytest.raises(ValueError, match="must start with a letter or digit"):
+        validate_node_id("-x")
+    with pytest.raises(ValueError, match="invalid node id 'a b'"):
+        validate_node_id("a b")
+    with pytest.raises(ValueError, match="at most 128"):
+        validate_node_id("n" * 129)
+    with pytest.raises(ValueError, match="non-empty"):
+        validate_node_id("")
+    with pytest.raises(ValueError, match="node id"):
+        Runtime(data_dir="x", node_id="no spaces")
+    with pytest.raises(ValueError, match="lease_seconds"):
+        PostgresBackend("postgresql:///x", lease_seconds=0.1)
+
+
+def test_the_same_node_id_twice_is_refused_another_joins(pg_url: str) -> None:
+    a = PostgresBackend(pg_url, node_id="node-a")
+    store = a.open()
+    try:
+        with pytest.raises(DataDirLocked, match="node id node-a is in use by another live"):
+            PostgresBackend(pg_url, node_id="node-a").open()
+        b = PostgresBackend(pg_url, node_id="node-b")
+        b.open().close()
+        assert [n for n, _ in a.live_nodes()] == ["node-a", "node-b"]
+        b.close()  # its lease ends at once
+        assert [n for n, _ in a.live_nodes()] == ["node-a"]
+    finally:
+        store.close()
+        a.close()
+
+
+# ------------------------------------------------------------------ claims
+
+
+def test_one_node_runs_a_thread_at_a_time_and_records_who_ran_each_attempt(
+    two_nodes: Any,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    sb.insert_run(new_run("r2"))
+    _, first, _ = sa.finish_and_claim(None, T0 + 1)
+    assert first is not None and first.id == "r1"
+    # Node b may not start r2 while node a runs r1 (one run at a time per thread).
+    _, claimed, next_due = sb.finish_and_claim(None, T0 + 1)
+    assert claimed is None and next_due is None and sb.claim_blocked == "busy"
+    # Node a records r1 and claims r2 in the same transaction.
+    finished, second, _ = sa.finish_and_claim(
+        Finish("r1", EffectStatus.COMPLETED, None, T0 + 2, attempt=1), T0 + 2)
+    assert finished is not None and finished.status is EffectStatus.COMPLETED
+    assert second is not None and second.id == "r2" and sa.claim_blocked is None
+    sa.finish_and_claim(Finish("r2", EffectStatus.COMPLETED, None, T0 + 3, attempt=1), T0 + 3)
+    sb.insert_run(new_run("r3", T0 + 3))
+    _, third, _ = sb.finish_and_claim(None, T0 + 4)  # nothing runs now: node b may
+    assert third is not None and third.id == "r3" and sb.claim_blocked is None
+    assert [x.node_id for x in sa.run_attempts("r1")] == ["node-a"]
+    assert [x.node_id for x in sb.run_attempts("r3")] == ["node-b"]
+    sa.close()
+    sb.close()
+
+
+def test_a_thread_paused_on_another_node_is_not_claimed(two_nodes: Any) -> None:
+    (a, ra), (b, rb) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sb.insert_run(new_run("r1"))
+    assert ra.set_paused("t", True)  # node a pauses it; node b's cache knows nothing
+    _, claimed, next_due = sb.finish_and_claim(None, T0 + 1)
+    assert claimed is None and next_due is None and sb.claim_blocked == "paused"
+    assert rb.set_paused("t", False) is True
+    _, claimed, _ = sb.finish_and_claim(None, T0 + 1)
+    assert claimed is not None and claimed.id == "r1"
+    sa.close()
+    sb.close()
+
+
+def test_a_canceled_run_is_never_claimed_by_another_node(two_nodes: Any) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sb.insert_run(new_run("r1", T0 + 1))
+    assert sa.cancel("r1", T0, canceled_by="node a") is not None
+    _, claimed, next_due = sb.finish_and_claim(None, T0 + 5)
+    assert claimed is None and next_due is None
+    assert sb.get_run("r1", T0 + 5, _keep()).status is EffectStatus.CANCELED  # type: ignore[union-attr]
+    sa.close()
+    sb.close()
+
+
+def _keep() -> Any:
+    from runtime.config import RetentionPolicy
+
+    return RetentionPolicy()
+
+
+def test_a_dead_nodes_run_is_requeued_and_its_late_outcome_is_fenced(
+    two_nodes: Any, pg_url: str,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    # While node a's lease is live, its run is its own: not an orphan, not recovered.
+    assert b.orphaned_runs() == []
+    assert sb.recover_interrupted(T0 + 2, MAX_ATTEMPTS) == []
+    expire_lease(pg_url, "node-a")
+    assert b.orphaned_runs() == [("t", "r1")]
+    # Node a's own view: its runs are never orphans to itself.
+    assert a.orphaned_runs() == []
+    (requeued,) = sb.recover_interrupted(T0 + 2, MAX_ATTEMPTS, ["r1"], dead_nodes_only=True)
+    assert requeued.status is EffectStatus.PENDING and requeued.attempts == 1
+    _, again, _ = sb.finish_and_claim(None, T0 + 3)
+    assert again is not None and again.attempts == 2
+    # Node a comes back and records the outcome of attempt 1: fenced, nothing written.
+    finished, _, _ = sa.finish_and_claim(
+        Finish("r1", EffectStatus.FAILED, "late", T0 + 4, attempt=1), T0 + 4, claim=False)
+    assert finished is None
+    finished, _, _ = sb.finish_and_claim(
+        Finish("r1", EffectStatus.COMPLETED, None, T0 + 5, attempt=2), T0 + 5, claim=False)
+    assert finished is not None and finished.status is EffectStatus.COMPLETED
+    attempts = sb.run_attempts("r1")
+    assert [(x.attempt, x.outcome, x.node_id) for x in attempts] == [
+        (1, "interrupted", "node-a"), (2, "completed", "node-b")]
+    sa.close()
+    sb.close()
+
+
+def test_the_third_interrupted_attempt_of_dead_nodes_fails_the_run(
+    two_nodes: Any, pg_url: str,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        _, claimed, _ = sa.finish_and_claim(None, T0 + attempt)
+        assert claimed is not None and claimed.attempts == attempt
+        expire_lease(pg_url, "node-a")
+        (changed,) = sb.recover_interrupted(T0 + attempt, MAX_ATTEMPTS, ["r1"],
+                                            dead_nodes_only=True)
+        # node a renews: a later claim of its own holds a live lease again
+        url, schema = split_schema(pg_url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = 1e12 "
+                         f"WHERE node_id = 'node-a'")
+    assert changed.status is EffectStatus.FAILED
+    assert "gave up after 3 attempts" in (changed.error or "")
+    sa.close()
+    sb.close()
+
+
+# ------------------------------------------------------------------ runtimes
+
+
+@pytest.fixture
+def make_node(pg_url: str, tmp_path: Path) -> Callable[..., Runtime]:
+    def make(node_id: str, lease_seconds: float = 30.0) -> Runtime:
+        storage = PostgresBackend(pg_url, node_id=node_id, lease_seconds=lease_seconds)
+        return Runtime(app_dir=APP, data_dir=tmp_path / node_id, load_packages=False,
+                       storage=storage)
+
+    return make
+
+
+async def wait_until(check: Callable[[], Any], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def nodes(make_node: Callable[..., Runtime]) -> AsyncIterator[tuple[Runtime, Runtime]]:
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        yield a, b
+
+
+async def test_runs_scheduled_through_two_nodes_run_once_each_in_due_order(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    threads = [await a.create_thread() for _ in range(8)]
+    ids: dict[str, list[str]] = {}
+    for n in range(6):
+        for thread in threads:
+            via = await (a if n % 2 == 0 else b).get_thread(thread.thread_id)
+            run_id = await via.schedule_effect("record", {"key": f"{thread.thread_id}/{n}"})
+            ids.setdefault(thread.thread_id, []).append(run_id)
+
+    async def all_done() -> bool:
+        for thread in threads:
+            for run_id in ids[thread.thread_id]:
+                if (await thread.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                    return False
+        return True
+
+    await wait_until(all_done)
+    lines = []
+    for node in ("node-a", "node-b"):
+        path = tmp_path / node / "record.jsonl"
+        if path.exists():
+            lines += [json.loads(x) for x in path.read_text().splitlines()]
+    keys = [x["key"] for x in lines]
+    assert sorted(keys) == sorted(f"{t.thread_id}/{n}" for t in threads for n in range(6))
+    for thread in threads:  # per thread, in scheduling order
+        order = [x["key"] for x in sorted(lines, key=lambda x: x["at"])
+                 if x["thread"] == thread.thread_id]
+        assert order == [f"{thread.thread_id}/{n}" for n in range(6)]
+        for run_id in ids[thread.thread_id]:
+            (attempt,) = await thread.get_run_attempts(run_id)
+            assert attempt.node_id in ("node-a", "node-b")
+
+
+async def test_a_node_that_loses_its_lease_cancels_its_effects_and_another_reruns_them(
+    make_node: Callable[..., Runtime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = make_node("node-a", lease_seconds=0.9)
+    b = make_node("node-b", lease_seconds=0.9)
+    async with a, b:
+        thread = await a.create_thread()
+        run_id = await thread.schedule_effect("slow", {"seconds": 2})
+        await wait_until(lambda: _status(thread, run_id, EffectStatus.RUNNING))
+        assert (tmp_path / "node-a" / "slow.started").exists()
+        storage = a.storage
+        assert isinstance(storage, PostgresBackend)
+
+        def cut(*_: Any, **__: Any) -> bool:
+            raise psycopg.OperationalError("network cut (test)")
+
+        monkeypatch.setattr(storage, "_renew", cut)  # node a can no longer renew
+        await wait_until(lambda: _status(thread, run_id, EffectStatus.COMPLETED))
+        attempts = await thread.get_run_attempts(run_id)
+        assert [(x.attempt, x.outcome, x.node_id) for x in attempts] == [
+            (1, "interrupted", "node-a"), (2, "completed", "node-b")]
+        # Node a canceled its effect when its lease lapsed: it never finished there.
+        assert not (tmp_path / "node-a" / "slow.done").exists()
+        assert (tmp_path / "node-b" / "slow.done").exists()
+        assert a.storage.lock_problem() is not None
+        health_ok = b.storage.connection_held()
+        assert health_ok is True
+        monkeypatch.undo()
+
+
+async def _status(thread: Any, run_id: str, status: EffectStatus) -> bool:
+    return bool((await thread.get_run(run_id)).status is status)
