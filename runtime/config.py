@@ -87,6 +87,10 @@ class Settings(BaseModel):
         max_open_threads: Size of the LRU of open thread databases (each holds 3 file
             descriptors and about 134 KiB).
         max_concurrent_runs: Threads whose runs execute at the same moment, process-wide.
+            0: this process runs no runs at all (it claims none; it still serves the API,
+            schedules, cancels and runs turns): a node of a shared PostgreSQL database
+            whose runs the other nodes run. The server reads ``--max-concurrent-runs`` /
+            ``THREAD_EFFECTS_MAX_CONCURRENT_RUNS``.
         max_args_bytes: Largest args accepted, as UTF-8 JSON bytes (default 1 MiB).
         retention: See `RetentionPolicy`.
         shutdown_grace_seconds: On shutdown, runs still going after this are interrupted
@@ -157,7 +161,7 @@ class Settings(BaseModel):
     app_dir: Path | None = None
     synchronous: Literal["FULL", "NORMAL"] = "FULL"
     max_open_threads: int = Field(default=1000, ge=1)
-    max_concurrent_runs: int = Field(default=64, ge=1)
+    max_concurrent_runs: int = Field(default=64, ge=0)
     max_args_bytes: int = Field(default=1 << 20, ge=2)
     retention: RetentionPolicy = RetentionPolicy()
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)

@@ -118,6 +118,12 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
             )
         return value
 
+    def runs(text: str) -> int:
+        if not text.strip().isascii() or not text.strip().isdigit():
+            raise argparse.ArgumentTypeError(
+                f"max concurrent runs must be a whole number, 0 or more, got {text!r}")
+        return int(text)
+
     def grace(text: str) -> float:
         try:
             value = float(text)
@@ -195,6 +201,10 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                    default=env.get(f"{ENV}LEASE_SECONDS", "30"),
                    help="PostgreSQL: the node lease period; a node silent this long is "
                         "dead to the others, which re-queue its running runs (default 30)")
+    p.add_argument("--max-concurrent-runs", type=runs,
+                   default=env.get(f"{ENV}MAX_CONCURRENT_RUNS", "64"),
+                   help="threads whose runs execute at once in this process (default 64); "
+                        "0: this process runs no runs (other nodes of a shared database do)")
     p.add_argument("--effect-tool-lease-seconds", type=float,
                    default=env.get(f"{ENV}EFFECT_TOOL_LEASE_SECONDS", "300"),
                    help="an effect tool's claim on its effect key lasts this long; a claim "
@@ -340,6 +350,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         effect_tool_lease_seconds=args.effect_tool_lease_seconds,
         lease_seconds=args.lease_seconds,
+        max_concurrent_runs=args.max_concurrent_runs,
         **({"node_id": args.node_id} if args.node_id is not None else {}),
         model=args.model,
         load_packages=args.load_packages,
