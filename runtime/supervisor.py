@@ -1134,6 +1134,10 @@ class Runtime:
                             "lease expired", thread_id, len(runs))
                 changed += len(runs)
                 await self._recovered(actor, runs)
+                if any(r.status is EffectStatus.PENDING for r in runs):
+                    # Due now, and no timer of this node may be set for it (the dead node
+                    # held the thread): drain it here rather than wait for an alarm.
+                    self._on_alarm(thread_id)
         return changed
 
     def _retry_drain_later(self, thread_id: str, delay: float) -> None:
