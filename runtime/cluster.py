@@ -240,8 +240,11 @@ class ClusterNode:
         seen: dict[str, float] = {}
         for thread_id, due_at in rows:
             seen[thread_id] = due_at
-            if self._polled.get(thread_id) == due_at:
-                continue  # hinted at this value already
+            if self._polled.get(thread_id) == due_at and due_at > now - self.poll_seconds:
+                # Hinted at this value already. A row still at a value due a whole poll
+                # ago is hinted again: the node that would move it (by draining the
+                # thread) may have died holding its timer.
+                continue
             order = rank(live, thread_id)
             place = order.index(self.node)
             if place > 1:
