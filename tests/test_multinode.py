@@ -150,8 +150,15 @@ def _wait_until_finished(nodes: list[ServerProcess], thread_ids: list[str],
                 counts = client.get(f"{node.url}/api/threads/{tid}/effects").json()["counts"]
                 if counts["pending"] == 0 and counts["running"] == 0:
                     left.discard(tid)
-            assert time.time() < deadline, (
-                f"{len(left)} threads still have runs pending or running\n{cluster.logs()}")
+            if time.time() >= deadline:
+                stuck = [
+                    (tid, [(r["id"], r["status"], r["runAt"], r["attempts"])
+                           for r in client.get(f"{nodes[0].url}/api/threads/{tid}/effects",
+                                               params={"status": status}).json()["runs"]])
+                    for tid in sorted(left)[:5] for status in ("running", "pending")
+                ]
+                raise AssertionError(f"{len(left)} threads still have runs pending or "
+                                     f"running, e.g. {stuck}\n{cluster.logs()}")
             if left:
                 time.sleep(0.5)
 
