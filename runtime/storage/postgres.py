@@ -896,14 +896,18 @@ class PostgresThreadStore(ThreadStore):
             blocked = None
             if claim:
                 # The thread's row serializes claims across nodes; a paused thread, or
-                # one another node runs a run of, is not claimed from.
-                row = c.execute(
-                    f"SELECT EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = t.id), "
+                # one another node runs a run of, is not claimed from. Read in a statement
+                # of its own once the lock is held: under READ COMMITTED a statement sees
+                # the data as of its start, so a check made in the statement that waited
+                # for the lock would miss the run the lock's last holder just claimed.
+                locked = c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE",
+                                   (self.thread_id,)).fetchone()
+                row = None if locked is None else c.execute(
+                    f"SELECT EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = %s), "
                     f"EXISTS (SELECT 1 FROM effect_runs r {_ATTEMPT_JOIN} "
-                    f"WHERE r.thread_id = t.id AND r.status = 'running' "
-                    f"AND a.node_id IS DISTINCT FROM %s) "
-                    f"FROM threads t WHERE t.id = %s FOR UPDATE OF t",
-                    (self._backend.node_id, self.thread_id),
+                    f"WHERE r.thread_id = %s AND r.status = 'running' "
+                    f"AND a.node_id IS DISTINCT FROM %s)",
+                    (self.thread_id, self.thread_id, self._backend.node_id),
                 ).fetchone()
                 if row is None:
                     blocked = "deleted"
@@ -1962,13 +1966,16 @@ class PostgresBackend(StorageBackend):
         ConnectionPool.check_connection(conn)
 
     @contextmanager
-    def transaction(self, *, single: bool = False) -> Iterator[Cursor]:
+    def transaction(self, *, single: bool = False, pipeline: bool = False) -> Iterator[Cursor]:
         """A cursor in one transaction on a pooled connection (committed on success).
 
         Args:
             single: the caller runs exactly one statement: it runs in autocommit (the
                 statement is its own transaction), which saves the ``BEGIN`` and
                 ``COMMIT`` round trips.
+            pipeline: in psycopg's pipeline mode: ``BEGIN`` goes with the first statement,
+                and ``COMMIT`` with the statements after the last result read (a result
+                read waits for every statement before it).
 
         Raises:
             RuntimeClosed: the backend is not open.
@@ -1985,7 +1992,8 @@ class PostgresBackend(StorageBackend):
         try:
             with pool.connection(timeout=wait) as conn:
                 try:
-                    with (contextlib.nullcontext() if single else conn.transaction(),
+                    with (conn.pipeline() if pipeline else contextlib.nullcontext(),
+                          contextlib.nullcontext() if single else conn.transaction(),
                           conn.cursor() as cur):
                         yield cur
                 except _db_error() as exc:
