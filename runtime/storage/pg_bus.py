@@ -184,35 +184,41 @@ class PostgresClusterBus(ClusterBus):
         counts: dict[str, int] = {}
         for d in drafts:
             counts[d.thread_id] = counts.get(d.thread_id, 0) + 1
-        with self._backend.transaction() as cur:
-            nxt: dict[str, int] = {}
-            # In thread-id order: two nodes' batches never lock counters in opposite orders.
-            for thread_id in sorted(counts):
-                row = cur.execute(
-                    "INSERT INTO frame_counters (thread_id, last_seq) VALUES (%s, %s) "
+        threads = sorted(counts)
+        # Two round trips in all: BEGIN with every thread's counter (one statement, in
+        # thread-id order, so two nodes' batches never lock counters in opposite orders),
+        # then the frames, their notifications and the COMMIT, pipelined.
+        with self._backend.transaction(pipeline=True) as cur:
+            nxt = {
+                str(thread_id): int(last) - counts[str(thread_id)] + 1
+                for thread_id, last in cur.execute(
+                    "INSERT INTO frame_counters (thread_id, last_seq) "
+                    "SELECT * FROM unnest(%s::text[], %s::bigint[]) ORDER BY 1 "
                     "ON CONFLICT (thread_id) DO UPDATE SET last_seq = "
-                    "frame_counters.last_seq + excluded.last_seq RETURNING last_seq",
-                    (thread_id, counts[thread_id]),
-                ).fetchone()
-                assert row is not None
-                nxt[thread_id] = int(row[0]) - counts[thread_id] + 1
+                    "frame_counters.last_seq + excluded.last_seq RETURNING thread_id, last_seq",
+                    (threads, [counts[t] for t in threads]),
+                ).fetchall()
+            }
             seqs: list[int] = []
-            rows: list[tuple[str, int, str, str, float]] = []
+            columns: tuple[list[str], list[int], list[str], list[str]] = ([], [], [], [])
             announced: list[AnnouncedFrame] = []
             for d in drafts:
                 seq = nxt[d.thread_id]
                 nxt[d.thread_id] = seq + 1
                 text = d.render(seq)
                 seqs.append(seq)
-                rows.append((d.thread_id, seq, d.kind, text, now))
+                for column, value in zip(columns, (d.thread_id, seq, d.kind, text),
+                                         strict=True):
+                    column.append(value)  # type: ignore[attr-defined]
                 announced.append(AnnouncedFrame(d.thread_id, seq, d.kind, text))
-            cur.executemany(
-                "INSERT INTO frames (thread_id, frame_seq, kind, frame, created_at) "
-                "VALUES (%s, %s, %s, %s, %s)", rows,
+            cur.execute(
+                "WITH ins AS (INSERT INTO frames (thread_id, frame_seq, kind, frame, "
+                "created_at) SELECT t, s, k, f, %s FROM unnest(%s::text[], %s::bigint[], "
+                "%s::text[], %s::text[]) AS u(t, s, k, f)) "
+                "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) p",
+                (now, *columns, self._name(FRAMES_CHANNEL),
+                 encode_frames(self.sender, announced)),
             )
-            name = self._name(FRAMES_CHANNEL)
-            for payload in encode_frames(self.sender, announced):
-                cur.execute("SELECT pg_notify(%s, %s)", (name, payload))
         return seqs
 
     def read_frames(  # noqa: D102 - contract in base
