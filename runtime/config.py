@@ -135,6 +135,19 @@ class Settings(BaseModel):
             renews its lease every third of it; a node that has not renewed it for this
             long is dead to the others, which re-queue its running runs and resume its
             turns. Ignored on SQLite (one process per data directory).
+        cluster_poll_seconds: With a backend shared by several processes (PostgreSQL),
+            how often a node reads the alarms due within its horizon: the safety net of
+            the wake-ups sent as runs are scheduled (a lost one delays a run by at most
+            about this, never loses it). Seconds; default 5.
+        alarm_horizon_seconds: With a shared backend, a node keeps timers only for the
+            alarms due within this many seconds (read again every ``cluster_poll_seconds``)
+            and for those it set itself. Default 60. SQLite keeps a timer for every alarm.
+        cluster_wake_grace_seconds: With a shared backend, how long after a run's due
+            time a node other than the one that scheduled it wakes the thread (the first
+            one of a rendezvous ranking of the live nodes; the second after twice this):
+            the node that scheduled it claims it first, others only if it did not.
+        frame_keep_seconds: With a shared backend, how long frames are kept in the
+            database for nodes whose clients missed one (docs/scale-out.md).
     """
 
     # hide_input_in_errors: a refused database_url may hold a password.
@@ -165,6 +178,10 @@ class Settings(BaseModel):
     @classmethod
     def _node_id(cls, node_id: str) -> str:
         return validate_node_id(node_id)
+    cluster_poll_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    alarm_horizon_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    cluster_wake_grace_seconds: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    frame_keep_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
 
     @field_validator("database_url")
     @classmethod

@@ -53,6 +53,7 @@ from runtime._text import check_text
 from runtime.actors import ActorState, ActorTable, ThreadActor, ThreadLifecycle
 from runtime.alarms import AlarmIndex, Clock, SystemClock
 from runtime.all_runs import MAX_BULK_RUNS, AllRuns, BulkResult, RunsPage
+from runtime.cluster import ClusterNode
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
 from runtime.dispatcher import Dispatcher
@@ -318,9 +319,24 @@ class Runtime:
         # True from start until the shutdown grace ends: while it is, every call is served,
         # so a running effect (or turn, or tool) can still schedule, list and write.
         self._serving = False
+        cluster_bus = self.storage.cluster
         self.alarms = AlarmIndex(
-            self.clock, self.run_sync, self._on_alarm, self._is_draining
+            self.clock, self.run_sync, self._on_alarm, self._is_draining,
+            # Shared by several nodes: timers only for the alarms due within the horizon.
+            horizon_seconds=(self.settings.alarm_horizon_seconds
+                             if cluster_bus is not None else None),
         )
+        self.cluster: ClusterNode | None = None
+        """Wake-ups and frames across the nodes of a shared backend (`runtime.cluster`)."""
+        if cluster_bus is not None:
+            self.cluster = ClusterNode(
+                cluster_bus, self.hub, self.alarms, self.run_sync, self.clock,
+                poll_seconds=self.settings.cluster_poll_seconds,
+                horizon_seconds=self.settings.alarm_horizon_seconds,
+                grace_seconds=self.settings.cluster_wake_grace_seconds,
+                frame_keep_seconds=self.settings.frame_keep_seconds,
+            )
+            self.hub.relay = self.cluster
         self.actors = ActorTable(
             self.storage, self.run_sync, self.clock.now, self.settings.max_open_threads,
             self._is_draining, self._recovered, self._check_open,
@@ -448,6 +464,8 @@ class Runtime:
         rebuild = await self.run_index.start(store)
         # Last: from here alarms go off, and due runs start as soon as start() yields.
         armed = await self.alarms.start(store)
+        if self.cluster is not None:
+            await self.cluster.start(store)
         if not self.storage.exclusive:
             # Runs other nodes left running when they died: re-queued here (and by every
             # live node) once their lease expired, now and every third of the lease.
@@ -566,6 +584,11 @@ class Runtime:
         if failed:
             log.warning("shutdown: %d interrupted run(s) failed (interrupted at their "
                         "attempt limit, %d): %s", len(failed), MAX_ATTEMPTS, _describe(failed))
+        if self.cluster is not None:
+            # This node's last frames reach the other nodes' clients before it goes.
+            if not await self.cluster.flush(grace + 1.0):
+                log.warning("shutdown: some frames could not be written to the database")
+            await self.cluster.close()
         self.hub.close_all()
         await self.alarms.close()
         await self.run_index.close()

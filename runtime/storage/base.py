@@ -39,9 +39,11 @@ finish runs, see `ThreadStore.finish_and_claim`) and in `ThreadStore.prune`.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus, RunAttempt
@@ -868,8 +870,13 @@ class RuntimeStore(ABC):
         """
 
     @abstractmethod
-    def load_alarms(self) -> list[tuple[str, float]]:
-        """Every alarm as ``(thread_id, due_at)``, in no particular order."""
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:
+        """Every alarm as ``(thread_id, due_at)``, in no particular order.
+
+        With ``until`` (seconds, UTC), only those with ``due_at < until``: a node that
+        keeps timers only for the alarms due within a horizon reads that window
+        (PostgreSQL: an index walk on ``due_at``).
+        """
 
     # Runtime-level records: the `runtime.storage.records.EffectRecordStore` contract, in
     # the runtime database (durable turns' "cross-run" keys, `runtime.durable`). ``scope``
@@ -939,6 +946,262 @@ class RuntimeStore(ABC):
         """Close the store (idempotent); any later call raises RuntimeClosed."""
 
 
+MAX_PAYLOAD_BYTES = 7900
+"""The largest notification payload a `ClusterBus` carries, in UTF-8 bytes.
+
+PostgreSQL refuses payloads of 8,000 bytes or more; the margin leaves room for escaping.
+"""
+
+
+class ClusterBus(ABC):
+    """Notifications between the processes (nodes) that share one backend.
+
+    A backend shared by several live processes (PostgreSQL) has one; it is ``None`` on
+    the SQLite and memory backends (`StorageBackend.cluster`). Channels are short names
+    (`check_channel`); the bus keeps them apart from other apps' on the same database
+    (PostgreSQL: the schema's name prefixes them). Delivery is at most once: a
+    notification sent while a node's listening connection is down is lost, which is why
+    ``on_reconnect`` exists — a listener resyncs from the database then.
+    """
+
+    @abstractmethod
+    def listen(
+        self, channel: str, callback: Callable[[str], None], *,
+        on_reconnect: Callable[[], None] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        """Call ``callback(payload)`` on the event loop for each notification on ``channel``.
+
+        Several callbacks may listen on one channel; each gets every notification, in the
+        order the node received them (for one sender: the order its transactions
+        committed). A node receives its own notifications too. Returns at once; the
+        listening takes effect shortly after (`flush` waits for it).
+
+        Args:
+            channel: The channel name (`check_channel`).
+            callback: Called with the payload (a str of at most `MAX_PAYLOAD_BYTES`).
+                An exception it raises is logged and does not stop the other callbacks.
+            on_reconnect: Called (on the same loop, without arguments) each time the
+                listening on ``channel`` takes effect: the first time, and after every
+                reconnect of the node's listening connection. Notifications sent before it
+                may have been missed: the listener resyncs from the database there.
+            loop: The event loop the callbacks run on; default the running loop.
+
+        Raises:
+            ValueError: an invalid channel name.
+            RuntimeError: no loop was given and none is running.
+        """
+
+    @abstractmethod
+    def unlisten(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Stop calling ``callback`` for ``channel`` (no error if it was not listening)."""
+
+    @abstractmethod
+    def notify(self, channel: str, payload: str) -> None:
+        """Send ``payload`` to every node listening on ``channel`` (this one included).
+
+        Blocking (one round trip to the database); callable from any thread, but from a
+        storage thread rather than the event loop.
+
+        Raises:
+            ValueError: an invalid channel name, or a payload over `MAX_PAYLOAD_BYTES`
+                (the message gives its size and the limit).
+            DatabaseUnavailable: the database cannot be reached.
+        """
+
+    @abstractmethod
+    def notify_sql(self, cursor: Any, channel: str, payload: str) -> None:
+        """Queue a notification inside the caller's open transaction on ``cursor``.
+
+        It is sent when that transaction commits, and not at all if it rolls back; the
+        notifications of one transaction arrive in the order they were queued.
+
+        Raises:
+            ValueError: as `notify`.
+        """
+
+    @abstractmethod
+    def flush(self, timeout: float) -> bool:
+        """Block until every channel listened to so far is being listened to.
+
+        Returns False if that did not happen within ``timeout`` seconds (the listening
+        connection is down, or the bus is not started). Not for the event loop.
+        """
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool:
+        """Whether the node's listening connection is up now (asks no server)."""
+
+    # -------------------------------------------------------------- frames across nodes
+
+    @abstractmethod
+    def append_frames(self, drafts: Sequence[FrameDraft], now: float) -> list[int]:
+        """Number, store and announce frames, in one transaction; their ``seq``s, in order.
+
+        Each thread's frames get the next numbers of its counter, shared by every node
+        (the counter's row is locked until commit, so a thread's numbers follow commit
+        order across nodes). Each frame is stored (`read_frames`, until `prune_frames`)
+        and announced on the ``frames`` channel when the transaction commits: one
+        notification carries as many frames as fit (`decode_frames` reads it); a frame
+        too large to fit is announced without its text, to be read from the table.
+
+        Args:
+            drafts: The frames, in publication order.
+            now: When they were made (seconds, UTC): what `prune_frames` compares.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached (nothing was stored).
+        """
+
+    @abstractmethod
+    def read_frames(
+        self, thread_id: str, after_seq: int, upto_seq: int | None = None,
+    ) -> list[tuple[int, str, str]]:
+        """A thread's stored frames with ``after_seq < seq <= upto_seq``, in ``seq`` order.
+
+        As ``(seq, kind, text)``; ``upto_seq`` None: no upper bound. Pruned ones are missing.
+        """
+
+    @abstractmethod
+    def prune_frames(self, older_than: float) -> int:
+        """Delete the frames made before ``older_than`` (seconds, UTC); how many went.
+
+        The counters of threads that are no longer registered and keep no frame go too.
+        """
+
+
+WAKE_CHANNEL = "wake"
+"""The `ClusterBus` channel on which a backend announces runs as their rows commit."""
+
+
+def encode_wake(sender: str, thread_id: str, due_at: float) -> str:
+    """The ``wake`` payload: ``sender thread_id due_at`` (`decode_wake`)."""
+    return f"{sender} {thread_id} {due_at!r}"
+
+
+def decode_wake(payload: str) -> tuple[str, str, float]:
+    """``(sender, thread_id, due_at)`` of a ``wake`` payload.
+
+    Raises:
+        ValueError: the payload is not one `encode_wake` made.
+    """
+    sender, thread_id, due_at = payload.split(" ")
+    return sender, thread_id, float(due_at)
+
+
+FRAMES_CHANNEL = "frames"
+"""The `ClusterBus` channel on which `ClusterBus.append_frames` announces frames."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameDraft:
+    """A frame to be numbered: ``render(seq)`` gives its JSON text once ``seq`` is known.
+
+    ``render`` runs in the storage thread that appends the frame, inside its transaction;
+    it must be quick and must not touch the event loop.
+    """
+
+    thread_id: str
+    kind: str
+    render: Callable[[int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class AnnouncedFrame:
+    """One frame of a ``frames`` notification (`decode_frames`).
+
+    ``text`` is None when it was too large to carry (read it with `ClusterBus.read_frames`).
+    """
+
+    thread_id: str
+    seq: int
+    kind: str
+    text: str | None
+
+
+def encode_frames(sender: str, frames: Sequence[AnnouncedFrame]) -> list[str]:
+    r"""``frames`` as few notification payloads as fit `MAX_PAYLOAD_BYTES`, in order.
+
+    A payload is the sender's id then one line per frame (``thread\tseq\tkind\ttext``):
+    frame texts are compact JSON, which never holds a raw newline or tab.
+    """
+    payloads: list[str] = []
+    lines = [sender]
+    size = len(sender.encode())
+    for f in frames:
+        line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t{f.text or ''}"
+        n = len(line.encode("utf-8", "surrogatepass")) + 1
+        if n + len(sender.encode()) > MAX_PAYLOAD_BYTES - 64:
+            line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t"
+            n = len(line.encode()) + 1
+        if size + n > MAX_PAYLOAD_BYTES - 64 and len(lines) > 1:
+            payloads.append("\n".join(lines))
+            lines, size = [sender], len(sender.encode())
+        lines.append(line)
+        size += n
+    if len(lines) > 1:
+        payloads.append("\n".join(lines))
+    return payloads
+
+
+def decode_frames(payload: str) -> tuple[str, list[AnnouncedFrame]]:
+    """``(sender, frames)`` of a ``frames`` notification (`encode_frames`).
+
+    Raises:
+        ValueError: the payload is not one `encode_frames` made.
+    """
+    sender, *lines = payload.split("\n")
+    frames: list[AnnouncedFrame] = []
+    for line in lines:
+        thread_id, seq, kind, text = line.split("\t", 3)
+        frames.append(AnnouncedFrame(thread_id, int(seq), kind, text or None))
+    return sender, frames
+
+
+_CHANNEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.:-")
+MAX_CHANNEL_LENGTH = 40
+
+
+def check_channel(channel: str) -> str:
+    """``channel`` if it is a valid `ClusterBus` channel name.
+
+    A valid name is 1 to `MAX_CHANNEL_LENGTH` characters of ``a-z 0-9 _ . : -``.
+
+    Raises:
+        ValueError: otherwise (the message names the channel and the rule).
+    """
+    if (not isinstance(channel, str) or not 0 < len(channel) <= MAX_CHANNEL_LENGTH
+            or not _CHANNEL_CHARS.issuperset(channel)):
+        raise ValueError(
+            f"Invalid cluster channel name {channel!r}: use 1 to {MAX_CHANNEL_LENGTH} "
+            f"characters of a-z, 0-9, '_', '.', ':' and '-'"
+        )
+    return channel
+
+
+def check_payload(channel: str, payload: str, size: int | None = None) -> None:
+    """Refuse a payload over `MAX_PAYLOAD_BYTES` (``size``: its byte size if known).
+
+    Raises:
+        ValueError: the payload is not a str or is too large (naming the channel, the
+            size and the limit).
+    """
+    if not isinstance(payload, str):
+        raise ValueError(
+            f"Cluster notification on {channel!r}: the payload must be a str, "
+            f"got {type(payload).__name__}"
+        )
+    if size is None:
+        size = len(payload.encode("utf-8", "surrogatepass"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(
+            f"Cluster notification on {channel!r}: the payload is {size} bytes, over the "
+            f"limit of {MAX_PAYLOAD_BYTES} bytes; send a key and read the rest from the "
+            f"database"
+        )
+
+
 class StorageBackend(ABC):
     """Where a runtime keeps its registry, alarms and every thread's store (a factory).
 
@@ -959,6 +1222,10 @@ class StorageBackend(ABC):
     processes, the name of its membership lease."""
     kind: str = "custom"
     """What `GET /api/health` names the backend: ``sqlite``, ``memory``, ``postgres``."""
+    cluster: ClusterBus | None = None
+    """The notifications between the nodes sharing this backend (`ClusterBus`), or None
+    for a backend one process uses at a time (SQLite, memory). Listening starts at `open`
+    and stops at `close`."""
 
     def connection_held(self) -> bool | None:
         """Whether the backend holds a live connection to a database server now.

@@ -972,9 +972,10 @@ class MemoryRuntimeStore(RuntimeStore):
         with self._backend.lock:
             return self._check().records.purge(older_than=instant(older_than))
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
         with self._backend.lock:
-            return list(self._check().alarms.items())
+            return [(t, due) for t, due in self._check().alarms.items()
+                    if until is None or due < until]
 
     def close(self) -> None:  # noqa: D102
         self._closed = True

@@ -214,6 +214,11 @@ _ATTEMPT_JOIN = (
 )
 """Run ``r`` with its current attempt ``a`` (which node runs it)."""
 
+WAKE_WITHIN_SECONDS = 10.0
+"""A run scheduled due within this many seconds of its creation is announced on the
+cluster bus as its row commits (`PostgresClusterBus.wake_in`); a later one is left to the
+nodes' alarm polls (`runtime.alarms.AlarmIndex`, ``poll_seconds``), which come well before."""
+
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
 store (as `runtime.storage.sqlite.SWEEP_SECONDS`)."""
@@ -652,6 +657,10 @@ class PostgresThreadStore(ThreadStore):
             (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
              run.created_at_ts, run.replay_of, run.key, run.schedule_id),
         )
+        if run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS:
+            # Due soon: tell every node now. Later runs are found by the nodes' alarm
+            # polls well before they are due (docs/scale-out.md, "Wake-ups").
+            self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
         if run.trace_context is not None:
             c.execute(
                 "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
@@ -984,12 +993,18 @@ class PostgresThreadStore(ThreadStore):
         return self._tx(tx)
 
     def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
-        return self._tx(lambda c: self._one(
-            c,
-            f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
-            f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
-            (now, self.thread_id, run_id),
-        ))
+        def tx(c: Cursor) -> EffectRun | None:
+            run = self._one(
+                c,
+                f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
+                f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
+                (now, self.thread_id, run_id),
+            )
+            if run is not None:
+                self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
+            return run
+
+        return self._tx(tx)
 
     def _visible(
         self, c: Cursor, now: float, retention: RetentionPolicy
@@ -1572,8 +1587,13 @@ class PostgresRuntimeStore(RuntimeStore):
 
         return self._tx(tx)
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
-        rows = self._tx(lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall())
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall()
+            if until is None else
+            c.execute("SELECT thread_id, due_at FROM alarms WHERE due_at < %s",
+                      (until,)).fetchall()
+        )
         return [(r[0], r[1]) for r in rows]
 
     # ------------------------------------------------------------ runtime-level records
@@ -1656,6 +1676,10 @@ class PostgresBackend(StorageBackend):
     only while no other node runs one of that thread's runs, and re-queues the runs of
     nodes whose lease expired (`orphaned_runs`).
 
+    Attributes:
+        cluster: The `PostgresClusterBus` of this schema (``LISTEN``/``NOTIFY`` between
+            the processes sharing it); it listens from `open` to `close`.
+
     Raises:
         ValueError: an invalid ``schema``, ``pool_size``, ``node_id`` or ``lease_seconds``.
     """
@@ -1668,6 +1692,7 @@ class PostgresBackend(StorageBackend):
         lease_seconds: float = LEASE_SECONDS,
     ) -> None:
         from runtime.config import validate_node_id
+        from runtime.storage.pg_bus import PostgresClusterBus
 
         if node_id is not None:
             validate_node_id(node_id)
@@ -1699,6 +1724,7 @@ class PostgresBackend(StorageBackend):
         self._lease_valid_until = -math.inf  # time.monotonic() the lease surely lasts to
         self._lost_notified = False
         self.on_lease_lost = None
+        self.cluster: PostgresClusterBus = PostgresClusterBus(self)
 
     @property
     def _lock_key(self) -> int:
@@ -1932,6 +1958,7 @@ class PostgresBackend(StorageBackend):
             self._discard_orphans()
             self._lock_problem = None
             self._lost_notified = False
+            self.cluster.start()
             self._watch_stop = threading.Event()
             threading.Thread(target=self._heartbeat, args=(self._watch_stop, where),
                              name=f"thread-effects-node-lease:{self.schema}",
@@ -2128,6 +2155,7 @@ class PostgresBackend(StorageBackend):
 
     def close(self) -> None:  # noqa: D102
         self._watch_stop.set()
+        self.cluster.stop()
         with self._guard:
             pool, self._pool = self._pool, None
             lock_conn, self._lock_conn = self._lock_conn, None

@@ -1490,9 +1490,13 @@ class SQLiteRuntimeStore(RuntimeStore):
     def purge_records(self, *, older_than: float) -> int:  # noqa: D102
         return self._tx(lambda c: _records.sql_purge(c, older_than=_records.instant(older_than)))
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
         rows = self._tx(
-            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall(), write=False
+            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall()
+            if until is None else
+            c.execute("SELECT thread_id, due_at FROM alarms WHERE due_at < ?",
+                      (until,)).fetchall(),
+            write=False,
         )
         return [(r[0], r[1]) for r in rows]
 

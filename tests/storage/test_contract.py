@@ -478,6 +478,17 @@ def test_set_and_lower_alarms(rtdb: RuntimeStore) -> None:
     assert rtdb.load_alarms() == [("a", T0 + 5)]
 
 
+def test_alarms_load_within_a_window(rtdb: RuntimeStore) -> None:
+    """A node keeping timers for a horizon reads only the alarms due before its end."""
+    rtdb.set_alarm("a", T0 + 10)
+    rtdb.set_alarm("b", T0 + 60)
+    rtdb.set_alarm("c", T0 - 5)  # overdue: in every window
+    assert sorted(rtdb.load_alarms(until=T0 + 60)) == [("a", T0 + 10), ("c", T0 - 5)]
+    assert sorted(rtdb.load_alarms(until=T0)) == [("c", T0 - 5)]
+    assert sorted(rtdb.load_alarms(until=T0 + 61)) == sorted(rtdb.load_alarms())
+    assert len(rtdb.load_alarms()) == 3
+
+
 def test_adding_a_thread_can_write_its_alarm_row_with_it(rtdb: RuntimeStore) -> None:
     assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0), alarm_at=T0)
     assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0))  # no alarm_at: no row
