@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from functools import partial
@@ -105,6 +105,9 @@ class RunOperations:
         now: The clock's ``now``.
         check_open: Raises `RuntimeClosed` unless the runtime is running.
         executor: Cancels running runs (None: only pending runs can be canceled).
+        cancel_elsewhere: With a backend shared by several processes: asks the node
+            running a run to cancel it, ``await cancel_elsewhere(actor, run_id,
+            canceled_by)``; True if the run is running on another node (which was asked).
     """
 
     def __init__(
@@ -118,7 +121,9 @@ class RunOperations:
         now: Callable[[], float],
         check_open: Callable[[], None],
         executor: EffectExecutor | None = None,
+        cancel_elsewhere: Callable[[ThreadActor, str, str], Awaitable[bool]] | None = None,
     ) -> None:
+        self._cancel_elsewhere = cancel_elsewhere
         self._settings = settings
         self._registry = registry
         self._actors = actors
@@ -326,6 +331,9 @@ class RunOperations:
             )
             if run is None and self._executor is not None:
                 asked, task = self._executor.cancel_running(actor, run_id, canceled_by)
+            if run is None and not asked and self._cancel_elsewhere is not None:
+                # Running on another node, maybe: that node is told to cancel it.
+                asked = await self._cancel_elsewhere(actor, run_id, canceled_by)
         if run is not None:
             self._hub.publish(RunChange.CANCELED, run)
             return True

@@ -314,3 +314,73 @@ async def test_a_node_that_loses_its_lease_cancels_its_effects_and_another_rerun
 
 async def _status(thread: Any, run_id: str, status: EffectStatus) -> bool:
     return bool((await thread.get_run(run_id)).status is status)
+
+
+async def _start_on_b(a: Runtime, b: Runtime, seconds: float = 30) -> tuple[Any, Any, str]:
+    """A thread made on node a, a slow run scheduled (and so started) on node b."""
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    run_id = await thread_b.schedule_effect("slow", {"seconds": seconds})
+    await wait_until(lambda: _status(thread_a, run_id, EffectStatus.RUNNING))
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert attempt.node_id == "node-b"
+    return thread_a, thread_b, run_id
+
+
+async def test_canceling_on_node_a_a_run_running_on_node_b_stops_it_there(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    thread_a, _, run_id = await _start_on_b(a, b)
+    assert await thread_a.remove_scheduled_effect(run_id) is True
+    await wait_until(lambda: _status(thread_a, run_id, EffectStatus.CANCELED), seconds=10)
+    run = await thread_a.get_run(run_id)
+    assert run.canceled_by is not None
+    assert not (tmp_path / "node-b" / "slow.done").exists()
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert (attempt.outcome, attempt.node_id) == ("canceled", "node-b")
+
+
+async def test_deleting_on_node_a_a_thread_running_on_node_b_cancels_its_run_there(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    thread_a, _, _ = await _start_on_b(a, b)
+    tid = thread_a.thread_id
+    assert await a.delete_thread(tid) is True
+
+    async def gone_on_b() -> bool:
+        actor = b.actors.peek(tid)
+        return actor is None and not b.executor.side_running
+
+    await wait_until(gone_on_b, seconds=10)
+    await asyncio.sleep(0.3)
+    assert not (tmp_path / "node-b" / "slow.done").exists()
+    url_rows = await asyncio.to_thread(_rows_of, b, tid)
+    assert url_rows == 0  # node b wrote nothing back for the deleted thread
+
+
+def _rows_of(rt: Runtime, thread_id: str) -> int:
+    storage = rt.storage
+    assert isinstance(storage, PostgresBackend)
+    with storage.transaction() as c:
+        row = c.execute("SELECT count(*) FROM effect_runs WHERE thread_id = %s",
+                        (thread_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_thread_paused_on_node_a_starts_nothing_on_node_b_until_resumed(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    first = await thread_b.schedule_effect("record", {"key": "first"})
+    await wait_until(lambda: _status(thread_a, first, EffectStatus.COMPLETED))
+    await a.pause_thread(thread_a.thread_id)
+    stopped = await thread_b.schedule_effect("record", {"key": "stopped"})
+    await asyncio.sleep(1.0)
+    assert (await thread_b.get_run(stopped)).status is EffectStatus.PENDING
+    await a.resume_thread(thread_a.thread_id)
+    await wait_until(lambda: _status(thread_b, stopped, EffectStatus.COMPLETED), seconds=10)
