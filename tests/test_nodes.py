@@ -8,6 +8,7 @@ must expire, instead of a fake clock: leases are stamped by the database server'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -384,3 +385,100 @@ async def test_a_thread_paused_on_node_a_starts_nothing_on_node_b_until_resumed(
     assert (await thread_b.get_run(stopped)).status is EffectStatus.PENDING
     await a.resume_thread(thread_a.thread_id)
     await wait_until(lambda: _status(thread_b, stopped, EffectStatus.COMPLETED), seconds=10)
+
+
+# ------------------------------------------------------------------ turns
+
+TURNS_APP = Path(__file__).parent / "apps" / "turns"
+
+
+async def test_one_turn_at_a_time_per_thread_across_nodes(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+
+    def node(node_id: str) -> Runtime:
+        return Runtime(app_dir=TURNS_APP, data_dir=tmp_path / node_id, load_packages=False,
+                       storage=PostgresBackend(pg_url, node_id=node_id))
+
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return ModelResponse(parts=[TextPart("slow answer")])
+
+    async def quick(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("quick answer")])
+
+    a, b = node("node-a"), node("node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        thread_b = await b.get_thread(thread_a.thread_id)
+        with override_model(a, FunctionModel(slow)), override_model(b, FunctionModel(quick)):
+            first = asyncio.create_task(thread_a.send_message("take your time"))
+            await entered.wait()
+            second = asyncio.create_task(thread_b.send_message("and this"))
+            await asyncio.sleep(1.0)
+            assert not second.done()  # node b waits for node a's turn on the thread
+            release.set()
+            await first
+            result = await asyncio.wait_for(second, 10)
+        assert result.reply is not None and result.reply.content == "quick answer"
+        contents = [m.content for m in (await thread_a.get_messages()).messages]
+        assert contents == ["take your time", "slow answer", "and this", "quick answer"]
+
+
+async def test_a_turn_of_a_node_whose_lease_expired_is_resumed_by_another_node(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+
+    entered = asyncio.Event()
+
+    async def hang(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def quick(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("resumed answer")])
+
+    a = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "a", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-a", lease_seconds=0.9))
+    b = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "b", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-b", lease_seconds=0.9))
+    async with b:
+        await a.start()
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        with override_model(a, FunctionModel(hang)), override_model(b, FunctionModel(quick)):
+            turn = asyncio.create_task(thread_a.send_message("hello"))
+            await entered.wait()
+            # Node a dies mid-turn: it stops renewing its lease and its work stops there
+            # (a process killed; its turn lease row stays behind).
+            storage = a.storage
+            assert isinstance(storage, PostgresBackend)
+            storage._watch_stop.set()
+            # Node b cannot take the thread's turn while node a's lease lasts.
+            holder = await asyncio.to_thread(b.storage.take_turn_lease, tid, "probe")
+            assert holder == "node-a"
+            thread_b = await b.get_thread(tid)
+
+            async def resumed() -> bool:
+                messages = (await thread_b.get_messages()).messages
+                return [m.content for m in messages] == ["hello", "resumed answer"]
+
+            await wait_until(resumed, seconds=20)
+            turn.cancel()
+        with contextlib.suppress(BaseException):
+            await turn
+        with contextlib.suppress(Exception):
+            await a.close()

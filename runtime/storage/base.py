@@ -1307,6 +1307,33 @@ class StorageBackend(ABC):
         """
         return []
 
+    def take_turn_lease(self, thread_id: str, token: str) -> str | None:
+        """Take the thread's turn lease for this node (``token``: this turn); None if taken.
+
+        A backend shared by several processes (PostgreSQL) keeps one turn lease per
+        thread: taken when free, when its holder's node lease expired, or when its holder
+        is this node id (left by an earlier process with it: one process runs one turn
+        of a thread at a time). Otherwise it answers the node id holding it, and the
+        caller waits. One process per backend (SQLite, memory): always taken (the
+        runtime serializes a thread's turns itself).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return None
+
+    def release_turn_lease(self, thread_id: str, token: str) -> None:
+        """Give the thread's turn lease back, if ``token`` still holds it (idempotent)."""
+        return None
+
+    def orphaned_turns(self) -> list[str]:
+        """Threads whose turn lease is held by a node whose lease expired.
+
+        Their turns are to be resumed by a live node. Always empty for one process per
+        backend (SQLite, memory).
+        """
+        return []
+
     on_lease_lost: Callable[[str], None] | None = None
     """Set by the runtime: called (from any thread, at most once per loss, with the reason)
     when a shared backend's node lease may have expired without being renewed: the node

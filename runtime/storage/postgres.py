@@ -2140,6 +2140,39 @@ class PostgresBackend(StorageBackend):
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
 
+    def take_turn_lease(self, thread_id: str, token: str) -> str | None:  # noqa: D102
+        with self.transaction() as c:
+            taken = c.execute(
+                f"INSERT INTO turn_leases (thread_id, node_id, token, acquired_at) "
+                f"VALUES (%s, %s, %s, {_DB_NOW}) ON CONFLICT (thread_id) DO UPDATE SET "
+                f"node_id = excluded.node_id, token = excluded.token, "
+                f"acquired_at = excluded.acquired_at WHERE turn_leases.token = excluded.token "
+                f"OR turn_leases.node_id = excluded.node_id OR NOT EXISTS (SELECT 1 FROM "
+                f"nodes n WHERE n.node_id = turn_leases.node_id "
+                f"AND n.lease_expires_at > {_DB_NOW}) RETURNING 1",
+                (thread_id, self.node_id, token),
+            ).fetchone()
+            if taken is not None:
+                return None
+            row = c.execute("SELECT node_id FROM turn_leases WHERE thread_id = %s",
+                            (thread_id,)).fetchone()
+        return str(row[0]) if row is not None else ""
+
+    def release_turn_lease(self, thread_id: str, token: str) -> None:  # noqa: D102
+        with self.transaction() as c:
+            c.execute("DELETE FROM turn_leases WHERE thread_id = %s AND token = %s",
+                      (thread_id, token))
+
+    def orphaned_turns(self) -> list[str]:  # noqa: D102
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT t.thread_id FROM turn_leases t WHERE t.node_id <> %s AND NOT EXISTS "
+                f"(SELECT 1 FROM nodes n WHERE n.node_id = t.node_id "
+                f"AND n.lease_expires_at > {_DB_NOW}) ORDER BY t.thread_id LIMIT 1000",
+                (self.node_id,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
     def live_nodes(self) -> list[tuple[str, float]]:
         """The nodes holding a live lease: ``(node_id, lease_expires_at)``, by node id.
 
