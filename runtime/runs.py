@@ -192,8 +192,13 @@ class RunOperations:
         key: str | None = None,
         at: datetime | None = None,
         replay_of: str | None = None,
+        replay_once: bool = False,
     ) -> Scheduled:
-        """See `ThreadState.schedule`; ``replay_of`` links a replay to its original."""
+        """See `ThreadState.schedule`; ``replay_of`` links a replay to its original.
+
+        ``replay_once``: store nothing if a run already replays ``replay_of`` (that run's
+        id is returned, ``created`` False), checked in the thread's transaction.
+        """
         self._check_open()
         if not isinstance(name, str):
             raise EffectNotFound(short_repr(name))
@@ -236,7 +241,8 @@ class RunOperations:
             current = CURRENT_RUN.get()
             hand_off = current[1] if current and current[0] == state.thread_id else None
             existing = await self._run_sync(
-                partial(actor.store.insert_run, hand_off_from=hand_off), run
+                partial(actor.store.insert_run, hand_off_from=hand_off,
+                        replay_once=replay_once), run
             )
         if existing is not None:
             return Scheduled(existing.id, created=False)
@@ -398,7 +404,7 @@ class RunOperations:
         self._hub.publish(RunChange.RESCHEDULED, run)
         return run
 
-    async def replay(self, state: ThreadState, run_id: str) -> str:
+    async def replay(self, state: ThreadState, run_id: str, *, once: bool = False) -> str:
         """See `ThreadState.replay`."""
         original = await self.get_run(state.thread_id, run_id)
         if not original.status.finished:
@@ -408,7 +414,7 @@ class RunOperations:
             )
         plain = state.with_context(execution=state.execution, package_id=None)
         scheduled = await self.schedule(
-            plain, original.name, original.args, 0, replay_of=original.id
+            plain, original.name, original.args, 0, replay_of=original.id, replay_once=once
         )
         return scheduled.run_id
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,10 @@ def test_the_same_node_id_twice_is_refused_another_joins(pg_url: str) -> None:
         b = PostgresBackend(pg_url, node_id="node-b")
         b.open().close()
         assert [n for n, _ in a.live_nodes()] == ["node-a", "node-b"]
+        assert a.alone() is False  # another node may be applying an effect-tool key
         b.close()  # its lease ends at once
         assert [n for n, _ in a.live_nodes()] == ["node-a"]
+        assert a.alone() is True
     finally:
         store.close()
         a.close()
@@ -482,3 +485,19 @@ async def test_a_turn_of_a_node_whose_lease_expired_is_resumed_by_another_node(
             await turn
         with contextlib.suppress(Exception):
             await a.close()
+
+
+def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    sa.finish_and_claim(None, T0)
+    sa.finish_and_claim(Finish("r1", EffectStatus.FAILED, "boom", T0 + 1), T0 + 1, claim=False)
+    replay_a = replace(new_run("ra"), replay_of="r1")
+    replay_b = replace(new_run("rb"), replay_of="r1")
+    assert sa.insert_run(replay_a, replay_once=True) is None
+    existing = sb.insert_run(replay_b, replay_once=True)  # node b's bulk replay, later
+    assert existing is not None and existing.id == "ra"
+    assert sb.insert_run(replay_b) is None  # a single replay (not "once") is another run
+    sa.close()
+    sb.close()

@@ -630,9 +630,18 @@ class PostgresThreadStore(ThreadStore):
         )
 
     def insert_run(  # noqa: D102 - contract in base
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
         def tx(c: Cursor) -> EffectRun | None:
+            if replay_once and run.replay_of is not None:
+                # The original's row serializes the replays of it across nodes.
+                c.execute("SELECT 1 FROM effect_runs WHERE thread_id = %s AND id = %s "
+                          "FOR UPDATE", (self.thread_id, run.replay_of))
+                replay = self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                    f"AND replay_of = %s ORDER BY seq LIMIT 1", (self.thread_id, run.replay_of))
+                if replay is not None:
+                    return replay
             if run.key is not None:
                 rows = c.execute(
                     f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
@@ -2139,6 +2148,9 @@ class PostgresBackend(StorageBackend):
                 (self.node_id, limit),
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+    def alone(self) -> bool:  # noqa: D102 - contract in base
+        return all(node == self.node_id for node, _ in self.live_nodes())
 
     def take_turn_lease(self, thread_id: str, token: str) -> str | None:  # noqa: D102
         with self.transaction() as c:

@@ -1627,3 +1627,18 @@ def test_one_nodes_turn_leases_and_orphans(harness: Harness, rtdb: RuntimeStore)
     backend.release_turn_lease("t", "turn-2")  # idempotent
     assert backend.orphaned_turns() == []
     assert backend.orphaned_runs() == []
+
+
+def test_one_node_is_alone(harness: Harness, rtdb: RuntimeStore) -> None:
+    assert harness.backend.alone() is True
+
+
+def test_replay_once_stores_no_second_replay_of_a_run(store: ThreadStore) -> None:
+    original = run()
+    store.insert_run(original)
+    first = replace(run(), replay_of=original.id)
+    assert store.insert_run(first, replay_once=True) is None
+    again = store.insert_run(replace(run(), replay_of=original.id), replay_once=True)
+    assert again is not None and again.id == first.id
+    # Without replay_once a run may be replayed again (a single replay).
+    assert store.insert_run(replace(run(), replay_of=original.id)) is None
