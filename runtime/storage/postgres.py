@@ -14,9 +14,11 @@ newer version than this code knows is refused.
 
 Connections come from a `psycopg_pool.ConnectionPool`; every contract method is one
 transaction on one pooled connection, called from the runtime's storage threads (the
-contract is synchronous, as for SQLite). `PostgresBackend.open` holds a session advisory
-lock on a connection of its own for as long as the backend is open: like the SQLite
-data-directory lock, one process uses a database (schema) at a time.
+contract is synchronous, as for SQLite). Several processes ("nodes") may use one schema
+at once: `PostgresBackend.open` takes a session advisory lock on its node id (a second live
+process with that id is refused) and registers a lease in the ``nodes`` table, renewed on a
+connection of its own; a run is claimed under the thread's row lock, and its outcome is
+fenced by its attempt (docs/scale-out.md, "Nodes and leases").
 """
 
 from __future__ import annotations
