@@ -129,6 +129,16 @@ class Settings(BaseModel):
             (`runtime.storage.postgres`, the ``postgres`` extra; docs/scale-out.md); a
             ``schema=<name>`` query parameter picks the PostgreSQL schema (default
             ``public``). The server reads ``THREAD_EFFECTS_DATABASE_URL``.
+        node_id: This process's name among the processes sharing a database (a "node"):
+            recorded on every run attempt it runs (on every backend), shown in the run
+            detail, the pane and ``GET /api/health``. Default ``<hostname>:<pid>``. A
+            letter or digit, then letters, digits and ``. _ : @ -``, at most 128
+            characters. On PostgreSQL two live processes with the same node id are
+            refused. The server reads ``--node-id`` / ``THREAD_EFFECTS_NODE_ID``.
+        lease_seconds: PostgreSQL: the node lease period (seconds, default 30). A node
+            renews its lease every third of it; a node that has not renewed it for this
+            long is dead to the others, which re-queue its running runs and resume its
+            turns. Ignored on SQLite (one process per data directory).
         cluster_poll_seconds: With a backend shared by several processes (PostgreSQL),
             how often a node reads the alarms due within its horizon: the safety net of
             the wake-ups sent as runs are scheduled (a lost one delays a run by at most
@@ -142,16 +152,6 @@ class Settings(BaseModel):
             the node that scheduled it claims it first, others only if it did not.
         frame_keep_seconds: With a shared backend, how long frames are kept in the
             database for nodes whose clients missed one (docs/scale-out.md).
-        node_id: This process's name among the processes sharing a database (a "node"):
-            recorded on every run attempt it runs (on every backend), shown in the run
-            detail, the pane and ``GET /api/health``. Default ``<hostname>:<pid>``. A
-            letter or digit, then letters, digits and ``. _ : @ -``, at most 128
-            characters. On PostgreSQL two live processes with the same node id are
-            refused. The server reads ``--node-id`` / ``THREAD_EFFECTS_NODE_ID``.
-        lease_seconds: PostgreSQL: the node lease period (seconds, default 30). A node
-            renews its lease every third of it; a node that has not renewed it for this
-            long is dead to the others, which re-queue its running runs and resume its
-            turns. Ignored on SQLite (one process per data directory).
     """
 
     # hide_input_in_errors: a refused database_url may hold a password.
@@ -175,10 +175,6 @@ class Settings(BaseModel):
     effect_tool_wait_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     effect_tool_max_result_bytes: int = Field(default=1 << 20, ge=1)
     database_url: str | None = Field(default=None, repr=False)  # it may hold a password
-    cluster_poll_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
-    alarm_horizon_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
-    cluster_wake_grace_seconds: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    frame_keep_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
     node_id: str = Field(default_factory=default_node_id)
     lease_seconds: float = Field(default=30.0, ge=0.5, le=86_400.0, allow_inf_nan=False)
 
@@ -186,6 +182,10 @@ class Settings(BaseModel):
     @classmethod
     def _node_id(cls, node_id: str) -> str:
         return validate_node_id(node_id)
+    cluster_poll_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    alarm_horizon_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    cluster_wake_grace_seconds: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    frame_keep_seconds: float = Field(default=300.0, gt=0, allow_inf_nan=False)
 
     @field_validator("database_url")
     @classmethod

@@ -164,6 +164,9 @@ class EffectExecutor:
             ThreadStorageError: the thread's store failed.
         """
         thread_id = actor.thread_id
+        if self._shared:
+            # Another node may have changed the thread's schedules: read their next fire.
+            actor.next_fire_known = False
         # An outcome a previous drain could not record (the store failed) goes first.
         finish: Finish | None = actor.unrecorded
         done = 0

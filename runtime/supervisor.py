@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import os
 import queue
@@ -61,8 +62,10 @@ from runtime.effect_records import EffectRecords, RuntimeRecords
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import (
     EffectDefinitionError,
+    EffectNotFound,
     InvalidArgument,
     InvalidThreadId,
+    RunStateError,
     RuntimeClosed,
     RuntimeStorageError,
     ThreadNotFound,
@@ -107,6 +110,9 @@ log = logging.getLogger("runtime")
 T = TypeVar("T")
 
 _STORAGE_THREADS = 16
+COMMANDS_CHANNEL = "commands"
+"""The cluster bus channel of cancels, deletions and pauses made on one node for the
+others (a shared backend only): JSON ``{"op", "thread", "from", ...}``."""
 LOCK_RECHECK_SECONDS = 2.0
 """While the backend reports a lock problem, a due thread is looked at again this often."""
 """OS threads for store calls. Measured with bench/bench_effects.py (2 cores, FULL): 16
@@ -350,6 +356,7 @@ class Runtime:
             shared=not self.storage.exclusive,
         )
         self._orphans: asyncio.Task[None] | None = None
+        self._command_tasks: set[asyncio.Task[None]] = set()
         self.watchdog: LoopWatchdog | None = (
             LoopWatchdog(self.settings.loop_stall_warning_seconds, self.executor.describe_task)
             if self.settings.loop_stall_warning_seconds is not None else None
@@ -361,6 +368,8 @@ class Runtime:
         self.runs = RunOperations(
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open, executor=self.executor,
+            cancel_elsewhere=(self._cancel_elsewhere if self.storage.cluster is not None
+                              else None),
         )
         self.schedules = ScheduleOperations(
             lambda: self.registry, self.actors, self.alarms, self.hub, self.run_sync,
@@ -466,6 +475,9 @@ class Runtime:
         armed = await self.alarms.start(store)
         if self.cluster is not None:
             await self.cluster.start(store)
+        if self.storage.cluster is not None:
+            # Cancels, deletions and pauses made on other nodes (`_on_command`).
+            self.storage.cluster.listen(COMMANDS_CHANNEL, self._on_command)
         if not self.storage.exclusive:
             # Runs other nodes left running when they died: re-queued here (and by every
             # live node) once their lease expired, now and every third of the lease.
@@ -521,6 +533,8 @@ class Runtime:
                                "waits for running effects, this one included")
         self._closing = True
         self._closing_started.set()
+        for task in list(self._command_tasks):
+            task.cancel()
         if self._orphans is not None:
             self._orphans.cancel()
             with contextlib.suppress(BaseException):
@@ -953,6 +967,7 @@ class Runtime:
                 if not await self.run_sync(store.set_paused, thread_id, paused):
                     raise ThreadNotFound(thread_id)
                 actor.info = replace(actor.info, paused=paused)
+                await self._send_command(self._command("paused", thread_id, paused=paused))
             info = actor.info
         if not paused:
             # Its alarm may have fired while it was paused: look at its due runs now
@@ -1024,6 +1039,8 @@ class Runtime:
             raise
         self.hub.close_thread(thread_id)
         await self.actors.remove_store(thread_id, actor)
+        if existed:  # a run of it running on another node is canceled there
+            await self._send_command(self._command("deleted", thread_id))
         return existed
 
     # ------------------------------------------------- wiring between the parts
@@ -1077,6 +1094,92 @@ class Runtime:
             return False
         self._drain_retry_delay.pop(thread_id, None)
         return False
+
+    # ------------------------------------------------------------ commands from any node
+
+    def _command(self, op: str, thread_id: str, **fields: Any) -> str:
+        return json.dumps({"op": op, "thread": thread_id, "from": self.node_id, **fields})
+
+    async def _send_command(self, payload: str) -> None:
+        bus = self.storage.cluster
+        if bus is None:
+            return
+        try:
+            await self.run_sync(bus.notify, COMMANDS_CHANNEL, payload)
+        except Exception:  # the database blinked: the claim's own checks still hold
+            log.exception("could not tell the other nodes: %s", payload)
+
+    async def _cancel_elsewhere(self, actor: ThreadActor, run_id: str, canceled_by: str) -> bool:
+        """Ask the node running ``run_id`` (not this one) to cancel it; False if none does.
+
+        Raises:
+            RunStateError: the run is a sync effect's (no node can stop its worker thread).
+        """
+        run = await self.run_sync(actor.store.get_run, run_id, self.clock.now(),
+                                  self.settings.retention)
+        if run is None or run.status is not EffectStatus.RUNNING:
+            return False
+        attempts = await self.run_sync(actor.store.run_attempts, run_id)
+        node = attempts[-1].node_id if attempts else None
+        if node == self.node_id:
+            return False  # ours, but not running in this process: left by a crash
+        try:
+            defn = self.registry.resolve(run.name)
+        except EffectNotFound:
+            return False
+        if not defn.is_async:
+            raise RunStateError(
+                f"Run {run_id} of effect {run.name} is running a sync function in a worker "
+                f"thread on node {node}, which cannot be stopped; it can only be left to "
+                f"finish"
+            )
+        await self._send_command(self._command("cancel", actor.thread_id, run=run_id,
+                                               by=canceled_by, node=node))
+        return True
+
+    def _on_command(self, payload: str) -> None:
+        """A command from a node (this one included): applied to this node's actors."""
+        try:
+            command = json.loads(payload)
+            op, thread_id = command["op"], command["thread"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored a malformed command from another node: %r", payload[:200])
+            return
+        if command.get("from") == self.node_id or self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._apply_command(op, thread_id, command), name=f"thread-effects-{op}")
+        self._command_tasks.add(task)
+        task.add_done_callback(self._command_tasks.discard)
+
+    async def _apply_command(self, op: str, thread_id: str, command: dict[str, Any]) -> None:
+        try:
+            if op == "cancel":
+                actor = self.actors.peek(thread_id)
+                if actor is None:
+                    return
+                async with actor.lock:
+                    self.executor.cancel_running(actor, str(command["run"]),
+                                                 str(command.get("by") or "another node"))
+            elif op == "deleted":
+                # The thread is gone: nothing of it runs here any more, nothing is written.
+                for extension in self.extensions:
+                    await extension.thread_deleting(self, thread_id)
+                async with self.actors.deleting(thread_id) as actor:
+                    self.alarms.forget(thread_id)
+                    if actor is not None:
+                        await self.run_sync(actor.store.close)
+                self.hub.close_thread(thread_id)
+            elif op == "paused":
+                actor = self.actors.peek(thread_id)
+                paused = bool(command.get("paused"))
+                if actor is not None:
+                    actor.info = replace(actor.info, paused=paused)
+                if not paused:
+                    self._on_alarm(thread_id)
+        except Exception:
+            log.exception("could not apply a command from node %s: %s", command.get("from"),
+                          command)
 
     def _lease_lost(self, why: str) -> None:
         """This node's lease may have expired: cancel every effect it runs (on the loop).

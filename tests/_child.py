@@ -96,6 +96,10 @@ async def main(argv: list[str]) -> None:
         app_dir=APP, data_dir=data_dir, load_packages=False,
         # PostgreSQL when the test sets it (tests marked every_backend), else SQLite files.
         database_url=os.environ.get("THREAD_EFFECTS_DATABASE_URL") or None,
+        # One node id for every child of a test: a restart is the same node, which
+        # re-queues its killed predecessor's runs at once.
+        **({"node_id": os.environ["THREAD_EFFECTS_NODE_ID"]}
+           if os.environ.get("THREAD_EFFECTS_NODE_ID") else {}),
     ) as rt:
         if mode == "serve-warm":
             state = await rt.create_thread(argv[2])

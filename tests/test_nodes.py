@@ -8,9 +8,11 @@ must expire, instead of a fake clock: leases are stamped by the database server'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +96,10 @@ def test_the_same_node_id_twice_is_refused_another_joins(pg_url: str) -> None:
         b = PostgresBackend(pg_url, node_id="node-b")
         b.open().close()
         assert [n for n, _ in a.live_nodes()] == ["node-a", "node-b"]
+        assert a.alone() is False  # another node may be applying an effect-tool key
         b.close()  # its lease ends at once
         assert [n for n, _ in a.live_nodes()] == ["node-a"]
+        assert a.alone() is True
     finally:
         store.close()
         a.close()
@@ -314,3 +318,186 @@ async def test_a_node_that_loses_its_lease_cancels_its_effects_and_another_rerun
 
 async def _status(thread: Any, run_id: str, status: EffectStatus) -> bool:
     return bool((await thread.get_run(run_id)).status is status)
+
+
+async def _start_on_b(a: Runtime, b: Runtime, seconds: float = 30) -> tuple[Any, Any, str]:
+    """A thread made on node a, a slow run scheduled (and so started) on node b."""
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    run_id = await thread_b.schedule_effect("slow", {"seconds": seconds})
+    await wait_until(lambda: _status(thread_a, run_id, EffectStatus.RUNNING))
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert attempt.node_id == "node-b"
+    return thread_a, thread_b, run_id
+
+
+async def test_canceling_on_node_a_a_run_running_on_node_b_stops_it_there(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    thread_a, _, run_id = await _start_on_b(a, b)
+    assert await thread_a.remove_scheduled_effect(run_id) is True
+    await wait_until(lambda: _status(thread_a, run_id, EffectStatus.CANCELED), seconds=10)
+    run = await thread_a.get_run(run_id)
+    assert run.canceled_by is not None
+    assert not (tmp_path / "node-b" / "slow.done").exists()
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert (attempt.outcome, attempt.node_id) == ("canceled", "node-b")
+
+
+async def test_deleting_on_node_a_a_thread_running_on_node_b_cancels_its_run_there(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    thread_a, _, _ = await _start_on_b(a, b)
+    tid = thread_a.thread_id
+    assert await a.delete_thread(tid) is True
+
+    async def gone_on_b() -> bool:
+        actor = b.actors.peek(tid)
+        return actor is None and not b.executor.side_running
+
+    await wait_until(gone_on_b, seconds=10)
+    await asyncio.sleep(0.3)
+    assert not (tmp_path / "node-b" / "slow.done").exists()
+    url_rows = await asyncio.to_thread(_rows_of, b, tid)
+    assert url_rows == 0  # node b wrote nothing back for the deleted thread
+
+
+def _rows_of(rt: Runtime, thread_id: str) -> int:
+    storage = rt.storage
+    assert isinstance(storage, PostgresBackend)
+    with storage.transaction() as c:
+        row = c.execute("SELECT count(*) FROM effect_runs WHERE thread_id = %s",
+                        (thread_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_thread_paused_on_node_a_starts_nothing_on_node_b_until_resumed(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    first = await thread_b.schedule_effect("record", {"key": "first"})
+    await wait_until(lambda: _status(thread_a, first, EffectStatus.COMPLETED))
+    await a.pause_thread(thread_a.thread_id)
+    stopped = await thread_b.schedule_effect("record", {"key": "stopped"})
+    await asyncio.sleep(1.0)
+    assert (await thread_b.get_run(stopped)).status is EffectStatus.PENDING
+    await a.resume_thread(thread_a.thread_id)
+    await wait_until(lambda: _status(thread_b, stopped, EffectStatus.COMPLETED), seconds=10)
+
+
+# ------------------------------------------------------------------ turns
+
+TURNS_APP = Path(__file__).parent / "apps" / "turns"
+
+
+async def test_one_turn_at_a_time_per_thread_across_nodes(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+
+    def node(node_id: str) -> Runtime:
+        return Runtime(app_dir=TURNS_APP, data_dir=tmp_path / node_id, load_packages=False,
+                       storage=PostgresBackend(pg_url, node_id=node_id))
+
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return ModelResponse(parts=[TextPart("slow answer")])
+
+    async def quick(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("quick answer")])
+
+    a, b = node("node-a"), node("node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        thread_b = await b.get_thread(thread_a.thread_id)
+        with override_model(a, FunctionModel(slow)), override_model(b, FunctionModel(quick)):
+            first = asyncio.create_task(thread_a.send_message("take your time"))
+            await entered.wait()
+            second = asyncio.create_task(thread_b.send_message("and this"))
+            await asyncio.sleep(1.0)
+            assert not second.done()  # node b waits for node a's turn on the thread
+            release.set()
+            await first
+            result = await asyncio.wait_for(second, 10)
+        assert result.reply is not None and result.reply.content == "quick answer"
+        contents = [m.content for m in (await thread_a.get_messages()).messages]
+        assert contents == ["take your time", "slow answer", "and this", "quick answer"]
+
+
+async def test_a_turn_of_a_node_whose_lease_expired_is_resumed_by_another_node(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+
+    entered = asyncio.Event()
+
+    async def hang(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def quick(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("resumed answer")])
+
+    a = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "a", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-a", lease_seconds=0.9))
+    b = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "b", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-b", lease_seconds=0.9))
+    async with b:
+        await a.start()
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        with override_model(a, FunctionModel(hang)), override_model(b, FunctionModel(quick)):
+            turn = asyncio.create_task(thread_a.send_message("hello"))
+            await entered.wait()
+            # Node a dies mid-turn: it stops renewing its lease and its work stops there
+            # (a process killed; its turn lease row stays behind).
+            storage = a.storage
+            assert isinstance(storage, PostgresBackend)
+            storage._watch_stop.set()
+            # Node b cannot take the thread's turn while node a's lease lasts.
+            holder = await asyncio.to_thread(b.storage.take_turn_lease, tid, "probe")
+            assert holder == "node-a"
+            thread_b = await b.get_thread(tid)
+
+            async def resumed() -> bool:
+                messages = (await thread_b.get_messages()).messages
+                return [m.content for m in messages] == ["hello", "resumed answer"]
+
+            await wait_until(resumed, seconds=20)
+            turn.cancel()
+        with contextlib.suppress(BaseException):
+            await turn
+        with contextlib.suppress(Exception):
+            await a.close()
+
+
+def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    sa.finish_and_claim(None, T0)
+    sa.finish_and_claim(Finish("r1", EffectStatus.FAILED, "boom", T0 + 1), T0 + 1, claim=False)
+    replay_a = replace(new_run("ra"), replay_of="r1")
+    replay_b = replace(new_run("rb"), replay_of="r1")
+    assert sa.insert_run(replay_a, replay_once=True) is None
+    existing = sb.insert_run(replay_b, replay_once=True)  # node b's bulk replay, later
+    assert existing is not None and existing.id == "ra"
+    assert sb.insert_run(replay_b) is None  # a single replay (not "once") is another run
+    sa.close()
+    sb.close()

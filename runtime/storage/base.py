@@ -160,7 +160,7 @@ class ThreadStore(ABC):
 
     @abstractmethod
     def insert_run(
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
         """Store a new pending run, last in scheduling order, unless its key is taken.
 
@@ -182,9 +182,14 @@ class ThreadStore(ABC):
         Args:
             run: The run to store.
             hand_off_from: The id of the running run that schedules this one, or None.
+            replay_once: With ``run.replay_of`` set: nothing is stored when a run of the
+                store already replays that run (the earliest such run is returned),
+                checked and written in one transaction that also serializes it with other
+                processes' replays of that run (bulk replay "once", across nodes).
 
         Returns:
-            None when the run was stored; the live run holding its key otherwise.
+            None when the run was stored; the live run holding its key (or, with
+            ``replay_once``, the run already replaying ``run.replay_of``) otherwise.
 
         Raises:
             ThreadStorageError: the write failed, or a run with that id exists (nothing
@@ -1304,6 +1309,44 @@ class StorageBackend(ABC):
 
         Raises:
             RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return []
+
+    def alone(self) -> bool:
+        """Whether no other process uses the backend now (no other node's lease is live).
+
+        True for a backend one process uses at a time (`exclusive`). A shared backend
+        asks its database (PostgreSQL: the ``nodes`` table).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return self.exclusive
+
+    def take_turn_lease(self, thread_id: str, token: str) -> str | None:
+        """Take the thread's turn lease for this node (``token``: this turn); None if taken.
+
+        A backend shared by several processes (PostgreSQL) keeps one turn lease per
+        thread: taken when free, when its holder's node lease expired, or when its holder
+        is this node id (left by an earlier process with it: one process runs one turn
+        of a thread at a time). Otherwise it answers the node id holding it, and the
+        caller waits. One process per backend (SQLite, memory): always taken (the
+        runtime serializes a thread's turns itself).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return None
+
+    def release_turn_lease(self, thread_id: str, token: str) -> None:
+        """Give the thread's turn lease back, if ``token`` still holds it (idempotent)."""
+        return None
+
+    def orphaned_turns(self) -> list[str]:
+        """Threads whose turn lease is held by a node whose lease expired.
+
+        Their turns are to be resumed by a live node. Always empty for one process per
+        backend (SQLite, memory).
         """
         return []
 

@@ -194,13 +194,17 @@ class MemoryThreadStore(ThreadStore):
     # ------------------------------------------------------------------ runs
 
     def insert_run(  # noqa: D102 - contract in base
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
         args_json = (
             json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         )
         with self._data.lock:
             data = self._open_data()
+            if replay_once and run.replay_of is not None:
+                replays = [r for r in data.runs.values() if r.run.replay_of == run.replay_of]
+                if replays:
+                    return self._out(min(replays, key=lambda r: r.seq))
             if run.key is not None:
                 live = [
                     r for r in data.runs.values()

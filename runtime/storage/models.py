@@ -280,40 +280,14 @@ class RuntimeMetaRow(SQLModel, table=True):
     value: str
 
 
-class FrameRow(SQLModel, table=True):
-    """A thread's frame, as its WebSocket clients get it (PostgreSQL only, from version 2).
-
-    Written by the node that made the change, read by the nodes whose clients missed its
-    notification; pruned after a few minutes (docs/scale-out.md, "Frames across nodes").
-    """
-
-    __tablename__ = "frames"
-    __table_args__ = (Index("ix_frames_created", "created_at"),)
-
-    thread_id: str = Field(primary_key=True)
-    frame_seq: int = Field(primary_key=True, sa_type=BigInteger)  # the frame's ``seq``
-    kind: str  # the frame's eventType
-    frame: str  # the frame's JSON text
-    created_at: float
-
-
-class FrameCounterRow(SQLModel, table=True):
-    """The last ``seq`` given to a frame of each thread, across nodes (PostgreSQL only)."""
-
-    __tablename__ = "frame_counters"
-
-    thread_id: str = Field(primary_key=True)
-    last_seq: int = Field(sa_type=BigInteger)
-
-
 class NodeRow(SQLModel, table=True):
     """A server process sharing a PostgreSQL database: its membership lease.
 
     PostgreSQL only (SQLite and memory: one process per data directory). A node renews
     ``lease_expires_at`` every third of its lease period; once it has passed, any other
     node re-queues the runs the node was running. ``token`` tells two processes with the
-    same node id apart: a live lease with another token refuses the second one. Times are
-    seconds since the epoch, UTC.
+    same node id apart (the later one takes the row over). Times are seconds since the
+    epoch, UTC, by the database server's clock.
     """
 
     __tablename__ = "nodes"
@@ -339,6 +313,32 @@ class TurnLeaseRow(SQLModel, table=True):
     node_id: str
     token: str
     acquired_at: float
+
+
+class FrameRow(SQLModel, table=True):
+    """A thread's frame, as its WebSocket clients get it (PostgreSQL only, from version 2).
+
+    Written by the node that made the change, read by the nodes whose clients missed its
+    notification; pruned after a few minutes (docs/scale-out.md, "Frames across nodes").
+    """
+
+    __tablename__ = "frames"
+    __table_args__ = (Index("ix_frames_created", "created_at"),)
+
+    thread_id: str = Field(primary_key=True)
+    frame_seq: int = Field(primary_key=True, sa_type=BigInteger)  # the frame's ``seq``
+    kind: str  # the frame's eventType
+    frame: str  # the frame's JSON text
+    created_at: float
+
+
+class FrameCounterRow(SQLModel, table=True):
+    """The last ``seq`` given to a frame of each thread, across nodes (PostgreSQL only)."""
+
+    __tablename__ = "frame_counters"
+
+    thread_id: str = Field(primary_key=True)
+    last_seq: int = Field(sa_type=BigInteger)
 
 
 def _table(model: type[SQLModel]) -> Table:
@@ -456,13 +456,13 @@ def migration_ddl(
 
 # ---------------------------------------------------------------- PostgreSQL
 
-POSTGRES_SCHEMA_VERSION = 2
+POSTGRES_SCHEMA_VERSION = 3
 """The schema version of a current PostgreSQL database (`runtime.storage.postgres`); its
 ``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
-models above (as of thread schema 7 and runtime schema 6); version 2 adds the node that ran
-each run attempt (``run_attempts.node_id``), the ``nodes`` table (node leases), the
-``turn_leases`` table, the frames across nodes (`FrameRow`, `FrameCounterRow`) and an index
-of the alarms by due time."""
+models above (as of thread schema 6 and runtime schema 5); version 2 adds the frames across
+nodes (`FrameRow`, `FrameCounterRow`) and an index of the alarms by due time; version 3
+the node that ran each run attempt (``run_attempts.node_id``), the node leases (`NodeRow`)
+and the turn leases (`TurnLeaseRow`)."""
 
 POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
 """The tables of a thread's store, all threads in one table each, keyed by ``thread_id``
@@ -475,6 +475,26 @@ POSTGRES_RUNTIME_MODELS: tuple[tuple[type[SQLModel], str], ...] = tuple(
 )
 """The runtime database's tables and their PostgreSQL names: the runtime-level effect
 records (keyed by scope, in ``thread_id``) get a table of their own beside the threads'."""
+
+POSTGRES_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
+    1: (FrameRow, FrameCounterRow),
+    2: (NodeRow, TurnLeaseRow),
+}
+"""The tables each later PostgreSQL migration creates: step N takes version N to N + 1 (step
+0 is every table of `POSTGRES_THREAD_MODELS` and `POSTGRES_RUNTIME_MODELS`). Add a step;
+never change one. These models keep ``thread_id`` as their first key column themselves."""
+
+POSTGRES_MIGRATION_INDEXES: dict[int, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
+    1: (("alarms", "ix_alarms_due", ("due_at",)),),
+}
+"""Indexes a later PostgreSQL migration adds to a table of step 0: ``(table, index name,
+columns)`` (version 2: the alarms due within a node's horizon, `load_alarms`' ``until``)."""
+
+POSTGRES_MIGRATION_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
+    2: (("run_attempts", "node_id"),),
+}
+"""Columns a later PostgreSQL migration adds to a table of step 0 (nullable, ``ALTER TABLE
+... ADD COLUMN``): ``(table, column)``. Step 0 creates the table without them."""
 
 POSTGRES_GLOBAL_TABLES = ("runtime_meta", "schema_version", "nodes")
 """The tables without a ``thread_id`` (Citus: reference tables, copied to every node)."""
@@ -493,9 +513,8 @@ def _pg_table(model: type[SQLModel], name: str, metadata: MetaData) -> Table:
     names = [c.name for c in source.columns]
     pk = [c.name for c in source.primary_key.columns]
     threaded = "thread_id" in names or name == "threads"
-    unthreaded = name in ("runtime_meta", "nodes")  # global tables: no thread_id
     columns: list[Column[object]] = []
-    if "thread_id" not in names and name != "threads" and not unthreaded:
+    if "thread_id" not in names and name != "threads" and name != "runtime_meta":
         columns.append(Column("thread_id", String, nullable=False))
         threaded = False
     for c in source.columns:
@@ -507,7 +526,7 @@ def _pg_table(model: type[SQLModel], name: str, metadata: MetaData) -> Table:
         copy.unique = False
         copy.index = False
         columns.append(copy)
-    prefix = [] if threaded or unthreaded else ["thread_id"]
+    prefix = [] if threaded or name == "runtime_meta" else ["thread_id"]
     if name == "run_index":  # keyed by run id alone in SQLite; by (thread_id, run_id) here
         pk = ["thread_id", *pk]
     constraints: list[PrimaryKeyConstraint | UniqueConstraint] = [
@@ -531,71 +550,52 @@ def _pg_table(model: type[SQLModel], name: str, metadata: MetaData) -> Table:
     return table
 
 
-POSTGRES_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
-    1: (NodeRow, TurnLeaseRow, FrameRow, FrameCounterRow),
-}
-"""The tables PostgreSQL migration step N (version N to N + 1) creates; step 0 creates
-every other table. Add a step for a new table; never change one."""
+def postgres_ddl() -> list[str]:
+    """CREATE TABLE / CREATE INDEX statements for PostgreSQL, generated from the models.
 
-POSTGRES_MIGRATION_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
-    1: (("run_attempts", "node_id"),),
-}
-"""The ``(table, column)`` each PostgreSQL migration step adds to a table an earlier step
-created (nullable: ``ALTER TABLE ... ADD COLUMN``)."""
-
-POSTGRES_MIGRATION_INDEXES: dict[int, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
-    1: (("alarms", "ix_alarms_due", ("due_at",)),),
-}
-"""Indexes a later PostgreSQL migration adds to a table of step 0: ``(table, index name,
-columns)`` (version 2: the alarms due within a node's horizon, `load_alarms`' ``until``)."""
-
-
-def postgres_ddl(step: int = 0) -> list[str]:
-    """The statements of PostgreSQL migration step ``step``, generated from the models.
-
-    Step 0: CREATE TABLE / CREATE INDEX for every table of a thread's store and of the
-    runtime database, in one database, and the ``schema_version`` table, without what
-    later steps add (`POSTGRES_MIGRATION_MODELS`, `POSTGRES_MIGRATION_COLUMNS`,
-    `POSTGRES_MIGRATION_INDEXES`). Step N: the tables, columns and indexes that step
-    adds. Running steps 0..N in order gives the models' current schema.
+    Every table of a thread's store and of the runtime database, in one database, and the
+    ``schema_version`` table.
     """
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     metadata = MetaData()
-    later = {(t, c) for n, cols in POSTGRES_MIGRATION_COLUMNS.items() if n > step
-             for t, c in cols}
-    statements: list[str] = []
-    if step == 0:
-        tables = [_pg_table(m, _table(m).name, metadata) for m in POSTGRES_THREAD_MODELS]
-        tables += [_pg_table(m, name, metadata) for m, name in POSTGRES_RUNTIME_MODELS]
-        statements.append("CREATE TABLE schema_version (\n\tversion INTEGER NOT NULL\n)")
-    else:
-        tables = [_pg_table(m, _table(m).name, metadata)
-                  for m in POSTGRES_MIGRATION_MODELS.get(step, ())]
+    tables = [_pg_table(m, _table(m).name, metadata) for m in POSTGRES_THREAD_MODELS]
+    tables += [_pg_table(m, name, metadata) for m, name in POSTGRES_RUNTIME_MODELS]
+    statements = ["CREATE TABLE schema_version (\n\tversion INTEGER NOT NULL\n)"]
+    added = {(t, c) for cols in POSTGRES_MIGRATION_COLUMNS.values() for t, c in cols}
     for table in tables:
-        dropped = {c for t, c in later if t == table.name}
-        kept = table
-        if dropped:
-            uniques = [[c.name for c in k.columns] for k in table.constraints
-                       if isinstance(k, UniqueConstraint)]
-            pk = [c.name for c in table.primary_key.columns]
-            kept = Table(table.name, MetaData(),
-                         *(c._copy() for c in table.columns if c.name not in dropped),
-                         PrimaryKeyConstraint(*pk),
-                         *(UniqueConstraint(*u) for u in uniques if not set(u) & dropped))
-        statements.append(str(CreateTable(kept).compile(dialect=dialect)).strip())
+        dropped = {c for t, c in added if t == table.name}
+        if dropped:  # the columns later steps add: not in step 0
+            assert not {c.name for i in table.indexes for c in i.columns} & dropped
+            table = Table(
+                table.name, MetaData(),
+                *(c._copy() for c in table.columns if c.name not in dropped),
+                PrimaryKeyConstraint(*(c.name for c in table.primary_key.columns)),
+                *(UniqueConstraint(*(c.name for c in k.columns)) for k in table.constraints
+                  if isinstance(k, UniqueConstraint)),
+            )
+        statements.append(str(CreateTable(table).compile(dialect=dialect)).strip())
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            if not {c.name for c in index.columns} & dropped:
-                statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
-    full = MetaData()
-    for name, column_name in POSTGRES_MIGRATION_COLUMNS.get(step, ()):
-        model = next(m for m in (*POSTGRES_THREAD_MODELS, *RUNTIME_MODELS)
-                     if _table(m).name == name)
-        column: Column[object] = _pg_table(model, name, full).columns[column_name]
-        assert column.nullable, f"{name}.{column_name}: an added column must be nullable"
-        kind = column.type.compile(dialect=dialect)
-        statements.append(f"ALTER TABLE {name} ADD COLUMN {column_name} {kind}")
+            statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    return statements
+
+
+def postgres_migration_ddl(step: int) -> list[str]:
+    """The statements of PostgreSQL migration ``step`` (1 and later), from the models."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    statements: list[str] = []
+    for model in POSTGRES_MIGRATION_MODELS.get(step, ()):
+        table = _table(model)
+        statements.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
     for table_name, index_name, columns in POSTGRES_MIGRATION_INDEXES.get(step, ()):
         statements.append(f"CREATE INDEX {index_name} ON {table_name} ({', '.join(columns)})")
+    for table_name, column_name in POSTGRES_MIGRATION_COLUMNS.get(step, ()):
+        model = next(m for m in THREAD_MODELS if _table(m).name == table_name)
+        column = _table(model).columns[column_name]
+        assert column.nullable, f"{table_name}.{column_name}: an added column must be nullable"
+        kind = column.type.compile(dialect=dialect)
+        statements.append(f"ALTER TABLE {table_name} ADD COLUMN {column_name} {kind}")
     return statements
 
 
@@ -618,10 +618,18 @@ def pg_schema_source() -> str:
     out = [_PG_SCHEMA_HEADER]
     out.append(f"SCHEMA_VERSION = {POSTGRES_SCHEMA_VERSION}\n")
     out.append('"""The version `MIGRATIONS` take a database to."""\n\n')
-    out.append("MIGRATIONS: dict[int, tuple[str, ...]] = {\n")
-    for step in range(POSTGRES_SCHEMA_VERSION):
+    out.append("MIGRATIONS: dict[int, tuple[str, ...]] = {\n    0: (\n")
+    for statement in postgres_ddl():
+        literal = _literal(statement)
+        if len(literal) == 1:
+            out.append(f"        {literal[0]},\n")
+        else:
+            out.append("        (\n" + "".join(f"            {x}\n" for x in literal)
+                       + "        ),\n")
+    out.append("    ),\n")
+    for step in range(1, POSTGRES_SCHEMA_VERSION):
         out.append(f"    {step}: (\n")
-        for statement in postgres_ddl(step):
+        for statement in postgres_migration_ddl(step):
             literal = _literal(statement)
             if len(literal) == 1:
                 out.append(f"        {literal[0]},\n")

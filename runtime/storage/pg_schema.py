@@ -7,7 +7,7 @@ SQLAlchemy are not imported at run time.
 """
 # ruff: noqa: E501 - one statement per line, as generated
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version `MIGRATIONS` take a database to."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -208,6 +208,27 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     1: (
         (
+            "CREATE TABLE frames (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tframe_seq BIGINT NOT NULL, \n"
+            "\tkind VARCHAR NOT NULL, \n"
+            "\tframe VARCHAR NOT NULL, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id, frame_seq)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_frames_created ON frames (created_at)",
+        (
+            "CREATE TABLE frame_counters (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tlast_seq BIGINT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_alarms_due ON alarms (due_at)",
+    ),
+    2: (
+        (
             "CREATE TABLE nodes (\n"
             "\tnode_id VARCHAR NOT NULL, \n"
             "\ttoken VARCHAR NOT NULL, \n"
@@ -226,26 +247,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             "\tPRIMARY KEY (thread_id)\n"
             ")"
         ),
-        (
-            "CREATE TABLE frames (\n"
-            "\tthread_id VARCHAR NOT NULL, \n"
-            "\tframe_seq BIGINT NOT NULL, \n"
-            "\tkind VARCHAR NOT NULL, \n"
-            "\tframe VARCHAR NOT NULL, \n"
-            "\tcreated_at FLOAT NOT NULL, \n"
-            "\tPRIMARY KEY (thread_id, frame_seq)\n"
-            ")"
-        ),
-        "CREATE INDEX ix_frames_created ON frames (created_at)",
-        (
-            "CREATE TABLE frame_counters (\n"
-            "\tthread_id VARCHAR NOT NULL, \n"
-            "\tlast_seq BIGINT NOT NULL, \n"
-            "\tPRIMARY KEY (thread_id)\n"
-            ")"
-        ),
         "ALTER TABLE run_attempts ADD COLUMN node_id VARCHAR",
-        "CREATE INDEX ix_alarms_due ON alarms (due_at)",
     ),
 }
 """The statements that take schema version N to N + 1 (0: an empty schema)."""

@@ -14,9 +14,11 @@ newer version than this code knows is refused.
 
 Connections come from a `psycopg_pool.ConnectionPool`; every contract method is one
 transaction on one pooled connection, called from the runtime's storage threads (the
-contract is synchronous, as for SQLite). `PostgresBackend.open` holds a session advisory
-lock on a connection of its own for as long as the backend is open: like the SQLite
-data-directory lock, one process uses a database (schema) at a time.
+contract is synchronous, as for SQLite). Several processes ("nodes") may use one schema
+at once: `PostgresBackend.open` takes a session advisory lock on its node id (a second live
+process with that id is refused) and registers a lease in the ``nodes`` table, renewed on a
+connection of its own; a run is claimed under the thread's row lock, and its outcome is
+fenced by its attempt (docs/scale-out.md, "Nodes and leases").
 """
 
 from __future__ import annotations
@@ -681,8 +683,34 @@ class PostgresThreadStore(ThreadStore):
         )
 
     def insert_run(  # noqa: D102 - contract in base
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
+        if replay_once and run.replay_of is not None:
+            # A replay made once across nodes: its checks need the original's row
+            # lock, so it is a transaction of its own (not the one statement below).
+            def tx(c: Cursor) -> EffectRun | None:
+                # The original's row serializes the replays of it across nodes.
+                c.execute("SELECT 1 FROM effect_runs WHERE thread_id = %s AND id = %s "
+                          "FOR UPDATE", (self.thread_id, run.replay_of))
+                replay = self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                    f"AND replay_of = %s ORDER BY seq LIMIT 1", (self.thread_id, run.replay_of))
+                if replay is not None:
+                    return replay
+                if run.key is not None:
+                    rows = c.execute(
+                        f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                        f"AND key = %s AND status IN ('pending', 'running') ORDER BY status, seq",
+                        (self.thread_id, run.key),
+                    ).fetchall()
+                    for row in rows:  # 'pending' sorts first: a successor wins over its link
+                        live = _row_to_run(self.thread_id, row)
+                        if live.status is EffectStatus.PENDING or live.id != hand_off_from:
+                            return live
+                self._insert_run_in(c, run)
+                return None
+
+            return self._tx(tx)
         # One statement, its own transaction: one round trip, one commit.
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         params: dict[str, Any] = {
@@ -1780,13 +1808,13 @@ class PostgresBackend(StorageBackend):
         self._watch_stop = threading.Event()
         # id(connection) -> time.monotonic() it went back to the pool (see `_check`).
         self._returned_at: dict[int, float] = {}
-        self.cluster: PostgresClusterBus = PostgresClusterBus(self)
         self.node_id = node_id
         self.lease_seconds = float(lease_seconds)
         self._token = uuid.uuid4().hex
         self._lease_valid_until = -math.inf  # time.monotonic() the lease surely lasts to
         self._lost_notified = False
         self.on_lease_lost = None
+        self.cluster: PostgresClusterBus = PostgresClusterBus(self)
 
     @property
     def _lock_key(self) -> int:
@@ -2053,8 +2081,8 @@ class PostgresBackend(StorageBackend):
                 store.set_run_index_complete(True)
             self._discard_orphans()
             self._lock_problem = None
-            self.cluster.start()
             self._lost_notified = False
+            self.cluster.start()
             self._watch_stop = threading.Event()
             threading.Thread(target=self._heartbeat, args=(self._watch_stop, where),
                              name=f"thread-effects-node-lease:{self.schema}",
@@ -2235,6 +2263,42 @@ class PostgresBackend(StorageBackend):
                 (self.node_id, limit),
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+    def alone(self) -> bool:  # noqa: D102 - contract in base
+        return all(node == self.node_id for node, _ in self.live_nodes())
+
+    def take_turn_lease(self, thread_id: str, token: str) -> str | None:  # noqa: D102
+        with self.transaction() as c:
+            taken = c.execute(
+                f"INSERT INTO turn_leases (thread_id, node_id, token, acquired_at) "
+                f"VALUES (%s, %s, %s, {_DB_NOW}) ON CONFLICT (thread_id) DO UPDATE SET "
+                f"node_id = excluded.node_id, token = excluded.token, "
+                f"acquired_at = excluded.acquired_at WHERE turn_leases.token = excluded.token "
+                f"OR turn_leases.node_id = excluded.node_id OR NOT EXISTS (SELECT 1 FROM "
+                f"nodes n WHERE n.node_id = turn_leases.node_id "
+                f"AND n.lease_expires_at > {_DB_NOW}) RETURNING 1",
+                (thread_id, self.node_id, token),
+            ).fetchone()
+            if taken is not None:
+                return None
+            row = c.execute("SELECT node_id FROM turn_leases WHERE thread_id = %s",
+                            (thread_id,)).fetchone()
+        return str(row[0]) if row is not None else ""
+
+    def release_turn_lease(self, thread_id: str, token: str) -> None:  # noqa: D102
+        with self.transaction() as c:
+            c.execute("DELETE FROM turn_leases WHERE thread_id = %s AND token = %s",
+                      (thread_id, token))
+
+    def orphaned_turns(self) -> list[str]:  # noqa: D102
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT t.thread_id FROM turn_leases t WHERE t.node_id <> %s AND NOT EXISTS "
+                f"(SELECT 1 FROM nodes n WHERE n.node_id = t.node_id "
+                f"AND n.lease_expires_at > {_DB_NOW}) ORDER BY t.thread_id LIMIT 1000",
+                (self.node_id,),
+            ).fetchall()
+        return [r[0] for r in rows]
 
     def live_nodes(self) -> list[tuple[str, float]]:
         """The nodes holding a live lease: ``(node_id, lease_expires_at)``, by node id.

@@ -378,9 +378,15 @@ class SQLiteThreadStore(ThreadStore):
         return self._finished
 
     def insert_run(  # noqa: D102 - contract in base
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
         def tx(c: sqlite3.Connection) -> EffectRun | None:
+            if replay_once and run.replay_of is not None:
+                replay = self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE replay_of = ? "
+                    f"ORDER BY seq LIMIT 1", (run.replay_of,))
+                if replay is not None:
+                    return replay
             if run.key is not None:
                 rows = c.execute(
                     f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE \"key\" = ? "

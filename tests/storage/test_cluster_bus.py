@@ -7,6 +7,7 @@ through the real server (127.0.0.1:5432).
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable
 
 import psycopg
@@ -18,17 +19,20 @@ from runtime.storage.pg_bus import server_channel
 from runtime.storage.postgres import PostgresBackend, split_schema
 from runtime.storage.sqlite import SQLiteBackend
 
+_node_ids = itertools.count(1)
 
-async def _open(url: str, node_id: str = "node-a") -> PostgresBackend:
-    backend = PostgresBackend(url, node_id=node_id)
+
+async def _open(url: str) -> PostgresBackend:
+    # Several nodes on one schema in this process: each with its own node id.
+    backend = PostgresBackend(url, node_id=f"bus-node-{next(_node_ids)}")
     await asyncio.to_thread(backend.open)
     return backend
 
 
 @pytest.fixture
 async def nodes(pg_url: str) -> AsyncIterator[tuple[PostgresBackend, PostgresBackend]]:
-    a = await _open(pg_url, "node-a")
-    b = await _open(pg_url, "node-b")
+    a = await _open(pg_url)
+    b = await _open(pg_url)
     try:
         yield a, b
     finally:

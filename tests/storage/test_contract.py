@@ -1614,3 +1614,31 @@ def test_an_occurrence_keeps_its_trace_context_until_it_finishes(store: ThreadSt
     assert stored is not None and stored.trace_context == ctx
     _, claimed, _ = store.finish_and_claim(None, T0 + 60)
     assert claimed is not None and claimed.id == occurrence.id and claimed.trace_context == ctx
+
+
+def test_one_nodes_turn_leases_and_orphans(harness: Harness, rtdb: RuntimeStore) -> None:
+    """One node: its turn lease is always its own; no run or turn is another node's."""
+    backend = harness.backend
+    assert backend.take_turn_lease("t", "turn-1") is None
+    assert backend.take_turn_lease("t", "turn-1") is None  # its holder takes it again
+    # The same node id (an earlier process with it, or a turn it ended without release).
+    assert backend.take_turn_lease("t", "turn-2") is None
+    backend.release_turn_lease("t", "turn-2")
+    backend.release_turn_lease("t", "turn-2")  # idempotent
+    assert backend.orphaned_turns() == []
+    assert backend.orphaned_runs() == []
+
+
+def test_one_node_is_alone(harness: Harness, rtdb: RuntimeStore) -> None:
+    assert harness.backend.alone() is True
+
+
+def test_replay_once_stores_no_second_replay_of_a_run(store: ThreadStore) -> None:
+    original = run()
+    store.insert_run(original)
+    first = replace(run(), replay_of=original.id)
+    assert store.insert_run(first, replay_once=True) is None
+    again = store.insert_run(replace(run(), replay_of=original.id), replay_once=True)
+    assert again is not None and again.id == first.id
+    # Without replay_once a run may be replayed again (a single replay).
+    assert store.insert_run(replace(run(), replay_of=original.id)) is None
