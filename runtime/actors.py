@@ -316,9 +316,11 @@ class ActorTable:
                 self._now(),
                 MAX_ATTEMPTS,
             )
-            if self._backend.exclusive:
+            if self._backend.exclusive or await self._run_sync(self._backend.alone):
                 # Likewise an effect-tool key held in progress by another process: that
                 # process is gone, so its call is taken over at once, not after its lease.
+                # (A shared backend: only while no other node is live, as another node
+                # may be applying it; else the key is taken over after its lease.)
                 ended = await self._run_sync(partial(
                     store.expire_effect_leases, keep_owner_prefix=process_owner_prefix(),
                     now=self._now(),

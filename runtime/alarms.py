@@ -208,6 +208,10 @@ class AlarmIndex:
         keep_seconds: How long after its last drain a thread stays warm (its row kept
             at or before that drain's end; see the module docstring), in seconds of
             ``clock``; 0 raises and removes rows right after each drain.
+        horizon_seconds: None (a backend one process uses): `start` arms every alarm
+            row. A number (a backend several nodes share): `start` arms only the rows due
+            within that many seconds; the others are found later by the node's poll
+            (`runtime.cluster`), which calls `hint`.
     """
 
     def __init__(
@@ -218,6 +222,7 @@ class AlarmIndex:
         is_draining: Callable[[str], bool],
         *,
         keep_seconds: float = ALARM_KEEP_SECONDS,
+        horizon_seconds: float | None = None,
     ) -> None:
         self._clock = clock
         self._run_sync = run_sync
@@ -239,9 +244,12 @@ class AlarmIndex:
         self._lock = asyncio.Lock()
         self._flush_needed = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+        self._horizon = horizon_seconds
 
     async def start(self, store: RuntimeStore) -> int:
         """Start the timer, arm every alarm row of ``store`` and start the flusher.
+
+        With a horizon, only the rows due before now + horizon are armed.
 
         Returns:
             How many alarms were re-armed.
@@ -249,7 +257,10 @@ class AlarmIndex:
         self._store = store
         self._timer = self._clock.create_timer(self._on_alarm)
         self._timer.start()
-        alarms = await self._run_sync(store.load_alarms)
+        if self._horizon is None:
+            alarms = await self._run_sync(store.load_alarms)
+        else:
+            alarms = await self._run_sync(store.load_alarms, self._clock.now() + self._horizon)
         for thread_id, due_at in alarms:
             self._due[thread_id] = due_at
             self._row[thread_id] = due_at
@@ -310,6 +321,31 @@ class AlarmIndex:
                 self._due[thread_id] = due_at
                 if not self._is_draining(thread_id):
                     self._timer.arm(thread_id, due_at)
+
+    async def hint(
+        self, thread_id: str, due_at: float, arm_at: float, *, row: float | None = None,
+    ) -> bool:
+        """Another node's work: ``thread_id`` has a run due at ``due_at``; wake at ``arm_at``.
+
+        For a backend several nodes share (`runtime.cluster`): a wake-up announced by the
+        node that scheduled the run, or an alarm row this node's poll read (``row``: its
+        value, now known). Arms the timer at ``arm_at`` (at or after ``due_at``: a grace
+        left to the nodes ranked first) unless this node already wakes the thread at or
+        before ``due_at``, or drains it now. Writes no row.
+
+        Returns:
+            Whether the timer was armed.
+        """
+        assert self._timer is not None
+        async with self._lock:
+            if row is not None and thread_id not in self._row:
+                self._row[thread_id] = row
+            current = self._due.get(thread_id)
+            if (current is not None and current <= due_at) or self._is_draining(thread_id):
+                return False
+            self._due[thread_id] = due_at
+            self._timer.arm(thread_id, arm_at)
+            return True
 
     def created(self, thread_id: str, row_at: float) -> None:
         """A thread was registered with its alarm row at ``row_at`` (its creation time).

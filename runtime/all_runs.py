@@ -220,7 +220,8 @@ class AllRuns:
             if run.id in self._made:
                 return None  # made by a bulk replay that overlapped this call
             state = await self._get_thread(run.thread_id)
-            new_id = await state.replay(run.id)
+            # Once per failure, across nodes too: checked in the thread's transaction.
+            new_id = await state.replay(run.id, once=True)
             self._made.add(new_id)
             return new_id
 

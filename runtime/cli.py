@@ -511,6 +511,7 @@ _ATTEMPT_COLUMNS = [
     _Column("Ended (UTC)", drop=1),
     _Column("Duration", drop=3, justify="right"),
     _Column("Outcome"),
+    _Column("Node", drop=4),
     _Column("Error", shrinks=True),
 ]
 
@@ -927,6 +928,7 @@ def runs_show(ctx: click.Context, run_id: str, thread_id: str, as_json: bool) ->
                 _when(a["endedAt"]),
                 _duration(a["startedAt"], a["endedAt"]),
                 _status(a["outcome"]),
+                _text(a.get("nodeId")),
                 _first_line(a["error"]),
             ]
             for a in attempts

@@ -13,6 +13,8 @@ Importing this module registers it as a default extension (`runtime.extension`),
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from runtime import hooks as _hooks
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
     from runtime.messages import Message, MessagePage, MessageRole, TurnResult
     from runtime.supervisor import Runtime
     from runtime.thread import ThreadState
+
+log = logging.getLogger("runtime")
 
 
 class ConversationExtension(Extension):
@@ -41,6 +45,7 @@ class ConversationExtension(Extension):
         self._turns_idle.set()
         self._turn_tasks: dict[str, set[asyncio.Task[TurnResult]]] = {}
         self._deleted_turns: set[asyncio.Task[TurnResult]] = set()
+        self._orphan_turns: asyncio.Task[None] | None = None
 
     async def start(self, runtime: Runtime) -> None:
         """Load the app's agents, tools and hooks, and resolve their models.
@@ -154,9 +159,44 @@ class ConversationExtension(Extension):
                     del self._turn_tasks[tid]
 
     async def serving(self, runtime: Runtime) -> None:
-        """Resume the turns an earlier process left running (`runtime.turns.resume_turns`)."""
+        """Resume the turns an earlier process left running (`runtime.turns.resume_turns`).
+
+        With a backend shared by several nodes, turns take their thread's turn lease, and
+        the turns of nodes whose lease expired are resumed here, every third of the lease.
+        """
+        if not runtime.storage.exclusive:
+            self.turns.shared = runtime
         if self.agents.agents:
             self.turns.start_resuming(runtime)
+            if not runtime.storage.exclusive:
+                self._orphan_turns = asyncio.create_task(
+                    self._resume_orphaned_turns(runtime), name="thread-effects-orphan-turns")
+
+    async def _resume_orphaned_turns(self, runtime: Runtime) -> None:
+        period = getattr(runtime.storage, "lease_seconds", 30.0) / 3
+        resuming: dict[str, asyncio.Task[int]] = {}
+        while True:
+            await asyncio.sleep(period)
+            if runtime.storage.lock_problem() is not None or runtime.shutting_down:
+                continue
+            try:
+                orphaned = await runtime.run_sync(runtime.storage.orphaned_turns)
+            except Exception:
+                log.exception("could not look for turns of dead nodes")
+                continue
+            for thread_id in orphaned:
+                if thread_id in resuming and not resuming[thread_id].done():
+                    continue
+                log.warning("thread %s: resuming the turn of a node whose lease expired",
+                            thread_id)
+                resuming[thread_id] = asyncio.create_task(
+                    turns.resume_thread_turns(runtime, thread_id),
+                    name=f"resume-turns-{thread_id}")
+            for thread_id in [t for t, task in resuming.items() if task.done()]:
+                task = resuming.pop(thread_id)
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("could not resume the turns of thread %s: %s", thread_id,
+                              task.exception())
 
     async def thread_deleting(self, runtime: Runtime, thread_id: str) -> None:
         """Cancel the thread's running turn and wait for it to end (its tools included)."""
@@ -177,6 +217,11 @@ class ConversationExtension(Extension):
 
     async def close(self, runtime: Runtime) -> None:
         """Stop resuming turns (a turn stopped here is resumed at the next start)."""
+        task, self._orphan_turns = self._orphan_turns, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         await self.turns.stop_resuming()
 
 

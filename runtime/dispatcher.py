@@ -89,8 +89,12 @@ class Dispatcher:
         await self._idle.wait()
 
     def wake(self, thread_id: str) -> None:
-        """Queue a thread to be drained (an alarm went off); a no-op when already queued."""
-        if self._stopping:
+        """Queue a thread to be drained (an alarm went off); a no-op when already queued.
+
+        Also a no-op with no workers (``max_concurrent_runs`` 0): this process drains no
+        thread, so it claims no run, and stays idle.
+        """
+        if self._stopping or self._workers_wanted == 0:
             return
         state = self._state.get(thread_id)
         if state is DispatchState.DRAINING:

@@ -297,6 +297,8 @@ class RunAttempt:
         outcome: ``running``, ``completed``, ``failed`` or ``interrupted`` (a restart or
             shutdown stopped it; the run went back to pending, or failed at the limit).
         error: Why it failed, or None.
+        node_id: The node that ran it (`runtime.config.Settings.node_id`), or None for
+            an attempt recorded before node ids existed.
     """
 
     attempt: int
@@ -304,15 +306,17 @@ class RunAttempt:
     ended_at_ts: float | None
     outcome: str
     error: str | None = None
+    node_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """``{"attempt", "startedAt", "endedAt", "outcome", "error"}``."""
+        """``{"attempt", "startedAt", "endedAt", "outcome", "error", "nodeId"}``."""
         return {
             "attempt": self.attempt,
             "startedAt": _iso(self.started_at_ts),
             "endedAt": _iso(self.ended_at_ts),
             "outcome": self.outcome,
             "error": self.error,
+            "nodeId": self.node_id,
         }
 
 

@@ -10,7 +10,8 @@ Every event class lives here. A thread has two kinds of event, numbered on one s
 - `ScheduleChanged`: a recurring schedule was created, fired, skipped a fire, paused,
   resumed or canceled (``schedule_changed`` frame);
 - `ThreadDeleted`: the thread was deleted (``thread_deleted`` frame), sent only to the
-  subscribers of every thread (a thread's own subscriptions end instead).
+  subscribers of every thread (a thread's own subscriptions end instead);
+- `RelayedFrame`: any of those, published by another node of a shared backend (its frame).
 
 Each has ``thread_id``, ``seq``, ``to_frame()`` and ``frame_text()`` (``to_frame()`` as
 compact JSON, made once per event and shared by every WebSocket client that sends it).
@@ -32,7 +33,9 @@ _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 """The one JSON encoder of frames (compact, ASCII-escaped, as ``json.dumps`` would)."""
 
 
-def _frame_text(event: ThreadEvent) -> str:
+def _frame_text(
+    event: EffectChanged | MessageCreated | EffectRecordChanged | ScheduleChanged | ThreadDeleted,
+) -> str:
     """``event.to_frame()`` as compact JSON, made on the first call and kept on the event."""
     text = event._text
     if text is None:
@@ -45,7 +48,7 @@ def _frame_bytes(event: ThreadEvent) -> bytes:
     """``event.frame_text()`` encoded, made on the first call and kept on the event."""
     data = event._bytes
     if data is None:
-        data = _frame_text(event).encode("ascii")
+        data = event.frame_text().encode("ascii")
         object.__setattr__(event, "_bytes", data)
     return data
 
@@ -301,8 +304,55 @@ class ThreadDeleted:
         return _frame_bytes(self)
 
 
+@dataclass(frozen=True, slots=True)
+class RelayedFrame:
+    """An event another node published, as its frame (a backend several nodes share).
+
+    A subscriber on this node gets the events published here as their own classes, and
+    those published on another node as this: the frame's text, exactly as that node made
+    it (docs/scale-out.md, "Frames across nodes").
+
+    Attributes:
+        thread_id: The thread.
+        seq: The thread's event number (shared by every node).
+        event_type: The frame's ``eventType`` (``effect_changed``, ``message_created``,
+            ``effect_record_changed``, ``schedule_changed``, ``thread_deleted``).
+        text: The frame as compact JSON.
+    """
+
+    thread_id: str
+    seq: int
+    event_type: str
+    text: str = field(repr=False)
+    _bytes: bytes | None = field(default=None, init=False, repr=False, compare=False)
+
+    def to_frame(self) -> dict[str, Any]:
+        """The frame, parsed."""
+        frame: dict[str, Any] = json.loads(self.text)
+        return frame
+
+    def frame_text(self) -> str:
+        """The frame's JSON text, as the node that published it made it."""
+        return self.text
+
+    def frame_bytes(self) -> bytes:
+        """`frame_text` encoded (ASCII, hence UTF-8); made on the first call, then kept."""
+        return _frame_bytes(self)
+
+
+EVENT_TYPES: dict[type, str] = {
+    EffectChanged: "effect_changed",
+    MessageCreated: "message_created",
+    EffectRecordChanged: "effect_record_changed",
+    ScheduleChanged: "schedule_changed",
+    ThreadDeleted: "thread_deleted",
+}
+"""The frame ``eventType`` of each event class."""
+
+
 ThreadEvent: TypeAlias = (
     EffectChanged | MessageCreated | EffectRecordChanged | ScheduleChanged | ThreadDeleted
+    | RelayedFrame
 )
 """What a `runtime.frames.Subscription` yields (`ThreadDeleted`: only to those of every
 thread)."""

@@ -21,6 +21,7 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any, cast
 
@@ -87,6 +88,9 @@ class EffectExecutor:
             records an outcome; None prunes nothing.
         wake: Queues a thread for a drain (called when its last run of a concurrent
             effect ended, so that its alarm is settled).
+        shared: The storage is shared by several processes (`StorageBackend.exclusive`
+            False): a thread's paused state may change elsewhere, so the claim's own
+            check decides (`ThreadStore.claim_blocked`), not the actor's cached one.
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class EffectExecutor:
         *,
         retention: RetentionPolicy | None = None,
         wake: Callable[[str], None] | None = None,
+        shared: bool = False,
     ) -> None:
         self._registry = registry
         self._now = now
@@ -111,6 +116,8 @@ class EffectExecutor:
         self._stopping = stopping
         self._retention = retention
         self._wake = wake
+        self._shared = shared
+        self._abandoned: set[str] = set()  # run ids given up (the node lost its lease)
         self.up_since = -math.inf
         """When the runtime started (seconds, UTC): schedules' fire times before it passed
         while the process was down and are never counted as skipped."""
@@ -157,6 +164,9 @@ class EffectExecutor:
             ThreadStorageError: the thread's store failed.
         """
         thread_id = actor.thread_id
+        if self._shared:
+            # Another node may have changed the thread's schedules: read their next fire.
+            actor.next_fire_known = False
         # An outcome a previous drain could not record (the store failed) goes first.
         finish: Finish | None = actor.unrecorded
         done = 0
@@ -167,8 +177,9 @@ class EffectExecutor:
                     return False
                 stopping = self._stopping()
                 # A paused thread starts nothing; its alarm row stays, and resuming
-                # wakes it (`runtime.Runtime.resume_thread`).
-                paused = actor.info.paused
+                # wakes it (`runtime.Runtime.resume_thread`). On a shared store another
+                # process may have paused or resumed it: the claim checks the store.
+                paused = actor.info.paused and not self._shared
                 stop = stopping or paused or done >= DRAIN_BATCH
                 try:
                     if not stop:
@@ -198,6 +209,10 @@ class EffectExecutor:
                 if stop:
                     # Let other due threads go first; come back to this one.
                     return not (stopping or paused)
+                if claimed is None and actor.store.claim_blocked is not None:
+                    # Paused elsewhere (resuming wakes it), or another node runs the
+                    # thread (that node drains it on; its alarm row stays meanwhile).
+                    return False
                 if claimed is None:
                     # Runs of concurrent effects still running hold the durable row
                     # at or before them; the last to end wakes the thread to lift it.
@@ -225,7 +240,8 @@ class EffectExecutor:
                 finish = Finish(claimed.id, EffectStatus.FAILED,
                                 f"Internal error running the effect: {error_text(exc)}",
                                 self._now())
-            if finish is None:  # interrupted: deletion or shutdown
+            if finish is None:  # interrupted: deletion, shutdown, or the lease was lost
+                actor.current_run = None
                 return False
             actor.current_run = None
             done += 1
@@ -333,7 +349,7 @@ class EffectExecutor:
         while not self._stopping():
             async with actor.lock:
                 # A paused thread starts nothing, beside a running run either.
-                if actor.deleted or actor.info.paused:
+                if actor.deleted or (actor.info.paused and not self._shared):
                     return
                 # Schedules fire on time beside a running run: their runs of concurrent
                 # effects start now, the others wait in line.
@@ -345,6 +361,8 @@ class EffectExecutor:
                     None,
                     self._now(),
                 )
+                if claimed is None and actor.store.claim_blocked is not None:
+                    return
                 if claimed is None:
                     fire = actor.next_fire if actor.next_fire_known else None
                     wake = min((t for t in (next_due, fire) if t is not None), default=None)
@@ -476,6 +494,22 @@ class EffectExecutor:
             task.cancel()
         return True, task
 
+    def abandon(self, actor: ThreadActor) -> list[str]:
+        """Cancel every effect the thread runs here, recording nothing (the lease was lost).
+
+        Their runs are another node's to re-queue (their attempt counts as interrupted);
+        if this node records anything later, fencing drops it. Returns their run ids.
+        """
+        runs = [*actor.side_runs.values()]
+        if actor.current_run is not None:
+            runs.append(actor.current_run)
+        for run in runs:
+            self._abandoned.add(run.id)
+        for task in (actor.effect_task, *actor.side_tasks.values()):
+            if task is not None:
+                task.cancel()
+        return [run.id for run in runs]
+
     async def execute(
         self, actor: ThreadActor, run: EffectRun, *, side: bool = False
     ) -> Finish | None:
@@ -491,8 +525,12 @@ class EffectExecutor:
             finish: Finish | None = None
             try:
                 finish = await self._execute(actor, run, side)
+                if finish is not None and finish.attempt is None:
+                    # Fencing: written only while the run is still in this attempt.
+                    finish = replace(finish, attempt=run.attempts)
             finally:
                 self._cancels.pop(run.id, None)
+                self._abandoned.discard(run.id)
                 if finish is None:
                     end_run_span(span, "interrupted")
                 else:
@@ -524,7 +562,7 @@ class EffectExecutor:
         else:
             actor.effect_task = task
         self._running[task] = (run.name, actor.thread_id, run.id)
-        if run.id in self._cancels or (side and actor.deleted):
+        if run.id in self._cancels or run.id in self._abandoned or (side and actor.deleted):
             task.cancel()  # canceled (or its thread deleted) between its claim and now
         try:
             await asyncio.wait({task})
@@ -538,7 +576,7 @@ class EffectExecutor:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        if actor.deleted:
+        if actor.deleted or run.id in self._abandoned:
             return None
         now = self._now()
         canceled_by = self._cancels.get(run.id)

@@ -19,15 +19,17 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import fields, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from runtime.effects import EffectRun
 from runtime.errors import SubscriptionOverflow
 from runtime.events import (
+    EVENT_TYPES,
     EffectChanged,
     EffectRecordChanged,
     MessageCreated,
     RecordChange,
+    RelayedFrame,
     RunChange,
     ScheduleChange,
     ScheduleChanged,
@@ -67,6 +69,13 @@ def _without_args(run: EffectRun) -> EffectRun:
         object.__setattr__(bare, name, getattr(run, name))
     object.__setattr__(bare, "args", None)
     return bare
+
+
+class FrameRelay(Protocol):
+    """Where a hub sends its events instead of numbering them itself (`ChangeHub.relay`)."""
+
+    def send(self, event: ThreadEvent) -> None:
+        """Number ``event`` across nodes and deliver it (later, in ``seq`` order)."""
 
 
 class Subscription(AsyncIterator[ThreadEvent]):
@@ -217,6 +226,11 @@ class ChangeHub:
         self._seq: dict[str, int] = {}
         self._subs: dict[str, set[Subscription]] = {}
         self._listeners: list[Listener] = []
+        self.relay: FrameRelay | None = None
+        """None: this hub numbers and delivers events itself (one process per backend).
+        Set (a backend several nodes share, `runtime.cluster`): events go to the relay,
+        which numbers them across nodes and hands them back through `deliver_numbered`;
+        listeners still see each event at once (with ``seq`` 0), and only this node's."""
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(event)`` for every event of every thread, as it is published.
@@ -297,6 +311,16 @@ class ChangeHub:
         )
 
     def _deliver(self, thread_id: str, make: Callable[[int], _E]) -> _E:
+        relay = self.relay
+        if relay is not None:
+            event = make(0)
+            for listener in self._listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    log.exception("a listener of the change hub failed on %r", event)
+            relay.send(event)
+            return event
         # One counter per thread for every kind of event: a gap means "missed something".
         seq = self._seq.get(thread_id, 0) + 1
         self._seq[thread_id] = seq
@@ -330,14 +354,45 @@ class ChangeHub:
 
         The subscribers of every thread (`subscribe_runs`) get a `ThreadDeleted` event
         first, numbered after the thread's last one; listeners do not (the stores forget
-        the thread themselves).
+        the thread themselves). With a relay, the event goes through it and the
+        subscriptions end when it comes back (after every event numbered before it).
         """
+        if self.relay is not None:
+            self.relay.send(ThreadDeleted(thread_id=thread_id, seq=0))
+            return
         event = ThreadDeleted(thread_id=thread_id, seq=self._seq.get(thread_id, 0) + 1)
         for sub in list(self._subs.get(ALL_THREADS, ())):
             sub._push(event)
         for sub in list(self._subs.get(thread_id, ())):
             sub.close()
         self._seq.pop(thread_id, None)
+
+    def subscribed(self, thread_id: str) -> bool:
+        """Whether this hub has a subscriber of ``thread_id``'s events."""
+        return thread_id in self._subs
+
+    @property
+    def subscribed_to_all(self) -> bool:
+        """Whether this hub has a subscriber of every thread's run changes."""
+        return ALL_THREADS in self._subs
+
+    def deliver_numbered(self, event: ThreadEvent) -> None:
+        """Hand an event numbered by the relay to this node's subscribers (no listeners).
+
+        The relay calls it in each thread's ``seq`` order. A thread's deletion
+        (``thread_deleted``) goes to the subscribers of every thread and ends the thread's
+        own subscriptions.
+        """
+        kind = event.event_type if isinstance(event, RelayedFrame) else EVENT_TYPES[type(event)]
+        if kind in ("effect_changed", "thread_deleted"):
+            for sub in list(self._subs.get(ALL_THREADS, ())):
+                sub._push(event)
+        if kind == "thread_deleted":
+            for sub in list(self._subs.get(event.thread_id, ())):
+                sub.close()
+            return
+        for sub in list(self._subs.get(event.thread_id, ())):
+            sub._push(event)
 
     def close_all(self) -> None:
         """End every subscription (shutdown)."""

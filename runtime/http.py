@@ -1607,14 +1607,15 @@ async def _metrics(request: Request) -> Response:
 async def _health(request: Request) -> Response:
     """Liveness: the process serves requests (no store is asked).
 
-    Also names the storage backend and whether it holds a database connection (None for
-    SQLite files), from what the backend last saw.
+    Also names the storage backend, whether it holds a database connection (None for
+    SQLite files), from what the backend last saw, and this process's node id.
     """
     body: dict[str, Any] = {"status": "ok"}
     rt: Runtime | None = getattr(request.app.state, "runtime", None)
     if rt is not None:
         body["backend"] = rt.storage.kind
         body["databaseConnected"] = rt.storage.connection_held()
+        body["nodeId"] = rt.node_id
     return JSONResponse(body)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from functools import partial
@@ -107,6 +107,9 @@ class RunOperations:
         executor: Cancels running runs (None: only pending runs can be canceled).
         run_short: Runs the store call that records a schedule (`Runtime.run_short`: on
             the loop when the backend says it is cheap); ``run_sync`` when None.
+        cancel_elsewhere: With a backend shared by several processes: asks the node
+            running a run to cancel it, ``await cancel_elsewhere(actor, run_id,
+            canceled_by)``; True if the run is running on another node (which was asked).
     """
 
     def __init__(
@@ -121,7 +124,9 @@ class RunOperations:
         check_open: Callable[[], None],
         executor: EffectExecutor | None = None,
         run_short: RunSync | None = None,
+        cancel_elsewhere: Callable[[ThreadActor, str, str], Awaitable[bool]] | None = None,
     ) -> None:
+        self._cancel_elsewhere = cancel_elsewhere
         self._settings = settings
         self._registry = registry
         self._actors = actors
@@ -191,8 +196,13 @@ class RunOperations:
         key: str | None = None,
         at: datetime | None = None,
         replay_of: str | None = None,
+        replay_once: bool = False,
     ) -> Scheduled:
-        """See `ThreadState.schedule`; ``replay_of`` links a replay to its original."""
+        """See `ThreadState.schedule`; ``replay_of`` links a replay to its original.
+
+        ``replay_once``: store nothing if a run already replays ``replay_of`` (that run's
+        id is returned, ``created`` False), checked in the thread's transaction.
+        """
         self._check_open()
         if not isinstance(name, str):
             raise EffectNotFound(short_repr(name))
@@ -235,7 +245,8 @@ class RunOperations:
             current = CURRENT_RUN.get()
             hand_off = current[1] if current and current[0] == state.thread_id else None
             existing = await self._run_short(
-                partial(actor.store.insert_run, hand_off_from=hand_off), run
+                partial(actor.store.insert_run, hand_off_from=hand_off,
+                        replay_once=replay_once), run
             )
         if existing is not None:
             return Scheduled(existing.id, created=False)
@@ -330,6 +341,9 @@ class RunOperations:
             )
             if run is None and self._executor is not None:
                 asked, task = self._executor.cancel_running(actor, run_id, canceled_by)
+            if run is None and not asked and self._cancel_elsewhere is not None:
+                # Running on another node, maybe: that node is told to cancel it.
+                asked = await self._cancel_elsewhere(actor, run_id, canceled_by)
         if run is not None:
             self._hub.publish(RunChange.CANCELED, run)
             return True
@@ -394,7 +408,7 @@ class RunOperations:
         self._hub.publish(RunChange.RESCHEDULED, run)
         return run
 
-    async def replay(self, state: ThreadState, run_id: str) -> str:
+    async def replay(self, state: ThreadState, run_id: str, *, once: bool = False) -> str:
         """See `ThreadState.replay`."""
         original = await self.get_run(state.thread_id, run_id)
         if not original.status.finished:
@@ -404,7 +418,7 @@ class RunOperations:
             )
         plain = state.with_context(execution=state.execution, package_id=None)
         scheduled = await self.schedule(
-            plain, original.name, original.args, 0, replay_of=original.id
+            plain, original.name, original.args, 0, replay_of=original.id, replay_once=once
         )
         return scheduled.run_id
 

@@ -99,6 +99,31 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
             raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
         return value
 
+    def node_id(text: str) -> str:
+        from runtime.config import validate_node_id
+
+        try:
+            return validate_node_id(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    def lease(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0.5 <= value <= 86_400:  # NaN and inf fail too
+            raise argparse.ArgumentTypeError(
+                f"lease must be a number of seconds from 0.5 to 86400, got {text!r}"
+            )
+        return value
+
+    def runs(text: str) -> int:
+        if not text.strip().isascii() or not text.strip().isdigit():
+            raise argparse.ArgumentTypeError(
+                f"max concurrent runs must be a whole number, 0 or more, got {text!r}")
+        return int(text)
+
     def grace(text: str) -> float:
         try:
             value = float(text)
@@ -169,6 +194,17 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
     p.add_argument("--shutdown-grace-seconds", type=grace,
                    default=env.get(f"{ENV}SHUTDOWN_GRACE_SECONDS", "10"),
                    help="on shutdown, runs still going after this are re-queued")
+    p.add_argument("--node-id", type=node_id, default=env.get(f"{ENV}NODE_ID") or None,
+                   help="this process's name among the processes sharing a database "
+                        "(default <hostname>:<pid>); recorded on every run attempt")
+    p.add_argument("--lease-seconds", type=lease,
+                   default=env.get(f"{ENV}LEASE_SECONDS", "30"),
+                   help="PostgreSQL: the node lease period; a node silent this long is "
+                        "dead to the others, which re-queue its running runs (default 30)")
+    p.add_argument("--max-concurrent-runs", type=runs,
+                   default=env.get(f"{ENV}MAX_CONCURRENT_RUNS", "64"),
+                   help="threads whose runs execute at once in this process (default 64); "
+                        "0: this process runs no runs (other nodes of a shared database do)")
     p.add_argument("--effect-tool-lease-seconds", type=float,
                    default=env.get(f"{ENV}EFFECT_TOOL_LEASE_SECONDS", "300"),
                    help="an effect tool's claim on its effect key lasts this long; a claim "
@@ -313,6 +349,9 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         max_body_bytes=max_body_bytes,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         effect_tool_lease_seconds=args.effect_tool_lease_seconds,
+        lease_seconds=args.lease_seconds,
+        max_concurrent_runs=args.max_concurrent_runs,
+        **({"node_id": args.node_id} if args.node_id is not None else {}),
         model=args.model,
         load_packages=args.load_packages,
         # A server process is ours: keep its long-lived objects out of full collections.

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import os
 import queue
@@ -53,6 +54,7 @@ from runtime._text import check_text
 from runtime.actors import ActorState, ActorTable, ThreadActor, ThreadLifecycle
 from runtime.alarms import AlarmIndex, Clock, SystemClock
 from runtime.all_runs import MAX_BULK_RUNS, AllRuns, BulkResult, RunsPage
+from runtime.cluster import ClusterNode
 from runtime.config import MAX_ATTEMPTS, Settings
 from runtime.discovery import EffectRegistry, discover
 from runtime.dispatcher import Dispatcher
@@ -60,8 +62,10 @@ from runtime.effect_records import EffectRecords, RuntimeRecords
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import (
     EffectDefinitionError,
+    EffectNotFound,
     InvalidArgument,
     InvalidThreadId,
+    RunStateError,
     RuntimeClosed,
     RuntimeStorageError,
     ThreadNotFound,
@@ -109,6 +113,9 @@ _STORAGE_THREADS = 16
 
 _INLINE_YIELD_EVERY = 8
 """`Runtime.run_short` lets the loop take a turn after this many calls made on the loop."""
+COMMANDS_CHANNEL = "commands"
+"""The cluster bus channel of cancels, deletions and pauses made on one node for the
+others (a shared backend only): JSON ``{"op", "thread", "from", ...}``."""
 LOCK_RECHECK_SECONDS = 2.0
 """While the backend reports a lock problem, a due thread is looked at again this often."""
 """OS threads for store calls. Measured with bench/bench_effects.py (2 cores, FULL): 16
@@ -123,7 +130,8 @@ def _default_backend(settings: Settings) -> StorageBackend:
         from runtime.storage.postgres import PostgresBackend
 
         # One pooled connection per storage thread (the lock has one of its own).
-        return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS)
+        return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS,
+                               lease_seconds=settings.lease_seconds)
     return SQLiteBackend(settings.data_dir, settings.synchronous)
 
 
@@ -298,6 +306,8 @@ class Runtime:
         self.storage: StorageBackend = (
             storage if storage is not None else _default_backend(self.settings)
         )
+        if self.storage.node_id is None:  # a backend made with a node id keeps it
+            self.storage.node_id = self.settings.node_id
         self.extensions: list[Extension] = (
             list(extensions) if extensions is not None else default_extensions()
         )
@@ -319,9 +329,24 @@ class Runtime:
         # True from start until the shutdown grace ends: while it is, every call is served,
         # so a running effect (or turn, or tool) can still schedule, list and write.
         self._serving = False
+        cluster_bus = self.storage.cluster
         self.alarms = AlarmIndex(
-            self.clock, self.run_sync, self._on_alarm, self._is_draining
+            self.clock, self.run_sync, self._on_alarm, self._is_draining,
+            # Shared by several nodes: timers only for the alarms due within the horizon.
+            horizon_seconds=(self.settings.alarm_horizon_seconds
+                             if cluster_bus is not None else None),
         )
+        self.cluster: ClusterNode | None = None
+        """Wake-ups and frames across the nodes of a shared backend (`runtime.cluster`)."""
+        if cluster_bus is not None:
+            self.cluster = ClusterNode(
+                cluster_bus, self.hub, self.alarms, self.run_sync, self.clock,
+                poll_seconds=self.settings.cluster_poll_seconds,
+                horizon_seconds=self.settings.alarm_horizon_seconds,
+                grace_seconds=self.settings.cluster_wake_grace_seconds,
+                frame_keep_seconds=self.settings.frame_keep_seconds,
+            )
+            self.hub.relay = self.cluster
         self.actors = ActorTable(
             self.storage, self.run_sync, self.clock.now, self.settings.max_open_threads,
             self._is_draining, self._recovered, self._check_open,
@@ -332,7 +357,10 @@ class Runtime:
             self._state_for_effect, lambda: self._closing,
             retention=self.settings.retention,
             wake=lambda thread_id: self.dispatcher.wake(thread_id),
+            shared=not self.storage.exclusive,
         )
+        self._orphans: asyncio.Task[None] | None = None
+        self._command_tasks: set[asyncio.Task[None]] = set()
         self.watchdog: LoopWatchdog | None = (
             LoopWatchdog(self.settings.loop_stall_warning_seconds, self.executor.describe_task)
             if self.settings.loop_stall_warning_seconds is not None else None
@@ -345,6 +373,8 @@ class Runtime:
             self.settings, lambda: self.registry, self.actors, self.alarms, self.hub,
             self.run_sync, self.clock.now, self._check_open, executor=self.executor,
             run_short=self.run_short,
+            cancel_elsewhere=(self._cancel_elsewhere if self.storage.cluster is not None
+                              else None),
         )
         self.schedules = ScheduleOperations(
             lambda: self.registry, self.actors, self.alarms, self.hub, self.run_sync,
@@ -422,6 +452,12 @@ class Runtime:
         # The app's own files go there whatever the backend (a database server keeps the
         # threads with a database_url; SQLite makes the folder itself).
         await self.run_sync(partial(self.settings.data_dir.mkdir, parents=True, exist_ok=True))
+        loop = asyncio.get_running_loop()
+
+        def lease_lost(why: str) -> None:  # called from the backend's own thread
+            loop.call_soon_threadsafe(self._lease_lost, why)
+
+        self.storage.on_lease_lost = lease_lost
         store = await self.run_sync(self.storage.open)
         try:
             self.registry = await self.run_sync(self._discover)
@@ -442,6 +478,16 @@ class Runtime:
         rebuild = await self.run_index.start(store)
         # Last: from here alarms go off, and due runs start as soon as start() yields.
         armed = await self.alarms.start(store)
+        if self.cluster is not None:
+            await self.cluster.start(store)
+        if self.storage.cluster is not None:
+            # Cancels, deletions and pauses made on other nodes (`_on_command`).
+            self.storage.cluster.listen(COMMANDS_CHANNEL, self._on_command)
+        if not self.storage.exclusive:
+            # Runs other nodes left running when they died: re-queued here (and by every
+            # live node) once their lease expired, now and every third of the lease.
+            self._orphans = asyncio.create_task(self._requeue_orphans_forever(),
+                                                name="thread-effects-orphans")
         if rebuild:
             log.info("the run index is incomplete (a crash or an upgrade): rebuilding it")
             self._rebuild = asyncio.create_task(
@@ -492,6 +538,13 @@ class Runtime:
                                "waits for running effects, this one included")
         self._closing = True
         self._closing_started.set()
+        for task in list(self._command_tasks):
+            task.cancel()
+        if self._orphans is not None:
+            self._orphans.cancel()
+            with contextlib.suppress(BaseException):
+                await self._orphans
+            self._orphans = None
         if self._rebuild is not None:
             self._rebuild.cancel()  # the next start rebuilds (the index stays incomplete)
             with contextlib.suppress(BaseException):
@@ -550,6 +603,11 @@ class Runtime:
         if failed:
             log.warning("shutdown: %d interrupted run(s) failed (interrupted at their "
                         "attempt limit, %d): %s", len(failed), MAX_ATTEMPTS, _describe(failed))
+        if self.cluster is not None:
+            # This node's last frames reach the other nodes' clients before it goes.
+            if not await self.cluster.flush(grace + 1.0):
+                log.warning("shutdown: some frames could not be written to the database")
+            await self.cluster.close()
         self.hub.close_all()
         await self.alarms.close()
         await self.run_index.close()
@@ -595,6 +653,11 @@ class Runtime:
                         extension.name, grace)
         except Exception:
             log.exception("extension %s failed to drain", extension.name)
+
+    @property
+    def node_id(self) -> str:
+        """This process's node id (`runtime.config.Settings.node_id`, or the backend's own)."""
+        return self.storage.node_id or self.settings.node_id
 
     @property
     def shutting_down(self) -> bool:
@@ -940,6 +1003,7 @@ class Runtime:
                 if not await self.run_sync(store.set_paused, thread_id, paused):
                     raise ThreadNotFound(thread_id)
                 actor.info = replace(actor.info, paused=paused)
+                await self._send_command(self._command("paused", thread_id, paused=paused))
             info = actor.info
         if not paused:
             # Its alarm may have fired while it was paused: look at its due runs now
@@ -1011,6 +1075,8 @@ class Runtime:
             raise
         self.hub.close_thread(thread_id)
         await self.actors.remove_store(thread_id, actor)
+        if existed:  # a run of it running on another node is canceled there
+            await self._send_command(self._command("deleted", thread_id))
         return existed
 
     # ------------------------------------------------- wiring between the parts
@@ -1064,6 +1130,154 @@ class Runtime:
             return False
         self._drain_retry_delay.pop(thread_id, None)
         return False
+
+    # ------------------------------------------------------------ commands from any node
+
+    def _command(self, op: str, thread_id: str, **fields: Any) -> str:
+        return json.dumps({"op": op, "thread": thread_id, "from": self.node_id, **fields})
+
+    async def _send_command(self, payload: str) -> None:
+        bus = self.storage.cluster
+        if bus is None:
+            return
+        try:
+            await self.run_sync(bus.notify, COMMANDS_CHANNEL, payload)
+        except Exception:  # the database blinked: the claim's own checks still hold
+            log.exception("could not tell the other nodes: %s", payload)
+
+    async def _cancel_elsewhere(self, actor: ThreadActor, run_id: str, canceled_by: str) -> bool:
+        """Ask the node running ``run_id`` (not this one) to cancel it; False if none does.
+
+        Raises:
+            RunStateError: the run is a sync effect's (no node can stop its worker thread).
+        """
+        run = await self.run_sync(actor.store.get_run, run_id, self.clock.now(),
+                                  self.settings.retention)
+        if run is None or run.status is not EffectStatus.RUNNING:
+            return False
+        attempts = await self.run_sync(actor.store.run_attempts, run_id)
+        node = attempts[-1].node_id if attempts else None
+        if node == self.node_id:
+            return False  # ours, but not running in this process: left by a crash
+        try:
+            defn = self.registry.resolve(run.name)
+        except EffectNotFound:
+            return False
+        if not defn.is_async:
+            raise RunStateError(
+                f"Run {run_id} of effect {run.name} is running a sync function in a worker "
+                f"thread on node {node}, which cannot be stopped; it can only be left to "
+                f"finish"
+            )
+        await self._send_command(self._command("cancel", actor.thread_id, run=run_id,
+                                               by=canceled_by, node=node))
+        return True
+
+    def _on_command(self, payload: str) -> None:
+        """A command from a node (this one included): applied to this node's actors."""
+        try:
+            command = json.loads(payload)
+            op, thread_id = command["op"], command["thread"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored a malformed command from another node: %r", payload[:200])
+            return
+        if command.get("from") == self.node_id or self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._apply_command(op, thread_id, command), name=f"thread-effects-{op}")
+        self._command_tasks.add(task)
+        task.add_done_callback(self._command_tasks.discard)
+
+    async def _apply_command(self, op: str, thread_id: str, command: dict[str, Any]) -> None:
+        try:
+            if op == "cancel":
+                actor = self.actors.peek(thread_id)
+                if actor is None:
+                    return
+                async with actor.lock:
+                    self.executor.cancel_running(actor, str(command["run"]),
+                                                 str(command.get("by") or "another node"))
+            elif op == "deleted":
+                # The thread is gone: nothing of it runs here any more, nothing is written.
+                for extension in self.extensions:
+                    await extension.thread_deleting(self, thread_id)
+                async with self.actors.deleting(thread_id) as actor:
+                    self.alarms.forget(thread_id)
+                    if actor is not None:
+                        await self.run_sync(actor.store.close)
+                self.hub.close_thread(thread_id)
+            elif op == "paused":
+                actor = self.actors.peek(thread_id)
+                paused = bool(command.get("paused"))
+                if actor is not None:
+                    actor.info = replace(actor.info, paused=paused)
+                if not paused:
+                    self._on_alarm(thread_id)
+        except Exception:
+            log.exception("could not apply a command from node %s: %s", command.get("from"),
+                          command)
+
+    def _lease_lost(self, why: str) -> None:
+        """This node's lease may have expired: cancel every effect it runs (on the loop).
+
+        Other nodes re-queue those runs (the attempt rule applies); whatever this node
+        would record for them later is dropped by the claim's fencing.
+        """
+        abandoned: list[str] = []
+        for actor in self.actors.open_actors():
+            abandoned += self.executor.abandon(actor)
+        if abandoned:
+            log.error("node %s lost its lease (%s): canceled %d running effect(s) (runs %s); "
+                      "other nodes re-queue them", self.node_id, why, len(abandoned),
+                      ", ".join(abandoned[:10]))
+
+    async def _requeue_orphans_forever(self) -> None:
+        period = getattr(self.storage, "lease_seconds", 30.0) / 3
+        while True:
+            try:
+                await self.requeue_orphans()
+            except Exception:  # the database blinked: the next round tries again
+                log.exception("could not look for runs of dead nodes")
+            await asyncio.sleep(period)
+
+    async def requeue_orphans(self) -> int:
+        """Re-queue the runs nodes whose lease expired left ``running``; how many changed.
+
+        Each thread's runs are re-queued in its own transaction (the attempt rule applies:
+        a third interrupted attempt fails the run), and the changes are published. Does
+        nothing while this node does not hold its own lease (`StorageBackend.lock_problem`).
+        """
+        if self.storage.lock_problem() is not None or self._closing:
+            return 0
+        orphans = await self.run_sync(self.storage.orphaned_runs)
+        by_thread: dict[str, list[str]] = {}
+        for thread_id, run_id in orphans:
+            by_thread.setdefault(thread_id, []).append(run_id)
+        changed = 0
+        for thread_id, run_ids in by_thread.items():
+            try:
+                async with self.actors.writing(thread_id) as actor:
+                    runs = await self.run_sync(
+                        partial(actor.store.recover_interrupted,
+                                retention=self.settings.retention, dead_nodes_only=True),
+                        self.clock.now(), MAX_ATTEMPTS, run_ids,
+                    )
+            except (ThreadNotFound, InvalidThreadId, RuntimeClosed):
+                continue
+            except ThreadStorageError as exc:
+                log.error("could not re-queue the runs of dead nodes in thread %s: %s",
+                          thread_id, exc)
+                continue
+            if runs:
+                log.warning("thread %s: re-queued %d run(s) left running by a node whose "
+                            "lease expired", thread_id, len(runs))
+                changed += len(runs)
+                await self._recovered(actor, runs)
+                if any(r.status is EffectStatus.PENDING for r in runs):
+                    # Due now, and no timer of this node may be set for it (the dead node
+                    # held the thread): drain it here rather than wait for an alarm.
+                    self._on_alarm(thread_id)
+        return changed
 
     def _retry_drain_later(self, thread_id: str, delay: float) -> None:
         old = self._drain_retries.pop(thread_id, None)

@@ -525,8 +525,12 @@ class ThreadState:
         """
         return await self._rt.runs.run_now(self.thread_id, run_id)
 
-    async def replay(self, run_id: str) -> str:
+    async def replay(self, run_id: str, *, once: bool = False) -> str:
         """Schedule a new run with the same name and args as a finished run, due now.
+
+        ``once``: only if no run replays ``run_id`` yet (checked in the thread's own
+        transaction, so it holds across processes sharing a database); otherwise the
+        first replay's id is returned and nothing is scheduled.
 
         Returns:
             The new run's id (its ``replay_of`` is ``run_id``).
@@ -537,7 +541,7 @@ class ThreadState:
             EffectNotFound: the effect no longer exists.
             InvalidEffectArgs: the args no longer pass the effect's schema.
         """
-        return await self._rt.runs.replay(self, run_id)
+        return await self._rt.runs.replay(self, run_id, once=once)
 
     def subscribe(self) -> Subscription:
         """Subscribe to this thread's events from now on, in order, on one ``seq``.

@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -110,10 +111,20 @@ class _Slot:
     turn: ActiveTurn | None = None  # the turn holding or waiting for the lock
 
 
+TURN_LEASE_POLL_SECONDS = 0.2
+"""How often a turn waiting for another node's turn on its thread asks again."""
+
+
 class TurnTracker:
-    """Per runtime: which threads run a turn, and the pydantic-ai agents built so far."""
+    """Per runtime: which threads run a turn, and the pydantic-ai agents built so far.
+
+    With a backend shared by several processes (`shared`), a turn also holds its thread's
+    turn lease in the store (`StorageBackend.take_turn_lease`) while it runs: one turn at
+    a time per thread across nodes, a turn on another node waiting for it.
+    """
 
     def __init__(self) -> None:
+        self.shared: Runtime | None = None  # set at start when the backend is shared
         self._slots: dict[str, _Slot] = {}
         self._agents: dict[int, Agent[ThreadState, str]] = {}
         self.model_override: Model | None = None  # see runtime.testing.override_model
@@ -160,13 +171,37 @@ class TurnTracker:
         slot.users += 1
         try:
             async with slot.lock:
-                yield
+                rt = self.shared
+                if turn is None or rt is None:
+                    yield
+                else:
+                    token = await self._take_lease(rt, thread_id)
+                    try:
+                        yield
+                    finally:
+                        with contextlib.suppress(Exception):  # a dead node's lease lapses
+                            await rt.run_sync(rt.storage.release_turn_lease, thread_id, token)
         finally:
             if turn is not None:
                 slot.turn = None
             slot.users -= 1
             if slot.users == 0:
                 self._slots.pop(thread_id, None)
+
+    @staticmethod
+    async def _take_lease(rt: Runtime, thread_id: str) -> str:
+        """Wait until this node holds the thread's turn lease; the lease's token."""
+        token = uuid.uuid4().hex
+        said = False
+        while True:
+            holder = await rt.run_sync(rt.storage.take_turn_lease, thread_id, token)
+            if holder is None:
+                return token
+            if not said:
+                log.info("thread %s: a turn runs on node %s; this one waits for it",
+                         thread_id, holder)
+                said = True
+            await asyncio.sleep(TURN_LEASE_POLL_SECONDS)
 
     def pydantic_agent(self, app: AgentApp, agent: AgentDefinition) -> Agent[ThreadState, str]:
         """The pydantic-ai agent of a definition (built once, then reused)."""

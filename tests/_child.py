@@ -98,6 +98,10 @@ async def main(argv: list[str]) -> None:
         database_url=os.environ.get("THREAD_EFFECTS_DATABASE_URL") or None,
         # NORMAL: the run's store calls are made on the event loop (sqlite-normal).
         synchronous=os.environ.get("THREAD_EFFECTS_TEST_SYNCHRONOUS") or "FULL",
+        # One node id for every child of a test: a restart is the same node, which
+        # re-queues its killed predecessor's runs at once.
+        **({"node_id": os.environ["THREAD_EFFECTS_NODE_ID"]}
+           if os.environ.get("THREAD_EFFECTS_NODE_ID") else {}),
     ) as rt:
         if mode == "serve-warm":
             state = await rt.create_thread(argv[2])

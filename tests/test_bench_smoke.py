@@ -89,3 +89,19 @@ def test_bench_schedule_wait_prints_both_cases_with_commit_counts() -> None:
     # thread, and stays while the thread is warm (it drained a moment ago).
     assert idle["lower_alarm"] == 0
     assert stream["lower_alarm"] == 0
+
+
+def test_bench_postgres_small_runs_and_prints_the_table() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_postgres.py"), "--runs", "60",
+         "--threads", "3", "--spread", "0.3", "--processes", "1,3", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| figure | processes | thread-effects | raw psycopg | ratio | target | result |" in (
+        result.stdout)
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["raw"]["autocommit"] > 0
+    [one] = [case for case in figures["cases"] if case["processes"] == 1]
+    assert one["executed"] == 60  # every run ran, once
+    assert "| lag due→start p99 | 1 |" in result.stdout

@@ -24,8 +24,10 @@ def child_backend(monkeypatch: pytest.MonkeyPatch, backend_settings: dict[str, s
     """The children of a test marked every_backend use its backend (they read the variable)."""
     if "database_url" in backend_settings:
         monkeypatch.setenv("THREAD_EFFECTS_DATABASE_URL", backend_settings["database_url"])
+        monkeypatch.setenv("THREAD_EFFECTS_NODE_ID", "node-1")
     else:
         monkeypatch.delenv("THREAD_EFFECTS_DATABASE_URL", raising=False)
+        monkeypatch.delenv("THREAD_EFFECTS_NODE_ID", raising=False)
     if "synchronous" in backend_settings:
         monkeypatch.setenv("THREAD_EFFECTS_TEST_SYNCHRONOUS", backend_settings["synchronous"])
     else:

@@ -23,7 +23,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     3: ("runtime.thread", "runtime.actors", "runtime.dispatcher", "runtime.executor",
         "runtime.effect_records",
         "runtime.runs", "runtime.extension", "runtime.supervisor", "runtime.telemetry",
-        "runtime.run_index", "runtime.all_runs", "runtime.schedules"),
+        "runtime.run_index", "runtime.all_runs", "runtime.schedules", "runtime.cluster"),
     4: ("runtime.tools", "runtime.hooks", "runtime.agents", "runtime.agent_loop",
         "runtime.turns", "runtime.conversation", "runtime.demo_model",
         "runtime.effect_tools", "runtime._effect_toolset", "runtime.durable"),

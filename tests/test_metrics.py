@@ -132,7 +132,8 @@ async def test_metrics_need_the_token_and_the_probes_do_not(tmp_path: Path) -> N
         assert value(m, "thread_effects_open_threads") == 0
         res = await api.client.get("/api/health")
         assert res.status_code == 200
-        assert res.json() == {"status": "ok", "backend": "sqlite", "databaseConnected": None}
+        assert res.json() == {"status": "ok", "backend": "sqlite", "databaseConnected": None,
+                              "nodeId": api.rt.node_id}
         res = await api.client.get("/api/ready")
         assert res.status_code == 200 and res.json() == {"status": "ready"}
 

@@ -6,6 +6,7 @@ tests marked ``every_backend`` (HTTP, stream, SIGKILL recovery) run on it too.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psycopg
@@ -23,7 +24,8 @@ async def test_a_database_url_keeps_every_thread_in_postgres(pg_url: str, tmp_pa
     async with serve_api(tmp_path / "data", clock=FakeClock(), database_url=pg_url) as api:
         assert isinstance(api.rt.storage, PostgresBackend)
         res = await api.client.get("/api/health")
-        assert res.json() == {"status": "ok", "backend": "postgres", "databaseConnected": True}
+        assert res.json() == {"status": "ok", "backend": "postgres", "databaseConnected": True,
+                              "nodeId": api.rt.node_id}
         tid = await api.new_thread(user_id="u1")
         run_id = await api.schedule(tid, "note", {"text": "hello"})
         await api.rt.wait_idle()
@@ -42,7 +44,8 @@ async def test_a_database_url_keeps_every_thread_in_postgres(pg_url: str, tmp_pa
 async def test_without_a_database_url_health_names_sqlite(tmp_path: Path) -> None:
     async with serve_api(tmp_path / "data", clock=FakeClock()) as api:
         res = await api.client.get("/api/health")
-        assert res.json() == {"status": "ok", "backend": "sqlite", "databaseConnected": None}
+        assert res.json() == {"status": "ok", "backend": "sqlite", "databaseConnected": None,
+                              "nodeId": api.rt.node_id}
 
 
 def test_a_database_url_that_is_not_postgres_is_refused_without_its_password(
@@ -88,11 +91,15 @@ def test_connections_the_server_ended_are_replaced_without_failing_a_call(pg_url
         store = backend.create_thread_store(info)
         url, schema = split_schema(pg_url)
         with psycopg.connect(url, autocommit=True) as conn:
-            ended = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            ended = [pid for pid, done in conn.execute(
+                "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE application_name = %s", (f"thread-effects:{schema}",),
-            ).fetchall()
-        assert ended  # the pool held at least one connection
+            ).fetchall() if done]
+            assert ended  # the pool held at least one connection
+            # Until the server processes are gone (they end a moment after the signal).
+            while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                               (ended,)).fetchone() != (0,):
+                time.sleep(0.01)
         assert rtdb.get_thread("a") == info
         run = EffectRun(id="r1", thread_id="a", name="note", status=EffectStatus.PENDING,
                         args={"text": "x"}, run_at_ts=1.0, created_at_ts=1.0)

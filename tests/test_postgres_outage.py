@@ -175,11 +175,12 @@ async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_agai
     from runtime.storage import postgres
     from runtime.storage.postgres import PostgresBackend, split_schema
 
-    monkeypatch.setattr(postgres, "LOCK_CHECK_SECONDS", 0.2)
     monkeypatch.setattr(postgres, "LOCK_RETRY_FIRST_SECONDS", 2.0)
     caplog.set_level(logging.ERROR)
     url, schema = split_schema(pg_url)
-    async with serve_api(tmp_path / "data", app_dir=APP, database_url=pg_url) as api:
+    # The lease is renewed every 0.2 s.
+    async with serve_api(tmp_path / "data", app_dir=APP, database_url=pg_url,
+                         lease_seconds=0.6) as api:
         tid = await api.new_thread()
         thread = await api.rt.get_thread(tid)
         first = await api.schedule(tid, "ping")
@@ -187,9 +188,9 @@ async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_agai
         assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE application_name = %s", (f"thread-effects-lock:{schema}",))
-        # A second process takes the schema before this one reacquires it.
-        other = PostgresBackend(pg_url)
+                         "WHERE application_name = %s", (f"thread-effects-node:{schema}",))
+        # A second process with the same node id starts before this one reconnects.
+        other = PostgresBackend(pg_url, node_id=api.rt.node_id)
         await asyncio.to_thread(other.open)
         try:
             for _ in range(400):  # a hang guard
@@ -198,21 +199,22 @@ async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_agai
                     break
                 await asyncio.sleep(0.05)
             assert health["databaseConnected"] is False
-            assert "connection holding its lock was lost" in caplog.text
+            assert "connection renewing node" in caplog.text
             for _ in range(400):
-                if "in use by another process" in caplog.text:
+                if "is held by another live process" in caplog.text:
                     break
                 await asyncio.sleep(0.05)
             ready = await api.client.get("/api/ready")
             assert ready.status_code == 503
-            assert "in use by another process" in ready.json()["error"]["message"]
+            assert "held by another" in ready.json()["error"]["message"]
             # Runs are still accepted, but none starts while the other process holds it.
             stopped = await api.schedule(tid, "ping")
             await asyncio.sleep(1.5)
             assert (await thread.get_run(stopped)).status is EffectStatus.PENDING
         finally:
             await asyncio.to_thread(other.close)
-        # The other process is gone: the lock is taken again and the run goes on.
+        # The other process is gone: the node id and its lease are taken back, and the run
+        # goes on.
         await wait_for(thread, stopped, EffectStatus.COMPLETED, seconds=60)
         assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
         assert (await api.client.get("/api/ready")).status_code == 200
@@ -222,15 +224,15 @@ async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from runtime.storage import postgres
 
-    monkeypatch.setattr(postgres, "LOCK_CHECK_SECONDS", 0.2)
     proxy = TcpProxy(("127.0.0.1", 5432))
     proxy.start()
     url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
     caplog.set_level(logging.ERROR)
     try:
-        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
+        # The node lease is renewed every 0.2 s: the cut is noticed at once.
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url,
+                             lease_seconds=0.6) as api:
             tid = await api.new_thread()
             proxy.stop()
             for _ in range(400):  # a hang guard

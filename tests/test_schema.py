@@ -275,7 +275,8 @@ def test_every_postgres_table_is_keyed_by_thread_id_first(pg_url: str) -> None:
             (schema,),
         )}
     expected = {m.__tablename__ for m in models.THREAD_MODELS} | {
-        name for _, name in models.POSTGRES_RUNTIME_MODELS} | {"schema_version"}
+        name for _, name in models.POSTGRES_RUNTIME_MODELS} | {"schema_version"} | {
+        m.__tablename__ for step in models.POSTGRES_MIGRATION_MODELS.values() for m in step}
     assert tables == expected
     unique = [(table, first) for table, primary, uniq, first in rows if primary or uniq]
     assert {t for t, _ in unique} == tables - {"schema_version"}

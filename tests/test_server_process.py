@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -99,10 +100,13 @@ def servers(
     backend_env = {}
     if "database_url" in backend_settings:
         backend_env["THREAD_EFFECTS_DATABASE_URL"] = backend_settings["database_url"]
+        # One node id for every server a test starts: a restart after SIGKILL is the same
+        # node and re-queues its runs at once (another node id waits out the lease).
+        backend_env["THREAD_EFFECTS_NODE_ID"] = "node-1"
 
     def start(*args: str, **env: str) -> ServerProcess:
         server = ServerProcess(tmp_path / "data", tmp_path / "server.log", *args,
-                               **backend_env, **env)
+                               **{**backend_env, **env})
         started.append(server)
         return server.start()
 
@@ -268,6 +272,7 @@ def test_json_logs_metrics_and_probes_of_a_server_process(
         "status": "ok",
         "backend": storage_kind,
         "databaseConnected": True if storage_kind == "postgres" else None,
+        "nodeId": "node-1" if storage_kind == "postgres" else ANY,
     }
     tid = httpx.post(f"{server.url}/api/threads", json={}).json()["id"]
     run_id = schedule(server.url, tid, "slow_task", {"seconds": 60})
@@ -391,9 +396,26 @@ def test_a_second_server_on_a_data_dir_in_use_says_so_in_one_line(
     output = done.stdout + done.stderr
     assert "Traceback" not in output, output
     locked = [line for line in output.splitlines() if "DataDirLocked" in line]
-    held_by = "is in use by pid" if storage_kind == "sqlite" else "is in use by another process"
+    held_by = ("is in use by pid" if storage_kind == "sqlite"
+               else "node id node-1 is in use by another live process")
     assert len(locked) == 1 and held_by in locked[0], output
     assert httpx.get(f"{first.url}/api/threads", timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize("storage_kind", ["postgres"])
+def test_a_second_node_joins_a_database_and_runs_its_threads_runs(
+    servers: Callable[..., ServerProcess], storage_kind: str,
+) -> None:
+    """On PostgreSQL a second server with another node id shares the threads."""
+    first = servers()
+    second = servers(THREAD_EFFECTS_NODE_ID="node-2")
+    health = httpx.get(f"{second.url}/api/health").json()
+    assert health["nodeId"] == "node-2" and health["databaseConnected"] is True
+    assert httpx.get(f"{first.url}/api/health").json()["nodeId"] == "node-1"
+    tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
+    run_id = schedule(second.url, tid, "slow_task", {"seconds": 0})
+    run = wait_for_run(first.url, tid, run_id, lambda r: r["status"] == "completed")
+    assert [a["nodeId"] for a in run["attemptDetails"]] in (["node-1"], ["node-2"])
 
 
 def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> None:

@@ -38,7 +38,8 @@ const OUTCOME = {
 
 /**
  * The run's attempts, first first, from the single-run answer's `attemptDetails`: when
- * each started and ended, how it ended and its error. Nothing until that answer is in.
+ * each started and ended, on which node, how it ended and its error. Nothing until that
+ * answer is in.
  */
 function attemptsSection(run, now) {
   const attempts = Array.isArray(run.attemptDetails) ? run.attemptDetails : null;
@@ -52,7 +53,8 @@ function attemptsSection(run, now) {
               <span class=${statusClass(a.outcome === "interrupted" ? "canceled" : a.outcome)}
                 data-testid="attempt-outcome">${OUTCOME[a.outcome] || a.outcome || "?"}</span></div>
             <div class="small">Started <span title=${a.startedAt || ""}>${a.startedAt ? fmtLocal(a.startedAt, { full: true, now }) : "—"}</span>,
-              ended <span title=${a.endedAt || ""}>${a.endedAt ? fmtLocal(a.endedAt, { full: true, now }) : "—"}</span></div>
+              ended <span title=${a.endedAt || ""}>${a.endedAt ? fmtLocal(a.endedAt, { full: true, now }) : "—"}</span>${a.nodeId
+                ? html`, on node <code data-testid="attempt-node">${String(a.nodeId)}</code>` : nothing}</div>
             ${a.error ? html`<pre class="pre pre-error" data-testid="attempt-error">${String(a.error)}</pre>` : nothing}
           </li>`)}</ol>`}`;
 }

@@ -39,9 +39,11 @@ finish runs, see `ThreadStore.finish_and_claim`) and in `ThreadStore.prune`.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus, RunAttempt
@@ -60,6 +62,10 @@ class Finish:
     finished_at: float
     canceled_by: str | None = None
     """Who canceled the run (status ``canceled`` only), or None."""
+    attempt: int | None = None
+    """The attempt that ended (the claimed run's ``attempts``): the outcome is written only
+    while the run is still ``running`` in that attempt (fencing: a run re-queued and
+    claimed again meanwhile, by another node, is not overwritten). None: any attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,11 +147,20 @@ class ThreadStore(ABC):
     Every method is one transaction (all or nothing). Methods raise
     `runtime.errors.ThreadStorageError` (naming the thread) when the storage fails or the
     store is closed; no other storage exception leaves a store.
+
+    Attributes:
+        claim_blocked: Why the last `finish_and_claim` of this store claimed nothing
+            although it may have had a due run, on a backend shared by several processes:
+            ``"paused"`` (the thread is paused in the store: another process paused it),
+            ``"busy"`` (another node runs one of its runs now), or None. Always None on
+            SQLite and memory (one process: the runtime's own state says both).
     """
+
+    claim_blocked: str | None = None
 
     @abstractmethod
     def insert_run(
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
         """Store a new pending run, last in scheduling order, unless its key is taken.
 
@@ -167,9 +182,14 @@ class ThreadStore(ABC):
         Args:
             run: The run to store.
             hand_off_from: The id of the running run that schedules this one, or None.
+            replay_once: With ``run.replay_of`` set: nothing is stored when a run of the
+                store already replays that run (the earliest such run is returned),
+                checked and written in one transaction that also serializes it with other
+                processes' replays of that run (bulk replay "once", across nodes).
 
         Returns:
-            None when the run was stored; the live run holding its key otherwise.
+            None when the run was stored; the live run holding its key (or, with
+            ``replay_once``, the run already replaying ``run.replay_of``) otherwise.
 
         Raises:
             ThreadStorageError: the write failed, or a run with that id exists (nothing
@@ -198,7 +218,8 @@ class ThreadStore(ABC):
         Args:
             finish: The outcome of the run that just ended, or None (its status
                 ``completed``, ``failed`` or ``canceled``, with ``canceled_by``). Applied
-                only if that run is still ``running`` (a deleted run stays gone).
+                only if that run is still ``running`` (a deleted run stays gone), in the
+                attempt ``finish.attempt`` names (if it names one).
             now: The current time; runs with ``run_at <= now`` are due.
             claim: Whether to claim the next due run at all.
             retention: The policy to prune by; None prunes nothing.
@@ -213,6 +234,10 @@ class ThreadStore(ABC):
             when nothing was claimed (and ``claim``), the earlier of the ``run_at`` of
             the earliest pending run and (unless ``only_names``) the ``next_fire_at`` of
             the earliest active schedule (or None: the thread has nothing to wake for).
+
+        A backend shared by several processes also claims nothing while the thread is
+        paused in the store, or while another node runs one of its runs (one node runs
+        a thread at a time); it then says why in `claim_blocked`, and ``next_due`` is None.
 
         Raises:
             ThreadStorageError: the transaction failed; nothing was written.
@@ -347,6 +372,7 @@ class ThreadStore(ABC):
         run_ids: Sequence[str] | None = None,
         *,
         retention: RetentionPolicy | None = None,
+        dead_nodes_only: bool = False,
     ) -> list[EffectRun]:
         """Return interrupted ``running`` runs to ``pending`` (due ``now``), or fail them.
 
@@ -362,6 +388,14 @@ class ThreadStore(ABC):
             run_ids: Only these runs (those not ``running`` are left alone); None = every
                 ``running`` run (recovery when a thread is opened or the runtime stops).
             retention: The policy to prune by; None prunes nothing.
+            dead_nodes_only: Only runs of other nodes whose lease expired (the runs
+                `StorageBackend.orphaned_runs` names), never this node's own. Ignored by
+                a backend of one process (SQLite, memory).
+
+        On a backend shared by several processes (PostgreSQL), a run another node runs
+        under a live lease is never touched; this node's own runs are (the thread is being
+        opened, or the runtime stops: a run of its node id was left by an earlier process
+        with that id), unless ``dead_nodes_only``.
 
         Returns:
             The changed runs, as written, in scheduling order.
@@ -841,8 +875,13 @@ class RuntimeStore(ABC):
         """
 
     @abstractmethod
-    def load_alarms(self) -> list[tuple[str, float]]:
-        """Every alarm as ``(thread_id, due_at)``, in no particular order."""
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:
+        """Every alarm as ``(thread_id, due_at)``, in no particular order.
+
+        With ``until`` (seconds, UTC), only those with ``due_at < until``: a node that
+        keeps timers only for the alarms due within a horizon reads that window
+        (PostgreSQL: an index walk on ``due_at``).
+        """
 
     # Runtime-level records: the `runtime.storage.records.EffectRecordStore` contract, in
     # the runtime database (durable turns' "cross-run" keys, `runtime.durable`). ``scope``
@@ -912,6 +951,262 @@ class RuntimeStore(ABC):
         """Close the store (idempotent); any later call raises RuntimeClosed."""
 
 
+MAX_PAYLOAD_BYTES = 7900
+"""The largest notification payload a `ClusterBus` carries, in UTF-8 bytes.
+
+PostgreSQL refuses payloads of 8,000 bytes or more; the margin leaves room for escaping.
+"""
+
+
+class ClusterBus(ABC):
+    """Notifications between the processes (nodes) that share one backend.
+
+    A backend shared by several live processes (PostgreSQL) has one; it is ``None`` on
+    the SQLite and memory backends (`StorageBackend.cluster`). Channels are short names
+    (`check_channel`); the bus keeps them apart from other apps' on the same database
+    (PostgreSQL: the schema's name prefixes them). Delivery is at most once: a
+    notification sent while a node's listening connection is down is lost, which is why
+    ``on_reconnect`` exists — a listener resyncs from the database then.
+    """
+
+    @abstractmethod
+    def listen(
+        self, channel: str, callback: Callable[[str], None], *,
+        on_reconnect: Callable[[], None] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        """Call ``callback(payload)`` on the event loop for each notification on ``channel``.
+
+        Several callbacks may listen on one channel; each gets every notification, in the
+        order the node received them (for one sender: the order its transactions
+        committed). A node receives its own notifications too. Returns at once; the
+        listening takes effect shortly after (`flush` waits for it).
+
+        Args:
+            channel: The channel name (`check_channel`).
+            callback: Called with the payload (a str of at most `MAX_PAYLOAD_BYTES`).
+                An exception it raises is logged and does not stop the other callbacks.
+            on_reconnect: Called (on the same loop, without arguments) each time the
+                listening on ``channel`` takes effect: the first time, and after every
+                reconnect of the node's listening connection. Notifications sent before it
+                may have been missed: the listener resyncs from the database there.
+            loop: The event loop the callbacks run on; default the running loop.
+
+        Raises:
+            ValueError: an invalid channel name.
+            RuntimeError: no loop was given and none is running.
+        """
+
+    @abstractmethod
+    def unlisten(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Stop calling ``callback`` for ``channel`` (no error if it was not listening)."""
+
+    @abstractmethod
+    def notify(self, channel: str, payload: str) -> None:
+        """Send ``payload`` to every node listening on ``channel`` (this one included).
+
+        Blocking (one round trip to the database); callable from any thread, but from a
+        storage thread rather than the event loop.
+
+        Raises:
+            ValueError: an invalid channel name, or a payload over `MAX_PAYLOAD_BYTES`
+                (the message gives its size and the limit).
+            DatabaseUnavailable: the database cannot be reached.
+        """
+
+    @abstractmethod
+    def notify_sql(self, cursor: Any, channel: str, payload: str) -> None:
+        """Queue a notification inside the caller's open transaction on ``cursor``.
+
+        It is sent when that transaction commits, and not at all if it rolls back; the
+        notifications of one transaction arrive in the order they were queued.
+
+        Raises:
+            ValueError: as `notify`.
+        """
+
+    @abstractmethod
+    def flush(self, timeout: float) -> bool:
+        """Block until every channel listened to so far is being listened to.
+
+        Returns False if that did not happen within ``timeout`` seconds (the listening
+        connection is down, or the bus is not started). Not for the event loop.
+        """
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool:
+        """Whether the node's listening connection is up now (asks no server)."""
+
+    # -------------------------------------------------------------- frames across nodes
+
+    @abstractmethod
+    def append_frames(self, drafts: Sequence[FrameDraft], now: float) -> list[int]:
+        """Number, store and announce frames, in one transaction; their ``seq``s, in order.
+
+        Each thread's frames get the next numbers of its counter, shared by every node
+        (the counter's row is locked until commit, so a thread's numbers follow commit
+        order across nodes). Each frame is stored (`read_frames`, until `prune_frames`)
+        and announced on the ``frames`` channel when the transaction commits: one
+        notification carries as many frames as fit (`decode_frames` reads it); a frame
+        too large to fit is announced without its text, to be read from the table.
+
+        Args:
+            drafts: The frames, in publication order.
+            now: When they were made (seconds, UTC): what `prune_frames` compares.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached (nothing was stored).
+        """
+
+    @abstractmethod
+    def read_frames(
+        self, thread_id: str, after_seq: int, upto_seq: int | None = None,
+    ) -> list[tuple[int, str, str]]:
+        """A thread's stored frames with ``after_seq < seq <= upto_seq``, in ``seq`` order.
+
+        As ``(seq, kind, text)``; ``upto_seq`` None: no upper bound. Pruned ones are missing.
+        """
+
+    @abstractmethod
+    def prune_frames(self, older_than: float) -> int:
+        """Delete the frames made before ``older_than`` (seconds, UTC); how many went.
+
+        The counters of threads that are no longer registered and keep no frame go too.
+        """
+
+
+WAKE_CHANNEL = "wake"
+"""The `ClusterBus` channel on which a backend announces runs as their rows commit."""
+
+
+def encode_wake(sender: str, thread_id: str, due_at: float) -> str:
+    """The ``wake`` payload: ``sender thread_id due_at`` (`decode_wake`)."""
+    return f"{sender} {thread_id} {due_at!r}"
+
+
+def decode_wake(payload: str) -> tuple[str, str, float]:
+    """``(sender, thread_id, due_at)`` of a ``wake`` payload.
+
+    Raises:
+        ValueError: the payload is not one `encode_wake` made.
+    """
+    sender, thread_id, due_at = payload.split(" ")
+    return sender, thread_id, float(due_at)
+
+
+FRAMES_CHANNEL = "frames"
+"""The `ClusterBus` channel on which `ClusterBus.append_frames` announces frames."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameDraft:
+    """A frame to be numbered: ``render(seq)`` gives its JSON text once ``seq`` is known.
+
+    ``render`` runs in the storage thread that appends the frame, inside its transaction;
+    it must be quick and must not touch the event loop.
+    """
+
+    thread_id: str
+    kind: str
+    render: Callable[[int], str]
+
+
+@dataclass(frozen=True, slots=True)
+class AnnouncedFrame:
+    """One frame of a ``frames`` notification (`decode_frames`).
+
+    ``text`` is None when it was too large to carry (read it with `ClusterBus.read_frames`).
+    """
+
+    thread_id: str
+    seq: int
+    kind: str
+    text: str | None
+
+
+def encode_frames(sender: str, frames: Sequence[AnnouncedFrame]) -> list[str]:
+    r"""``frames`` as few notification payloads as fit `MAX_PAYLOAD_BYTES`, in order.
+
+    A payload is the sender's id then one line per frame (``thread\tseq\tkind\ttext``):
+    frame texts are compact JSON, which never holds a raw newline or tab.
+    """
+    payloads: list[str] = []
+    lines = [sender]
+    size = len(sender.encode())
+    for f in frames:
+        line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t{f.text or ''}"
+        n = len(line.encode("utf-8", "surrogatepass")) + 1
+        if n + len(sender.encode()) > MAX_PAYLOAD_BYTES - 64:
+            line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t"
+            n = len(line.encode()) + 1
+        if size + n > MAX_PAYLOAD_BYTES - 64 and len(lines) > 1:
+            payloads.append("\n".join(lines))
+            lines, size = [sender], len(sender.encode())
+        lines.append(line)
+        size += n
+    if len(lines) > 1:
+        payloads.append("\n".join(lines))
+    return payloads
+
+
+def decode_frames(payload: str) -> tuple[str, list[AnnouncedFrame]]:
+    """``(sender, frames)`` of a ``frames`` notification (`encode_frames`).
+
+    Raises:
+        ValueError: the payload is not one `encode_frames` made.
+    """
+    sender, *lines = payload.split("\n")
+    frames: list[AnnouncedFrame] = []
+    for line in lines:
+        thread_id, seq, kind, text = line.split("\t", 3)
+        frames.append(AnnouncedFrame(thread_id, int(seq), kind, text or None))
+    return sender, frames
+
+
+_CHANNEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.:-")
+MAX_CHANNEL_LENGTH = 40
+
+
+def check_channel(channel: str) -> str:
+    """``channel`` if it is a valid `ClusterBus` channel name.
+
+    A valid name is 1 to `MAX_CHANNEL_LENGTH` characters of ``a-z 0-9 _ . : -``.
+
+    Raises:
+        ValueError: otherwise (the message names the channel and the rule).
+    """
+    if (not isinstance(channel, str) or not 0 < len(channel) <= MAX_CHANNEL_LENGTH
+            or not _CHANNEL_CHARS.issuperset(channel)):
+        raise ValueError(
+            f"Invalid cluster channel name {channel!r}: use 1 to {MAX_CHANNEL_LENGTH} "
+            f"characters of a-z, 0-9, '_', '.', ':' and '-'"
+        )
+    return channel
+
+
+def check_payload(channel: str, payload: str, size: int | None = None) -> None:
+    """Refuse a payload over `MAX_PAYLOAD_BYTES` (``size``: its byte size if known).
+
+    Raises:
+        ValueError: the payload is not a str or is too large (naming the channel, the
+            size and the limit).
+    """
+    if not isinstance(payload, str):
+        raise ValueError(
+            f"Cluster notification on {channel!r}: the payload must be a str, "
+            f"got {type(payload).__name__}"
+        )
+    if size is None:
+        size = len(payload.encode("utf-8", "surrogatepass"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(
+            f"Cluster notification on {channel!r}: the payload is {size} bytes, over the "
+            f"limit of {MAX_PAYLOAD_BYTES} bytes; send a key and read the rest from the "
+            f"database"
+        )
+
+
 class StorageBackend(ABC):
     """Where a runtime keeps its registry, alarms and every thread's store (a factory).
 
@@ -925,8 +1220,17 @@ class StorageBackend(ABC):
     """
 
     exclusive: bool = True
+    node_id: str | None = None
+    """This process's node id (`runtime.config.Settings.node_id`), set by the runtime
+    before `open`: recorded on every run attempt its thread stores claim
+    (`runtime.effects.RunAttempt.node_id`), and, on a backend shared by several
+    processes, the name of its membership lease."""
     kind: str = "custom"
     """What `GET /api/health` names the backend: ``sqlite``, ``memory``, ``postgres``."""
+    cluster: ClusterBus | None = None
+    """The notifications between the nodes sharing this backend (`ClusterBus`), or None
+    for a backend one process uses at a time (SQLite, memory). Listening starts at `open`
+    and stops at `close`."""
 
     short_calls_inline: bool = False
     """Whether a thread store's short writes (recording a schedule, recording an outcome
@@ -999,6 +1303,65 @@ class StorageBackend(ABC):
         Raises:
             InvalidThreadId: a malformed id.
         """
+
+    def orphaned_runs(self, limit: int = 1000) -> list[tuple[str, str]]:
+        """Runs left ``running`` by nodes whose lease expired: ``(thread_id, run_id)``.
+
+        At most ``limit``, by thread. A backend shared by several processes (PostgreSQL)
+        answers the runs whose current attempt is another node's and whose node no
+        longer holds a live lease (or that name no node); the runtime re-queues them
+        (`ThreadStore.recover_interrupted` with their ids, the attempt rule applied).
+        One process per backend (SQLite, memory): always empty, the runs a dead process
+        left are recovered when their thread is opened.
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return []
+
+    def alone(self) -> bool:
+        """Whether no other process uses the backend now (no other node's lease is live).
+
+        True for a backend one process uses at a time (`exclusive`). A shared backend
+        asks its database (PostgreSQL: the ``nodes`` table).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return self.exclusive
+
+    def take_turn_lease(self, thread_id: str, token: str) -> str | None:
+        """Take the thread's turn lease for this node (``token``: this turn); None if taken.
+
+        A backend shared by several processes (PostgreSQL) keeps one turn lease per
+        thread: taken when free, when its holder's node lease expired, or when its holder
+        is this node id (left by an earlier process with it: one process runs one turn
+        of a thread at a time). Otherwise it answers the node id holding it, and the
+        caller waits. One process per backend (SQLite, memory): always taken (the
+        runtime serializes a thread's turns itself).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return None
+
+    def release_turn_lease(self, thread_id: str, token: str) -> None:
+        """Give the thread's turn lease back, if ``token`` still holds it (idempotent)."""
+        return None
+
+    def orphaned_turns(self) -> list[str]:
+        """Threads whose turn lease is held by a node whose lease expired.
+
+        Their turns are to be resumed by a live node. Always empty for one process per
+        backend (SQLite, memory).
+        """
+        return []
+
+    on_lease_lost: Callable[[str], None] | None = None
+    """Set by the runtime: called (from any thread, at most once per loss, with the reason)
+    when a shared backend's node lease may have expired without being renewed: the node
+    then cancels the effects it runs, which other nodes re-queue. Never called by SQLite
+    or memory."""
 
     @abstractmethod
     def close(self) -> None:

@@ -47,7 +47,7 @@ from runtime.storage.records import (
     instant,
 )
 
-THREAD_SCHEMA_VERSION = 7
+THREAD_SCHEMA_VERSION = 8
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
 RUNTIME_SCHEMA_VERSION = 6
@@ -109,8 +109,9 @@ def _expired(run: EffectRun, now: float, retention: RetentionPolicy) -> bool:
 class MemoryThreadStore(ThreadStore):
     """One thread's runs, messages and meta, held by a `MemoryBackend`."""
 
-    def __init__(self, data: _ThreadData) -> None:
+    def __init__(self, data: _ThreadData, node_id: str | None = None) -> None:
         self.thread_id = data.thread_id
+        self.node_id = node_id
         self._data = data
         self._closed = False
 
@@ -193,13 +194,17 @@ class MemoryThreadStore(ThreadStore):
     # ------------------------------------------------------------------ runs
 
     def insert_run(  # noqa: D102 - contract in base
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
         args_json = (
             json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         )
         with self._data.lock:
             data = self._open_data()
+            if replay_once and run.replay_of is not None:
+                replays = [r for r in data.runs.values() if r.run.replay_of == run.replay_of]
+                if replays:
+                    return self._out(min(replays, key=lambda r: r.seq))
             if run.key is not None:
                 live = [
                     r for r in data.runs.values()
@@ -247,6 +252,8 @@ class MemoryThreadStore(ThreadStore):
             finished = None
             if finish is not None:
                 seq = self._find(data, finish.run_id, EffectStatus.RUNNING)
+                if seq is not None and finish.attempt not in (None, data.runs[seq].run.attempts):
+                    seq = None  # fenced: the run is in another attempt by now
                 if seq is not None:
                     finished = self._update(
                         data, seq, status=finish.status, error=finish.error,
@@ -270,7 +277,8 @@ class MemoryThreadStore(ThreadStore):
                     data, first.seq, status=EffectStatus.RUNNING,
                     attempts=first.run.attempts + 1, started_at_ts=now,
                 )
-                first.attempts.append(RunAttempt(claimed.attempts, now, None, "running"))
+                first.attempts.append(RunAttempt(claimed.attempts, now, None, "running",
+                                                 node_id=self.node_id))
                 return finished, claimed, None
             next_due = min((r.run.run_at_ts for r in pending), default=None)
             if wanted is None:
@@ -408,6 +416,7 @@ class MemoryThreadStore(ThreadStore):
         run_ids: Sequence[str] | None = None,
         *,
         retention: RetentionPolicy | None = None,
+        dead_nodes_only: bool = False,
     ) -> list[EffectRun]:
         with self._data.lock:
             data = self._open_data()
@@ -967,9 +976,10 @@ class MemoryRuntimeStore(RuntimeStore):
         with self._backend.lock:
             return self._check().records.purge(older_than=instant(older_than))
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
         with self._backend.lock:
-            return list(self._check().alarms.items())
+            return [(t, due) for t, due in self._check().alarms.items()
+                    if until is None or due < until]
 
     def close(self) -> None:  # noqa: D102
         self._closed = True
@@ -1025,7 +1035,7 @@ class MemoryBackend(StorageBackend):
             if leftover is not None:
                 leftover.removed = True
             self._thread_data[info.id] = data
-        return MemoryThreadStore(data)
+        return MemoryThreadStore(data, self.node_id)
 
     def open_thread_store(self, thread_id: str) -> MemoryThreadStore:  # noqa: D102
         with self.lock:
@@ -1042,7 +1052,7 @@ class MemoryBackend(StorageBackend):
                 f"Thread {thread_id}: store has schema version {data.schema_version}, newer "
                 f"than this runtime's {THREAD_SCHEMA_VERSION}; upgrade thread-effects",
             )
-        return MemoryThreadStore(data)
+        return MemoryThreadStore(data, self.node_id)
 
     def remove_thread_store(self, thread_id: str) -> None:  # noqa: D102
         with self.lock:

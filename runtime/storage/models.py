@@ -146,6 +146,9 @@ class RunAttemptRow(SQLModel, table=True):
     ended_at: float | None = None
     outcome: str
     error: str | None = None
+    node_id: str | None = None
+    """The node that ran the attempt (`runtime.config.Settings.node_id`); None for an
+    attempt recorded before node ids existed."""
 
 
 class MessageRow(SQLModel, table=True):
@@ -277,6 +280,67 @@ class RuntimeMetaRow(SQLModel, table=True):
     value: str
 
 
+class NodeRow(SQLModel, table=True):
+    """A server process sharing a PostgreSQL database: its membership lease.
+
+    PostgreSQL only (SQLite and memory: one process per data directory). A node renews
+    ``lease_expires_at`` every third of its lease period; once it has passed, any other
+    node re-queues the runs the node was running. ``token`` tells two processes with the
+    same node id apart (the later one takes the row over). Times are seconds since the
+    epoch, UTC, by the database server's clock.
+    """
+
+    __tablename__ = "nodes"
+
+    node_id: str = Field(primary_key=True)
+    token: str
+    lease_expires_at: float
+    started_at: float
+    heartbeat_at: float
+
+
+class TurnLeaseRow(SQLModel, table=True):
+    """The turn a thread runs now, and the node running it (PostgreSQL only).
+
+    One row per thread with a turn in progress: another node's turn on the thread waits
+    until the row is gone, or until the holder's node lease expired (its turn is then
+    resumed there). Times are seconds since the epoch, UTC.
+    """
+
+    __tablename__ = "turn_leases"
+
+    thread_id: str = Field(primary_key=True)
+    node_id: str
+    token: str
+    acquired_at: float
+
+
+class FrameRow(SQLModel, table=True):
+    """A thread's frame, as its WebSocket clients get it (PostgreSQL only, from version 2).
+
+    Written by the node that made the change, read by the nodes whose clients missed its
+    notification; pruned after a few minutes (docs/scale-out.md, "Frames across nodes").
+    """
+
+    __tablename__ = "frames"
+    __table_args__ = (Index("ix_frames_created", "created_at"),)
+
+    thread_id: str = Field(primary_key=True)
+    frame_seq: int = Field(primary_key=True, sa_type=BigInteger)  # the frame's ``seq``
+    kind: str  # the frame's eventType
+    frame: str  # the frame's JSON text
+    created_at: float
+
+
+class FrameCounterRow(SQLModel, table=True):
+    """The last ``seq`` given to a frame of each thread, across nodes (PostgreSQL only)."""
+
+    __tablename__ = "frame_counters"
+
+    thread_id: str = Field(primary_key=True)
+    last_seq: int = Field(sa_type=BigInteger)
+
+
 def _table(model: type[SQLModel]) -> Table:
     table = model.__table__  # type: ignore[attr-defined]
     assert isinstance(table, Table)
@@ -311,6 +375,7 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     4: (RunTraceRow,),
     5: (RunAttemptRow,),
     6: (ScheduleRow,),
+    7: (),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
@@ -318,6 +383,7 @@ N + 1 (version 0 is a new, empty file). Add a step for a new table; never change
 THREAD_MIGRATION_COLUMNS: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {
     3: ((EffectRunRow, "key"), (EffectRunRow, "canceled_by")),
     6: ((EffectRunRow, "schedule_id"),),
+    7: ((RunAttemptRow, "node_id"),),
 }
 """The columns each migration of a thread file adds to a table an earlier step created
 (nullable ones: ``ALTER TABLE ... ADD COLUMN``). The earlier step creates the table without
@@ -390,10 +456,13 @@ def migration_ddl(
 
 # ---------------------------------------------------------------- PostgreSQL
 
-POSTGRES_SCHEMA_VERSION = 1
+POSTGRES_SCHEMA_VERSION = 3
 """The schema version of a current PostgreSQL database (`runtime.storage.postgres`); its
 ``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
-models above (as of thread schema 6 and runtime schema 5)."""
+models above (as of thread schema 6 and runtime schema 5); version 2 adds the frames across
+nodes (`FrameRow`, `FrameCounterRow`) and an index of the alarms by due time; version 3
+the node that ran each run attempt (``run_attempts.node_id``), the node leases (`NodeRow`)
+and the turn leases (`TurnLeaseRow`)."""
 
 POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
 """The tables of a thread's store, all threads in one table each, keyed by ``thread_id``
@@ -407,7 +476,27 @@ POSTGRES_RUNTIME_MODELS: tuple[tuple[type[SQLModel], str], ...] = tuple(
 """The runtime database's tables and their PostgreSQL names: the runtime-level effect
 records (keyed by scope, in ``thread_id``) get a table of their own beside the threads'."""
 
-POSTGRES_GLOBAL_TABLES = ("runtime_meta", "schema_version")
+POSTGRES_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
+    1: (FrameRow, FrameCounterRow),
+    2: (NodeRow, TurnLeaseRow),
+}
+"""The tables each later PostgreSQL migration creates: step N takes version N to N + 1 (step
+0 is every table of `POSTGRES_THREAD_MODELS` and `POSTGRES_RUNTIME_MODELS`). Add a step;
+never change one. These models keep ``thread_id`` as their first key column themselves."""
+
+POSTGRES_MIGRATION_INDEXES: dict[int, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
+    1: (("alarms", "ix_alarms_due", ("due_at",)),),
+}
+"""Indexes a later PostgreSQL migration adds to a table of step 0: ``(table, index name,
+columns)`` (version 2: the alarms due within a node's horizon, `load_alarms`' ``until``)."""
+
+POSTGRES_MIGRATION_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
+    2: (("run_attempts", "node_id"),),
+}
+"""Columns a later PostgreSQL migration adds to a table of step 0 (nullable, ``ALTER TABLE
+... ADD COLUMN``): ``(table, column)``. Step 0 creates the table without them."""
+
+POSTGRES_GLOBAL_TABLES = ("runtime_meta", "schema_version", "nodes")
 """The tables without a ``thread_id`` (Citus: reference tables, copied to every node)."""
 
 
@@ -472,10 +561,41 @@ def postgres_ddl() -> list[str]:
     tables = [_pg_table(m, _table(m).name, metadata) for m in POSTGRES_THREAD_MODELS]
     tables += [_pg_table(m, name, metadata) for m, name in POSTGRES_RUNTIME_MODELS]
     statements = ["CREATE TABLE schema_version (\n\tversion INTEGER NOT NULL\n)"]
+    added = {(t, c) for cols in POSTGRES_MIGRATION_COLUMNS.values() for t, c in cols}
     for table in tables:
+        dropped = {c for t, c in added if t == table.name}
+        if dropped:  # the columns later steps add: not in step 0
+            assert not {c.name for i in table.indexes for c in i.columns} & dropped
+            table = Table(
+                table.name, MetaData(),
+                *(c._copy() for c in table.columns if c.name not in dropped),
+                PrimaryKeyConstraint(*(c.name for c in table.primary_key.columns)),
+                *(UniqueConstraint(*(c.name for c in k.columns)) for k in table.constraints
+                  if isinstance(k, UniqueConstraint)),
+            )
         statements.append(str(CreateTable(table).compile(dialect=dialect)).strip())
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
             statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    return statements
+
+
+def postgres_migration_ddl(step: int) -> list[str]:
+    """The statements of PostgreSQL migration ``step`` (1 and later), from the models."""
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    statements: list[str] = []
+    for model in POSTGRES_MIGRATION_MODELS.get(step, ()):
+        table = _table(model)
+        statements.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    for table_name, index_name, columns in POSTGRES_MIGRATION_INDEXES.get(step, ()):
+        statements.append(f"CREATE INDEX {index_name} ON {table_name} ({', '.join(columns)})")
+    for table_name, column_name in POSTGRES_MIGRATION_COLUMNS.get(step, ()):
+        model = next(m for m in THREAD_MODELS if _table(m).name == table_name)
+        column = _table(model).columns[column_name]
+        assert column.nullable, f"{table_name}.{column_name}: an added column must be nullable"
+        kind = column.type.compile(dialect=dialect)
+        statements.append(f"ALTER TABLE {table_name} ADD COLUMN {column_name} {kind}")
     return statements
 
 
@@ -506,7 +626,18 @@ def pg_schema_source() -> str:
         else:
             out.append("        (\n" + "".join(f"            {x}\n" for x in literal)
                        + "        ),\n")
-    out.append("    ),\n}\n")
+    out.append("    ),\n")
+    for step in range(1, POSTGRES_SCHEMA_VERSION):
+        out.append(f"    {step}: (\n")
+        for statement in postgres_migration_ddl(step):
+            literal = _literal(statement)
+            if len(literal) == 1:
+                out.append(f"        {literal[0]},\n")
+            else:
+                out.append("        (\n" + "".join(f"            {x}\n" for x in literal)
+                           + "        ),\n")
+        out.append("    ),\n")
+    out.append("}\n")
     out.append('"""The statements that take schema version N to N + 1 (0: an empty schema)."""\n\n')
     thread_tables = tuple(_table(m).name for m in POSTGRES_THREAD_MODELS)
     out.append(f"THREAD_TABLES: tuple[str, ...] = {thread_tables!r}\n")

@@ -7,7 +7,7 @@ SQLAlchemy are not imported at run time.
 """
 # ruff: noqa: E501 - one statement per line, as generated
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 """The version `MIGRATIONS` take a database to."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -206,11 +206,54 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             ")"
         ),
     ),
+    1: (
+        (
+            "CREATE TABLE frames (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tframe_seq BIGINT NOT NULL, \n"
+            "\tkind VARCHAR NOT NULL, \n"
+            "\tframe VARCHAR NOT NULL, \n"
+            "\tcreated_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id, frame_seq)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_frames_created ON frames (created_at)",
+        (
+            "CREATE TABLE frame_counters (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tlast_seq BIGINT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id)\n"
+            ")"
+        ),
+        "CREATE INDEX ix_alarms_due ON alarms (due_at)",
+    ),
+    2: (
+        (
+            "CREATE TABLE nodes (\n"
+            "\tnode_id VARCHAR NOT NULL, \n"
+            "\ttoken VARCHAR NOT NULL, \n"
+            "\tlease_expires_at FLOAT NOT NULL, \n"
+            "\tstarted_at FLOAT NOT NULL, \n"
+            "\theartbeat_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (node_id)\n"
+            ")"
+        ),
+        (
+            "CREATE TABLE turn_leases (\n"
+            "\tthread_id VARCHAR NOT NULL, \n"
+            "\tnode_id VARCHAR NOT NULL, \n"
+            "\ttoken VARCHAR NOT NULL, \n"
+            "\tacquired_at FLOAT NOT NULL, \n"
+            "\tPRIMARY KEY (thread_id)\n"
+            ")"
+        ),
+        "ALTER TABLE run_attempts ADD COLUMN node_id VARCHAR",
+    ),
 }
 """The statements that take schema version N to N + 1 (0: an empty schema)."""
 
 THREAD_TABLES: tuple[str, ...] = ('thread_meta', 'effect_runs', 'messages', 'effect_records', 'run_traces', 'run_attempts', 'schedules')
 """The tables of threads' stores (each keyed by ``thread_id`` first)."""
 
-GLOBAL_TABLES: tuple[str, ...] = ('runtime_meta', 'schema_version')
+GLOBAL_TABLES: tuple[str, ...] = ('runtime_meta', 'schema_version', 'nodes')
 """The tables without a ``thread_id`` (Citus reference tables)."""

@@ -14,9 +14,11 @@ newer version than this code knows is refused.
 
 Connections come from a `psycopg_pool.ConnectionPool`; every contract method is one
 transaction on one pooled connection, called from the runtime's storage threads (the
-contract is synchronous, as for SQLite). `PostgresBackend.open` holds a session advisory
-lock on a connection of its own for as long as the backend is open: like the SQLite
-data-directory lock, one process uses a database (schema) at a time.
+contract is synchronous, as for SQLite). Several processes ("nodes") may use one schema
+at once: `PostgresBackend.open` takes a session advisory lock on its node id (a second live
+process with that id is refused) and registers a lease in the ``nodes`` table, renewed on a
+connection of its own; a run is claimed under the thread's row lock, and its outcome is
+fenced by its attempt (docs/scale-out.md, "Nodes and leases").
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import re
+import select
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -179,21 +184,92 @@ _TOUCH = (
     "WHERE id = %s"
 )
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
+
+_NEW_RUN_COLUMNS = (
+    "thread_id, id, name, status, args, run_at, created_at, attempts, replay_of, key, "
+    "schedule_id"
+)
+_NEW_RUN_VALUES = (
+    "%(t)s, %(id)s, %(name)s, %(status)s, %(args)s, %(run_at)s, %(created_at)s, 0, "
+    "%(replay_of)s, %(key)s, %(schedule_id)s"
+)
+
+
+@functools.cache
+def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
+    """A run's insert as one statement (its own transaction: one round trip, one commit).
+
+    It answers one row: with ``keyed``, the live run holding the key (the first pending
+    one, else a running one other than ``%(hand_off)s``; 'pending' sorts first, so a
+    successor wins over the running run it hands off from), which is then returned
+    instead of inserting the run (all columns null if none); with ``trace``, the run's
+    trace context is inserted too; with ``wake``, the wake-up `PostgresClusterBus.wake_in`
+    would send is sent (``%(channel)s``, ``%(payload)s``) if the run was inserted.
+    """
+    ctes = []
+    if keyed:
+        ctes.append(
+            f"live AS (SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %(t)s "
+            f"AND key = %(key)s AND status IN ('pending', 'running') AND (status = "
+            f"'pending' OR id IS DISTINCT FROM %(hand_off)s) ORDER BY status, seq LIMIT 1)")
+        values = f"SELECT {_NEW_RUN_VALUES} WHERE NOT EXISTS (SELECT 1 FROM live)"
+    else:
+        values = f"VALUES ({_NEW_RUN_VALUES})"
+    ctes.append(f"ins AS (INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) {values} RETURNING id)")
+    if trace:
+        ctes.append("tr AS (INSERT INTO run_traces (thread_id, run_id, context) "
+                    "SELECT %(t)s, id, %(trace)s FROM ins)")
+    # A SELECT in WITH runs only where the statement reads it: the last column does.
+    if wake:
+        ctes.append("wk AS (SELECT 1 FROM ins, LATERAL pg_notify(%(channel)s, %(payload)s) n)")
+    woken = "(SELECT count(*) FROM wk)" if wake else "0"
+    if keyed:
+        return (f"WITH {', '.join(ctes)} SELECT live.*, {woken} "
+                f"FROM (SELECT 1) one LEFT JOIN live ON true")
+    return f"WITH {', '.join(ctes)} SELECT {woken}"
+
+
 _INDEX_COMPLETE = "run_index_complete"
 
 LOCK_WAIT_SECONDS = 1.0
-"""How long `PostgresBackend.open` retries the schema's lock before refusing."""
-
-LOCK_CHECK_SECONDS = 2.0
-"""How often the connection holding the schema's lock is checked (``SELECT 1``)."""
+"""How long `PostgresBackend.open` retries its node id's lock before refusing."""
 
 UNAVAILABLE_WAIT_SECONDS = 2.0
 """How long a call waits for a pooled connection while the server is known unreachable
-(the lock's connection was lost); otherwise it waits ``connect_timeout``."""
+(the node's connection was lost); otherwise it waits ``connect_timeout``."""
+
+RECENT_SECONDS = 5.0
+"""A pooled connection used within this many seconds is handed out without a round trip
+to check it (`PostgresBackend._check`)."""
 
 LOCK_RETRY_FIRST_SECONDS = 1.0
 LOCK_RETRY_MAX_SECONDS = 30.0
-"""After the lock's connection is lost, reacquiring is tried after 1 s, doubling to 30 s."""
+"""After the node's connection is lost, reconnecting is tried after 1 s, doubling to 30 s
+(and at least every third of the lease period)."""
+
+LEASE_SECONDS = 30.0
+"""The default node lease period (`runtime.config.Settings.lease_seconds`)."""
+
+_DB_NOW = "extract(epoch from clock_timestamp())::float8"
+"""The database server's clock, seconds since the epoch: node leases are stamped and
+compared by it, so the nodes' own clocks may differ."""
+
+_LIVE_NODE = (
+    f"EXISTS (SELECT 1 FROM nodes n WHERE n.node_id = a.node_id "
+    f"AND n.lease_expires_at > {_DB_NOW})"
+)
+"""True when attempt ``a``'s node holds a live lease."""
+
+_ATTEMPT_JOIN = (
+    "LEFT JOIN run_attempts a ON a.thread_id = r.thread_id AND a.run_id = r.id "
+    "AND a.attempt = r.attempts"
+)
+"""Run ``r`` with its current attempt ``a`` (which node runs it)."""
+
+WAKE_WITHIN_SECONDS = 10.0
+"""A run scheduled due within this many seconds of its creation is announced on the
+cluster bus as its row commits (`PostgresClusterBus.wake_in`); a later one is left to the
+nodes' alarm polls (`runtime.alarms.AlarmIndex`, ``poll_seconds``), which come well before."""
 
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
@@ -506,11 +582,12 @@ class PostgresThreadStore(ThreadStore):
         self._swept_at: float | None = None
         self._records_swept_at: float | None = None
 
-    def _tx(self, fn: Callable[[Cursor], T]) -> T:
+    def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False) -> T:
+        """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement."""
         if self._closed:
             raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
         try:
-            with self._backend.transaction() as c:
+            with self._backend.transaction(single=single) as c:
                 return fn(c)
         except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             self._swept_at = None
@@ -606,23 +683,53 @@ class PostgresThreadStore(ThreadStore):
         )
 
     def insert_run(  # noqa: D102 - contract in base
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
-        def tx(c: Cursor) -> EffectRun | None:
-            if run.key is not None:
-                rows = c.execute(
-                    f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
-                    f"AND key = %s AND status IN ('pending', 'running') ORDER BY status, seq",
-                    (self.thread_id, run.key),
-                ).fetchall()
-                for row in rows:  # 'pending' sorts first: a successor wins over its link
-                    live = _row_to_run(self.thread_id, row)
-                    if live.status is EffectStatus.PENDING or live.id != hand_off_from:
-                        return live
-            self._insert_run_in(c, run)
-            return None
+        if replay_once and run.replay_of is not None:
+            # A replay made once across nodes: its checks need the original's row
+            # lock, so it is a transaction of its own (not the one statement below).
+            def tx(c: Cursor) -> EffectRun | None:
+                # The original's row serializes the replays of it across nodes.
+                c.execute("SELECT 1 FROM effect_runs WHERE thread_id = %s AND id = %s "
+                          "FOR UPDATE", (self.thread_id, run.replay_of))
+                replay = self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                    f"AND replay_of = %s ORDER BY seq LIMIT 1", (self.thread_id, run.replay_of))
+                if replay is not None:
+                    return replay
+                if run.key is not None:
+                    rows = c.execute(
+                        f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
+                        f"AND key = %s AND status IN ('pending', 'running') ORDER BY status, seq",
+                        (self.thread_id, run.key),
+                    ).fetchall()
+                    for row in rows:  # 'pending' sorts first: a successor wins over its link
+                        live = _row_to_run(self.thread_id, row)
+                        if live.status is EffectStatus.PENDING or live.id != hand_off_from:
+                            return live
+                self._insert_run_in(c, run)
+                return None
 
-        return self._tx(tx)
+            return self._tx(tx)
+        # One statement, its own transaction: one round trip, one commit.
+        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        params: dict[str, Any] = {
+            "t": self.thread_id, "id": run.id, "name": run.name, "status": str(run.status),
+            "args": args, "run_at": run.run_at_ts, "created_at": run.created_at_ts,
+            "replay_of": run.replay_of, "key": run.key, "schedule_id": run.schedule_id,
+            "trace": run.trace_context, "hand_off": hand_off_from,
+        }
+        # Due soon: tell every node as the row commits (as `_insert_run_in` does).
+        wake = run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS
+        if wake:
+            params["channel"], params["payload"] = self._backend.cluster.wake_params(
+                self.thread_id, run.run_at_ts)
+        sql = _insert_run_sql(keyed=run.key is not None,
+                              trace=run.trace_context is not None, wake=wake)
+        row = self._tx(lambda c: c.execute(sql, params).fetchone(), single=True)
+        if run.key is None or row is None or row[0] is None:
+            return None
+        return _row_to_run(self.thread_id, row[:-1])
 
     def _insert_run_in(self, c: Cursor, run: EffectRun) -> None:
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
@@ -633,6 +740,10 @@ class PostgresThreadStore(ThreadStore):
             (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
              run.created_at_ts, run.replay_of, run.key, run.schedule_id),
         )
+        if run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS:
+            # Due soon: tell every node now. Later runs are found by the nodes' alarm
+            # polls well before they are due (docs/scale-out.md, "Wake-ups").
+            self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
         if run.trace_context is not None:
             c.execute(
                 "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
@@ -765,11 +876,11 @@ class PostgresThreadStore(ThreadStore):
 
     def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
         rows = self._tx(lambda c: c.execute(
-            "SELECT attempt, started_at, ended_at, outcome, error FROM run_attempts "
+            "SELECT attempt, started_at, ended_at, outcome, error, node_id FROM run_attempts "
             "WHERE thread_id = %s AND run_id = %s ORDER BY attempt",
             (self.thread_id, run_id),
         ).fetchall())
-        return [RunAttempt(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        return [RunAttempt(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
     def finish_and_claim(  # noqa: D102 - contract in base
         self,
@@ -809,15 +920,39 @@ class PostgresThreadStore(ThreadStore):
             return fire if due is None else due if fire is None else min(due, fire)
 
         def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+            self.claim_blocked = None
+            blocked = None
+            if claim:
+                # The thread's row serializes claims across nodes; a paused thread, or
+                # one another node runs a run of, is not claimed from. Read in a statement
+                # of its own once the lock is held: under READ COMMITTED a statement sees
+                # the data as of its start, so a check made in the statement that waited
+                # for the lock would miss the run the lock's last holder just claimed.
+                locked = c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE",
+                                   (self.thread_id,)).fetchone()
+                row = None if locked is None else c.execute(
+                    f"SELECT EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = %s), "
+                    f"EXISTS (SELECT 1 FROM effect_runs r {_ATTEMPT_JOIN} "
+                    f"WHERE r.thread_id = %s AND r.status = 'running' "
+                    f"AND a.node_id IS DISTINCT FROM %s)",
+                    (self.thread_id, self.thread_id, self._backend.node_id),
+                ).fetchone()
+                if row is None:
+                    blocked = "deleted"
+                elif row[0]:
+                    blocked = "paused"
+                elif row[1]:
+                    blocked = "busy"
             finished = None
             if finish is not None:
                 finished = self._one(
                     c,
                     f"UPDATE effect_runs SET status = %s, error = %s, finished_at = %s, "
                     f"canceled_by = %s WHERE thread_id = %s AND id = %s "
-                    f"AND status = 'running' RETURNING {_RUN_COLUMNS}",
+                    f"AND status = 'running' AND attempts = coalesce(%s, attempts) "
+                    f"RETURNING {_RUN_COLUMNS}",
                     (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
-                     self.thread_id, finish.run_id),
+                     self.thread_id, finish.run_id, finish.attempt),
                 )
                 self._drop_trace(c, finished)
                 if finished is not None:
@@ -826,6 +961,9 @@ class PostgresThreadStore(ThreadStore):
                     if retention is not None:
                         self._prune_in(c, now, retention)
             if not claim:
+                return finished, None, None
+            if blocked is not None:
+                self.claim_blocked = "paused" if blocked == "deleted" else blocked
                 return finished, None, None
             claimed = self._one(
                 c,
@@ -839,15 +977,18 @@ class PostgresThreadStore(ThreadStore):
             claimed = self._with_trace(c, claimed)
             if claimed is not None:
                 c.execute(
-                    "INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome) "
-                    "VALUES (%s, %s, %s, %s, 'running') ON CONFLICT (thread_id, run_id, attempt) "
-                    "DO UPDATE SET started_at = excluded.started_at, ended_at = NULL, "
-                    "outcome = 'running', error = NULL",
-                    (self.thread_id, claimed.id, claimed.attempts, now),
+                    "INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome, "
+                    "node_id) VALUES (%s, %s, %s, %s, 'running', %s) ON CONFLICT "
+                    "(thread_id, run_id, attempt) DO UPDATE SET started_at = "
+                    "excluded.started_at, ended_at = NULL, outcome = 'running', error = NULL, "
+                    "node_id = excluded.node_id",
+                    (self.thread_id, claimed.id, claimed.attempts, now,
+                     self._backend.node_id),
                 )
                 return finished, claimed, None
             return finished, None, next_due(c)
 
+        self.claim_blocked = None
         if finish is None and claim:
             # Nothing to write unless a run is due: probe first with one read.
             run_due, wake = self._tx(lambda c: (next_run(c), next_due(c)))
@@ -862,20 +1003,29 @@ class PostgresThreadStore(ThreadStore):
         run_ids: Sequence[str] | None = None,
         *,
         retention: RetentionPolicy | None = None,
+        dead_nodes_only: bool = False,
     ) -> list[EffectRun]:
         if run_ids is not None and not run_ids:
             return []
 
         def tx(c: Cursor) -> list[EffectRun]:
+            # Serialized with other nodes' claims of the thread (`finish_and_claim`).
+            c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE", (self.thread_id,))
+            # A run another node holds under a live lease is that node's, and with
+            # dead_nodes_only so is every run of this node.
+            mine = "" if dead_nodes_only else "a.node_id = %s OR "
             sql = (
-                "SELECT id, attempts FROM effect_runs WHERE thread_id = %s "
-                "AND status = 'running'"
+                f"SELECT r.id, r.attempts FROM effect_runs r {_ATTEMPT_JOIN} "
+                f"WHERE r.thread_id = %s AND r.status = 'running' AND (a.node_id IS NULL OR "
+                f"{mine}(a.node_id <> %s AND NOT {_LIVE_NODE}))"
             )
-            params: tuple[Any, ...] = (self.thread_id,)
+            node = self._backend.node_id
+            params: tuple[Any, ...] = (
+                (self.thread_id, node) if dead_nodes_only else (self.thread_id, node, node))
             if run_ids is not None:
-                sql += " AND id = ANY(%s)"
+                sql += " AND r.id = ANY(%s)"
                 params += (list(run_ids),)
-            rows = c.execute(sql + " ORDER BY seq FOR UPDATE", params).fetchall()
+            rows = c.execute(sql + " ORDER BY r.seq FOR UPDATE OF r", params).fetchall()
             changed: list[EffectRun] = []
             for run_id, attempts in rows:
                 if attempts >= max_attempts:
@@ -930,12 +1080,18 @@ class PostgresThreadStore(ThreadStore):
         return self._tx(tx)
 
     def run_now(self, run_id: str, now: float) -> EffectRun | None:  # noqa: D102
-        return self._tx(lambda c: self._one(
-            c,
-            f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
-            f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
-            (now, self.thread_id, run_id),
-        ))
+        def tx(c: Cursor) -> EffectRun | None:
+            run = self._one(
+                c,
+                f"UPDATE effect_runs SET run_at = LEAST(run_at, %s) WHERE thread_id = %s "
+                f"AND id = %s AND status = 'pending' RETURNING {_RUN_COLUMNS}",
+                (now, self.thread_id, run_id),
+            )
+            if run is not None:
+                self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
+            return run
+
+        return self._tx(tx)
 
     def _visible(
         self, c: Cursor, now: float, retention: RetentionPolicy
@@ -1241,11 +1397,12 @@ class PostgresRuntimeStore(RuntimeStore):
         self._backend = backend
         self._closed = False
 
-    def _tx(self, fn: Callable[[Cursor], T]) -> T:
+    def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False) -> T:
+        """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement."""
         if self._closed:
             raise RuntimeClosed(
                 f"The runtime store {redact_url(self._backend.url)} is closed")
-        with self._backend.transaction() as c:
+        with self._backend.transaction(single=single) as c:
             return fn(c)
 
     @staticmethod
@@ -1471,20 +1628,20 @@ class PostgresRuntimeStore(RuntimeStore):
     def set_alarm(self, thread_id: str, due_at: float | None) -> None:  # noqa: D102
         if due_at is None:
             self._tx(lambda c: c.execute("DELETE FROM alarms WHERE thread_id = %s",
-                                         (thread_id,)))
+                                         (thread_id,)), single=True)
         else:
             self._tx(lambda c: c.execute(
                 "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) "
                 "ON CONFLICT (thread_id) DO UPDATE SET due_at = excluded.due_at",
                 (thread_id, due_at),
-            ))
+            ), single=True)
 
     def lower_alarm(self, thread_id: str, due_at: float) -> None:  # noqa: D102
         self._tx(lambda c: c.execute(
             "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) ON CONFLICT (thread_id) "
             "DO UPDATE SET due_at = LEAST(alarms.due_at, excluded.due_at)",
             (thread_id, due_at),
-        ))
+        ), single=True)
 
     def move_alarms(  # noqa: D102
         self, changes: Sequence[tuple[str, float | None, float | None]]
@@ -1518,8 +1675,13 @@ class PostgresRuntimeStore(RuntimeStore):
 
         return self._tx(tx)
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
-        rows = self._tx(lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall())
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
+        rows = self._tx(
+            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall()
+            if until is None else
+            c.execute("SELECT thread_id, due_at FROM alarms WHERE due_at < %s",
+                      (until,)).fetchall()
+        )
         return [(r[0], r[1]) for r in rows]
 
     # ------------------------------------------------------------ runtime-level records
@@ -1591,15 +1753,39 @@ class PostgresBackend(StorageBackend):
             at most 16 at once; one more connection holds the lock).
         connect_timeout: Seconds to wait for a connection (from the pool or the server)
             before a call fails.
+        node_id: This process's node id (default: set by the runtime from its settings,
+            `runtime.config.Settings.node_id`).
+        lease_seconds: The node lease period (seconds; default 30): renewed every third
+            of it; a node that has not renewed it for this long is dead to the others.
+
+    Several processes ("nodes") may open the same schema at once: each registers in the
+    ``nodes`` table with a lease it renews, and holds a session advisory lock on its node
+    id (so two live processes with one node id are refused). A node claims a thread's run
+    only while no other node runs one of that thread's runs, and re-queues the runs of
+    nodes whose lease expired (`orphaned_runs`).
+
+    Attributes:
+        cluster: The `PostgresClusterBus` of this schema (``LISTEN``/``NOTIFY`` between
+            the processes sharing it); it listens from `open` to `close`.
 
     Raises:
-        ValueError: an invalid ``schema`` or ``pool_size``.
+        ValueError: an invalid ``schema``, ``pool_size``, ``node_id`` or ``lease_seconds``.
     """
+
+    exclusive = False
 
     def __init__(
         self, url: str, *, schema: str | None = None, pool_size: int = 17,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = 10.0, node_id: str | None = None,
+        lease_seconds: float = LEASE_SECONDS,
     ) -> None:
+        from runtime.config import validate_node_id
+        from runtime.storage.pg_bus import PostgresClusterBus
+
+        if node_id is not None:
+            validate_node_id(node_id)
+        if not 0.5 <= lease_seconds <= 86_400:
+            raise ValueError(f"lease_seconds must be from 0.5 to 86400, got {lease_seconds}")
         url, from_url = split_schema(url)
         if schema is None:
             schema = from_url or "public"
@@ -1620,11 +1806,25 @@ class PostgresBackend(StorageBackend):
         # Set while this process does not hold the schema's lock after holding it.
         self._lock_problem: str | None = None
         self._watch_stop = threading.Event()
+        # id(connection) -> time.monotonic() it went back to the pool (see `_check`).
+        self._returned_at: dict[int, float] = {}
+        self.node_id = node_id
+        self.lease_seconds = float(lease_seconds)
+        self._token = uuid.uuid4().hex
+        self._lease_valid_until = -math.inf  # time.monotonic() the lease surely lasts to
+        self._lost_notified = False
+        self.on_lease_lost = None
+        self.cluster: PostgresClusterBus = PostgresClusterBus(self)
 
     @property
     def _lock_key(self) -> int:
-        """The advisory lock key of this schema (a signed 64-bit integer)."""
+        """The migration advisory lock key of this schema (a signed 64-bit integer)."""
         return zlib.crc32(f"thread-effects:{self.schema}".encode())
+
+    @property
+    def _node_key(self) -> int:
+        """The advisory lock key of this node id in this schema (held while open)."""
+        return zlib.crc32(f"thread-effects:{self.schema}:node:{self.node_id}".encode()) << 8
 
     def _connect_kwargs(self, role: str = "thread-effects") -> dict[str, Any]:
         return {
@@ -1639,59 +1839,124 @@ class PostgresBackend(StorageBackend):
     kind = "postgres"
 
     def connection_held(self) -> bool:
-        """Whether the backend is open and its lock's connection to the server is alive."""
+        """Whether the backend is open, its node's connection alive and its lease held."""
         conn = self._lock_conn
         return (conn is not None and not conn.closed and not conn.broken
-                and self._lock_problem is None)
+                and self.lock_problem() is None)
 
     def lock_problem(self) -> str | None:
-        """Why this process must not start runs now (its schema lock was lost), or None."""
-        return self._lock_problem
+        """Why this process must not start runs now (its node lease is not held), or None."""
+        if self._lock_problem is not None:
+            return self._lock_problem
+        if self._lock_conn is not None and time.monotonic() > self._lease_valid_until:
+            return (f"the lease of node {self.node_id} was not renewed within its period "
+                    f"({self.lease_seconds:g} s); this process starts no runs until it is")
+        return None
 
-    def _watch_lock(self, stop: threading.Event, where: str) -> None:
-        """Check the lock's connection; when lost, reacquire the lock with backoff."""
+    def _renew(
+        self, conn: psycopg.Connection[tuple[Any, ...]], *, take_over: bool = False
+    ) -> bool:
+        """Renew this node's lease on ``conn``; False if the row is another process's now.
+
+        ``take_over`` (this process holds its node id's lock again, after losing it): a
+        row another process with the same node id wrote is taken back once that process's
+        lease ended (it closed, or died).
+        """
+        started = time.monotonic()
+        expired = f" OR lease_expires_at <= {_DB_NOW}" if take_over else ""
+        row = conn.execute(
+            f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, heartbeat_at = {_DB_NOW}, "
+            f"token = %s WHERE node_id = %s AND (token = %s{expired}) RETURNING 1",
+            (self.lease_seconds, self._token, self.node_id, self._token),
+        ).fetchone()
+        if row is None:
+            return False
+        self._lease_valid_until = started + self.lease_seconds
+        return True
+
+    def _lease_lost(self, why: str) -> None:
+        """The lease may have expired: stop claiming (`lock_problem`), cancel running effects."""
+        if self._lost_notified:
+            return
+        self._lost_notified = True
+        log.error("node %s lost its lease (%s): it stops claiming runs and cancels the effects "
+                  "it runs (other nodes re-queue them)", self.node_id, why)
+        callback = self.on_lease_lost
+        if callback is not None:
+            try:
+                callback(why)
+            except Exception:
+                log.exception("node %s: the lease-lost callback failed", self.node_id)
+
+    def _heartbeat(self, stop: threading.Event, where: str) -> None:
+        """Renew the node lease every third of its period; on a lost connection, reconnect.
+
+        While the lease cannot be renewed the node claims nothing (`lock_problem`); once
+        its period has passed without renewal, `on_lease_lost` is called (once).
+        """
         import psycopg
 
-        delay = LOCK_RETRY_FIRST_SECONDS
-        while not stop.wait(LOCK_CHECK_SECONDS if self._lock_problem is None else delay):
+        period = self.lease_seconds / 3
+        delay = min(LOCK_RETRY_FIRST_SECONDS, period)
+        while not stop.wait(period if self._lock_problem is None else delay):
+            if time.monotonic() > self._lease_valid_until:
+                self._lease_lost("not renewed within its period of "
+                                 f"{self.lease_seconds:g} s")
             conn = self._lock_conn
             if conn is None:
                 return
             if self._lock_problem is None:
                 try:
-                    conn.execute("SELECT 1")
+                    if self._renew(conn):
+                        self._lost_notified = False
+                        continue
+                    problem = (f"{where}: the lease of node {self.node_id} was taken by "
+                               f"another process with the same node id; this process "
+                               f"starts no runs")
+                    log.error("%s", problem)
+                    self._lock_problem = problem
+                    self._lease_lost("taken by another process")
                     continue
                 except _db_error() as exc:
                     if stop.is_set():
                         return
                     self._lock_problem = (
-                        f"{where}: the connection holding its lock was lost ({exc}); this "
-                        f"process starts no runs until it holds the lock again"
+                        f"{where}: the connection renewing node {self.node_id}'s lease was "
+                        f"lost ({exc}); this process starts no runs until it renews it"
                     )
                     log.error("%s", self._lock_problem)
-                    delay = LOCK_RETRY_FIRST_SECONDS
+                    delay = min(LOCK_RETRY_FIRST_SECONDS, period)
                     continue
             try:
-                new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-lock"))
+                new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-node"))
             except _db_error():
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
             try:
-                row = new.execute(
-                    "SELECT pg_try_advisory_lock(%s)", (self._lock_key,)
-                ).fetchone()
+                if not self._try_lock(new, wait=0.0):
+                    new.close()
+                    problem = (f"{where}: node id {self.node_id} is held by another live "
+                               f"process; this process starts no runs")
+                    if self._lock_problem != problem:
+                        log.error("%s", problem)
+                    self._lock_problem = problem
+                    delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
+                    continue
+                renewed = self._renew(new, take_over=True)
             except _db_error():
                 new.close()
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
-            if row is None or not row[0]:
+            if not renewed:
                 new.close()
-                problem = (f"{where} is in use by another process, which took its lock "
-                           f"after this process lost it; this process starts no runs")
+                problem = (f"{where}: the lease of node {self.node_id} is held by another "
+                           f"process with the same node id; this process starts no runs "
+                           f"until that one stops")
                 if self._lock_problem != problem:
                     log.error("%s", problem)
                 self._lock_problem = problem
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS)
+                self._lease_lost("taken by another process")
+                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
             with self._guard:
                 old, self._lock_conn = self._lock_conn, new
@@ -1701,12 +1966,44 @@ class PostgresBackend(StorageBackend):
                 return
             old.close()
             self._lock_problem = None
-            delay = LOCK_RETRY_FIRST_SECONDS
-            log.warning("%s: the lock is held again; starting runs again", where)
+            self._lost_notified = False
+            delay = min(LOCK_RETRY_FIRST_SECONDS, period)
+            log.warning("%s: node %s holds its lease again; starting runs again", where,
+                        self.node_id)
+
+    def _check(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        """Raise if ``conn``, about to be taken from the pool, is not fit to use.
+
+        A connection back in the pool for less than `RECENT_SECONDS` whose socket has
+        nothing to read is used as it is: a server that ended it (a restart, a failover,
+        ``pg_terminate_backend``, a proxy's cut) sent an error or closed the socket, which
+        makes it readable. Any other is checked with an empty query, one round trip, which
+        on a busy node would otherwise double the round trips of a call.
+        """
+        from psycopg import OperationalError
+        from psycopg_pool import ConnectionPool
+
+        if conn.closed or conn.broken:
+            raise OperationalError("the connection is closed")
+        returned = self._returned_at.get(id(conn))
+        if returned is not None and time.monotonic() - returned < RECENT_SECONDS:
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
+            if not poller.poll(0):
+                return
+        ConnectionPool.check_connection(conn)
 
     @contextmanager
-    def transaction(self) -> Iterator[Cursor]:
+    def transaction(self, *, single: bool = False, pipeline: bool = False) -> Iterator[Cursor]:
         """A cursor in one transaction on a pooled connection (committed on success).
+
+        Args:
+            single: the caller runs exactly one statement: it runs in autocommit (the
+                statement is its own transaction), which saves the ``BEGIN`` and
+                ``COMMIT`` round trips.
+            pipeline: in psycopg's pipeline mode: ``BEGIN`` goes with the first statement,
+                and ``COMMIT`` with the statements after the last result read (a result
+                read waits for every statement before it).
 
         Raises:
             RuntimeClosed: the backend is not open.
@@ -1723,7 +2020,9 @@ class PostgresBackend(StorageBackend):
         try:
             with pool.connection(timeout=wait) as conn:
                 try:
-                    with conn.transaction(), conn.cursor() as cur:
+                    with (conn.pipeline() if pipeline else contextlib.nullcontext(),
+                          contextlib.nullcontext() if single else conn.transaction(),
+                          conn.cursor() as cur):
                         yield cur
                 except _db_error() as exc:
                     if conn.broken:
@@ -1731,6 +2030,8 @@ class PostgresBackend(StorageBackend):
                             f"PostgreSQL database {redact_url(self.url)} cannot be reached: "
                             f"{exc}") from exc
                     raise
+                finally:
+                    self._returned_at[id(conn)] = time.monotonic()
         except PoolTimeout as exc:
             raise DatabaseUnavailable(
                 f"PostgreSQL database {redact_url(self.url)} cannot be reached (no "
@@ -1741,21 +2042,27 @@ class PostgresBackend(StorageBackend):
         from psycopg_pool import ConnectionPool
 
         where = f"PostgreSQL database {redact_url(self.url)} (schema {self.schema})"
+        if self.node_id is None:
+            from runtime.config import default_node_id
+
+            self.node_id = default_node_id()
         with self._guard:
             if self._lock_conn is not None:
-                raise DataDirLocked(f"{where} is already open in this backend; "
-                                    f"one process per database schema")
+                raise DataDirLocked(f"{where} is already open in this backend")
             try:
                 lock_conn = psycopg.connect(
-                    self.url, **self._connect_kwargs("thread-effects-lock")
+                    self.url, **self._connect_kwargs("thread-effects-node")
                 )
             except _db_error() as exc:
                 raise RuntimeStorageError(f"{where} cannot be reached: {exc}") from exc
             try:
                 if not self._try_lock(lock_conn):
-                    raise DataDirLocked(f"{where} is in use by another process; "
-                                        f"one process per database schema")
+                    raise DataDirLocked(
+                        f"{where}: node id {self.node_id} is in use by another live process; "
+                        f"give each process its own node id (--node-id, "
+                        f"THREAD_EFFECTS_NODE_ID)")
                 created = self._migrate(lock_conn, where)
+                self._register(lock_conn, where)
             except BaseException:
                 lock_conn.close()
                 raise
@@ -1765,7 +2072,7 @@ class PostgresBackend(StorageBackend):
                 timeout=self.connect_timeout, name=f"thread-effects:{self.schema}",
                 # Checked when taken from the pool: a connection the server ended (a
                 # restart, a failover, a proxy's cut) is replaced, not handed to a call.
-                check=ConnectionPool.check_connection, open=False,
+                check=self._check, open=False,
             )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
@@ -1774,9 +2081,11 @@ class PostgresBackend(StorageBackend):
                 store.set_run_index_complete(True)
             self._discard_orphans()
             self._lock_problem = None
+            self._lost_notified = False
+            self.cluster.start()
             self._watch_stop = threading.Event()
-            threading.Thread(target=self._watch_lock, args=(self._watch_stop, where),
-                             name=f"thread-effects-lock-watch:{self.schema}",
+            threading.Thread(target=self._heartbeat, args=(self._watch_stop, where),
+                             name=f"thread-effects-node-lease:{self.schema}",
                              daemon=True).start()
         except BaseException as exc:
             self.close()
@@ -1785,15 +2094,33 @@ class PostgresBackend(StorageBackend):
             raise
         return store
 
-    def _try_lock(self, conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
-        """Take the schema's session advisory lock; False if another session holds it.
+    def _register(self, conn: psycopg.Connection[tuple[Any, ...]], where: str) -> None:
+        """Write this node's row (a new token, a fresh lease); its node-id lock is held."""
+        started = time.monotonic()
+        try:
+            conn.execute(
+                f"INSERT INTO nodes (node_id, token, lease_expires_at, started_at, "
+                f"heartbeat_at) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, {_DB_NOW}) "
+                f"ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
+                f"lease_expires_at = excluded.lease_expires_at, "
+                f"started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at",
+                (self.node_id, self._token, self.lease_seconds),
+            )
+        except _db_error() as exc:
+            raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
+        self._lease_valid_until = started + self.lease_seconds
 
-        Retries for `LOCK_WAIT_SECONDS`: the server releases a killed process's lock when
-        it notices the connection is gone, which can take a moment.
+    def _try_lock(
+        self, conn: psycopg.Connection[tuple[Any, ...]], wait: float = LOCK_WAIT_SECONDS
+    ) -> bool:
+        """Take this node id's session advisory lock; False if another session holds it.
+
+        Retries for ``wait`` seconds: the server releases a killed process's lock when it
+        notices the connection is gone, which can take a moment.
         """
-        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        deadline = time.monotonic() + wait
         while True:
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_key,)).fetchone()
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._node_key,)).fetchone()
             if row is not None and row[0]:
                 return True
             if time.monotonic() >= deadline:
@@ -1927,8 +2254,68 @@ class PostgresBackend(StorageBackend):
         with self.transaction() as c:
             self._remove_rows(c, thread_id)
 
+    def orphaned_runs(self, limit: int = 1000) -> list[tuple[str, str]]:  # noqa: D102
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT r.thread_id, r.id FROM effect_runs r {_ATTEMPT_JOIN} "
+                f"WHERE r.status = 'running' AND (a.node_id IS NULL OR "
+                f"(a.node_id <> %s AND NOT {_LIVE_NODE})) ORDER BY r.thread_id, r.seq LIMIT %s",
+                (self.node_id, limit),
+            ).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def alone(self) -> bool:  # noqa: D102 - contract in base
+        return all(node == self.node_id for node, _ in self.live_nodes())
+
+    def take_turn_lease(self, thread_id: str, token: str) -> str | None:  # noqa: D102
+        with self.transaction() as c:
+            taken = c.execute(
+                f"INSERT INTO turn_leases (thread_id, node_id, token, acquired_at) "
+                f"VALUES (%s, %s, %s, {_DB_NOW}) ON CONFLICT (thread_id) DO UPDATE SET "
+                f"node_id = excluded.node_id, token = excluded.token, "
+                f"acquired_at = excluded.acquired_at WHERE turn_leases.token = excluded.token "
+                f"OR turn_leases.node_id = excluded.node_id OR NOT EXISTS (SELECT 1 FROM "
+                f"nodes n WHERE n.node_id = turn_leases.node_id "
+                f"AND n.lease_expires_at > {_DB_NOW}) RETURNING 1",
+                (thread_id, self.node_id, token),
+            ).fetchone()
+            if taken is not None:
+                return None
+            row = c.execute("SELECT node_id FROM turn_leases WHERE thread_id = %s",
+                            (thread_id,)).fetchone()
+        return str(row[0]) if row is not None else ""
+
+    def release_turn_lease(self, thread_id: str, token: str) -> None:  # noqa: D102
+        with self.transaction() as c:
+            c.execute("DELETE FROM turn_leases WHERE thread_id = %s AND token = %s",
+                      (thread_id, token))
+
+    def orphaned_turns(self) -> list[str]:  # noqa: D102
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT t.thread_id FROM turn_leases t WHERE t.node_id <> %s AND NOT EXISTS "
+                f"(SELECT 1 FROM nodes n WHERE n.node_id = t.node_id "
+                f"AND n.lease_expires_at > {_DB_NOW}) ORDER BY t.thread_id LIMIT 1000",
+                (self.node_id,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def live_nodes(self) -> list[tuple[str, float]]:
+        """The nodes holding a live lease: ``(node_id, lease_expires_at)``, by node id.
+
+        Raises:
+            RuntimeClosed: the backend is not open.
+            psycopg.Error: the read failed.
+        """
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT node_id, lease_expires_at FROM nodes WHERE lease_expires_at > {_DB_NOW} "
+                f"ORDER BY node_id").fetchall()
+        return [(r[0], r[1]) for r in rows]
+
     def close(self) -> None:  # noqa: D102
         self._watch_stop.set()
+        self.cluster.stop()
         with self._guard:
             pool, self._pool = self._pool, None
             lock_conn, self._lock_conn = self._lock_conn, None
@@ -1939,6 +2326,10 @@ class PostgresBackend(StorageBackend):
             # has processed the close, and a new open may come first.
             if not lock_conn.closed and not lock_conn.broken:
                 with contextlib.suppress(_db_error()):
-                    lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
+                    # Its lease ends now: other nodes need not wait out its period.
+                    lock_conn.execute(
+                        "UPDATE nodes SET lease_expires_at = 0 WHERE node_id = %s "
+                        "AND token = %s", (self.node_id, self._token))
+                    lock_conn.execute("SELECT pg_advisory_unlock(%s)", (self._node_key,))
             lock_conn.close()
 

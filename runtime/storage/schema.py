@@ -108,6 +108,7 @@ RUN_ATTEMPTS_DDL: tuple[str, ...] = (
         "\tended_at FLOAT, \n"
         "\toutcome VARCHAR NOT NULL, \n"
         "\terror VARCHAR, \n"
+        "\tnode_id VARCHAR, \n"
         "\tPRIMARY KEY (run_id, attempt)\n"
         ")"
     ),
@@ -340,6 +341,9 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX ix_schedules_due ON schedules (state, next_fire_at)",
         "CREATE UNIQUE INDEX ix_schedules_key ON schedules (\"key\")",
         "ALTER TABLE effect_runs ADD COLUMN schedule_id VARCHAR",
+    ),
+    7: (
+        "ALTER TABLE run_attempts ADD COLUMN node_id VARCHAR",
     ),
 }
 """Thread file: the statements that take schema version N to N + 1."""

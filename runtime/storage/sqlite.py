@@ -61,11 +61,11 @@ log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 7
+THREAD_SCHEMA_VERSION = 8
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
 ``effect_records`` table; 4: a run's ``key`` and ``canceled_by``; 5: the ``run_traces``
 table; 6: the ``run_attempts`` table; 7: the ``schedules`` table and a run's
-``schedule_id``)."""
+``schedule_id``; 8: the node that ran each attempt, ``run_attempts.node_id``)."""
 
 RUNTIME_SCHEMA_VERSION = 6
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
@@ -249,9 +249,12 @@ class SQLiteThreadStore(ThreadStore):
     """One thread's file, ``<data_dir>/threads/<thread_id>.sqlite``."""
 
     def __init__(
-        self, thread_id: str, path: Path, synchronous: str = "FULL", *, create: bool = False
+        self, thread_id: str, path: Path, synchronous: str = "FULL", *, create: bool = False,
+        node_id: str | None = None,
     ) -> None:
         """Open and migrate the file of a thread; with ``create``, make a new one.
+
+        ``node_id`` is recorded on each attempt this store claims (`RunAttempt.node_id`).
 
         Raises:
             ThreadStorageError: the file is missing or empty (for an existing thread: its
@@ -260,6 +263,7 @@ class SQLiteThreadStore(ThreadStore):
         """
         self.thread_id = thread_id
         self.path = path
+        self.node_id = node_id
         self._lock = threading.Lock()
         # Write-path pruning: the number of finished runs (None: unknown, counted on
         # demand) and when runs past their age were last deleted. This store is the only
@@ -374,9 +378,15 @@ class SQLiteThreadStore(ThreadStore):
         return self._finished
 
     def insert_run(  # noqa: D102 - contract in base
-        self, run: EffectRun, *, hand_off_from: str | None = None
+        self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
         def tx(c: sqlite3.Connection) -> EffectRun | None:
+            if replay_once and run.replay_of is not None:
+                replay = self._one(
+                    c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE replay_of = ? "
+                    f"ORDER BY seq LIMIT 1", (run.replay_of,))
+                if replay is not None:
+                    return replay
             if run.key is not None:
                 rows = c.execute(
                     f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE \"key\" = ? "
@@ -565,12 +575,12 @@ class SQLiteThreadStore(ThreadStore):
     def run_attempts(self, run_id: str) -> list[RunAttempt]:  # noqa: D102
         rows = self._tx(
             lambda c: c.execute(
-                "SELECT attempt, started_at, ended_at, outcome, error FROM run_attempts "
+                "SELECT attempt, started_at, ended_at, outcome, error, node_id FROM run_attempts "
                 "WHERE run_id = ? ORDER BY attempt", (run_id,),
             ).fetchall(),
             write=False,
         )
-        return [RunAttempt(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        return [RunAttempt(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
 
     @staticmethod
     def _drop_orphan_attempts(c: sqlite3.Connection) -> None:
@@ -614,9 +624,9 @@ class SQLiteThreadStore(ThreadStore):
                     c,
                     f"UPDATE effect_runs SET status = ?, error = ?, finished_at = ?, "
                     f"canceled_by = ? WHERE id = ? AND status = 'running' "
-                    f"RETURNING {_RUN_COLUMNS}",
+                    f"AND attempts = coalesce(?, attempts) RETURNING {_RUN_COLUMNS}",
                     (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
-                     finish.run_id),
+                     finish.run_id, finish.attempt),
                 )
                 self._drop_trace(c, finished)
                 if finished is not None:
@@ -638,8 +648,8 @@ class SQLiteThreadStore(ThreadStore):
             if claimed is not None:
                 c.execute(
                     "INSERT OR REPLACE INTO run_attempts (run_id, attempt, started_at, "
-                    "outcome) VALUES (?, ?, ?, 'running')",
-                    (claimed.id, claimed.attempts, now),
+                    "outcome, node_id) VALUES (?, ?, ?, 'running', ?)",
+                    (claimed.id, claimed.attempts, now, self.node_id),
                 )
             next_due = None
             if claimed is None:
@@ -674,6 +684,7 @@ class SQLiteThreadStore(ThreadStore):
         run_ids: Sequence[str] | None = None,
         *,
         retention: RetentionPolicy | None = None,
+        dead_nodes_only: bool = False,
     ) -> list[EffectRun]:
         def tx(c: sqlite3.Connection) -> list[EffectRun]:
             if run_ids is None:
@@ -1485,9 +1496,13 @@ class SQLiteRuntimeStore(RuntimeStore):
     def purge_records(self, *, older_than: float) -> int:  # noqa: D102
         return self._tx(lambda c: _records.sql_purge(c, older_than=_records.instant(older_than)))
 
-    def load_alarms(self) -> list[tuple[str, float]]:  # noqa: D102
+    def load_alarms(self, until: float | None = None) -> list[tuple[str, float]]:  # noqa: D102
         rows = self._tx(
-            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall(), write=False
+            lambda c: c.execute("SELECT thread_id, due_at FROM alarms").fetchall()
+            if until is None else
+            c.execute("SELECT thread_id, due_at FROM alarms WHERE due_at < ?",
+                      (until,)).fetchall(),
+            write=False,
         )
         return [(r[0], r[1]) for r in rows]
 
@@ -1631,7 +1646,8 @@ class SQLiteBackend(StorageBackend):
         # delete: it belongs to no thread, so it is discarded.
         _remove_thread_files(path)
         try:
-            store = SQLiteThreadStore(info.id, path, self.synchronous, create=True)
+            store = SQLiteThreadStore(info.id, path, self.synchronous, create=True,
+                                      node_id=self.node_id)
         except BaseException:
             _remove_thread_files(path)
             raise
@@ -1644,7 +1660,8 @@ class SQLiteBackend(StorageBackend):
         return store
 
     def open_thread_store(self, thread_id: str) -> SQLiteThreadStore:  # noqa: D102
-        return SQLiteThreadStore(thread_id, self.thread_path(thread_id), self.synchronous)
+        return SQLiteThreadStore(thread_id, self.thread_path(thread_id), self.synchronous,
+                                 node_id=self.node_id)
 
     def remove_thread_store(self, thread_id: str) -> None:  # noqa: D102
         _remove_thread_files(self.thread_path(thread_id))

@@ -61,8 +61,18 @@ class Harness:
     """Stamp the (closed) runtime store with the version the code knows."""
 
 
+NODE = "node-a"
+"""The node id every harness backend records on the attempts it claims."""
+
+
+def _with_node(backend: StorageBackend) -> StorageBackend:
+    backend.node_id = NODE
+    return backend
+
+
 def _sqlite_harness(data_dir: Path) -> Harness:
     backend = SQLiteBackend(data_dir, "NORMAL")
+    backend.node_id = NODE
 
     def stamp(path: Path, version: int) -> None:
         conn = sqlite3.connect(path)
@@ -73,7 +83,7 @@ def _sqlite_harness(data_dir: Path) -> Harness:
 
     return Harness(
         backend=backend,
-        twin=lambda: SQLiteBackend(data_dir, "NORMAL"),
+        twin=lambda: _with_node(SQLiteBackend(data_dir, "NORMAL")),
         make_thread_newer=lambda tid, v: stamp(backend.thread_path(tid), v),
         make_runtime_newer=lambda v: stamp(backend.runtime_path, v),
         make_runtime_current=lambda: stamp(backend.runtime_path, RUNTIME_SCHEMA_VERSION),
@@ -82,6 +92,7 @@ def _sqlite_harness(data_dir: Path) -> Harness:
 
 def _memory_harness() -> Harness:
     backend = MemoryBackend()
+    backend.node_id = NODE
 
     def runtime_newer(version: int) -> None:
         backend.schema_version = version
@@ -100,7 +111,7 @@ def _postgres_harness(url: str) -> Harness:
     from runtime.storage.postgres import PostgresBackend, split_schema
     from tests.pg import set_schema_version
 
-    backend = PostgresBackend(url)
+    backend = PostgresBackend(url, node_id=NODE)
     base, schema = split_schema(url)
     assert schema is not None
 
@@ -109,7 +120,8 @@ def _postgres_harness(url: str) -> Harness:
 
     return Harness(
         backend=backend,
-        twin=lambda: PostgresBackend(url),
+        # The same node id: a second live process with it is refused.
+        twin=lambda: PostgresBackend(url, node_id=NODE),
         # One schema version for the whole database: every thread's store is in it.
         make_thread_newer=lambda _tid, v: stamp(v),
         make_runtime_newer=stamp,
@@ -466,6 +478,17 @@ def test_set_and_lower_alarms(rtdb: RuntimeStore) -> None:
     assert rtdb.load_alarms() == [("a", T0 + 5)]
 
 
+def test_alarms_load_within_a_window(rtdb: RuntimeStore) -> None:
+    """A node keeping timers for a horizon reads only the alarms due before its end."""
+    rtdb.set_alarm("a", T0 + 10)
+    rtdb.set_alarm("b", T0 + 60)
+    rtdb.set_alarm("c", T0 - 5)  # overdue: in every window
+    assert sorted(rtdb.load_alarms(until=T0 + 60)) == [("a", T0 + 10), ("c", T0 - 5)]
+    assert sorted(rtdb.load_alarms(until=T0)) == [("c", T0 - 5)]
+    assert sorted(rtdb.load_alarms(until=T0 + 61)) == sorted(rtdb.load_alarms())
+    assert len(rtdb.load_alarms()) == 3
+
+
 def test_adding_a_thread_can_write_its_alarm_row_with_it(rtdb: RuntimeStore) -> None:
     assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0), alarm_at=T0)
     assert rtdb.add_thread(ThreadInfo(id="b", created_at_ts=T0))  # no alarm_at: no row
@@ -724,7 +747,7 @@ def test_each_attempt_is_kept_with_how_it_ended(store: ThreadStore) -> None:
     store.insert_run(other)
     assert store.run_attempts(r.id) == []
     store.finish_and_claim(None, T0)  # attempt 1 ...
-    assert store.run_attempts(r.id) == [RunAttempt(1, T0, None, "running")]
+    assert store.run_attempts(r.id) == [RunAttempt(1, T0, None, "running", node_id=NODE)]
     store.recover_interrupted(T0 + 5, 3)  # ... interrupted by a restart
     store.finish_and_claim(None, T0 + 6)  # attempt 2 ...
     finished, _, _ = store.finish_and_claim(
@@ -732,12 +755,13 @@ def test_each_attempt_is_kept_with_how_it_ended(store: ThreadStore) -> None:
     )  # ... failed
     assert finished is not None
     assert store.run_attempts(r.id) == [
-        RunAttempt(1, T0, T0 + 5, "interrupted"),
-        RunAttempt(2, T0 + 6, T0 + 8, "failed", "boom"),
+        RunAttempt(1, T0, T0 + 5, "interrupted", node_id=NODE),
+        RunAttempt(2, T0 + 6, T0 + 8, "failed", "boom", NODE),
     ]
     store.finish_and_claim(None, T0 + 9)
     store.finish_and_claim(finish(other.id, at=T0 + 10), T0 + 10, claim=False)
-    assert store.run_attempts(other.id) == [RunAttempt(1, T0 + 9, T0 + 10, "completed")]
+    assert store.run_attempts(other.id) == [
+        RunAttempt(1, T0 + 9, T0 + 10, "completed", node_id=NODE)]
     assert store.run_attempts("unknown") == []
     # Pruned with their run.
     store.prune(T0 + 10 * DAY, RetentionPolicy(completed_seconds=1, failed_seconds=1))
@@ -1590,3 +1614,31 @@ def test_an_occurrence_keeps_its_trace_context_until_it_finishes(store: ThreadSt
     assert stored is not None and stored.trace_context == ctx
     _, claimed, _ = store.finish_and_claim(None, T0 + 60)
     assert claimed is not None and claimed.id == occurrence.id and claimed.trace_context == ctx
+
+
+def test_one_nodes_turn_leases_and_orphans(harness: Harness, rtdb: RuntimeStore) -> None:
+    """One node: its turn lease is always its own; no run or turn is another node's."""
+    backend = harness.backend
+    assert backend.take_turn_lease("t", "turn-1") is None
+    assert backend.take_turn_lease("t", "turn-1") is None  # its holder takes it again
+    # The same node id (an earlier process with it, or a turn it ended without release).
+    assert backend.take_turn_lease("t", "turn-2") is None
+    backend.release_turn_lease("t", "turn-2")
+    backend.release_turn_lease("t", "turn-2")  # idempotent
+    assert backend.orphaned_turns() == []
+    assert backend.orphaned_runs() == []
+
+
+def test_one_node_is_alone(harness: Harness, rtdb: RuntimeStore) -> None:
+    assert harness.backend.alone() is True
+
+
+def test_replay_once_stores_no_second_replay_of_a_run(store: ThreadStore) -> None:
+    original = run()
+    store.insert_run(original)
+    first = replace(run(), replay_of=original.id)
+    assert store.insert_run(first, replay_once=True) is None
+    again = store.insert_run(replace(run(), replay_of=original.id), replay_once=True)
+    assert again is not None and again.id == first.id
+    # Without replay_once a run may be replayed again (a single replay).
+    assert store.insert_run(replace(run(), replay_of=original.id)) is None

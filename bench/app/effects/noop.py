@@ -21,9 +21,14 @@ class NoopArgs(BaseModel):
 LAGS: list[float] = []
 """Seconds from due to start, one per run, in start order (read by bench_effects.py)."""
 
+STARTS: list[float] = []
+"""Epoch seconds each run started at, in start order (read by bench_postgres.py)."""
+
 
 async def noop(state: ThreadState, args: NoopArgs) -> None:
-    LAGS.append(time.time() - args.due)
+    now = time.time()
+    LAGS.append(now - args.due)
+    STARTS.append(now)
 
 
 effect = define_effect("Does nothing; records its lag from due to start.", NoopArgs, noop)

@@ -1,0 +1,340 @@
+"""Scheduling and execution on the PostgreSQL backend, 1 and 3 processes, beside raw psycopg.
+
+Usage::
+
+    .venv/bin/python bench/bench_postgres.py [--runs 10000] [--threads 100] [--spread 5]
+        [--processes 1,3] [--server-url postgresql://postgres@127.0.0.1:5432] [--quick]
+
+The workload is issue 13's (and ../shared/peers_bench's): N delayed runs over T threads
+(run i on thread i mod T), due evenly over ``spread`` seconds in a shuffled order, each
+scheduled by one caller, one after another (each call returns once the run is
+committed). With P processes there are P callers, one per process, each scheduling its
+share (runs i with i mod P = k) one after another; every process also executes runs
+(the runs are claimed by whichever process gets them).
+
+Everything happens in one fresh database (``te_bench_<pid>_<hex>``, dropped at the end)
+on the server under test: first the raw baseline (the product's own ``effect_runs`` table,
+generated DDL, one ``INSERT`` per run from one psycopg connection, each its own committed
+transaction), then each product case in its own schema and its own processes
+(``--child``). bench/README.md says what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+APP_DIR = SCRIPT.parent / "app"
+DEFAULT_SERVER = os.environ.get("THREAD_EFFECTS_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+TABLE_HEADER = "| figure | processes | thread-effects | raw psycopg | ratio | target | result |"
+PEER_SCHEDULE_RATE = 960.0
+"""The best peer's schedule rate on this kind of machine (DBOS, 850 to 960/s; procrastinate
+about 700/s): issue 13's target is at least 3 times that with one process."""
+TARGET_SCHEDULE_RATE = 3 * PEER_SCHEDULE_RATE
+TARGET_P99_LAG_SECONDS = 0.100
+GUARD_SECONDS = 120.0
+"""How long a case may wait past the last due time for its runs before it gives up."""
+
+
+def _percentile(values: Sequence[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def _progress(message: str) -> None:
+    print(f"[bench_postgres {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- raw baseline
+
+
+def raw_insert_rate(url: str, runs: int, *, explicit: bool) -> float:
+    """Runs inserted per second by one psycopg connection into the product's table.
+
+    ``explicit``: ``BEGIN; INSERT; COMMIT`` as psycopg does it outside autocommit (three
+    round trips); otherwise one autocommitted ``INSERT`` (one round trip, one commit).
+    """
+    from runtime.storage.pg_schema import MIGRATIONS
+
+    schema = f"raw_{'tx' if explicit else 'ac'}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"SET search_path = {schema}")
+        for ddl in MIGRATIONS[0]:  # the product's own tables and indexes
+            conn.execute(ddl)
+        conn.autocommit = not explicit
+        now = time.time()
+        start = time.perf_counter()
+        for i in range(runs):
+            conn.execute(
+                "INSERT INTO effect_runs (thread_id, id, name, status, args, run_at, "
+                "created_at, attempts, replay_of, key, schedule_id) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s)",
+                (f"bench-{i % 100}", uuid.uuid4().hex, "noop", "pending",
+                 json.dumps({"due": now + 3600}), now + 3600, now, None, None, None),
+            )
+            if explicit:
+                conn.commit()
+        elapsed = time.perf_counter() - start
+    return runs / elapsed
+
+
+# ---------------------------------------------------------------- one product process
+
+
+def _dues(runs: int, base: float, spread: float) -> list[float]:
+    """Due instant of run i: evenly over ``spread`` seconds, in a fixed shuffled order."""
+    order = list(range(runs))
+    random.Random(13).shuffle(order)
+    return [base + spread * order[i] / runs for i in range(runs)]
+
+
+def _completed(url: str) -> int:
+    from runtime.storage.postgres import split_schema
+
+    base, schema = split_schema(url)
+    with psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}") as conn:
+        row = conn.execute("SELECT count(*) FROM effect_runs WHERE status = 'completed'"
+                           ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One product process: start, (process 0) create the threads, say ``ready``, wait for
+    the start instant on stdin, schedule this process's share one after another, then
+    wait until every run of the case completed; returns its figures."""
+    import asyncio
+
+    from runtime import Runtime
+
+    index, processes = spec["index"], spec["processes"]
+    runs, threads = spec["runs"], spec["threads"]
+    extra: dict[str, Any] = {}
+    if processes > 1:
+        extra["node_id"] = f"bench-{index}"
+    with tempfile.TemporaryDirectory(prefix="te-bench-pg-") as data:
+        rt = Runtime(app_dir=APP_DIR, data_dir=data, database_url=spec["url"],
+                     freeze_gc=True, **extra)
+        await rt.start()
+        try:
+            noop = rt.registry.resolve("noop").fn.__globals__
+            lags: list[float] = noop["LAGS"]
+            if index == 0:
+                for t in range(threads):
+                    await rt.create_thread(f"bench-{t}")
+            print("ready", flush=True)
+            line = await asyncio.to_thread(sys.stdin.readline)
+            t0, base = (float(x) for x in line.split())
+            states = [await rt.get_thread(f"bench-{t}") for t in range(threads)]
+            dues = _dues(runs, base, spec["spread"])
+            await asyncio.sleep(max(0.0, t0 - time.time()))
+            started = time.time()
+            for i in range(index, runs, processes):
+                await states[i % threads].schedule_effect(
+                    "noop", {"due": dues[i]}, delay=max(0.0, dues[i] - time.time()))
+            scheduled = time.time()
+            limit = base + spec["spread"] + GUARD_SECONDS
+            while time.time() < limit:
+                if await asyncio.to_thread(_completed, spec["url"]) >= runs:
+                    break
+                await asyncio.sleep(0.1)
+            return {"index": index, "scheduled_runs": len(range(index, runs, processes)),
+                    "schedule_started": started, "schedule_ended": scheduled,
+                    "lags": list(lags), "starts": list(noop["STARTS"])}
+        finally:
+            await rt.close()
+
+
+def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
+             lead: float) -> dict[str, Any]:
+    """Start ``processes`` product processes on a fresh schema of ``url`` and measure."""
+    spec = {"url": url, "processes": processes, "runs": runs, "threads": threads,
+            "spread": spread}
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for index in range(processes):
+            proc = subprocess.Popen(
+                [sys.executable, str(SCRIPT), "--child", json.dumps({**spec, "index": index})],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                proc.wait(timeout=GUARD_SECONDS)
+                raise RuntimeError(f"product process {index} of {processes} did not start "
+                                   f"(exit {proc.returncode}); see its error output above")
+        t0 = time.time() + 0.5
+        base = t0 + lead
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{t0!r} {base!r}\n")
+            proc.stdin.flush()
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=lead + spread + GUARD_SECONDS + 60)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a product process failed (exit {proc.returncode})")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lags = [lag for r in results for lag in r["lags"]]
+    starts = [s for r in results for s in r["starts"]]
+    sched_end = max(r["schedule_ended"] for r in results)
+    sched_start = min(r["schedule_started"] for r in results)
+    return {
+        "processes": processes,
+        "schedule_rate": runs / (sched_end - sched_start),
+        "executed": len(lags),
+        "exec_rate": len(starts) / (max(starts) - base) if starts else 0.0,
+        "lag_p50": _percentile(lags, 50),
+        "lag_p99": _percentile(lags, 99),
+        "lag_max": max(lags, default=float("nan")),
+        "overlap": sched_end > base,
+        "per_process_executed": [len(r["lags"]) for r in results],
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def _fmt_rate(value: float) -> str:
+    return f"{value:,.0f}/s"
+
+
+def _fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms"
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int, str],
+           opts: argparse.Namespace) -> None:
+    """Print the Markdown table (stdout) and, with ``--json``, one JSON line after it."""
+    base = raw["autocommit"]
+    print(f"\nPostgreSQL {raw['server_version']}, {opts.runs:,} runs over {opts.threads} "
+          f"threads due over {opts.spread:g} s, one caller per process; raw psycopg: one "
+          f"connection, one committed INSERT per run ({_fmt_rate(base)}; BEGIN/INSERT/COMMIT: "
+          f"{_fmt_rate(raw['explicit'])}).\n")
+    print(TABLE_HEADER)
+    print("|---|---|---|---|---|---|---|")
+    for case in cases:
+        p = case["processes"]
+        rate = case["schedule_rate"]
+        target = (f"≥ {TARGET_SCHEDULE_RATE:,.0f}/s (3 x {PEER_SCHEDULE_RATE:,.0f}/s)"
+                  if p == 1 else "-")
+        result = _verdict(rate >= TARGET_SCHEDULE_RATE) if p == 1 else "-"
+        print(f"| scheduled | {p} | {_fmt_rate(rate)} | {_fmt_rate(base)} | "
+              f"{rate / base:.2f} | {target} | {result} |")
+        print(f"| executed (runs / last start - first due) | {p} | "
+              f"{_fmt_rate(case['exec_rate'])} | - | - | - | - |")
+        print(f"| lag due→start p50 | {p} | {_fmt_ms(case['lag_p50'])} | - | - | - | - |")
+        target = f"< {_fmt_ms(TARGET_P99_LAG_SECONDS)}" if p == 1 else "-"
+        result = _verdict(case["lag_p99"] < TARGET_P99_LAG_SECONDS) if p == 1 else "-"
+        print(f"| lag due→start p99 | {p} | {_fmt_ms(case['lag_p99'])} | - | - | {target} "
+              f"| {result} |")
+        print(f"| lag due→start max | {p} | {_fmt_ms(case['lag_max'])} | - | - | - | - |")
+    for p, why in skipped.items():
+        print(f"| (not run) | {p} | {why} | - | - | - | - |")
+    notes = []
+    for case in cases:
+        if case["executed"] != opts.runs:
+            notes.append(f"{case['processes']} process(es): {case['executed']} of "
+                         f"{opts.runs} runs executed before the case gave up")
+        if case["overlap"]:
+            notes.append(f"{case['processes']} process(es): scheduling was still going when "
+                         f"the first run came due (raise --lead)")
+        if case["processes"] > 1:
+            notes.append(f"{case['processes']} processes: runs executed per process "
+                         f"{case['per_process_executed']}")
+    for note in notes:
+        print(f"\nNote: {note}.")
+    if opts.json:
+        print(json.dumps({"raw": raw, "cases": cases, "skipped": skipped}))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000, help="runs (default 10,000)")
+    parser.add_argument("--threads", type=int, default=100, help="threads (default 100)")
+    parser.add_argument("--spread", type=float, default=5.0,
+                        help="seconds over which the runs come due (default 5)")
+    parser.add_argument("--lead", type=float, default=None,
+                        help="seconds from the start of scheduling to the first due time "
+                             "(default: runs / 1,200 + 1, so scheduling ends before it)")
+    parser.add_argument("--processes", default="1,3",
+                        help="product process counts to run, comma-separated (default 1,3)")
+    parser.add_argument("--server-url", default=DEFAULT_SERVER,
+                        help="PostgreSQL server without a database name")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes: 500 runs, 10 threads, 1 s spread")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts.quick:
+        opts.runs, opts.threads, opts.spread = 500, 10, 1.0
+    if opts.lead is None:
+        opts.lead = opts.runs / 1200 + 1.0
+    return opts
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    opts = parse_args(argv)
+    if opts.child:
+        import asyncio
+
+        print(json.dumps(asyncio.run(_child(json.loads(opts.child)))))
+        return
+    name = f"te_bench_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(f"{opts.server_url}/postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+        version = conn.execute("SHOW server_version").fetchone()
+    url = f"{opts.server_url}/{name}"
+    try:
+        raw: dict[str, Any] = {"server_version": version[0] if version else "?"}
+        _progress(f"raw psycopg: {opts.runs} committed INSERTs")
+        raw["autocommit"] = raw_insert_rate(url, opts.runs, explicit=False)
+        raw["explicit"] = raw_insert_rate(url, opts.runs, explicit=True)
+        cases, skipped = [], {}
+        for processes in (int(p) for p in opts.processes.split(",")):
+            _progress(f"thread-effects, {processes} process(es)")
+            try:
+                cases.append(run_case(f"{url}?schema=p{processes}", processes, opts.runs,
+                                      opts.threads, opts.spread, opts.lead))
+            except RuntimeError as exc:
+                if processes == 1:
+                    raise
+                skipped[processes] = f"could not run: {exc}"
+        report(raw, cases, skipped, opts)
+    finally:
+        with psycopg.connect(f"{opts.server_url}/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+if __name__ == "__main__":
+    main()

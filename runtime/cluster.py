@@ -1,0 +1,400 @@
+"""A node among several sharing one backend: wake-ups and frames across nodes.
+
+A runtime whose backend has a `runtime.storage.base.ClusterBus` (PostgreSQL) runs one
+`ClusterNode` (docs/scale-out.md, "Wake-ups", "Alarms horizon", "Frames across nodes"):
+
+- **Presence.** Every ``poll_seconds`` the node announces itself on the ``nodes`` channel;
+  the nodes heard within three polls are the live ones. They rank each thread by
+  rendezvous hashing (the highest ``blake2b(node, thread)`` first), so every node agrees
+  on who comes first for a thread without talking.
+- **Wake-ups.** A run due soon is announced on the ``wake`` channel as its row commits
+  (the backend does it). The node that scheduled it has its own timer; the first-ranked of
+  the *other* live nodes arms the thread at due + grace (`AlarmIndex.hint`), so a run
+  whose scheduling node cannot take it (busy, dying) still starts within the grace, and
+  no other node stirs.
+- **Alarms horizon and the safety net.** Every ``poll_seconds`` the node reads the alarm
+  rows due within its horizon (``load_alarms(until=now + horizon)``) and hints those it
+  did not know at that value: the first-ranked live node at due + grace, the second at
+  due + 2 * grace, no other. A lost notification delays a run by at most a poll (plus the
+  grace), never loses it; a node keeps timers only for that window and its own work.
+- **Frames.** The hub hands every event to `FrameRelay.send` instead of numbering it. The
+  relay gives them, in batches, to `ClusterBus.append_frames` (one transaction: each
+  thread's counter, the ``frames`` table, one notification per batch), and delivers what
+  the ``frames`` channel brings — every node's frames, this one's included — to this
+  node's subscribers in each thread's ``seq`` order, reading missing ones from the
+  table (a notification lost while the bus reconnected, a frame too large to carry). A
+  thread nobody subscribes to here costs this node only the notification.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from runtime.abc import Clock
+from runtime.alarms import AlarmIndex
+from runtime.events import EVENT_TYPES, RelayedFrame, ThreadEvent
+from runtime.frames import ChangeHub
+from runtime.storage.base import (
+    FRAMES_CHANNEL,
+    WAKE_CHANNEL,
+    ClusterBus,
+    FrameDraft,
+    RuntimeStore,
+    decode_frames,
+    decode_wake,
+)
+
+log = logging.getLogger("runtime")
+
+T = TypeVar("T")
+RunSync = Callable[..., Awaitable[Any]]
+
+NODES_CHANNEL = "nodes"
+"""The channel on which nodes announce themselves (presence)."""
+
+LIVE_POLLS = 3
+"""A node not heard for this many polls is no longer counted live."""
+
+FRAME_BATCH = 500
+"""The most frames one append transaction writes."""
+
+MAX_QUEUED_FRAMES = 50_000
+"""Frames waiting for the database beyond this are dropped (the oldest; clients see a gap)."""
+
+PRUNE_EVERY_SECONDS = 60.0
+"""How often a node deletes the frames past ``frame_keep_seconds``."""
+
+_RETRY_FIRST_SECONDS = 0.5
+_RETRY_MAX_SECONDS = 10.0
+
+
+def rank(nodes: list[str], thread_id: str) -> list[str]:
+    """``nodes`` in rendezvous order for ``thread_id`` (the first one first)."""
+    def weight(node: str) -> bytes:
+        return hashlib.blake2b(f"{node}\0{thread_id}".encode(), digest_size=8).digest()
+
+    return sorted(nodes, key=weight, reverse=True)
+
+
+@dataclass
+class _Order:
+    """A thread's delivery state on this node: the next ``seq`` to hand out."""
+
+    next_seq: int
+    buffer: dict[int, ThreadEvent | None]  # None: announced without its text
+    filling: bool = False
+
+
+class ClusterNode:
+    """Wake-ups, the alarm poll and the frame relay of one node (see the module doc).
+
+    Args:
+        bus: The backend's cluster bus.
+        hub: The runtime's change hub (its ``relay`` is set by `start`).
+        alarms: The runtime's alarm index (`AlarmIndex.hint`).
+        run_sync: Runs a blocking call off the loop (the runtime's storage threads).
+        clock: The runtime's clock (due times, frame ages).
+        poll_seconds: How often alarms are read and presence is announced (real seconds).
+        horizon_seconds: How far ahead the poll reads alarms.
+        grace_seconds: The wake-up grace (see the module doc).
+        frame_keep_seconds: How long frames stay in the table.
+    """
+
+    def __init__(
+        self, bus: ClusterBus, hub: ChangeHub, alarms: AlarmIndex, run_sync: RunSync,
+        clock: Clock, *, poll_seconds: float, horizon_seconds: float, grace_seconds: float,
+        frame_keep_seconds: float,
+    ) -> None:
+        self.bus = bus
+        self.hub = hub
+        self.alarms = alarms
+        self._run_sync = run_sync
+        self._clock = clock
+        self.poll_seconds = poll_seconds
+        self.horizon_seconds = horizon_seconds
+        self.grace_seconds = grace_seconds
+        self.frame_keep_seconds = frame_keep_seconds
+        self.node = getattr(bus, "sender", "") or hashlib.blake2b(
+            repr(id(self)).encode(), digest_size=8).hexdigest()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._store: RuntimeStore | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._heard: dict[str, float] = {}  # node -> loop time last heard
+        self._polled: dict[str, float] = {}  # thread -> the row value last hinted
+        # Frames: to write, and the delivery state of subscribed threads.
+        self._queue: deque[ThreadEvent] = deque()
+        self._queued = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._local: dict[tuple[str, int], ThreadEvent] = {}
+        self._order: dict[str, _Order] = {}
+        self.polls = 0
+        self.wakeups_armed = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, store: RuntimeStore) -> None:
+        """Listen, set the hub's relay and start the poll, writer and pruning tasks."""
+        self._loop = asyncio.get_running_loop()
+        self._store = store
+        self._heard[self.node] = self._loop.time()
+        self.bus.listen(NODES_CHANNEL, self._on_presence)
+        self.bus.listen(WAKE_CHANNEL, self._on_wake, on_reconnect=self._on_wake_reconnect)
+        self.bus.listen(FRAMES_CHANNEL, self._on_frames, on_reconnect=self._on_frames_reconnect)
+        self.hub.relay = self
+        for name, coro in (("poll", self._poll_loop()), ("frames", self._write_loop()),
+                           ("prune", self._prune_loop())):
+            self._tasks.append(asyncio.create_task(coro, name=f"thread-effects-cluster-{name}"))
+
+    async def flush(self, wait_seconds: float) -> bool:
+        """Wait up to ``wait_seconds`` for the frames queued so far to be written."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_seconds):
+                await self._idle.wait()
+                return True
+        return False
+
+    async def close(self) -> None:
+        """Stop the tasks and stop listening (call after `flush`)."""
+        self.bus.unlisten(NODES_CHANNEL, self._on_presence)
+        self.bus.unlisten(WAKE_CHANNEL, self._on_wake)
+        self.bus.unlisten(FRAMES_CHANNEL, self._on_frames)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.hub.relay is self:
+            self.hub.relay = None
+
+    # ------------------------------------------------------------------ presence
+
+    def live_nodes(self) -> list[str]:
+        """The nodes heard within the last `LIVE_POLLS` polls (this one always)."""
+        assert self._loop is not None
+        limit = self._loop.time() - LIVE_POLLS * self.poll_seconds
+        live = [n for n, at in self._heard.items() if at >= limit or n == self.node]
+        for n in [n for n in self._heard if n not in live]:
+            del self._heard[n]
+        return live
+
+    def _on_presence(self, payload: str) -> None:
+        assert self._loop is not None
+        self._heard[payload] = self._loop.time()
+
+    # ------------------------------------------------------------------ wake-ups
+
+    def _on_wake(self, payload: str) -> None:
+        try:
+            sender, thread_id, due_at = decode_wake(payload)
+        except ValueError:
+            log.warning("cluster: ignoring a malformed wake-up %r", payload[:200])
+            return
+        if sender == self.node:
+            return  # this node armed it when it scheduled the run
+        others = [n for n in self.live_nodes() if n != sender]
+        if not others or rank(others, thread_id)[0] != self.node:
+            return
+        self._spawn(self._hint(thread_id, due_at, due_at + self.grace_seconds, None))
+
+    def _on_wake_reconnect(self) -> None:
+        # Wake-ups sent meanwhile are lost: read the alarm window now.
+        self._spawn(self.poll())
+
+    async def _hint(self, thread_id: str, due_at: float, arm_at: float,
+                    row: float | None) -> None:
+        try:
+            if await self.alarms.hint(thread_id, due_at, arm_at, row=row):
+                self.wakeups_armed += 1
+        except Exception:
+            log.exception("cluster: could not arm thread %s", thread_id)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
+
+    async def poll(self) -> int:
+        """Announce this node, read the alarms due within the horizon, hint the new ones.
+
+        Returns:
+            How many alarm rows the window held.
+        """
+        assert self._store is not None
+        await self._run_sync(self.bus.notify, NODES_CHANNEL, self.node)
+        now = self._clock.now()
+        rows = await self._run_sync(self._store.load_alarms, now + self.horizon_seconds)
+        live = self.live_nodes()
+        seen: dict[str, float] = {}
+        for thread_id, due_at in rows:
+            seen[thread_id] = due_at
+            if self._polled.get(thread_id) == due_at and due_at > now - self.poll_seconds:
+                # Hinted at this value already. A row still at a value due a whole poll
+                # ago is hinted again: the node that would move it (by draining the
+                # thread) may have died holding its timer.
+                continue
+            order = rank(live, thread_id)
+            place = order.index(self.node)
+            if place > 1:
+                continue  # the first two nodes of its ranking look after it
+            await self._hint(thread_id, due_at, due_at + (place + 1) * self.grace_seconds,
+                             due_at)
+        self._polled = seen
+        self.polls += 1
+        return len(rows)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception as exc:
+                log.warning("cluster: the alarm poll failed (%s); retrying in %g s", exc,
+                            self.poll_seconds)
+            await asyncio.sleep(self.poll_seconds)
+
+    # ------------------------------------------------------------------ frames: out
+
+    def send(self, event: ThreadEvent) -> None:
+        """Queue an event of this node to be numbered and announced (`FrameRelay`)."""
+        self._queue.append(event)
+        if len(self._queue) > MAX_QUEUED_FRAMES:
+            dropped = self._queue.popleft()
+            log.error("cluster: over %d frames wait for the database; dropping one of "
+                      "thread %s (its clients will see a gap)", MAX_QUEUED_FRAMES,
+                      dropped.thread_id)
+        self._idle.clear()
+        self._queued.set()
+
+    def _draft(self, event: ThreadEvent) -> FrameDraft:
+        local = self._local
+
+        def render(seq: int) -> str:
+            numbered = replace(event, seq=seq)
+            local[(event.thread_id, seq)] = numbered
+            return numbered.frame_text()
+
+        kind = event.event_type if isinstance(event, RelayedFrame) else EVENT_TYPES[type(event)]
+        return FrameDraft(event.thread_id, kind, render)
+
+    async def _write_loop(self) -> None:
+        delay = _RETRY_FIRST_SECONDS
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._queued.clear()
+                await self._queued.wait()
+            batch = [self._queue[i] for i in range(min(FRAME_BATCH, len(self._queue)))]
+            try:
+                await self._run_sync(self.bus.append_frames, [self._draft(e) for e in batch],
+                                     self._clock.now())
+            except Exception as exc:
+                log.warning("cluster: could not write %d frame(s) (%s); retrying in %g s",
+                            len(batch), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_SECONDS)
+                continue
+            delay = _RETRY_FIRST_SECONDS
+            for _ in batch:
+                self._queue.popleft()
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PRUNE_EVERY_SECONDS)
+            try:
+                await self._run_sync(self.bus.prune_frames,
+                                     self._clock.now() - self.frame_keep_seconds)
+            except Exception as exc:
+                log.warning("cluster: could not prune old frames (%s)", exc)
+
+    # ------------------------------------------------------------------ frames: in
+
+    def _on_frames(self, payload: str) -> None:
+        try:
+            sender, frames = decode_frames(payload)
+        except ValueError:
+            log.warning("cluster: ignoring a malformed frames notification")
+            return
+        mine = sender == self.node
+        hub = self.hub
+        for f in frames:
+            event: ThreadEvent | None = self._local.pop((f.thread_id, f.seq), None) if mine \
+                else None
+            if event is None and f.text is not None:
+                event = RelayedFrame(f.thread_id, f.seq, f.kind, f.text)
+            if not hub.subscribed(f.thread_id):
+                self._order.pop(f.thread_id, None)
+                # Subscribers of every thread see run changes and deletions as they come.
+                if event is not None and f.kind in ("effect_changed", "thread_deleted") \
+                        and hub.subscribed_to_all:
+                    hub.deliver_numbered(event)
+                continue
+            self._offer(f.thread_id, f.seq, event)
+        if len(self._local) > MAX_QUEUED_FRAMES:
+            self._local.clear()  # own notifications lost (a reconnect): never coming
+
+    def _offer(self, thread_id: str, seq: int, event: ThreadEvent | None) -> None:
+        order = self._order.get(thread_id)
+        if order is None:  # the first frame since this node subscribed
+            order = self._order[thread_id] = _Order(next_seq=seq, buffer={})
+        if seq < order.next_seq:
+            return  # delivered already (a fill read it from the table)
+        order.buffer[seq] = event
+        self._release(thread_id, order)
+
+    def _release(self, thread_id: str, order: _Order) -> None:
+        if order.filling:
+            return
+        buffer = order.buffer
+        while order.next_seq in buffer and buffer[order.next_seq] is not None:
+            event = buffer.pop(order.next_seq)
+            assert event is not None
+            order.next_seq += 1
+            self.hub.deliver_numbered(event)
+        if buffer:  # a gap, or a frame announced without its text: read the table
+            order.filling = True
+            self._spawn(self._fill(thread_id, order, max(buffer)))
+
+    async def _fill(self, thread_id: str, order: _Order, upto: int | None) -> None:
+        try:
+            rows = await self._run_sync(self.bus.read_frames, thread_id,
+                                        order.next_seq - 1, upto)
+        except Exception as exc:
+            log.warning("cluster: could not read missed frames of thread %s (%s)",
+                        thread_id, exc)
+            rows = []
+        order.filling = False
+        for seq, kind, text in rows:
+            if seq >= order.next_seq and order.buffer.get(seq) is None:
+                order.buffer[seq] = self._local.pop((thread_id, seq), None) or RelayedFrame(
+                    thread_id, seq, kind, text)
+        buffer = order.buffer
+        # Whatever is still missing up to the highest frame known was pruned: a real gap.
+        while buffer:
+            if order.next_seq in buffer and buffer[order.next_seq] is not None:
+                event = buffer.pop(order.next_seq)
+                assert event is not None
+                self.hub.deliver_numbered(event)
+            else:
+                buffer.pop(order.next_seq, None)
+            order.next_seq += 1
+            if self._order.get(thread_id) is not order:
+                return
+
+    def _on_frames_reconnect(self) -> None:
+        # Frames announced while the bus was down are in the table: read them.
+        for thread_id, order in list(self._order.items()):
+            if not order.filling:
+                order.filling = True
+                self._spawn(self._fill(thread_id, order, None))

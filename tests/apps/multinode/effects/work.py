@@ -1,0 +1,41 @@
+"""Records each execution (its start and its end) as JSON lines in one file all nodes share.
+
+The file is ``$MULTINODE_LOG``; each line is written with one ``write`` on a file opened for
+appending, so the lines of concurrent processes do not mix. The node is
+``$MULTINODE_NODE`` (the name the test gave the process), so that the test counts the
+executions from the effect's side, not from the runs' statuses.
+"""
+
+import asyncio
+import json
+import os
+import time
+
+from pydantic import BaseModel
+
+from runtime import ThreadState, define_effect
+
+
+class Work(BaseModel):
+    item: int
+    seconds: float = 0.0
+
+
+def _note(state: ThreadState, args: Work, event: str) -> None:
+    line = json.dumps({"item": args.item, "thread": state.thread_id, "event": event,
+                       "node": os.environ["MULTINODE_NODE"], "at": time.time()})
+    fd = os.open(os.environ["MULTINODE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+async def work(state: ThreadState, args: Work) -> None:
+    _note(state, args, "start")
+    await asyncio.sleep(args.seconds)
+    _note(state, args, "end")
+
+
+effect = define_effect("Records its start and end in $MULTINODE_LOG.", Work, work,
+                       timeout_seconds=30)

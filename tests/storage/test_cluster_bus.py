@@ -1,0 +1,188 @@
+"""The cluster bus: LISTEN/NOTIFY between backends sharing one PostgreSQL schema.
+
+Two backends opened on one schema in this process stand for two nodes; everything goes
+through the real server (127.0.0.1:5432).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+
+import psycopg
+import pytest
+
+from runtime.storage.base import MAX_PAYLOAD_BYTES
+from runtime.storage.memory import MemoryBackend
+from runtime.storage.pg_bus import server_channel
+from runtime.storage.postgres import PostgresBackend, split_schema
+from runtime.storage.sqlite import SQLiteBackend
+
+_node_ids = itertools.count(1)
+
+
+async def _open(url: str) -> PostgresBackend:
+    # Several nodes on one schema in this process: each with its own node id.
+    backend = PostgresBackend(url, node_id=f"bus-node-{next(_node_ids)}")
+    await asyncio.to_thread(backend.open)
+    return backend
+
+
+@pytest.fixture
+async def nodes(pg_url: str) -> AsyncIterator[tuple[PostgresBackend, PostgresBackend]]:
+    a = await _open(pg_url)
+    b = await _open(pg_url)
+    try:
+        yield a, b
+    finally:
+        await asyncio.to_thread(a.close)
+        await asyncio.to_thread(b.close)
+
+
+class Inbox:
+    """What one listener received, awaitable."""
+
+    def __init__(self) -> None:
+        self.payloads: list[str] = []
+        self.resyncs = 0
+        self._changed = asyncio.Event()
+
+    def __call__(self, payload: str) -> None:
+        self.payloads.append(payload)
+        self._changed.set()
+
+    def resync(self) -> None:
+        self.resyncs += 1
+        self._changed.set()
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        async with asyncio.timeout(10.0):
+            while not done():
+                self._changed.clear()
+                await self._changed.wait()
+
+
+async def test_a_notification_from_one_node_reaches_every_listener_of_the_other(
+    nodes: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    a, b = nodes
+    first, second, other = Inbox(), Inbox(), Inbox()
+    b.cluster.listen("wake", first, on_reconnect=first.resync)
+    b.cluster.listen("wake", second)
+    b.cluster.listen("frames", other)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+    await first.until(lambda: first.resyncs == 1)  # told when the listening took effect
+
+    await asyncio.to_thread(a.cluster.notify, "wake", "t1 12.5")
+    await asyncio.to_thread(a.cluster.notify, "wake", "t2 \x00 é")  # NUL and UTF-8 kept
+    await first.until(lambda: len(first.payloads) == 2)
+    await second.until(lambda: len(second.payloads) == 2)
+    assert first.payloads == second.payloads == ["t1 12.5", "t2 \x00 é"]
+    assert other.payloads == []  # another channel hears nothing
+
+    b.cluster.unlisten("wake", second)
+    await asyncio.to_thread(a.cluster.notify, "wake", "t3")
+    await first.until(lambda: len(first.payloads) == 3)
+    assert second.payloads == ["t1 12.5", "t2 \x00 é"]
+
+
+async def test_a_notification_queued_in_a_transaction_is_sent_at_commit_only(
+    nodes: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    a, b = nodes
+    inbox = Inbox()
+    b.cluster.listen("runs", inbox)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+
+    def rolled_back() -> None:
+        with pytest.raises(ZeroDivisionError), a.transaction() as cur:
+            a.cluster.notify_sql(cur, "runs", "lost")
+            raise ZeroDivisionError
+
+    def committed() -> None:
+        with a.transaction() as cur:
+            a.cluster.notify_sql(cur, "runs", "one")
+            a.cluster.notify_sql(cur, "runs", "two")
+
+    await asyncio.to_thread(rolled_back)
+    await asyncio.to_thread(committed)
+    await inbox.until(lambda: len(inbox.payloads) == 2)
+    assert inbox.payloads == ["one", "two"]
+
+
+async def test_schemas_sharing_a_database_do_not_hear_each_other(pg_url: str) -> None:
+    base, schema = split_schema(pg_url)
+    mine = await _open(pg_url)
+    theirs = await _open(f"{base}?schema={schema}_other")
+    try:
+        heard = Inbox()
+        theirs.cluster.listen("wake", heard)
+        assert await asyncio.to_thread(theirs.cluster.flush, 10.0)
+        await asyncio.to_thread(mine.cluster.notify, "wake", "not yours")
+        await asyncio.to_thread(theirs.cluster.notify, "wake", "yours")
+        await heard.until(lambda: len(heard.payloads) == 1)
+        assert heard.payloads == ["yours"]
+    finally:
+        await asyncio.to_thread(mine.close)
+        await asyncio.to_thread(theirs.close)
+
+
+async def test_after_the_listening_connection_is_terminated_it_reconnects_and_says_so(
+    nodes: tuple[PostgresBackend, PostgresBackend], pg_url: str,
+) -> None:
+    a, b = nodes
+    inbox = Inbox()
+    b.cluster.listen("wake", inbox, on_reconnect=inbox.resync)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+    await inbox.until(lambda: inbox.resyncs == 1)
+
+    base, _ = split_schema(pg_url)
+    name = f"thread-effects-bus:{b.schema}"
+    with psycopg.connect(base, autocommit=True) as admin:
+        pids = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchall()
+        assert len(pids) == 2  # one listening connection per node
+        mine = b.cluster._conn
+        assert mine is not None
+        admin.execute("SELECT pg_terminate_backend(%s)", (mine.info.backend_pid,))
+
+    await inbox.until(lambda: inbox.resyncs == 2)  # listening again: resync
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+    assert b.cluster.connected
+    await asyncio.to_thread(a.cluster.notify, "wake", "after")
+    await inbox.until(lambda: inbox.payloads == ["after"])
+
+
+async def test_bad_channels_and_oversized_payloads_are_refused(
+    nodes: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    a, _ = nodes
+    with pytest.raises(ValueError, match="Invalid cluster channel name 'Wake Up'"):
+        a.cluster.listen("Wake Up", print)
+    with pytest.raises(ValueError, match="Invalid cluster channel name"):
+        a.cluster.notify("x" * 41, "")
+    with pytest.raises(ValueError, match=f"7901 bytes, over the limit of {MAX_PAYLOAD_BYTES}"):
+        a.cluster.notify("wake", "x" * 7901)
+    with pytest.raises(ValueError, match="over the limit"):
+        a.cluster.notify("wake", "é" * 3951)  # 7,902 bytes in UTF-8
+    await asyncio.to_thread(a.cluster.notify, "wake", "x" * MAX_PAYLOAD_BYTES)
+
+
+def test_listening_needs_an_event_loop(pg_url: str) -> None:
+    backend = PostgresBackend(pg_url)
+    with pytest.raises(RuntimeError, match="no event loop is running"):
+        backend.cluster.listen("wake", print)
+
+
+def test_long_schema_names_get_a_hashed_channel_within_the_identifier_limit() -> None:
+    assert server_channel("app", "wake") == "app:wake"
+    long = server_channel("s" * 63, "x" * 40)
+    assert long.startswith("te:") and len(long) <= 63
+    assert long != server_channel("s" * 63, "x" * 39 + "y")
+
+
+def test_backends_without_a_server_have_no_cluster(tmp_path: object) -> None:
+    assert MemoryBackend().cluster is None
+    assert SQLiteBackend(tmp_path).cluster is None  # type: ignore[arg-type]

@@ -1,0 +1,312 @@
+"""Several ``server.py`` processes (nodes) on one PostgreSQL schema, killed for real.
+
+Each node is a real process with its own node id and a short lease (`LEASE_SECONDS`), all
+on one fresh schema of this session's database. The effect (tests/apps/multinode) writes a
+line to a file the nodes share when it starts and when it ends, so that "ran exactly
+once" is counted from the effect's side, not only from the runs' statuses.
+
+The loops below poll the API until a state appears (with a generous bound against hangs);
+they never assert how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_server_process import ROOT, ServerProcess
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+pytestmark = pytest.mark.slow
+
+APP = ROOT / "tests" / "apps" / "multinode"
+LEASE_SECONDS = 3.0
+"""The nodes' lease: a killed node's runs are re-queued by another node after this."""
+NO_CLAIMS = ("--max-concurrent-runs", "0")
+"""A node started with these serves the API but runs no runs."""
+GUARD_SECONDS = 90.0
+
+
+class Cluster:
+    """Nodes on one PostgreSQL schema, each with its own data directory and log."""
+
+    def __init__(self, tmp_path: Path, database_url: str) -> None:
+        self.tmp_path = tmp_path
+        self.database_url = database_url
+        self.executions = tmp_path / "executions.jsonl"
+        self.nodes: dict[str, ServerProcess] = {}
+
+    def start(self, name: str, *args: str) -> ServerProcess:
+        data = self.tmp_path / name
+        data.mkdir()
+        server = ServerProcess(
+            data, self.tmp_path / f"{name}.log", "--app-dir", str(APP), "--no-packages",
+            "--node-id", name, "--lease-seconds", f"{LEASE_SECONDS:g}", *args,
+            THREAD_EFFECTS_DATABASE_URL=self.database_url,
+            MULTINODE_LOG=str(self.executions), MULTINODE_NODE=name,
+        )
+        self.nodes[name] = server
+        return server.start()
+
+    def stop(self) -> None:
+        for server in self.nodes.values():
+            server.stop()
+
+    def read_executions(self) -> list[dict[str, Any]]:
+        """The effect's lines, in the order they were written."""
+        if not self.executions.exists():
+            return []
+        return [json.loads(line) for line in self.executions.read_text().splitlines()]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}:\n{server.output()}" for name, server in self.nodes.items())
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, pg_url: str) -> Iterator[Cluster]:
+    running = Cluster(tmp_path, pg_url)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+class FrameCollector:
+    """A WebSocket client on one thread's stream, collecting frames in the background."""
+
+    def __init__(self, server: ServerProcess, thread_id: str) -> None:
+        self.url = f"ws://127.0.0.1:{server.port}/api/threads/{thread_id}/stream"
+        self.frames: list[dict[str, Any]] = []
+        self.closed: str | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> FrameCollector:
+        self._thread.start()
+        assert self._ready.wait(GUARD_SECONDS), "the stream did not open"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(GUARD_SECONDS)
+
+    def _read(self) -> None:
+        with ws_connect(self.url, origin=None, open_timeout=GUARD_SECONDS) as ws:
+            self._ready.set()
+            while not self._stop.is_set():
+                try:
+                    self.frames.append(json.loads(ws.recv(timeout=0.2)))
+                except TimeoutError:
+                    continue
+                except ConnectionClosed as exc:
+                    self.closed = repr(exc)
+                    return
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def _ts(iso: str | None) -> float:
+    assert iso is not None
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _wait_until_finished(nodes: list[ServerProcess], thread_ids: list[str],
+                         deadline: float, cluster: Cluster) -> None:
+    left = set(thread_ids)
+    with httpx.Client(timeout=30) as client:
+        while left:
+            for k, tid in enumerate(sorted(left)):
+                node = nodes[k % len(nodes)]
+                counts = client.get(f"{node.url}/api/threads/{tid}/effects").json()["counts"]
+                if counts["pending"] == 0 and counts["running"] == 0:
+                    left.discard(tid)
+            if time.time() >= deadline:
+                stuck = [
+                    (tid, [(r["id"], r["status"], r["runAt"], r["attempts"])
+                           for r in client.get(f"{nodes[0].url}/api/threads/{tid}/effects",
+                                               params={"status": status}).json()["runs"]])
+                    for tid in sorted(left)[:5] for status in ("running", "pending")
+                ]
+                raise AssertionError(f"{len(left)} threads still have runs pending or "
+                                     f"running, e.g. {stuck}\n{cluster.logs()}")
+            if left:
+                time.sleep(0.5)
+
+
+def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
+    cluster: Cluster,
+) -> None:
+    names = ["a", "b", "c"]
+    nodes = [cluster.start(name) for name in names]
+    killed = "c"
+    survivors = [cluster.nodes["a"], cluster.nodes["b"]]
+    threads = [f"t{k:03d}" for k in range(100)]
+    with httpx.Client(timeout=30) as client:
+        for k, tid in enumerate(threads):
+            res = client.post(f"{nodes[k % 3].url}/api/threads", json={"id": tid})
+            assert res.status_code == 201, res.text
+    # Node health names the node.
+    for name, node in zip(names, nodes, strict=True):
+        assert httpx.get(f"{node.url}/api/health").json()["nodeId"] == name
+
+    runs = 1000
+    order = list(range(runs))
+    random.Random(13).shuffle(order)
+    base = time.time() + 8.0  # scheduling ends before the first run is due
+    due = [base + 10.0 * order[i] / runs for i in range(runs)]
+    run_ids: dict[int, str] = {}
+
+    def schedule_share(k: int) -> None:
+        with httpx.Client(timeout=30) as client:
+            for i in range(k, runs, 3):  # through node k, one after another
+                res = client.post(
+                    f"{nodes[k].url}/api/threads/{threads[i % 100]}/effects",
+                    json={"name": "work", "args": {"item": i, "seconds": 0.2},
+                          "run_at": _iso(due[i])},
+                )
+                assert res.status_code == 201, res.text
+                run_ids[i] = res.json()["id"]
+
+    watched = threads[0]
+    with FrameCollector(survivors[0], watched) as stream:
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(schedule_share, range(3)))
+        assert len(run_ids) == runs
+        # SIGKILL one node in the middle of the runs' due window.
+        time.sleep(max(0.0, base + 5.0 - time.time()))
+        assert cluster.nodes[killed].signal(signal.SIGKILL) == -signal.SIGKILL
+        _wait_until_finished(survivors, threads, base + 10.0 + GUARD_SECONDS, cluster)
+        time.sleep(1.0)  # the last frames are on their way
+    assert stream.closed is None, stream.closed
+
+    # Every run, read over HTTP from the surviving nodes.
+    details: dict[int, dict[str, Any]] = {}
+    with httpx.Client(timeout=30) as client:
+        for i in range(runs):
+            node = survivors[i % 2]
+            res = client.get(f"{node.url}/api/threads/{threads[i % 100]}/effects/{run_ids[i]}")
+            assert res.status_code == 200, res.text
+            details[i] = res.json()
+
+    executions = cluster.read_executions()
+    starts: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    ends: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for line in executions:
+        (starts if line["event"] == "start" else ends)[line["item"]].append(line)
+
+    requeued_from_killed = 0
+    ran_on: set[str] = set()
+    for i, run in details.items():
+        attempts = run["attemptDetails"]
+        assert run["status"] == "completed", run
+        assert 1 <= run["attempts"] == len(attempts) <= 3, run
+        final = attempts[-1]
+        assert final["outcome"] == "completed", run
+        ran_on.add(final["nodeId"])
+        # Only the killed node can have left an attempt unfinished.
+        for attempt in attempts[:-1]:
+            assert (attempt["nodeId"], attempt["outcome"]) == (killed, "interrupted"), run
+        if len(attempts) > 1:
+            requeued_from_killed += 1
+        # From the effect's side: it ended exactly once on the surviving nodes, on the
+        # node of the final attempt (or, if the killed node completed it, there alone);
+        # the killed node may also have ended it in an attempt it could not record (the
+        # attempt rule: that attempt counts, and the run ran again). It started once per
+        # attempt at most (a node killed after its claim may not have started the
+        # effect), and only on the nodes that held an attempt.
+        attempt_nodes = [a["nodeId"] for a in attempts]
+        ended_on = [e["node"] for e in ends[i]]
+        if final["nodeId"] == killed:
+            assert ended_on == [killed], (run, ends[i])
+        else:
+            assert [n for n in ended_on if n != killed] == [final["nodeId"]], (run, ends[i])
+        assert ended_on.count(killed) <= attempt_nodes.count(killed), (run, ends[i])
+        started_on = [s["node"] for s in starts[i]]
+        assert started_on[-1] == final["nodeId"], (run, starts[i])
+        assert len(started_on) <= len(attempt_nodes), (run, starts[i])
+        assert all(started_on.count(n) <= attempt_nodes.count(n) for n in set(started_on))
+    assert requeued_from_killed >= 1, "the kill hit no running run; nothing was re-queued"
+    assert ran_on == set(names), ran_on  # every node ran runs (c before it was killed)
+
+    # Per thread: one run at a time (the final attempts, as the runs and as the effect
+    # saw them), in due order: a run never starts while an earlier-due run of its thread
+    # is already scheduled (a run scheduled after a later one started cannot go first).
+    for tid in threads:
+        items = [i for i in range(runs) if threads[i % 100] == tid]
+        final = {i: details[i]["attemptDetails"][-1] for i in items}
+        by_start = sorted(items, key=lambda i: _ts(final[i]["startedAt"]))
+        for before, after in pairwise(by_start):
+            assert _ts(final[after]["startedAt"]) >= _ts(final[before]["endedAt"]), (
+                tid, details[before]["attemptDetails"], details[after]["attemptDetails"],
+                [(e["item"], e["event"], e["node"], e["at"]) for e in executions
+                 if e["thread"] == tid])
+            # The effect's own record: the final execution of each ended before the next
+            # one started.
+            assert starts[after][-1]["at"] >= ends[before][-1]["at"], (tid, before, after)
+        for early in items:
+            for late in items:
+                if (_ts(details[early]["runAt"]) < _ts(details[late]["runAt"])
+                        and _ts(details[early]["createdAt"]) < _ts(final[late]["startedAt"])):
+                    assert _ts(final[early]["startedAt"]) <= _ts(final[late]["startedAt"]), (
+                        tid, details[early], details[late])
+
+    # The stream on a surviving node saw every frame of its thread, seq continuous, made
+    # by whichever node made the change.
+    seqs = [f["seq"] for f in stream.frames]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+    changes: dict[str, list[str]] = defaultdict(list)
+    for frame in stream.frames:
+        if frame["eventType"] == "effect_changed":
+            changes[frame["data"]["id"]].append(frame["data"]["change"])
+    watched_items = [i for i in range(runs) if threads[i % 100] == watched]
+    for i in watched_items:
+        seen_changes = changes[run_ids[i]]
+        assert seen_changes[0] == "scheduled" and seen_changes[-1] == "completed", (
+            i, seen_changes)
+        assert seen_changes.count("started") == details[i]["attempts"], (i, seen_changes)
+
+
+def test_a_run_canceled_on_one_node_never_runs_on_the_node_that_claims(
+    cluster: Cluster,
+) -> None:
+    front = cluster.start("a", *NO_CLAIMS)  # serves the API, runs nothing
+    worker = cluster.start("b")
+    tid = httpx.post(f"{front.url}/api/threads", json={}).json()["id"]
+    runs_url = f"{front.url}/api/threads/{tid}/effects"
+
+    canceled = httpx.post(runs_url, json={"name": "work", "args": {"item": 1},
+                                          "delay_seconds": 1}).json()["id"]
+    res = httpx.post(f"{runs_url}/{canceled}/cancel", json={})
+    assert res.status_code == 200 and res.json() == {"canceled": True}, res.text
+    # A run due at the same moment, not canceled: node b claims and runs it, so b was
+    # claiming this thread's runs when the canceled one came due.
+    control = httpx.post(runs_url, json={"name": "work", "args": {"item": 2},
+                                         "delay_seconds": 1}).json()["id"]
+    deadline = time.monotonic() + GUARD_SECONDS
+    while (run := httpx.get(f"{worker.url}/api/threads/{tid}/effects/{control}").json())[
+            "status"] != "completed":
+        assert time.monotonic() < deadline, f"the control run never ran: {run}\n{cluster.logs()}"
+        time.sleep(0.05)
+    assert [a["nodeId"] for a in run["attemptDetails"]] == ["b"]
+    time.sleep(2 * LEASE_SECONDS)  # past any poll or lease bound: it would have run by now
+
+    assert [e["item"] for e in cluster.read_executions()] == [2, 2]  # start, end of item 2
+    for node in (front, worker):
+        run = httpx.get(f"{node.url}/api/threads/{tid}/effects/{canceled}").json()
+        assert (run["status"], run["attempts"], run["startedAt"]) == ("canceled", 0, None)

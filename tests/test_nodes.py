@@ -1,0 +1,503 @@
+"""Several nodes on one PostgreSQL schema: node leases, claims, fencing, re-queues.
+
+Two `PostgresBackend`s (or two runtimes) on one schema in one test process play two server
+processes. Real PostgreSQL throughout; leases are short (about a second) where a lease
+must expire, instead of a fake clock: leases are stamped by the database server's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from runtime import Runtime
+from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
+from runtime.effects import EffectRun, EffectStatus
+from runtime.errors import DataDirLocked
+from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.postgres import PostgresBackend, split_schema
+
+APP = Path(__file__).parent / "apps" / "core"
+T0 = 1_800_000_000.0
+
+
+def new_run(run_id: str, run_at: float = T0, name: str = "record") -> EffectRun:
+    return EffectRun(id=run_id, thread_id="t", name=name, args={"key": run_id},
+                     status=EffectStatus.PENDING, run_at_ts=run_at, created_at_ts=T0)
+
+
+def expire_lease(pg_url: str, node_id: str) -> None:
+    """Make ``node_id``'s lease expired, as if it stopped renewing it long ago."""
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = 0 WHERE node_id = %s",
+                     (node_id,))
+
+
+@pytest.fixture
+def two_nodes(
+    pg_url: str,
+) -> Iterator[tuple[tuple[PostgresBackend, RuntimeStore], tuple[PostgresBackend, RuntimeStore]]]:
+    a = PostgresBackend(pg_url, node_id="node-a")
+    b = PostgresBackend(pg_url, node_id="node-b")
+    ra = a.open()
+    rb = b.open()
+    try:
+        yield (a, ra), (b, rb)
+    finally:
+        for backend, store in ((a, ra), (b, rb)):
+            store.close()
+            backend.close()
+
+
+def thread_on_both(
+    a: PostgresBackend, ra: RuntimeStore, b: PostgresBackend
+) -> tuple[ThreadStore, ThreadStore]:
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    assert ra.add_thread(info)
+    return a.create_thread_store(info), b.open_thread_store("t")
+
+
+# ------------------------------------------------------------------ identity
+
+
+def test_node_ids_are_validated_naming_the_rule() -> None:
+    assert validate_node_id("web-1.eu:8000@a_b") == "web-1.eu:8000@a_b"
+    assert validate_node_id(default_node_id()) == default_node_id()
+    with pytest.raises(ValueError, match="must start with a letter or digit"):
+        validate_node_id("-x")
+    with pytest.raises(ValueError, match="invalid node id 'a b'"):
+        validate_node_id("a b")
+    with pytest.raises(ValueError, match="at most 128"):
+        validate_node_id("n" * 129)
+    with pytest.raises(ValueError, match="non-empty"):
+        validate_node_id("")
+    with pytest.raises(ValueError, match="node id"):
+        Runtime(data_dir="x", node_id="no spaces")
+    with pytest.raises(ValueError, match="lease_seconds"):
+        PostgresBackend("postgresql:///x", lease_seconds=0.1)
+
+
+def test_the_same_node_id_twice_is_refused_another_joins(pg_url: str) -> None:
+    a = PostgresBackend(pg_url, node_id="node-a")
+    store = a.open()
+    try:
+        with pytest.raises(DataDirLocked, match="node id node-a is in use by another live"):
+            PostgresBackend(pg_url, node_id="node-a").open()
+        b = PostgresBackend(pg_url, node_id="node-b")
+        b.open().close()
+        assert [n for n, _ in a.live_nodes()] == ["node-a", "node-b"]
+        assert a.alone() is False  # another node may be applying an effect-tool key
+        b.close()  # its lease ends at once
+        assert [n for n, _ in a.live_nodes()] == ["node-a"]
+        assert a.alone() is True
+    finally:
+        store.close()
+        a.close()
+
+
+# ------------------------------------------------------------------ claims
+
+
+def test_one_node_runs_a_thread_at_a_time_and_records_who_ran_each_attempt(
+    two_nodes: Any,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    sb.insert_run(new_run("r2"))
+    _, first, _ = sa.finish_and_claim(None, T0 + 1)
+    assert first is not None and first.id == "r1"
+    # Node b may not start r2 while node a runs r1 (one run at a time per thread).
+    _, claimed, next_due = sb.finish_and_claim(None, T0 + 1)
+    assert claimed is None and next_due is None and sb.claim_blocked == "busy"
+    # Node a records r1 and claims r2 in the same transaction.
+    finished, second, _ = sa.finish_and_claim(
+        Finish("r1", EffectStatus.COMPLETED, None, T0 + 2, attempt=1), T0 + 2)
+    assert finished is not None and finished.status is EffectStatus.COMPLETED
+    assert second is not None and second.id == "r2" and sa.claim_blocked is None
+    sa.finish_and_claim(Finish("r2", EffectStatus.COMPLETED, None, T0 + 3, attempt=1), T0 + 3)
+    sb.insert_run(new_run("r3", T0 + 3))
+    _, third, _ = sb.finish_and_claim(None, T0 + 4)  # nothing runs now: node b may
+    assert third is not None and third.id == "r3" and sb.claim_blocked is None
+    assert [x.node_id for x in sa.run_attempts("r1")] == ["node-a"]
+    assert [x.node_id for x in sb.run_attempts("r3")] == ["node-b"]
+    sa.close()
+    sb.close()
+
+
+def test_a_thread_paused_on_another_node_is_not_claimed(two_nodes: Any) -> None:
+    (a, ra), (b, rb) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sb.insert_run(new_run("r1"))
+    assert ra.set_paused("t", True)  # node a pauses it; node b's cache knows nothing
+    _, claimed, next_due = sb.finish_and_claim(None, T0 + 1)
+    assert claimed is None and next_due is None and sb.claim_blocked == "paused"
+    assert rb.set_paused("t", False) is True
+    _, claimed, _ = sb.finish_and_claim(None, T0 + 1)
+    assert claimed is not None and claimed.id == "r1"
+    sa.close()
+    sb.close()
+
+
+def test_a_canceled_run_is_never_claimed_by_another_node(two_nodes: Any) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sb.insert_run(new_run("r1", T0 + 1))
+    assert sa.cancel("r1", T0, canceled_by="node a") is not None
+    _, claimed, next_due = sb.finish_and_claim(None, T0 + 5)
+    assert claimed is None and next_due is None
+    assert sb.get_run("r1", T0 + 5, _keep()).status is EffectStatus.CANCELED  # type: ignore[union-attr]
+    sa.close()
+    sb.close()
+
+
+def _keep() -> Any:
+    from runtime.config import RetentionPolicy
+
+    return RetentionPolicy()
+
+
+def test_a_dead_nodes_run_is_requeued_and_its_late_outcome_is_fenced(
+    two_nodes: Any, pg_url: str,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    # While node a's lease is live, its run is its own: not an orphan, not recovered.
+    assert b.orphaned_runs() == []
+    assert sb.recover_interrupted(T0 + 2, MAX_ATTEMPTS) == []
+    expire_lease(pg_url, "node-a")
+    assert b.orphaned_runs() == [("t", "r1")]
+    # Node a's own view: its runs are never orphans to itself.
+    assert a.orphaned_runs() == []
+    (requeued,) = sb.recover_interrupted(T0 + 2, MAX_ATTEMPTS, ["r1"], dead_nodes_only=True)
+    assert requeued.status is EffectStatus.PENDING and requeued.attempts == 1
+    _, again, _ = sb.finish_and_claim(None, T0 + 3)
+    assert again is not None and again.attempts == 2
+    # Node a comes back and records the outcome of attempt 1: fenced, nothing written.
+    finished, _, _ = sa.finish_and_claim(
+        Finish("r1", EffectStatus.FAILED, "late", T0 + 4, attempt=1), T0 + 4, claim=False)
+    assert finished is None
+    finished, _, _ = sb.finish_and_claim(
+        Finish("r1", EffectStatus.COMPLETED, None, T0 + 5, attempt=2), T0 + 5, claim=False)
+    assert finished is not None and finished.status is EffectStatus.COMPLETED
+    attempts = sb.run_attempts("r1")
+    assert [(x.attempt, x.outcome, x.node_id) for x in attempts] == [
+        (1, "interrupted", "node-a"), (2, "completed", "node-b")]
+    sa.close()
+    sb.close()
+
+
+def test_the_third_interrupted_attempt_of_dead_nodes_fails_the_run(
+    two_nodes: Any, pg_url: str,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        _, claimed, _ = sa.finish_and_claim(None, T0 + attempt)
+        assert claimed is not None and claimed.attempts == attempt
+        expire_lease(pg_url, "node-a")
+        (changed,) = sb.recover_interrupted(T0 + attempt, MAX_ATTEMPTS, ["r1"],
+                                            dead_nodes_only=True)
+        # node a renews: a later claim of its own holds a live lease again
+        url, schema = split_schema(pg_url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = 1e12 "
+                         f"WHERE node_id = 'node-a'")
+    assert changed.status is EffectStatus.FAILED
+    assert "gave up after 3 attempts" in (changed.error or "")
+    sa.close()
+    sb.close()
+
+
+# ------------------------------------------------------------------ runtimes
+
+
+@pytest.fixture
+def make_node(pg_url: str, tmp_path: Path) -> Callable[..., Runtime]:
+    def make(node_id: str, lease_seconds: float = 30.0) -> Runtime:
+        storage = PostgresBackend(pg_url, node_id=node_id, lease_seconds=lease_seconds)
+        return Runtime(app_dir=APP, data_dir=tmp_path / node_id, load_packages=False,
+                       storage=storage)
+
+    return make
+
+
+async def wait_until(check: Callable[[], Any], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def nodes(make_node: Callable[..., Runtime]) -> AsyncIterator[tuple[Runtime, Runtime]]:
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        yield a, b
+
+
+async def test_runs_scheduled_through_two_nodes_run_once_each_in_due_order(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    threads = [await a.create_thread() for _ in range(8)]
+    ids: dict[str, list[str]] = {}
+    for n in range(6):
+        for thread in threads:
+            via = await (a if n % 2 == 0 else b).get_thread(thread.thread_id)
+            run_id = await via.schedule_effect("record", {"key": f"{thread.thread_id}/{n}"})
+            ids.setdefault(thread.thread_id, []).append(run_id)
+
+    async def all_done() -> bool:
+        for thread in threads:
+            for run_id in ids[thread.thread_id]:
+                if (await thread.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                    return False
+        return True
+
+    await wait_until(all_done)
+    lines = []
+    for node in ("node-a", "node-b"):
+        path = tmp_path / node / "record.jsonl"
+        if path.exists():
+            lines += [json.loads(x) for x in path.read_text().splitlines()]
+    keys = [x["key"] for x in lines]
+    assert sorted(keys) == sorted(f"{t.thread_id}/{n}" for t in threads for n in range(6))
+    for thread in threads:  # per thread, in scheduling order
+        order = [x["key"] for x in sorted(lines, key=lambda x: x["at"])
+                 if x["thread"] == thread.thread_id]
+        assert order == [f"{thread.thread_id}/{n}" for n in range(6)]
+        for run_id in ids[thread.thread_id]:
+            (attempt,) = await thread.get_run_attempts(run_id)
+            assert attempt.node_id in ("node-a", "node-b")
+
+
+async def test_a_node_that_loses_its_lease_cancels_its_effects_and_another_reruns_them(
+    make_node: Callable[..., Runtime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = make_node("node-a", lease_seconds=0.9)
+    b = make_node("node-b", lease_seconds=0.9)
+    async with a, b:
+        thread = await a.create_thread()
+        run_id = await thread.schedule_effect("slow", {"seconds": 2})
+        await wait_until(lambda: _status(thread, run_id, EffectStatus.RUNNING))
+        assert (tmp_path / "node-a" / "slow.started").exists()
+        storage = a.storage
+        assert isinstance(storage, PostgresBackend)
+
+        def cut(*_: Any, **__: Any) -> bool:
+            raise psycopg.OperationalError("network cut (test)")
+
+        monkeypatch.setattr(storage, "_renew", cut)  # node a can no longer renew
+        await wait_until(lambda: _status(thread, run_id, EffectStatus.COMPLETED))
+        attempts = await thread.get_run_attempts(run_id)
+        assert [(x.attempt, x.outcome, x.node_id) for x in attempts] == [
+            (1, "interrupted", "node-a"), (2, "completed", "node-b")]
+        # Node a canceled its effect when its lease lapsed: it never finished there.
+        assert not (tmp_path / "node-a" / "slow.done").exists()
+        assert (tmp_path / "node-b" / "slow.done").exists()
+        assert a.storage.lock_problem() is not None
+        health_ok = b.storage.connection_held()
+        assert health_ok is True
+        monkeypatch.undo()
+
+
+async def _status(thread: Any, run_id: str, status: EffectStatus) -> bool:
+    return bool((await thread.get_run(run_id)).status is status)
+
+
+async def _start_on_b(a: Runtime, b: Runtime, seconds: float = 30) -> tuple[Any, Any, str]:
+    """A thread made on node a, a slow run scheduled (and so started) on node b."""
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    run_id = await thread_b.schedule_effect("slow", {"seconds": seconds})
+    await wait_until(lambda: _status(thread_a, run_id, EffectStatus.RUNNING))
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert attempt.node_id == "node-b"
+    return thread_a, thread_b, run_id
+
+
+async def test_canceling_on_node_a_a_run_running_on_node_b_stops_it_there(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    thread_a, _, run_id = await _start_on_b(a, b)
+    assert await thread_a.remove_scheduled_effect(run_id) is True
+    await wait_until(lambda: _status(thread_a, run_id, EffectStatus.CANCELED), seconds=10)
+    run = await thread_a.get_run(run_id)
+    assert run.canceled_by is not None
+    assert not (tmp_path / "node-b" / "slow.done").exists()
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert (attempt.outcome, attempt.node_id) == ("canceled", "node-b")
+
+
+async def test_deleting_on_node_a_a_thread_running_on_node_b_cancels_its_run_there(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path,
+) -> None:
+    a, b = nodes
+    thread_a, _, _ = await _start_on_b(a, b)
+    tid = thread_a.thread_id
+    assert await a.delete_thread(tid) is True
+
+    async def gone_on_b() -> bool:
+        actor = b.actors.peek(tid)
+        return actor is None and not b.executor.side_running
+
+    await wait_until(gone_on_b, seconds=10)
+    await asyncio.sleep(0.3)
+    assert not (tmp_path / "node-b" / "slow.done").exists()
+    url_rows = await asyncio.to_thread(_rows_of, b, tid)
+    assert url_rows == 0  # node b wrote nothing back for the deleted thread
+
+
+def _rows_of(rt: Runtime, thread_id: str) -> int:
+    storage = rt.storage
+    assert isinstance(storage, PostgresBackend)
+    with storage.transaction() as c:
+        row = c.execute("SELECT count(*) FROM effect_runs WHERE thread_id = %s",
+                        (thread_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_thread_paused_on_node_a_starts_nothing_on_node_b_until_resumed(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    first = await thread_b.schedule_effect("record", {"key": "first"})
+    await wait_until(lambda: _status(thread_a, first, EffectStatus.COMPLETED))
+    await a.pause_thread(thread_a.thread_id)
+    stopped = await thread_b.schedule_effect("record", {"key": "stopped"})
+    await asyncio.sleep(1.0)
+    assert (await thread_b.get_run(stopped)).status is EffectStatus.PENDING
+    await a.resume_thread(thread_a.thread_id)
+    await wait_until(lambda: _status(thread_b, stopped, EffectStatus.COMPLETED), seconds=10)
+
+
+# ------------------------------------------------------------------ turns
+
+TURNS_APP = Path(__file__).parent / "apps" / "turns"
+
+
+async def test_one_turn_at_a_time_per_thread_across_nodes(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+
+    def node(node_id: str) -> Runtime:
+        return Runtime(app_dir=TURNS_APP, data_dir=tmp_path / node_id, load_packages=False,
+                       storage=PostgresBackend(pg_url, node_id=node_id))
+
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return ModelResponse(parts=[TextPart("slow answer")])
+
+    async def quick(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("quick answer")])
+
+    a, b = node("node-a"), node("node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        thread_b = await b.get_thread(thread_a.thread_id)
+        with override_model(a, FunctionModel(slow)), override_model(b, FunctionModel(quick)):
+            first = asyncio.create_task(thread_a.send_message("take your time"))
+            await entered.wait()
+            second = asyncio.create_task(thread_b.send_message("and this"))
+            await asyncio.sleep(1.0)
+            assert not second.done()  # node b waits for node a's turn on the thread
+            release.set()
+            await first
+            result = await asyncio.wait_for(second, 10)
+        assert result.reply is not None and result.reply.content == "quick answer"
+        contents = [m.content for m in (await thread_a.get_messages()).messages]
+        assert contents == ["take your time", "slow answer", "and this", "quick answer"]
+
+
+async def test_a_turn_of_a_node_whose_lease_expired_is_resumed_by_another_node(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+
+    entered = asyncio.Event()
+
+    async def hang(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def quick(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("resumed answer")])
+
+    a = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "a", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-a", lease_seconds=0.9))
+    b = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "b", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-b", lease_seconds=0.9))
+    async with b:
+        await a.start()
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        with override_model(a, FunctionModel(hang)), override_model(b, FunctionModel(quick)):
+            turn = asyncio.create_task(thread_a.send_message("hello"))
+            await entered.wait()
+            # Node a dies mid-turn: it stops renewing its lease and its work stops there
+            # (a process killed; its turn lease row stays behind).
+            storage = a.storage
+            assert isinstance(storage, PostgresBackend)
+            storage._watch_stop.set()
+            # Node b cannot take the thread's turn while node a's lease lasts.
+            holder = await asyncio.to_thread(b.storage.take_turn_lease, tid, "probe")
+            assert holder == "node-a"
+            thread_b = await b.get_thread(tid)
+
+            async def resumed() -> bool:
+                messages = (await thread_b.get_messages()).messages
+                return [m.content for m in messages] == ["hello", "resumed answer"]
+
+            await wait_until(resumed, seconds=20)
+            turn.cancel()
+        with contextlib.suppress(BaseException):
+            await turn
+        with contextlib.suppress(Exception):
+            await a.close()
+
+
+def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    sa.finish_and_claim(None, T0)
+    sa.finish_and_claim(Finish("r1", EffectStatus.FAILED, "boom", T0 + 1), T0 + 1, claim=False)
+    replay_a = replace(new_run("ra"), replay_of="r1")
+    replay_b = replace(new_run("rb"), replay_of="r1")
+    assert sa.insert_run(replay_a, replay_once=True) is None
+    existing = sb.insert_run(replay_b, replay_once=True)  # node b's bulk replay, later
+    assert existing is not None and existing.id == "ra"
+    assert sb.insert_run(replay_b) is None  # a single replay (not "once") is another run
+    sa.close()
+    sb.close()
