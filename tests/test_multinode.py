@@ -171,6 +171,7 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
     base = time.time() + 8.0  # scheduling ends before the first run is due
     due = [base + 10.0 * order[i] / runs for i in range(runs)]
     run_ids: dict[int, str] = {}
+    stored_by: dict[int, float] = {}  # when the scheduling call returned: committed by then
 
     def schedule_share(k: int) -> None:
         with httpx.Client(timeout=30) as client:
@@ -181,6 +182,7 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
                           "run_at": _iso(due[i])},
                 )
                 assert res.status_code == 201, res.text
+                stored_by[i] = time.time()
                 run_ids[i] = res.json()["id"]
 
     watched = threads[0]
@@ -246,7 +248,9 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
 
     # Per thread: one run at a time (the final attempts, as the runs and as the effect
     # saw them), in due order: a run never starts while an earlier-due run of its thread
-    # is already scheduled (a run scheduled after a later one started cannot go first).
+    # is already stored (a run stored after a later one started cannot go first; its
+    # createdAt is taken before its commit, so the time its scheduling call returned is
+    # what says it was stored).
     for tid in threads:
         items = [i for i in range(runs) if threads[i % 100] == tid]
         final = {i: details[i]["attemptDetails"][-1] for i in items}
@@ -262,7 +266,7 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
         for early in items:
             for late in items:
                 if (_ts(details[early]["runAt"]) < _ts(details[late]["runAt"])
-                        and _ts(details[early]["createdAt"]) < _ts(final[late]["startedAt"])):
+                        and stored_by[early] < _ts(final[late]["startedAt"])):
                     assert _ts(final[early]["startedAt"]) <= _ts(final[late]["startedAt"]), (
                         tid, details[early], details[late])
 
