@@ -90,6 +90,10 @@ class Settings(BaseModel):
             (`runtime.storage.postgres`, the ``postgres`` extra; docs/scale-out.md); a
             ``schema=<name>`` query parameter picks the PostgreSQL schema (default
             ``public``). The server reads ``THREAD_EFFECTS_DATABASE_URL``.
+        database_shared: With a ``database_url``: False (default), one process uses the
+            PostgreSQL schema at a time (it holds the schema's lock). True: several
+            processes (nodes) open it at once — wake-ups and frames travel between them
+            (docs/scale-out.md); the server reads ``THREAD_EFFECTS_DATABASE_SHARED=1``.
         cluster_poll_seconds: With a backend shared by several processes (PostgreSQL),
             how often a node reads the alarms due within its horizon: the safety net of
             the wake-ups sent as runs are scheduled (a lost one delays a run by at most
@@ -126,6 +130,7 @@ class Settings(BaseModel):
     effect_tool_wait_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     effect_tool_max_result_bytes: int = Field(default=1 << 20, ge=1)
     database_url: str | None = Field(default=None, repr=False)  # it may hold a password
+    database_shared: bool = False
     cluster_poll_seconds: float = Field(default=5.0, gt=0, allow_inf_nan=False)
     alarm_horizon_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     cluster_wake_grace_seconds: float = Field(default=1.0, ge=0, allow_inf_nan=False)

@@ -121,7 +121,8 @@ def _default_backend(settings: Settings) -> StorageBackend:
         from runtime.storage.postgres import PostgresBackend
 
         # One pooled connection per storage thread (the lock has one of its own).
-        return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS)
+        return PostgresBackend(settings.database_url, pool_size=_STORAGE_THREADS,
+                               exclusive=not settings.database_shared)
     return SQLiteBackend(settings.data_dir, settings.synchronous)
 
 
