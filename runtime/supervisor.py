@@ -317,7 +317,10 @@ class Runtime:
         # True from start until the shutdown grace ends: while it is, every call is served,
         # so a running effect (or turn, or tool) can still schedule, list and write.
         self._serving = False
-        cluster_bus = self.storage.cluster
+        # Only a backend several live processes share needs the cluster; one that a
+        # process holds alone (SQLite, PostgreSQL with its schema lock) numbers frames
+        # in memory and arms every alarm, as fast as ever.
+        cluster_bus = self.storage.cluster if not self.storage.exclusive else None
         self.alarms = AlarmIndex(
             self.clock, self.run_sync, self._on_alarm, self._is_draining,
             # Shared by several nodes: timers only for the alarms due within the horizon.
