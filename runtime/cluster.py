@@ -136,6 +136,7 @@ class ClusterNode:
         self._local: dict[tuple[str, int], ThreadEvent] = {}
         self._order: dict[str, _Order] = {}
         self.polls = 0
+        self._wake_listening = False
         self.wakeups_armed = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -206,7 +207,10 @@ class ClusterNode:
         self._spawn(self._hint(thread_id, due_at, due_at + self.grace_seconds, None))
 
     def _on_wake_reconnect(self) -> None:
-        # Wake-ups sent meanwhile are lost: read the alarm window now.
+        if not self._wake_listening:  # the first time: the poll loop's first poll does it
+            self._wake_listening = True
+            return
+        # Wake-ups sent while the bus reconnected are lost: read the alarm window now.
         self._spawn(self.poll())
 
     async def _hint(self, thread_id: str, due_at: float, arm_at: float,

@@ -337,10 +337,14 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         os.environ[f"{ENV}API_TOKEN"] = args.api_token
 
     max_body_bytes = 2 * 1024 * 1024
+    cluster_settings: dict[str, Any] = {}
+    if os.environ.get(f"{ENV}CLUSTER_POLL_SECONDS"):  # tests of several nodes
+        cluster_settings["cluster_poll_seconds"] = float(os.environ[f"{ENV}CLUSTER_POLL_SECONDS"])
     app = create_app(
         data_dir=args.data_dir,
         app_dir=args.app_dir,
         database_url=args.database_url,
+        **cluster_settings,
         api_token=args.api_token,
         # Without a token, only loopback names are answered (no DNS rebinding); with one,
         # the token is what protects the API.

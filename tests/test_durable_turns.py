@@ -170,12 +170,23 @@ async def test_a_turn_asked_again_while_it_runs_waits_for_its_answer(
 
 async def interrupt(rt: Runtime, thread: ThreadState, run_id: str, world: Path,
                     seen: int) -> None:
-    """Start a turn that charges, then hangs; cancel it once it charged (a shutdown)."""
-    with override_model(rt, charging(asyncio.Event().wait)):
+    """Start a turn that charges, then hangs; cancel it once it charged (a shutdown).
+
+    The cancel comes once the model's next step has begun: the charge's journal record
+    was written before that (a cancel between the side effect and its record would run
+    the charge again on resume: the crash window, docs/durable-turns.md).
+    """
+    next_step = asyncio.Event()
+
+    async def hang() -> None:
+        next_step.set()
+        await asyncio.Event().wait()
+
+    with override_model(rt, charging(hang)):
         task = asyncio.create_task(thread.send_message("charge order 42", run_id=run_id))
-        while len(await charges(world)) < seen:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # the call's record is written
+        async with asyncio.timeout(30):  # a guard against a hang, not a measurement
+            await next_step.wait()
+        assert len(await charges(world)) == seen
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -8,6 +8,7 @@ pydantic-ai ``FunctionModel`` drives each turn. Every test runs on every storage
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from runtime import Runtime, ThreadState
-from runtime.events import EffectRecordChanged
+from runtime.events import EffectRecordChanged, MessageCreated
 from runtime.testing import FakeClock, override_model
 from tests.storage.backends import BACKENDS, make_backend
 
@@ -95,8 +96,17 @@ async def test_two_identical_calls_in_one_step_of_a_turn_apply_once(
     thread = await rt.create_thread(agent_id="notes")
     async with thread.subscribe() as events:
         result = await turn(thread, scripted([NOTE, NOTE]))
-        events.close()  # what the turn published is still yielded, then iteration ends
-        frames = [e.to_frame() async for e in events if isinstance(e, EffectRecordChanged)]
+        # Frames reach a subscriber after the call that made them returns (on PostgreSQL
+        # through the database): wait for them as a client does, up to the frame of the
+        # turn's last message (stored after both calls ended).
+        last = result.messages[-1].id
+        frames = []
+        async with asyncio.timeout(30):  # a guard against a hang, not a measurement
+            async for event in events:
+                if isinstance(event, EffectRecordChanged):
+                    frames.append(event.to_frame())
+                elif isinstance(event, MessageCreated) and event.message.id == last:
+                    break
     assert len(await lines(world)) == 1
     returned = [
         (r.is_error, json.loads(r.content)) for m in result.messages for r in m.tool_results

@@ -2131,9 +2131,10 @@ class PostgresBackend(StorageBackend):
         """Create or upgrade the schema; True if it was created. Refuses a newer one."""
         try:
             with conn.transaction():
-                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
-                # Serializes migrations of one schema across processes.
+                # Serializes migrations of one schema across processes (the schema's
+                # creation too: two concurrent IF NOT EXISTS can both try to create it).
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key + 1,))
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
                 exists = conn.execute(
                     "SELECT to_regclass(%s) IS NOT NULL", (f"{self.schema}.schema_version",)
                 ).fetchone()

@@ -186,3 +186,75 @@ def test_long_schema_names_get_a_hashed_channel_within_the_identifier_limit() ->
 def test_backends_without_a_server_have_no_cluster(tmp_path: object) -> None:
     assert MemoryBackend().cluster is None
     assert SQLiteBackend(tmp_path).cluster is None  # type: ignore[arg-type]
+
+
+def _as_version(pg_url: str, version: int) -> None:
+    """A fresh schema left as ``version`` left it (what later steps add is dropped)."""
+    from runtime.storage.pg_schema import SCHEMA_VERSION
+
+    assert SCHEMA_VERSION == 3
+    backend = PostgresBackend(pg_url)
+    backend.open().close()
+    backend.close()
+    base, schema = split_schema(pg_url)
+    with psycopg.connect(base, autocommit=True) as conn:
+        if version < 3:  # step 2: node leases, turn leases, each attempt's node
+            conn.execute(f"DROP TABLE {schema}.nodes, {schema}.turn_leases")
+            conn.execute(f"ALTER TABLE {schema}.run_attempts DROP COLUMN node_id")
+        if version < 2:  # step 1: frames across nodes, the alarms' due index
+            conn.execute(f"DROP TABLE {schema}.frames, {schema}.frame_counters")
+            conn.execute(f"DROP INDEX {schema}.ix_alarms_due")
+        conn.execute(f"UPDATE {schema}.schema_version SET version = %s", (version,))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_schema_is_migrated_step_by_step_to_hold_frames_and_node_leases(
+    pg_url: str, version: int,
+) -> None:
+    _as_version(pg_url, version)
+    backend = PostgresBackend(pg_url)
+    backend.open().close()
+    try:
+        assert backend.schema_version() == 3
+        with backend.transaction() as cur:
+            assert cur.execute("SELECT count(*) FROM frames").fetchone() == (0,)
+            assert cur.execute("SELECT to_regclass('ix_alarms_due') IS NOT NULL").fetchone() \
+                == (True,)
+            assert cur.execute("SELECT count(*) FROM turn_leases").fetchone() == (0,)
+            assert cur.execute("SELECT node_id FROM nodes").fetchall() == [
+                (backend.node_id,)]
+            assert cur.execute("SELECT count(node_id) FROM run_attempts").fetchone() == (0,)
+    finally:
+        backend.close()
+
+
+async def test_frames_are_numbered_per_thread_stored_announced_and_pruned(
+    nodes: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    from runtime.storage.base import FrameDraft, decode_frames
+
+    a, b = nodes
+    inbox = Inbox()
+    b.cluster.listen("frames", inbox)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+
+    def draft(thread_id: str, size: int = 10) -> FrameDraft:
+        return FrameDraft(thread_id, "effect_changed",
+                          lambda seq: f'{{"seq":{seq},"pad":"{"x" * size}"}}')
+
+    seqs = await asyncio.to_thread(
+        a.cluster.append_frames, [draft("t1"), draft("t2"), draft("t1"), draft("t1", 9000)],
+        1000.0)
+    assert seqs == [1, 1, 2, 3]
+    assert await asyncio.to_thread(b.cluster.append_frames, [draft("t1")], 2000.0) == [4]
+    await inbox.until(lambda: len(inbox.payloads) == 2)
+    sender, frames = decode_frames(inbox.payloads[0])
+    assert sender == a.cluster.sender
+    assert [(f.thread_id, f.seq) for f in frames] == [("t1", 1), ("t2", 1), ("t1", 2), ("t1", 3)]
+    assert frames[0].text == '{"seq":1,"pad":"xxxxxxxxxx"}'
+    assert frames[3].text is None  # too large to carry: read it from the table
+    stored = await asyncio.to_thread(a.cluster.read_frames, "t1", 1, 3)
+    assert [s for s, _, _ in stored] == [2, 3]
+    assert len(stored[1][2]) > 9000
+    assert await asyncio.to_thread(a.cluster.prune_frames, 1500.0) == 4
+    assert [s for s, _, _ in await asyncio.to_thread(a.cluster.read_frames, "t1", 0)] == [4]

@@ -1,0 +1,278 @@
+"""Several nodes on one PostgreSQL schema: wake-ups, the alarm horizon, frames across nodes.
+
+In-process tests run two `Runtime`s on one schema (each its own `PostgresBackend` with its
+own node id, so its own pool, node lease and listening connection): everything between them
+goes through the real server. The last test runs two real ``server.py`` processes.
+Bounds below are guards against hangs, never measurements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from conftest import SERVER_APP, release
+from websockets.sync.client import connect as ws_connect
+
+from runtime import Runtime
+from runtime.effects import EffectStatus
+from runtime.events import EffectChanged, RelayedFrame, ThreadEvent
+from runtime.frames import Subscription
+from runtime.storage.postgres import PostgresBackend, split_schema
+from runtime.testing import FakeClock
+
+ROOT = Path(__file__).resolve().parent.parent
+GUARD = 30.0
+
+
+@asynccontextmanager
+async def node(url: str, tmp_path: Path, name: str, **settings: Any) -> AsyncIterator[Runtime]:
+    rt = Runtime(data_dir=tmp_path / name, app_dir=SERVER_APP, load_packages=False,
+                 storage=PostgresBackend(url), node_id=f"node-{name}", **settings)
+    await rt.start()
+    assert rt.cluster is not None
+    assert await asyncio.to_thread(rt.cluster.bus.flush, GUARD)
+    try:
+        yield rt
+    finally:
+        await rt.close()
+
+
+async def until(check: Callable[[], Any], what: str) -> None:
+    async with asyncio.timeout(GUARD):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+async def take(sub: Subscription, n: int) -> list[ThreadEvent]:
+    events: list[ThreadEvent] = []
+    async with asyncio.timeout(GUARD):
+        async for event in sub:
+            events.append(event)
+            if len(events) == n:
+                break
+    return events
+
+
+def frames_of(events: list[ThreadEvent]) -> list[dict[str, Any]]:
+    return [json.loads(e.frame_text()) for e in events]
+
+
+async def test_a_subscriber_on_one_node_gets_every_frame_made_on_the_other_in_seq_order(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    async with node(pg_url, tmp_path, "a") as a, node(pg_url, tmp_path, "b") as b:
+        ta = await a.create_thread()
+        on_b = (await b.get_thread(ta.thread_id)).subscribe()
+        on_a = ta.subscribe()
+        ids = [await ta.schedule_effect("note", {"text": str(i)}) for i in range(3)]
+        # Each run: scheduled, started, completed.
+        got_b = await take(on_b, 9)
+        got_a = await take(on_a, 9)
+    assert [e.seq for e in got_b] == list(range(1, 10))
+    assert frames_of(got_b) == frames_of(got_a)  # the same frames, the same numbers
+    assert all(isinstance(e, RelayedFrame) for e in got_b)  # made on the other node
+    assert all(isinstance(e, EffectChanged) for e in got_a)  # this node's own events
+    by_run: dict[str, list[str]] = {}
+    for f in frames_of(got_b):
+        by_run.setdefault(f["data"]["id"], []).append(f["data"]["change"])
+    assert by_run == {i: ["scheduled", "started", "completed"] for i in ids}
+
+
+async def test_seq_stays_continuous_when_both_nodes_make_changes_to_one_thread(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    async with node(pg_url, tmp_path, "a") as a, node(pg_url, tmp_path, "b") as b:
+        ta = await a.create_thread()
+        tb = await b.get_thread(ta.thread_id)
+        sub_a, sub_b = ta.subscribe(), tb.subscribe()
+        # Far-off runs: nothing starts; each node schedules and cancels some.
+        runs = []
+        for i in range(10):
+            runs.append(await (ta if i % 2 else tb).schedule_effect(
+                "note", {"text": str(i)}, 3600))
+        for i, run_id in enumerate(runs[:4]):
+            assert await (tb if i % 2 else ta).remove_scheduled_effect(run_id)
+        got_a, got_b = await take(sub_a, 14), await take(sub_b, 14)
+    assert [e.seq for e in got_a] == [e.seq for e in got_b] == list(range(1, 15))
+    assert frames_of(got_a) == frames_of(got_b)
+
+
+async def test_frames_missed_while_the_listening_connection_was_down_are_read_back(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    async with node(pg_url, tmp_path, "a") as a, node(pg_url, tmp_path, "b") as b:
+        ta = await a.create_thread()
+        sub = (await b.get_thread(ta.thread_id)).subscribe()
+        await ta.schedule_effect("note", {"text": "before"}, 3600)
+        first = await take(sub, 1)
+        assert b.cluster is not None
+        conn = b.cluster.bus._conn  # type: ignore[attr-defined]
+        base, _ = split_schema(pg_url)
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        # While b reconnects, a keeps making changes; b hears some of them, or none.
+        for i in range(5):
+            await ta.schedule_effect("note", {"text": str(i)}, 3600)
+        rest = await take(sub, 5)
+    assert [e.seq for e in first + rest] == list(range(1, 7))
+
+
+async def test_a_deleted_threads_subscribers_on_another_node_are_told_and_closed(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    async with node(pg_url, tmp_path, "a") as a, node(pg_url, tmp_path, "b") as b:
+        ta = await a.create_thread()
+        sub = (await b.get_thread(ta.thread_id)).subscribe()
+        every = b.subscribe_runs()
+        await ta.schedule_effect("note", {"text": "x"}, 3600)
+        await take(sub, 1)
+        await a.delete_thread(ta.thread_id)
+        async with asyncio.timeout(GUARD):
+            await sub.wait_closed()
+        seen = await take(every, 2)
+    assert [f["eventType"] for f in frames_of(seen)] == ["effect_changed", "thread_deleted"]
+    assert [e.seq for e in seen] == [1, 2]
+
+
+async def test_a_run_due_now_starts_on_another_node_when_its_own_cannot_take_it(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """The wake-up travels by NOTIFY: the poll is an hour away, so it cannot be the poll."""
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 0.5}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=1, **slow) as a, \
+            node(pg_url, tmp_path, "b", **slow) as b:
+        assert a.cluster is not None and b.cluster is not None
+        await (await a.create_thread()).schedule_effect("hold", {"key": "k"})
+        # a's one worker is taken
+        await until(lambda: any(x.current_run for x in a.actors.open_actors()), "hold")
+        ta = await a.create_thread()
+        run_id = await ta.schedule_effect("note", {"text": "now"})
+        tb = await b.get_thread(ta.thread_id)
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        assert b.cluster.polls == 1  # only the one at start: the wake-up did it
+        assert b.cluster.wakeups_armed >= 1
+        release(a, "k")
+
+
+async def test_a_lost_wake_up_only_delays_the_run_until_the_poll(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 0.5}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=1, **slow) as a, \
+            node(pg_url, tmp_path, "b", **slow) as b:
+        assert a.cluster is not None and b.cluster is not None
+        b.cluster.bus.unlisten("wake", b.cluster._on_wake)  # b hears no wake-up
+        await (await a.create_thread()).schedule_effect("hold", {"key": "k2"})
+        await until(lambda: any(x.current_run for x in a.actors.open_actors()), "hold")
+        ta = await a.create_thread()
+        run_id = await ta.schedule_effect("note", {"text": "later"})
+        tb = await b.get_thread(ta.thread_id)
+        await asyncio.sleep(0.3)
+        assert (await tb.get_run(run_id)).status is EffectStatus.PENDING
+        # b must know a is alive to rank itself; then its poll finds the alarm row.
+        await b.cluster.poll()
+        await a.cluster.poll()
+        await b.cluster.poll()
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        release(a, "k2")
+
+
+async def test_a_node_keeps_timers_only_for_the_alarms_due_within_its_horizon(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    async with node(pg_url, tmp_path, "a", clock=clock) as a:
+        for i in range(4):
+            await (await a.create_thread()).schedule_effect("note", {"text": "x"},
+                                                            10 if i == 0 else 3600)
+    clock2 = FakeClock(clock.now())
+    async with node(pg_url, tmp_path, "b", clock=clock2, alarm_horizon_seconds=60.0,
+                    cluster_poll_seconds=3600.0) as b:
+        assert b.cluster is not None
+        assert b.alarms.armed_count == 1  # only the one due within 60 s
+        clock2.advance(3590)
+        await b.cluster.poll()
+        assert b.alarms.armed_count == 4
+
+
+def test_two_server_processes_a_client_on_one_sees_every_frame_made_through_the_other(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    def start(name: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = tmp_path / f"{name}.log"
+        env = {**os.environ, "THREAD_EFFECTS_DATABASE_URL": pg_url,
+               "THREAD_EFFECTS_NODE_ID": f"node-{name}", "THREAD_EFFECTS_PORT": str(port),
+               "THREAD_EFFECTS_DATA_DIR": str(tmp_path / name),
+               "THREAD_EFFECTS_CLUSTER_POLL_SECONDS": "3600"}
+        env.pop("THREAD_EFFECTS_API_TOKEN", None)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "server.py", "--app-dir", str(SERVER_APP), "--no-packages"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return proc, f"127.0.0.1:{port}", log
+
+    def ready(proc: subprocess.Popen[bytes], addr: str, log: Path) -> None:
+        deadline = time.monotonic() + GUARD
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"http://{addr}/api/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+
+    def scenario() -> tuple[list[dict[str, Any]], list[str]]:
+        (pa, a, la), (pc, c, lc) = start("a"), start("c")
+        try:
+            ready(pa, a, la)
+            ready(pc, c, lc)
+            tid = httpx.post(f"http://{a}/api/threads", json={}).json()["id"]
+            frames: list[dict[str, Any]] = []
+            with ws_connect(f"ws://{c}/api/threads/{tid}/stream", open_timeout=GUARD) as ws:
+                time.sleep(0.2)  # the server subscribes as it accepts
+                run_ids = [
+                    httpx.post(f"http://{a}/api/threads/{tid}/effects",
+                               json={"name": "note", "args": {"text": str(i)}}).json()["id"]
+                    for i in range(5)
+                ]
+                while len(frames) < 15:
+                    frames.append(json.loads(ws.recv(timeout=GUARD)))
+            return frames, run_ids
+        finally:
+            for proc in (pa, pc):
+                proc.terminate()
+                proc.wait(timeout=GUARD)
+
+    frames, run_ids = scenario()
+    assert [f["seq"] for f in frames] == list(range(1, 16))
+    assert {f["data"]["id"] for f in frames} == set(run_ids)
+    assert sorted(f["data"]["change"] for f in frames) == sorted(
+        ["scheduled", "started", "completed"] * 5)
+
+
+@pytest.fixture(autouse=True)
+def _needs_postgres(pg_url: str) -> None:
+    """Every test here runs against the session's PostgreSQL database."""
