@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _args import positive_float, positive_int  # bench/_args.py: bench/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -145,9 +147,9 @@ def main() -> None:
     """Parse the options, run both phases, print the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    p.add_argument("--frames", type=int, default=5000)
-    p.add_argument("--threads", type=int, default=50)
-    p.add_argument("--rate", type=float, default=500.0)
+    p.add_argument("--frames", type=positive_int, default=5000)
+    p.add_argument("--threads", type=positive_int, default=50)
+    p.add_argument("--rate", type=positive_float, default=500.0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     r = asyncio.run(_run(args.url, args.frames, args.threads, args.rate))

@@ -25,11 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import positive_int, source_tree  # bench/_args.py: bench/ is on the path
+
 _parser = argparse.ArgumentParser(description="CPU time per run of a source tree")
-_parser.add_argument("root", nargs="?", type=Path,
+_parser.add_argument("root", nargs="?", type=source_tree,
                      default=Path(__file__).resolve().parent.parent)
-_parser.add_argument("--threads", type=int, default=50)
-_parser.add_argument("--runs", type=int, default=5000)
+_parser.add_argument("--threads", type=positive_int, default=50)
+_parser.add_argument("--runs", type=positive_int, default=5000)
 _parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="NORMAL")
 OPTS = _parser.parse_args()
 ROOT = OPTS.root.resolve()

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import positive_int  # bench/_args.py: bench/ is on the path
 from pydantic_ai import Agent, UsageLimits
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -146,11 +147,11 @@ async def measure(opts: argparse.Namespace, data_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--turns", type=int, default=None, help="default 50 (--quick: 3)")
-    parser.add_argument("--resume-steps", type=int, default=None,
+    parser.add_argument("--steps", type=positive_int, default=10)
+    parser.add_argument("--turns", type=positive_int, default=None, help="default 50 (--quick: 3)")
+    parser.add_argument("--resume-steps", type=positive_int, default=None,
                         help="default 100 (--quick: 10)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="small sizes, 1 repetition")
     opts = parser.parse_args(argv)

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from _args import positive_int  # bench/_args.py: bench/ is on the path
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
@@ -151,9 +152,10 @@ async def measure(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=None, help="default 1000 (--quick: 100)")
-    parser.add_argument("--per-step", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--calls", type=positive_int, default=None,
+                        help="default 1000 (--quick: 100)")
+    parser.add_argument("--per-step", type=positive_int, default=10)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="100 calls, 1 repetition")
     opts = parser.parse_args(argv)

@@ -39,6 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _args import nonnegative_float, positive_int  # bench/_args.py: bench/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -724,14 +726,15 @@ def report(one: Case, many: Case, opts: argparse.Namespace, ctx: Context, starte
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, help="threads of the workload (default 100)")
-    parser.add_argument("--runs", type=int, help="runs of the workload (default 10000)")
-    parser.add_argument("--runs-one", type=int,
+    parser.add_argument("--threads", type=positive_int,
+                        help="threads of the workload (default 100)")
+    parser.add_argument("--runs", type=positive_int, help="runs of the workload (default 10000)")
+    parser.add_argument("--runs-one", type=positive_int,
                         help="runs of the 1-thread figures (default 2000)")
     parser.add_argument("--synchronous", choices=("FULL", "NORMAL"), default="FULL")
-    parser.add_argument("--spread", type=float,
+    parser.add_argument("--spread", type=nonnegative_float,
                         help="seconds over which the lag phase's runs are due (default 5)")
-    parser.add_argument("--repeat", type=int, default=1,
+    parser.add_argument("--repeat", type=positive_int, default=1,
                         help="repetitions; figures are medians (default 1)")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()),
                         help="where the databases go (the disk under test)")

@@ -37,6 +37,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from _args import positive_int, source_tree  # bench/_args.py: bench/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT  # the tree whose runtime serves (--source)
 FRAMES_PER_RUN = 3  # scheduled, started, completed
@@ -206,12 +208,12 @@ def table(r: dict[str, Any]) -> str:
 def main() -> None:
     """Parse the options; serve (child) or measure and print."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--clients", type=positive_int, default=200)
+    parser.add_argument("--runs", type=positive_int, default=2000)
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--repeat", type=positive_int, default=1)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
-    parser.add_argument("--source", type=Path, default=ROOT,
+    parser.add_argument("--source", type=source_tree, default=ROOT,
                         help="the source tree whose runtime serves (A/B against a checkout)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _args import positive_float, positive_int, source_tree  # bench/_args.py: bench/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = [
     ("FULL, 100 threads", "wal-full-file-per-thread@100", "full-file-per-thread@100"),
@@ -164,12 +166,12 @@ def main() -> None:
     """Run every pair, then the fan-out and CPU figures; print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peers-dir", type=Path, default=None)
-    parser.add_argument("--n", type=int, default=10_000)
-    parser.add_argument("--lead-scale", type=float, default=1.0)
+    parser.add_argument("--n", type=positive_int, default=10_000)
+    parser.add_argument("--lead-scale", type=positive_float, default=1.0)
     parser.add_argument("--no-fanout", action="store_true")
     parser.add_argument("--no-cpu", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="folder for the runners' JSON")
-    parser.add_argument("--source", type=Path, default=ROOT,
+    parser.add_argument("--source", type=source_tree, default=ROOT,
                         help="the source tree whose runtime is measured (A/B against a checkout)")
     opts = parser.parse_args()
     peers = _peers_dir(opts.peers_dir)

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _args import nonnegative_float, positive_int  # bench/_args.py: bench/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -280,11 +282,11 @@ def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10_000, help="runs (default 10,000)")
-    parser.add_argument("--threads", type=int, default=100, help="threads (default 100)")
-    parser.add_argument("--spread", type=float, default=5.0,
+    parser.add_argument("--runs", type=positive_int, default=10_000, help="runs (default 10,000)")
+    parser.add_argument("--threads", type=positive_int, default=100, help="threads (default 100)")
+    parser.add_argument("--spread", type=nonnegative_float, default=5.0,
                         help="seconds over which the runs come due (default 5)")
-    parser.add_argument("--lead", type=float, default=None,
+    parser.add_argument("--lead", type=nonnegative_float, default=None,
                         help="seconds from the start of scheduling to the first due time "
                              "(default: runs / 1,200 + 1, so scheduling ends before it)")
     parser.add_argument("--processes", default="1,3",

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import positive_int  # bench/_args.py: bench/ is on the path
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -70,7 +72,7 @@ async def restart(data_dir: Path) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=100_000)
+    parser.add_argument("--threads", type=positive_int, default=100_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=ROOT / "bench") as tmp:
         data_dir = Path(tmp) / "data"

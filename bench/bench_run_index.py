@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _args import nonnegative_int, positive_int  # bench/_args.py: bench/ is on the path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime import Runtime
@@ -45,11 +47,11 @@ STATUSES = [EffectStatus.COMPLETED] * 6 + [EffectStatus.PENDING] * 2 + [
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=10_000)
-    p.add_argument("--runs", type=int, default=10, help="runs per thread")
-    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--threads", type=positive_int, default=10_000)
+    p.add_argument("--runs", type=positive_int, default=10, help="runs per thread")
+    p.add_argument("--repeat", type=positive_int, default=7)
     p.add_argument("--data-dir", type=Path, default=None)
-    p.add_argument("--rebuild", type=int, default=0, metavar="N",
+    p.add_argument("--rebuild", type=nonnegative_int, default=0, metavar="N",
                    help="time the rebuild after a crash over N real threads instead")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(dir=args.data_dir))

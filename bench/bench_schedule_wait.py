@@ -33,11 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _args import positive_int, source_tree  # bench/_args.py: bench/ is on the path
+
 _parser = argparse.ArgumentParser(description="schedule wait and alarm-row commits")
-_parser.add_argument("root", nargs="?", type=Path,
+_parser.add_argument("root", nargs="?", type=source_tree,
                      default=Path(__file__).resolve().parent.parent)
-_parser.add_argument("--threads", type=int, default=10)
-_parser.add_argument("--runs", type=int, default=100)
+_parser.add_argument("--threads", type=positive_int, default=10)
+_parser.add_argument("--runs", type=positive_int, default=100)
 _parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
 OPTS = _parser.parse_args()
 ROOT = OPTS.root.resolve()
