@@ -142,7 +142,12 @@ class Subscription(AsyncIterator[ThreadEvent]):
         await self._ended.wait()
 
     def close(self) -> None:
-        """Stop receiving; pending events are still yielded, then iteration ends."""
+        """Stop receiving; events already delivered to it are still yielded, then iteration ends.
+
+        On PostgreSQL an event reaches subscribers after the database numbered it (one
+        round trip after its change), so an event of a change made just before ``close``
+        may not be delivered yet: wait for the event itself, not for the call that made it.
+        """
         if not self.closed:
             self._end()
 

@@ -113,6 +113,9 @@ _STORAGE_THREADS = 16
 
 _INLINE_YIELD_EVERY = 8
 """`Runtime.run_short` lets the loop take a turn after this many calls made on the loop."""
+_BUS_LISTEN_WAIT = 10.0
+"""How long `Runtime.start` waits for the cluster bus to listen (seconds)."""
+
 COMMANDS_CHANNEL = "commands"
 """The cluster bus channel of cancels, deletions and pauses made on one node for the
 others (a shared backend only): JSON ``{"op", "thread", "from", ...}``."""
@@ -483,6 +486,14 @@ class Runtime:
         if self.storage.cluster is not None:
             # Cancels, deletions and pauses made on other nodes (`_on_command`).
             self.storage.cluster.listen(COMMANDS_CHANNEL, self._on_command)
+            # What other nodes and this one announce (frames, wake-ups, commands) before
+            # the listening connection LISTENs is lost to this node, and a subscriber
+            # with no frame of its thread yet could not tell: start() returns once the
+            # bus listens (bounded; a late LISTEN still resyncs what it can).
+            if not await asyncio.to_thread(self.storage.cluster.flush, _BUS_LISTEN_WAIT):
+                log.warning("cluster: the listening connection is not up after %g s; "
+                            "frames made before it is up may not reach this node's "
+                            "subscribers", _BUS_LISTEN_WAIT)
         if not self.storage.exclusive:
             # Runs other nodes left running when they died: re-queued here (and by every
             # live node) once their lease expired, now and every third of the lease.

@@ -793,7 +793,8 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
     """Resume the turns of a thread left running by an earlier process.
 
     A turn that already started `MAX_ATTEMPTS` times fails instead, with a message in the
-    conversation saying so (`interrupted_text`).
+    conversation saying so (`interrupted_text`). On a backend shared by several nodes, a
+    turn whose thread's turn lease another live node holds is that node's: left alone.
 
     Returns:
         How many turns were resumed or failed.
@@ -814,6 +815,8 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
             row = (await load_turns(rt, thread_id)).get(run_id)
             if row is None or row.status is not TurnStatus.RUNNING:
                 break  # a client resumed it meanwhile
+            if rt.turns.shared is not None and await _runs_elsewhere(rt, thread_id):
+                break  # a live node runs it (if that node dies, its orphans are resumed)
             if state is None:
                 state = await rt.get_thread(thread_id)
             try:
@@ -839,6 +842,16 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
             done += 1
             break
     return done
+
+
+async def _runs_elsewhere(rt: Runtime, thread_id: str) -> bool:
+    """Whether another live node holds the thread's turn lease (a shared backend)."""
+    probe = uuid.uuid4().hex
+    holder = await rt.run_sync(rt.storage.take_turn_lease, thread_id, probe)
+    if holder is not None:
+        return True
+    await rt.run_sync(rt.storage.release_turn_lease, thread_id, probe)
+    return False
 
 
 async def resume_turns(rt: Runtime, *, concurrency: int = 8) -> int:

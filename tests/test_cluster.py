@@ -276,3 +276,32 @@ def test_two_server_processes_a_client_on_one_sees_every_frame_made_through_the_
 @pytest.fixture(autouse=True)
 def _needs_postgres(pg_url: str) -> None:
     """Every test here runs against the session's PostgreSQL database."""
+
+
+async def test_frames_reach_a_subscriber_right_after_start_while_the_bus_is_slow_to_listen(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A slow listening connection (a loaded server): frames announced before LISTEN took
+    # effect would be lost to a subscriber that has no frame of its thread yet.
+    from runtime.storage import pg_bus
+
+    listen_new = pg_bus.PostgresClusterBus._listen_new
+
+    def slow(self: Any, conn: Any) -> None:
+        time.sleep(0.5)
+        listen_new(self, conn)
+
+    monkeypatch.setattr(pg_bus.PostgresClusterBus, "_listen_new", slow)
+    rt = Runtime(data_dir=tmp_path / "a", app_dir=SERVER_APP, load_packages=False,
+                 storage=PostgresBackend(pg_url), node_id="node-a", clock=FakeClock())
+    await rt.start()  # no flush of the bus here: start() is all a user calls
+    try:
+        thread = await rt.create_thread()
+        sub = thread.subscribe()
+        run_id = await thread.schedule_effect("note", {"text": "x"}, 3600)
+        assert await thread.remove_scheduled_effect(run_id)
+        events = await take(sub, 2)
+        assert [e.to_frame()["data"]["change"] for e in events] == ["scheduled", "canceled"]
+        sub.close()
+    finally:
+        await rt.close()

@@ -501,3 +501,38 @@ def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> No
     assert sb.insert_run(replay_b) is None  # a single replay (not "once") is another run
     sa.close()
     sb.close()
+
+
+async def test_a_node_starting_leaves_alone_the_turn_a_live_node_runs(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.testing import override_model
+    from runtime.turns import resume_thread_turns
+
+    def node(node_id: str) -> Runtime:
+        return Runtime(app_dir=TURNS_APP, data_dir=tmp_path / node_id, load_packages=False,
+                       storage=PostgresBackend(pg_url, node_id=node_id))
+
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return ModelResponse(parts=[TextPart("slow answer")])
+
+    a, b = node("node-a"), node("node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        with override_model(a, FunctionModel(slow)):
+            first = asyncio.create_task(thread_a.send_message("take your time"))
+            await entered.wait()
+            # What node b's start does for every thread: the turn is running, but on a
+            # live node, so b neither resumes it nor waits for it.
+            assert await asyncio.wait_for(resume_thread_turns(b, thread_a.thread_id), 10) == 0
+            assert b.turns.running(thread_a.thread_id) is None
+            release.set()
+            await first
