@@ -19,6 +19,7 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import re
 import sqlite3
 import threading
@@ -245,12 +246,70 @@ def _row_to_schedule(thread_id: str, row: Sequence[Any]) -> Schedule:
     )
 
 
+CHECKPOINT_WAL_BYTES = 4 * 1024 * 1024
+"""With ``synchronous=NORMAL`` a thread file's WAL is checkpointed off the event loop once
+it holds this many bytes (SQLite's own automatic checkpoint: 1,000 pages of 4 KiB)."""
+_CHECKPOINT_CHECK_EVERY = 32
+"""Write transactions of a thread store between two looks at its WAL's size."""
+
+
+class _Checkpointer:
+    """One OS thread that checkpoints thread files' WALs (``synchronous=NORMAL``).
+
+    A commit made on the event loop then never runs a checkpoint (copying the WAL into the
+    file and two fsyncs: milliseconds to hundreds of milliseconds on a busy disk).
+
+    Each checkpoint is ``PRAGMA wal_checkpoint(PASSIVE)`` on a connection of its own, so it
+    never waits for the store's lock nor makes a writer wait; the store stays open meanwhile
+    (`SQLiteThreadStore.close` waits for a checkpoint in progress), so this connection is
+    never the file's last and never removes the WAL.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[SQLiteThreadStore | None] = queue.SimpleQueue()
+        self._pending: set[int] = set()  # id() of the stores queued
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.done = 0
+        """Checkpoints run (for benchmarks and tests)."""
+
+    def request(self, store: SQLiteThreadStore) -> None:
+        if self._closed or id(store) in self._pending:
+            return
+        self._pending.add(id(store))
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._serve, name="thread-effects-checkpoint", daemon=True)
+            self._thread.start()
+        self._queue.put(store)
+
+    def _serve(self) -> None:
+        while True:
+            store = self._queue.get()
+            if store is None:
+                return
+            self._pending.discard(id(store))
+            try:
+                store.checkpoint_aside()
+                self.done += 1
+            except Exception:  # a checkpoint is an optimisation: the next commit asks again
+                log.warning("checkpoint of %s failed", store.path, exc_info=True)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(10)
+            self._thread = None
+
+
 class SQLiteThreadStore(ThreadStore):
     """One thread's file, ``<data_dir>/threads/<thread_id>.sqlite``."""
 
     def __init__(
         self, thread_id: str, path: Path, synchronous: str = "FULL", *, create: bool = False,
         node_id: str | None = None,
+        checkpointer: _Checkpointer | None = None,
     ) -> None:
         """Open and migrate the file of a thread; with ``create``, make a new one.
 
@@ -264,7 +323,13 @@ class SQLiteThreadStore(ThreadStore):
         self.thread_id = thread_id
         self.path = path
         self.node_id = node_id
+        self._synchronous = synchronous
         self._lock = threading.Lock()
+        # With a checkpointer, SQLite's automatic checkpoint is off: it would run in the
+        # committing call, on the event loop with NORMAL. Held while one runs aside.
+        self._checkpointer = checkpointer
+        self._checkpointing = threading.Lock()
+        self._writes = 0  # write transactions since the WAL's size was last looked at
         # Write-path pruning: the number of finished runs (None: unknown, counted on
         # demand) and when runs past their age were last deleted. This store is the only
         # writer of its file (one process holds the data directory).
@@ -290,6 +355,8 @@ class SQLiteThreadStore(ThreadStore):
                 # A cheap read that touches the run table: a damaged header or schema fails
                 # here, when the thread is opened, not in the middle of a run.
                 self._conn.execute("SELECT count(*) FROM thread_meta").fetchone()
+                if checkpointer is not None:
+                    self._conn.execute("PRAGMA wal_autocheckpoint=0")
             except BaseException:
                 self._conn.close()
                 raise
@@ -304,7 +371,7 @@ class SQLiteThreadStore(ThreadStore):
             if conn is None:
                 raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
             try:
-                return _transaction(conn, fn, write)
+                result = _transaction(conn, fn, write)
             except BaseException as exc:
                 # Rolled back: what the transaction counted is unknown again.
                 self._finished = None
@@ -317,6 +384,38 @@ class SQLiteThreadStore(ThreadStore):
                     self.thread_id,
                     f"Thread {self.thread_id}: database {self.path} failed: {exc}",
                 ) from exc
+            if write and self._checkpointer is not None:
+                self._writes += 1
+                if self._writes >= _CHECKPOINT_CHECK_EVERY:
+                    self._writes = 0
+                    self._check_wal()
+            return result
+
+    def _check_wal(self) -> None:
+        try:
+            size = os.stat(f"{self.path}-wal").st_size
+        except OSError:
+            return
+        if size >= CHECKPOINT_WAL_BYTES and self._checkpointer is not None:
+            self._checkpointer.request(self)
+
+    def checkpoint_aside(self) -> None:
+        """Checkpoint the file's WAL on a connection of its own (``PASSIVE``; blocking).
+
+        Does nothing once the store is closed. Raises `sqlite3.Error` when it fails.
+        """
+        with self._checkpointing:
+            if self._conn is None:
+                return
+            conn = sqlite3.connect(
+                f"file:{self.path}?mode=rw", uri=True, isolation_level=None,
+                check_same_thread=False, timeout=30,
+            )
+            try:
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            finally:
+                conn.close()
 
     def _one(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> EffectRun | None:
         row = conn.execute(sql, params).fetchone()
@@ -919,7 +1018,8 @@ class SQLiteThreadStore(ThreadStore):
         return {r[0] for r in rows}
 
     def close(self) -> None:  # noqa: D102
-        with self._lock:
+        # A checkpoint running aside ends first: its connection must not be the last.
+        with self._checkpointing, self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -1550,6 +1650,9 @@ class SQLiteBackend(StorageBackend):
         # NORMAL: a commit appends to the WAL without an fsync (tens of µs), less than the
         # hand-off to a storage thread and back costs.
         self.short_calls_inline = synchronous == "NORMAL"
+        # Those calls then never run a checkpoint: thread files' WALs are checkpointed on
+        # a thread of their own.
+        self._checkpointer = _Checkpointer() if self.short_calls_inline else None
         self._lock_file: IO[str] | None = None
 
     @property
@@ -1647,7 +1750,7 @@ class SQLiteBackend(StorageBackend):
         _remove_thread_files(path)
         try:
             store = SQLiteThreadStore(info.id, path, self.synchronous, create=True,
-                                      node_id=self.node_id)
+                                      node_id=self.node_id, checkpointer=self._checkpointer)
         except BaseException:
             _remove_thread_files(path)
             raise
@@ -1661,12 +1764,15 @@ class SQLiteBackend(StorageBackend):
 
     def open_thread_store(self, thread_id: str) -> SQLiteThreadStore:  # noqa: D102
         return SQLiteThreadStore(thread_id, self.thread_path(thread_id), self.synchronous,
-                                 node_id=self.node_id)
+                                 node_id=self.node_id, checkpointer=self._checkpointer)
 
     def remove_thread_store(self, thread_id: str) -> None:  # noqa: D102
         _remove_thread_files(self.thread_path(thread_id))
 
     def close(self) -> None:  # noqa: D102
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = _Checkpointer() if self.short_calls_inline else None
         if self._lock_file is not None:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,58 @@ def test_open_removes_only_orphan_thread_files_and_logs_them(
     left = sorted(os.listdir(threads))
     assert left == sorted([*foreign, "kept.sqlite"])
     assert "gone.sqlite" in caplog.text and "no registry entry" in caplog.text
+
+
+def test_with_normal_the_wal_is_checkpointed_off_the_committing_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runtime.storage.sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "CHECKPOINT_WAL_BYTES", 64 * 1024)
+    backend = SQLiteBackend(tmp_path, "NORMAL")
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    checkpointer = backend._checkpointer
+    assert checkpointer is not None
+    try:
+        # SQLite's own checkpoint would run in the committing call (on the event loop).
+        conn = store._conn
+        assert conn is not None
+        assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        for i in range(400):
+            run = EffectRun(f"r{i}", "t", "record", EffectStatus.PENDING, {"pad": "x" * 500},
+                            T0 + i, T0)
+            store.insert_run(run)
+        deadline = time.monotonic() + 10
+        while checkpointer.done == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert checkpointer.done >= 1
+        # The checkpoint copied the WAL into the file; nothing was lost.
+        assert os.path.getsize(backend.thread_path("t")) > 64 * 1024
+        reader = sqlite3.connect(backend.thread_path("t"))
+        try:
+            assert reader.execute("SELECT count(*) FROM effect_runs").fetchone()[0] == 400
+        finally:
+            reader.close()
+    finally:
+        store.close()
+        rtdb.close()
+        backend.close()
+    # The backend's close stopped the checkpointing thread; a closed store is skipped.
+    assert not any(t.name == "thread-effects-checkpoint" for t in threading.enumerate())
+    store.checkpoint_aside()
+
+
+def test_with_full_sqlite_checkpoints_itself(tmp_path: Path) -> None:
+    backend = SQLiteBackend(tmp_path, "FULL")
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    try:
+        assert backend._checkpointer is None
+        conn = store._conn
+        assert conn is not None
+        assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    finally:
+        store.close()
+        rtdb.close()
+        backend.close()
