@@ -151,11 +151,11 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
             states = [await rt.get_thread(f"bench-{t}") for t in range(threads)]
             dues = _dues(runs, base, spec["spread"])
             await asyncio.sleep(max(0.0, t0 - time.time()))
-            started = time.time()
+            started, cpu_started = time.time(), time.process_time()
             for i in range(index, runs, processes):
                 await states[i % threads].schedule_effect(
                     "noop", {"due": dues[i]}, delay=max(0.0, dues[i] - time.time()))
-            scheduled = time.time()
+            scheduled, cpu_scheduled = time.time(), time.process_time()
             limit = base + spec["spread"] + GUARD_SECONDS
             while time.time() < limit:
                 if await asyncio.to_thread(_completed, spec["url"]) >= runs:
@@ -163,6 +163,8 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
                 await asyncio.sleep(0.1)
             return {"index": index, "scheduled_runs": len(range(index, runs, processes)),
                     "schedule_started": started, "schedule_ended": scheduled,
+                    "schedule_cpu": cpu_scheduled - cpu_started,
+                    "cpu": time.process_time() - cpu_started,
                     "lags": list(lags), "starts": list(noop["STARTS"])}
         finally:
             await rt.close()
@@ -216,6 +218,9 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
         "lag_p99": _percentile(lags, 99),
         "lag_max": max(lags, default=float("nan")),
         "overlap": sched_end > base,
+        # CPU seconds of the product processes (every thread: loop, storage, bus), per run.
+        "schedule_cpu_per_run": sum(r["schedule_cpu"] for r in results) / runs,
+        "cpu_per_run": sum(r["cpu"] for r in results) / runs,
         "per_process_executed": [len(r["lags"]) for r in results],
     }
 
@@ -261,6 +266,10 @@ def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int
         print(f"| lag due→start p99 | {p} | {_fmt_ms(case['lag_p99'])} | - | - | {target} "
               f"| {result} |")
         print(f"| lag due→start max | {p} | {_fmt_ms(case['lag_max'])} | - | - | - | - |")
+        print(f"| CPU per run while scheduling | {p} | "
+              f"{case['schedule_cpu_per_run'] * 1e6:,.0f} µs | - | - | - | - |")
+        print(f"| CPU per run, whole case | {p} | {case['cpu_per_run'] * 1e6:,.0f} µs | - | - "
+              f"| - | - |")
     for p, why in skipped.items():
         print(f"| (not run) | {p} | {why} | - | - | - | - |")
     notes = []

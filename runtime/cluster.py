@@ -19,11 +19,12 @@ A runtime whose backend has a `runtime.storage.base.ClusterBus` (PostgreSQL) run
   grace), never loses it; a node keeps timers only for that window and its own work.
 - **Frames.** The hub hands every event to `FrameRelay.send` instead of numbering it. The
   relay gives them, in batches, to `ClusterBus.append_frames` (one transaction: each
-  thread's counter, the ``frames`` table, one notification per batch), and delivers what
-  the ``frames`` channel brings — every node's frames, this one's included — to this
-  node's subscribers in each thread's ``seq`` order, reading missing ones from the
-  table (a notification lost while the bus reconnected, a frame too large to carry). A
-  thread nobody subscribes to here costs this node only the notification.
+  thread's counter, the ``frames`` table, the notifications), then delivers the batch,
+  numbered, to this node's own subscribers from the append's result (its own
+  notifications are skipped unread). What the ``frames`` channel brings from the other
+  nodes goes to this node's subscribers in each thread's ``seq`` order, reading missing
+  ones from the table (a notification lost while the bus reconnected, a frame too large
+  to carry). A notification whose header lists no thread subscribed here is not decoded.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any, TypeVar
 
 from runtime.abc import Clock
 from runtime.alarms import AlarmIndex
-from runtime.events import EVENT_TYPES, RelayedFrame, ThreadEvent
+from runtime.events import EVENT_TYPES, EffectChanged, RelayedFrame, ThreadDeleted, ThreadEvent
 from runtime.frames import ChangeHub
 from runtime.storage.base import (
     FRAMES_CHANNEL,
@@ -49,6 +50,7 @@ from runtime.storage.base import (
     RuntimeStore,
     decode_frames,
     decode_wake,
+    frames_header,
 )
 
 log = logging.getLogger("runtime")
@@ -133,7 +135,6 @@ class ClusterNode:
         self._queued = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._local: dict[tuple[str, int], ThreadEvent] = {}
         self._order: dict[str, _Order] = {}
         self.polls = 0
         self._wake_listening = False
@@ -281,13 +282,14 @@ class ClusterNode:
         self._idle.clear()
         self._queued.set()
 
-    def _draft(self, event: ThreadEvent) -> FrameDraft:
-        local = self._local
+    @staticmethod
+    def _draft(event: ThreadEvent, numbered: list[ThreadEvent]) -> FrameDraft:
+        """``event``'s draft; its ``render`` appends the numbered event to ``numbered``."""
 
         def render(seq: int) -> str:
-            numbered = replace(event, seq=seq)
-            local[(event.thread_id, seq)] = numbered
-            return numbered.frame_text()
+            event_n = replace(event, seq=seq)
+            numbered.append(event_n)
+            return event_n.frame_text()
 
         kind = event.event_type if isinstance(event, RelayedFrame) else EVENT_TYPES[type(event)]
         return FrameDraft(event.thread_id, kind, render)
@@ -300,8 +302,10 @@ class ClusterNode:
                 self._queued.clear()
                 await self._queued.wait()
             batch = [self._queue[i] for i in range(min(FRAME_BATCH, len(self._queue)))]
+            numbered: list[ThreadEvent] = []
             try:
-                await self._run_sync(self.bus.append_frames, [self._draft(e) for e in batch],
+                await self._run_sync(self.bus.append_frames,
+                                     [self._draft(e, numbered) for e in batch],
                                      self._clock.now())
             except Exception as exc:
                 log.warning("cluster: could not write %d frame(s) (%s); retrying in %g s",
@@ -312,6 +316,23 @@ class ClusterNode:
             delay = _RETRY_FIRST_SECONDS
             for _ in batch:
                 self._queue.popleft()
+            # This node's own frames go to its subscribers from the append's result: its
+            # own notifications are skipped unread (`_on_frames`).
+            self._deliver_own(numbered)
+            await asyncio.sleep(0)  # one batch per loop turn: the loop's other work goes on
+
+    def _deliver_own(self, numbered: list[ThreadEvent]) -> None:
+        hub = self.hub
+        for event in numbered:
+            if hub.subscribed(event.thread_id):
+                self._offer(event.thread_id, event.seq, event)
+            else:
+                self._order.pop(event.thread_id, None)
+                if hub.subscribed_to_all and (
+                        isinstance(event, (EffectChanged, ThreadDeleted))
+                        or (isinstance(event, RelayedFrame)
+                            and event.event_type in ("effect_changed", "thread_deleted"))):
+                    hub.deliver_numbered(event)
 
     async def _prune_loop(self) -> None:
         while True:
@@ -325,17 +346,27 @@ class ClusterNode:
     # ------------------------------------------------------------------ frames: in
 
     def _on_frames(self, payload: str) -> None:
+        sender, threads = frames_header(payload)
+        if sender == self.node:
+            return  # delivered from the append's result already (`_write_loop`)
+        hub = self.hub
+        if not hub.subscribed_to_all:
+            wanted = False
+            for thread_id in threads:
+                if hub.subscribed(thread_id):
+                    wanted = True
+                elif self._order:
+                    self._order.pop(thread_id, None)
+            if not wanted:
+                return  # no subscriber here of any of its threads: the frames stay unread
         try:
-            sender, frames = decode_frames(payload)
+            _, frames = decode_frames(payload)
         except ValueError:
             log.warning("cluster: ignoring a malformed frames notification")
             return
-        mine = sender == self.node
-        hub = self.hub
         for f in frames:
-            event: ThreadEvent | None = self._local.pop((f.thread_id, f.seq), None) if mine \
-                else None
-            if event is None and f.text is not None:
+            event: ThreadEvent | None = None
+            if f.text is not None:
                 event = RelayedFrame(f.thread_id, f.seq, f.kind, f.text)
             if not hub.subscribed(f.thread_id):
                 self._order.pop(f.thread_id, None)
@@ -345,8 +376,6 @@ class ClusterNode:
                     hub.deliver_numbered(event)
                 continue
             self._offer(f.thread_id, f.seq, event)
-        if len(self._local) > MAX_QUEUED_FRAMES:
-            self._local.clear()  # own notifications lost (a reconnect): never coming
 
     def _offer(self, thread_id: str, seq: int, event: ThreadEvent | None) -> None:
         order = self._order.get(thread_id)
@@ -381,8 +410,7 @@ class ClusterNode:
         order.filling = False
         for seq, kind, text in rows:
             if seq >= order.next_seq and order.buffer.get(seq) is None:
-                order.buffer[seq] = self._local.pop((thread_id, seq), None) or RelayedFrame(
-                    thread_id, seq, kind, text)
+                order.buffer[seq] = RelayedFrame(thread_id, seq, kind, text)
         buffer = order.buffer
         # Whatever is still missing up to the highest frame known was pruned: a real gap.
         while buffer:

@@ -146,6 +146,74 @@ async def test_a_deleted_threads_subscribers_on_another_node_are_told_and_closed
     assert [e.seq for e in seen] == [1, 2]
 
 
+async def test_a_node_decodes_no_frames_of_its_own_nor_of_threads_it_has_no_subscriber_of(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import runtime.cluster as cluster
+    from runtime.storage.base import decode_frames, frames_header
+
+    decoded: list[str] = []
+
+    def counting(payload: str) -> Any:
+        decoded.append(payload)
+        return decode_frames(payload)
+
+    monkeypatch.setattr(cluster, "decode_frames", counting)
+    async with node(pg_url, tmp_path, "a") as a, node(pg_url, tmp_path, "b") as b:
+        assert a.cluster is not None
+        quiet = await a.create_thread()  # nobody subscribes to it, on either node
+        for i in range(20):
+            await quiet.schedule_effect("note", {"text": str(i)}, 3600)
+        assert await a.cluster.flush(GUARD)
+        watched = await a.create_thread()
+        on_b = (await b.get_thread(watched.thread_id)).subscribe()
+        on_a = watched.subscribe()
+        await watched.schedule_effect("note", {"text": "w"}, 3600)
+        # The quiet thread's notifications reached b before the watched thread's one did.
+        assert [e.seq for e in await take(on_b, 1)] == [1]
+        assert [e.seq for e in await take(on_a, 1)] == [1]  # a: from its append's result
+    # b decoded a's notification of the watched thread, once: a skipped its own unread;
+    # neither decoded one that lists no thread it has a subscriber of.
+    assert decoded
+    assert len(set(decoded)) == len(decoded)
+    for payload in decoded:
+        sender, threads = frames_header(payload)
+        assert sender == a.cluster.bus.sender
+        assert watched.thread_id in threads
+
+
+async def test_a_subscriber_arriving_mid_burst_gets_continuous_seq_from_its_first_frame(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    total = 120
+    async with node(pg_url, tmp_path, "a") as a, node(pg_url, tmp_path, "b") as b:
+        assert a.cluster is not None
+        ta = await a.create_thread()
+        tb = await b.get_thread(ta.thread_id)
+
+        async def burst(start: int, stop: int) -> None:
+            for i in range(start, stop):
+                await (ta if i % 3 else tb).schedule_effect("note", {"text": str(i)}, 3600)
+
+        for i in range(30):  # frames 1-30, all a's own, numbered before anyone subscribes
+            await ta.schedule_effect("note", {"text": str(i)}, 3600)
+        assert await a.cluster.flush(GUARD)
+        rest = asyncio.create_task(burst(30, total))
+        await asyncio.sleep(0)
+        sub_a, sub_b = ta.subscribe(), tb.subscribe()
+        await rest
+        got: dict[str, list[int]] = {"a": [], "b": []}
+        async with asyncio.timeout(GUARD):
+            for name, sub in (("a", sub_a), ("b", sub_b)):
+                async for event in sub:
+                    got[name].append(event.seq)
+                    if event.seq == total:
+                        break
+    for seqs in got.values():
+        assert seqs == list(range(seqs[0], total + 1))
+    assert got["a"][0] > 30  # frames 1-30 went to a's subscribers before this one came
+
+
 async def test_a_run_due_now_starts_on_another_node_when_its_own_cannot_take_it(
     pg_url: str, tmp_path: Path,
 ) -> None:

@@ -1128,26 +1128,49 @@ class AnnouncedFrame:
 def encode_frames(sender: str, frames: Sequence[AnnouncedFrame]) -> list[str]:
     r"""``frames`` as few notification payloads as fit `MAX_PAYLOAD_BYTES`, in order.
 
-    A payload is the sender's id then one line per frame (``thread\tseq\tkind\ttext``):
-    frame texts are compact JSON, which never holds a raw newline or tab.
+    A payload is a header line, the sender's id then the ids of the threads its frames
+    belong to (``sender\tthread\tthread...``, each thread once, in first-frame order), then
+    one line per frame (``thread\tseq\tkind\ttext``): frame texts are compact JSON, which
+    never holds a raw newline or tab, and thread ids hold neither. A node reads the header
+    alone (`frames_header`) to skip a payload none of whose threads it serves.
     """
     payloads: list[str] = []
-    lines = [sender]
-    size = len(sender.encode())
+    limit = MAX_PAYLOAD_BYTES - 64
+    sender_size = len(sender.encode())
+    threads: list[str] = []
+    seen: set[str] = set()
+    lines: list[str] = []
+    size = sender_size
+
+    def close() -> None:
+        payloads.append("\n".join(["\t".join([sender, *threads]), *lines]))
+
     for f in frames:
         line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t{f.text or ''}"
         n = len(line.encode("utf-8", "surrogatepass")) + 1
-        if n + len(sender.encode()) > MAX_PAYLOAD_BYTES - 64:
+        header = 0 if f.thread_id in seen else len(f.thread_id.encode()) + 1
+        if n + header + sender_size > limit:
             line = f"{f.thread_id}\t{f.seq}\t{f.kind}\t"
             n = len(line.encode()) + 1
-        if size + n > MAX_PAYLOAD_BYTES - 64 and len(lines) > 1:
-            payloads.append("\n".join(lines))
-            lines, size = [sender], len(sender.encode())
+        if size + header + n > limit and lines:
+            close()
+            threads, seen, lines, size = [], set(), [], sender_size
+            header = len(f.thread_id.encode()) + 1
+        if f.thread_id not in seen:
+            seen.add(f.thread_id)
+            threads.append(f.thread_id)
         lines.append(line)
-        size += n
-    if len(lines) > 1:
-        payloads.append("\n".join(lines))
+        size += header + n
+    if lines:
+        close()
     return payloads
+
+
+def frames_header(payload: str) -> tuple[str, list[str]]:
+    """``(sender, thread ids)`` of a ``frames`` notification, from its header line alone."""
+    end = payload.find("\n")
+    sender, *threads = (payload if end < 0 else payload[:end]).split("\t")
+    return sender, threads
 
 
 def decode_frames(payload: str) -> tuple[str, list[AnnouncedFrame]]:
@@ -1156,7 +1179,8 @@ def decode_frames(payload: str) -> tuple[str, list[AnnouncedFrame]]:
     Raises:
         ValueError: the payload is not one `encode_frames` made.
     """
-    sender, *lines = payload.split("\n")
+    header, *lines = payload.split("\n")
+    sender = header.split("\t", 1)[0]
     frames: list[AnnouncedFrame] = []
     for line in lines:
         thread_id, seq, kind, text = line.split("\t", 3)

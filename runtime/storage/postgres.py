@@ -1506,7 +1506,10 @@ class PostgresRuntimeStore(RuntimeStore):
             (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
              r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
              r.canceled_by, r.schedule_id, r.thread_id)
-            for r in runs
+            # In key order, and the threads' rows below in id order: two batches (or a
+            # batch and a thread's own transaction) lock rows in one order, never in
+            # opposite orders (a deadlock the server breaks by failing one of them).
+            for r in sorted(runs, key=lambda r: (r.thread_id, r.id))
         ]
         latest: dict[str, float] = {}
         for r in runs:
@@ -1524,7 +1527,7 @@ class PostgresRuntimeStore(RuntimeStore):
                 f"error = excluded.error, canceled_by = excluded.canceled_by",
                 rows,
             )
-            c.executemany(_TOUCH, [(ts, tid) for tid, ts in latest.items()])
+            c.executemany(_TOUCH, [(latest[tid], tid) for tid in sorted(latest)])
 
         self._tx(tx)
 
