@@ -26,6 +26,7 @@ from conftest import SERVER_APP, release
 from websockets.sync.client import connect as ws_connect
 
 from runtime import Runtime
+from runtime.cluster import rank
 from runtime.effects import EffectStatus
 from runtime.events import EffectChanged, RelayedFrame, ThreadEvent
 from runtime.frames import Subscription
@@ -243,6 +244,40 @@ async def test_a_node_that_found_the_thread_run_elsewhere_is_woken_again_later(
         attempts = await tb.get_run_attempts(third)
         release(a, "other")
     assert [x.node_id for x in attempts] == ["node-b"]
+
+
+async def test_a_node_that_claims_no_run_is_never_ranked_to_wake_a_thread(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """a claims nothing (an API front); b's one worker is taken; only c can run the run.
+
+    The thread is one that a would rank first among the nodes other than b: the wake-up
+    must reach c all the same (the poll is an hour away).
+    """
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 0.5}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=0, **slow) as a, \
+            node(pg_url, tmp_path, "b", max_concurrent_runs=1, **slow) as b, \
+            node(pg_url, tmp_path, "c", **slow) as c:
+        assert a.cluster is not None and b.cluster is not None and c.cluster is not None
+        for rt in (a, b, c):  # every node hears every other (a announces nothing)
+            await rt.cluster.poll()
+        na, nb, nc = a.cluster.node, b.cluster.node, c.cluster.node
+        await until(lambda: {nb, nc} <= set(c.cluster.live_nodes()), "presence")
+        await until(lambda: {nb, nc} <= set(b.cluster.live_nodes()), "presence")
+        assert na not in c.cluster.live_nodes() and na not in b.cluster.live_nodes()
+        await (await b.create_thread()).schedule_effect("hold", {"key": "busy"})
+        await until(lambda: any(x.current_run for x in b.actors.open_actors()), "hold")
+        while True:
+            tb = await b.create_thread()
+            if rank([na, nc], tb.thread_id)[0] == na:
+                break
+        run_id = await tb.schedule_effect("note", {"text": "c runs it"})
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        attempts = await tb.get_run_attempts(run_id)
+        release(b, "busy")
+    assert [x.node_id for x in attempts] == ["node-c"]
 
 
 async def test_a_node_keeps_timers_only_for_the_alarms_due_within_its_horizon(
