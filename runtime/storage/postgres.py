@@ -1506,7 +1506,7 @@ class PostgresRuntimeStore(RuntimeStore):
             (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
              r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
              r.canceled_by, r.schedule_id, r.thread_id)
-            for r in runs
+            for r in sorted(runs, key=lambda r: (r.thread_id, r.id))
         ]
         latest: dict[str, float] = {}
         for r in runs:
@@ -1524,7 +1524,9 @@ class PostgresRuntimeStore(RuntimeStore):
                 f"error = excluded.error, canceled_by = excluded.canceled_by",
                 rows,
             )
-            c.executemany(_TOUCH, [(ts, tid) for tid, ts in latest.items()])
+            # Rows locked in one order (thread, run) on every node: two nodes' batches
+            # touching the same threads wait for each other instead of deadlocking.
+            c.executemany(_TOUCH, [(latest[tid], tid) for tid in sorted(latest)])
 
         self._tx(tx)
 
