@@ -321,11 +321,15 @@ class AlarmIndex:
                 await self._run_sync(self._store.lower_alarm, thread_id, due_at)
                 self._row[thread_id] = due_at
             current = self._due.get(thread_id)
-            if current is None or due_at < current:
+            # A wake-up time already past does not stand for this run (see `hint`); its
+            # firing may still be pending (a busy loop), so the timer is not moved later.
+            past = current is not None and current <= self._clock.now()
+            if current is None or due_at < current or past:
                 self._due[thread_id] = due_at
                 if thread_id in self._yielded or not self._is_draining(thread_id):
                     self._yielded.discard(thread_id)
-                    self._timer.arm(thread_id, due_at)
+                    self._timer.arm(thread_id, min(due_at, current) if past
+                                    and current is not None else due_at)
 
     async def hint(
         self, thread_id: str, due_at: float, arm_at: float, *, row: float | None = None,
@@ -355,6 +359,9 @@ class AlarmIndex:
                 return False
             self._yielded.discard(thread_id)
             self._due[thread_id] = due_at
+            if current is not None and current <= self._clock.now():
+                # Its firing may still be pending (a busy loop): wake now, not later.
+                arm_at = min(arm_at, current)
             self._timer.arm(thread_id, arm_at)
             return True
 
