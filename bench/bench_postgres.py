@@ -122,6 +122,33 @@ def _completed(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _leftovers(url: str, now: float, late_seconds: float) -> dict[str, int]:
+    """What the runs not completed are: running, pending, and pending ones that are stuck.
+
+    A pending run is *stuck* when it was due more than ``late_seconds`` ago and its thread
+    runs nothing (no run of it is ``running``): no node is working on the thread, so the
+    run waits for a wake-up that should have come (the poll plus the grace at most).
+    """
+    from runtime.storage.postgres import split_schema
+
+    base, schema = split_schema(url)
+    with psycopg.connect(base, autocommit=True, options=f"-c search_path={schema}") as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE r.status = 'running'), "
+            "count(*) FILTER (WHERE r.status = 'pending'), "
+            "count(*) FILTER (WHERE r.status = 'pending' AND r.run_at < %s AND NOT EXISTS "
+            "(SELECT 1 FROM effect_runs o WHERE o.thread_id = r.thread_id "
+            "AND o.status = 'running')), "
+            "count(*) FILTER (WHERE r.status = 'pending' AND NOT EXISTS "
+            "(SELECT 1 FROM alarms a WHERE a.thread_id = r.thread_id AND a.due_at <= r.run_at)) "
+            "FROM effect_runs r WHERE r.status NOT IN ('completed', 'failed', 'canceled')",
+            (now - late_seconds,),
+        ).fetchone()
+    assert row is not None
+    return {"running": int(row[0]), "pending": int(row[1]), "stuck": int(row[2]),
+            "pending_without_alarm": int(row[3])}
+
+
 async def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """One product process: start, (process 0) create the threads, say ``ready``, wait for
     the start instant on stdin, schedule this process's share one after another, then
@@ -157,15 +184,23 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
                     "noop", {"due": dues[i]}, delay=max(0.0, dues[i] - time.time()))
             scheduled, cpu_scheduled = time.time(), time.process_time()
             limit = base + spec["spread"] + GUARD_SECONDS
-            while time.time() < limit:
+            leftovers = None
+            while True:
                 if await asyncio.to_thread(_completed, spec["url"]) >= runs:
+                    break
+                if time.time() >= limit:
+                    late = rt.settings.cluster_poll_seconds + 2 * (
+                        rt.settings.cluster_wake_grace_seconds)
+                    leftovers = await asyncio.to_thread(
+                        _leftovers, spec["url"], time.time(), late)
                     break
                 await asyncio.sleep(0.1)
             return {"index": index, "scheduled_runs": len(range(index, runs, processes)),
                     "schedule_started": started, "schedule_ended": scheduled,
                     "schedule_cpu": cpu_scheduled - cpu_started,
                     "cpu": time.process_time() - cpu_started,
-                    "lags": list(lags), "starts": list(noop["STARTS"])}
+                    "lags": list(lags), "starts": list(noop["STARTS"]),
+                    "leftovers": leftovers}
         finally:
             await rt.close()
 
@@ -222,6 +257,7 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
         "schedule_cpu_per_run": sum(r["schedule_cpu"] for r in results) / runs,
         "cpu_per_run": sum(r["cpu"] for r in results) / runs,
         "per_process_executed": [len(r["lags"]) for r in results],
+        "leftovers": next((r["leftovers"] for r in results if r["leftovers"]), None),
     }
 
 
@@ -277,6 +313,14 @@ def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int
         if case["executed"] != opts.runs:
             notes.append(f"{case['processes']} process(es): {case['executed']} of "
                          f"{opts.runs} runs executed before the case gave up")
+            left = case.get("leftovers")
+            if left:
+                notes.append(
+                    f"{case['processes']} process(es), at give-up: {left['running']} running, "
+                    f"{left['pending']} pending, of which {left['stuck']} stuck (due more "
+                    f"than a poll plus twice the grace ago in a thread that runs nothing) "
+                    f"and {left['pending_without_alarm']} without an alarm row at or "
+                    f"before them")
         if case["overlap"]:
             notes.append(f"{case['processes']} process(es): scheduling was still going when "
                          f"the first run came due (raise --lead)")

@@ -241,6 +241,10 @@ class AlarmIndex:
         # row stays at or before that instant until they have been idle `keep_seconds`.
         self._keep = keep_seconds
         self._warm: dict[str, float] = {}
+        # Threads whose last drain here found them run by another node (a shared store):
+        # this node keeps no timer for them, and a `lower` or `hint` arms the timer even
+        # while that drain is still ending, until a drain here settles the thread.
+        self._yielded: set[str] = set()
         self._lock = asyncio.Lock()
         self._flush_needed = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -317,10 +321,15 @@ class AlarmIndex:
                 await self._run_sync(self._store.lower_alarm, thread_id, due_at)
                 self._row[thread_id] = due_at
             current = self._due.get(thread_id)
-            if current is None or due_at < current:
+            # A wake-up time already past does not stand for this run (see `hint`); its
+            # firing may still be pending (a busy loop), so the timer is not moved later.
+            past = current is not None and current <= self._clock.now()
+            if current is None or due_at < current or past:
                 self._due[thread_id] = due_at
-                if not self._is_draining(thread_id):
-                    self._timer.arm(thread_id, due_at)
+                if thread_id in self._yielded or not self._is_draining(thread_id):
+                    self._yielded.discard(thread_id)
+                    self._timer.arm(thread_id, min(due_at, current) if past
+                                    and current is not None else due_at)
 
     async def hint(
         self, thread_id: str, due_at: float, arm_at: float, *, row: float | None = None,
@@ -330,8 +339,9 @@ class AlarmIndex:
         For a backend several nodes share (`runtime.cluster`): a wake-up announced by the
         node that scheduled the run, or an alarm row this node's poll read (``row``: its
         value, now known). Arms the timer at ``arm_at`` (at or after ``due_at``: a grace
-        left to the nodes ranked first) unless this node already wakes the thread at or
-        before ``due_at``, or drains it now. Writes no row.
+        left to the nodes ranked first) unless this node's timer already wakes the thread
+        at or before ``due_at`` (and later than now), or drains it now (unless that drain
+        found the thread run by another node: `yielded`). Writes no row.
 
         Returns:
             Whether the timer was armed.
@@ -341,11 +351,34 @@ class AlarmIndex:
             if row is not None and thread_id not in self._row:
                 self._row[thread_id] = row
             current = self._due.get(thread_id)
-            if (current is not None and current <= due_at) or self._is_draining(thread_id):
+            # A wake-up time already past is no promise: it fired (the thread was queued,
+            # or drained and left to another node), so it does not stand for this one.
+            if current is not None and current <= due_at and current > self._clock.now():
                 return False
+            if self._is_draining(thread_id) and thread_id not in self._yielded:
+                return False
+            self._yielded.discard(thread_id)
             self._due[thread_id] = due_at
+            if current is not None and current <= self._clock.now():
+                # Its firing may still be pending (a busy loop): wake now, not later.
+                arm_at = min(arm_at, current)
             self._timer.arm(thread_id, arm_at)
             return True
+
+    async def yielded(self, thread_id: str) -> None:
+        """A drain found the thread run by another node (a shared store; with the actor lock).
+
+        That node drains the thread on as its run ends. This node stops waking it: its
+        timer is disarmed and its due time forgotten, so that a later wake-up (`hint`:
+        an announcement, the alarm poll) or a run scheduled here (`lower`) arms the
+        timer again, even before the drain that yielded has ended. The durable row
+        stays where it is (this node learned nothing about the thread's runs).
+        """
+        assert self._timer is not None
+        async with self._lock:
+            self._due.pop(thread_id, None)
+            self._timer.disarm(thread_id)
+            self._yielded.add(thread_id)
 
     def created(self, thread_id: str, row_at: float) -> None:
         """A thread was registered with its alarm row at ``row_at`` (its creation time).
@@ -412,6 +445,7 @@ class AlarmIndex:
         """
         assert self._timer is not None
         async with self._lock:
+            self._yielded.discard(thread_id)
             if hold_row_at is None:
                 self._held.pop(thread_id, None)
             else:
@@ -438,6 +472,7 @@ class AlarmIndex:
         self._due.pop(thread_id, None)
         self._held.pop(thread_id, None)
         self._warm.pop(thread_id, None)
+        self._yielded.discard(thread_id)
         self._dirty.discard(thread_id)
 
     async def delete_with(self, thread_id: str, delete: Callable[[], T]) -> T:
@@ -480,6 +515,7 @@ class AlarmIndex:
             self._due.pop(thread_id, None)
             self._held.pop(thread_id, None)
             self._warm.pop(thread_id, None)
+            self._yielded.discard(thread_id)
             self._row.pop(thread_id, None)
             self._dirty.discard(thread_id)
 

@@ -107,12 +107,15 @@ class ClusterNode:
         horizon_seconds: How far ahead the poll reads alarms.
         grace_seconds: The wake-up grace (see the module doc).
         frame_keep_seconds: How long frames stay in the table.
+        claims: Whether this node claims runs (``max_concurrent_runs`` > 0). A node that
+            claims none neither announces itself (so no thread ranks it first) nor
+            answers wake-ups.
     """
 
     def __init__(
         self, bus: ClusterBus, hub: ChangeHub, alarms: AlarmIndex, run_sync: RunSync,
         clock: Clock, *, poll_seconds: float, horizon_seconds: float, grace_seconds: float,
-        frame_keep_seconds: float,
+        frame_keep_seconds: float, claims: bool = True,
     ) -> None:
         self.bus = bus
         self.hub = hub
@@ -123,6 +126,7 @@ class ClusterNode:
         self.horizon_seconds = horizon_seconds
         self.grace_seconds = grace_seconds
         self.frame_keep_seconds = frame_keep_seconds
+        self.claims = claims
         self.node = getattr(bus, "sender", "") or hashlib.blake2b(
             repr(id(self)).encode(), digest_size=8).hexdigest()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -200,8 +204,8 @@ class ClusterNode:
         except ValueError:
             log.warning("cluster: ignoring a malformed wake-up %r", payload[:200])
             return
-        if sender == self.node:
-            return  # this node armed it when it scheduled the run
+        if sender == self.node or not self.claims:
+            return  # this node armed it when it scheduled the run, or runs nothing
         others = [n for n in self.live_nodes() if n != sender]
         if not others or rank(others, thread_id)[0] != self.node:
             return
@@ -234,10 +238,15 @@ class ClusterNode:
     async def poll(self) -> int:
         """Announce this node, read the alarms due within the horizon, hint the new ones.
 
+        A node that claims no run does neither (it counts the poll).
+
         Returns:
             How many alarm rows the window held.
         """
         assert self._store is not None
+        if not self.claims:
+            self.polls += 1
+            return 0  # ranked by nobody, it wakes nothing
         await self._run_sync(self.bus.notify, NODES_CHANNEL, self.node)
         now = self._clock.now()
         rows = await self._run_sync(self._store.load_alarms, now + self.horizon_seconds)

@@ -211,7 +211,9 @@ class EffectExecutor:
                     return not (stopping or paused)
                 if claimed is None and actor.store.claim_blocked is not None:
                     # Paused elsewhere (resuming wakes it), or another node runs the
-                    # thread (that node drains it on; its alarm row stays meanwhile).
+                    # thread: that node drains it on, its alarm row stays meanwhile, and
+                    # this node forgets its timer, so that a later wake-up arms it again.
+                    await self._alarms.yielded(thread_id)
                     return False
                 if claimed is None:
                     # Runs of concurrent effects still running hold the durable row

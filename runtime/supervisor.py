@@ -348,6 +348,7 @@ class Runtime:
                 horizon_seconds=self.settings.alarm_horizon_seconds,
                 grace_seconds=self.settings.cluster_wake_grace_seconds,
                 frame_keep_seconds=self.settings.frame_keep_seconds,
+                claims=self.settings.max_concurrent_runs > 0,
             )
             self.hub.relay = self.cluster
         self.actors = ActorTable(

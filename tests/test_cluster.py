@@ -26,6 +26,7 @@ from conftest import SERVER_APP, release
 from websockets.sync.client import connect as ws_connect
 
 from runtime import Runtime
+from runtime.cluster import rank
 from runtime.effects import EffectStatus
 from runtime.events import EffectChanged, RelayedFrame, ThreadEvent
 from runtime.frames import Subscription
@@ -259,6 +260,92 @@ async def test_a_lost_wake_up_only_delays_the_run_until_the_poll(
             while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
                 await asyncio.sleep(0.02)
         release(a, "k2")
+
+
+@pytest.mark.parametrize("wake_by", ["announcement", "poll"])
+async def test_a_node_that_found_the_thread_run_elsewhere_is_woken_again_later(
+    pg_url: str, tmp_path: Path, wake_by: str,
+) -> None:
+    """b's drain of a thread that a runs claims nothing; b must still answer later wake-ups.
+
+    a runs a ``hold`` of the thread while b schedules a run on it: b's drain finds the
+    thread run by a (a runs that run next). Later a schedules another run on the thread
+    while its one worker is taken by another thread: only b can run it, woken by the
+    announcement or, with that lost, by its alarm poll.
+    """
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 0.5}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=1, **slow) as a, \
+            node(pg_url, tmp_path, "b", **slow) as b:
+        assert a.cluster is not None and b.cluster is not None
+        ta = await a.create_thread()
+        tid = ta.thread_id
+        await ta.schedule_effect("hold", {"key": "first"})
+        await until(lambda: any(x.current_run for x in a.actors.open_actors()), "hold")
+        tb = await b.get_thread(tid)
+        second = await tb.schedule_effect("note", {"text": "behind the hold"})
+        # b woke the thread for the hold (announced by a: due + grace) or for its own
+        # run: either way its drain found the thread run by a, which runs the second run
+        # after the hold.
+        await asyncio.sleep(1.0)
+        await until(lambda: b.dispatcher.state(tid) is None, "b's drain")
+        assert (await tb.get_run(second)).status is EffectStatus.PENDING
+        release(a, "first")  # a runs the second run right after the hold
+        async with asyncio.timeout(GUARD):
+            while (await ta.get_run(second)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        # a's one worker is taken by another thread; the thread itself is free.
+        await (await a.create_thread()).schedule_effect("hold", {"key": "other"})
+        await until(lambda: any(x.current_run and x.thread_id != tid
+                                for x in a.actors.open_actors()), "other hold")
+        if wake_by == "poll":
+            b.cluster.bus.unlisten("wake", b.cluster._on_wake)  # b hears no wake-up
+        third = await ta.schedule_effect("note", {"text": "a cannot take it"})
+        if wake_by == "poll":
+            await asyncio.sleep(0.3)
+            assert (await tb.get_run(third)).status is EffectStatus.PENDING
+            await b.cluster.poll()
+            await a.cluster.poll()
+            await b.cluster.poll()
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(third)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        attempts = await tb.get_run_attempts(third)
+        release(a, "other")
+    assert [x.node_id for x in attempts] == ["node-b"]
+
+
+async def test_a_node_that_claims_no_run_is_never_ranked_to_wake_a_thread(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """a claims nothing (an API front); b's one worker is taken; only c can run the run.
+
+    The thread is one that a would rank first among the nodes other than b: the wake-up
+    must reach c all the same (the poll is an hour away).
+    """
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 0.5}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=0, **slow) as a, \
+            node(pg_url, tmp_path, "b", max_concurrent_runs=1, **slow) as b, \
+            node(pg_url, tmp_path, "c", **slow) as c:
+        assert a.cluster is not None and b.cluster is not None and c.cluster is not None
+        for rt in (a, b, c):  # every node hears every other (a announces nothing)
+            await rt.cluster.poll()
+        na, nb, nc = a.cluster.node, b.cluster.node, c.cluster.node
+        await until(lambda: {nb, nc} <= set(c.cluster.live_nodes()), "presence")
+        await until(lambda: {nb, nc} <= set(b.cluster.live_nodes()), "presence")
+        assert na not in c.cluster.live_nodes() and na not in b.cluster.live_nodes()
+        await (await b.create_thread()).schedule_effect("hold", {"key": "busy"})
+        await until(lambda: any(x.current_run for x in b.actors.open_actors()), "hold")
+        while True:
+            tb = await b.create_thread()
+            if rank([na, nc], tb.thread_id)[0] == na:
+                break
+        run_id = await tb.schedule_effect("note", {"text": "c runs it"})
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        attempts = await tb.get_run_attempts(run_id)
+        release(b, "busy")
+    assert [x.node_id for x in attempts] == ["node-c"]
 
 
 async def test_a_node_keeps_timers_only_for_the_alarms_due_within_its_horizon(
