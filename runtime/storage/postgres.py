@@ -2265,6 +2265,35 @@ class PostgresBackend(StorageBackend):
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
 
+    def mark_dead_nodes_gaps(self) -> list[tuple[str, int]]:  # noqa: D102
+        # A dead node is one whose lease expired (> 0: a node that closed cleanly set it to
+        # 0 after flushing its frames; -1: accounted for here). The node's row is locked
+        # by the UPDATE, so two live nodes never both advance the counters.
+        skipped: list[tuple[str, int]] = []
+        with self.transaction() as c:
+            dead = c.execute(
+                f"UPDATE nodes SET lease_expires_at = -1 WHERE node_id <> %s "
+                f"AND lease_expires_at > 0 AND lease_expires_at <= {_DB_NOW} "
+                f"RETURNING node_id, heartbeat_at",
+                (self.node_id,),
+            ).fetchall()
+            for node_id, heartbeat_at in dead:
+                since = float(heartbeat_at) - self.lease_seconds
+                rows = c.execute(
+                    "INSERT INTO frame_counters (thread_id, last_seq) "
+                    "SELECT DISTINCT a.thread_id, 1 FROM run_attempts a "
+                    "WHERE a.node_id = %s AND (a.ended_at IS NULL OR a.ended_at >= %s) "
+                    "ORDER BY 1 ON CONFLICT (thread_id) DO UPDATE SET "
+                    "last_seq = frame_counters.last_seq + 1 RETURNING thread_id, last_seq",
+                    (node_id, since),
+                ).fetchall()
+                skipped.extend((str(t), int(seq)) for t, seq in rows)
+                if rows:
+                    log.warning("node %s died: %d thread(s) it may have changed without "
+                                "relaying the frame skip a seq (their clients reload)",
+                                node_id, len(rows))
+        return skipped
+
     def alone(self) -> bool:  # noqa: D102 - contract in base
         return all(node == self.node_id for node, _ in self.live_nodes())
 
