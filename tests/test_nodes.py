@@ -240,6 +240,44 @@ def test_a_dead_nodes_recent_threads_skip_one_frame_seq_once(
         store.close()
 
 
+def test_a_node_restarting_under_its_id_skips_a_frame_seq_for_its_previous_process(
+    pg_url: str,
+) -> None:
+    first = PostgresBackend(pg_url, node_id="node-x")
+    rx = first.open()
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    assert rx.add_thread(info)
+    store = first.create_thread_store(info)
+    store.insert_run(new_run("r1"))
+    _, claimed, _ = store.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    store.close()
+    rx.close()
+    first.close()
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        # As if killed: its lease still live (a clean close set it to 0).
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
+                     f"extract(epoch from now()) + 30 WHERE node_id = 'node-x'")
+        again = PostgresBackend(pg_url, node_id="node-x")
+        store2 = again.open()
+        try:
+            rows = conn.execute(f"SELECT thread_id, last_seq FROM {schema}.frame_counters"
+                                ).fetchall()
+            assert rows == [("t", 1)]
+            assert again.mark_dead_nodes_gaps() == []
+        finally:
+            store2.close()
+            again.close()
+        # A clean close: the next start skips nothing.
+        third = PostgresBackend(pg_url, node_id="node-x")
+        store3 = third.open()
+        store3.close()
+        third.close()
+        rows = conn.execute(f"SELECT last_seq FROM {schema}.frame_counters").fetchall()
+    assert rows == [(1,)]
+
+
 def test_the_third_interrupted_attempt_of_dead_nodes_fails_the_run(
     two_nodes: Any, pg_url: str,
 ) -> None:
