@@ -1255,12 +1255,18 @@ class Runtime:
     async def requeue_orphans(self) -> int:
         """Re-queue the runs nodes whose lease expired left ``running``; how many changed.
 
+        First the threads such nodes may have changed without relaying the frame skip a
+        ``seq`` (`StorageBackend.mark_dead_nodes_gaps`).
+
         Each thread's runs are re-queued in its own transaction (the attempt rule applies:
         a third interrupted attempt fails the run), and the changes are published. Does
         nothing while this node does not hold its own lease (`StorageBackend.lock_problem`).
         """
         if self.storage.lock_problem() is not None or self._closing:
             return 0
+        # A dead node's changes whose frames it never relayed: their threads skip a seq,
+        # so subscribers see a gap and reload (`StorageBackend.mark_dead_nodes_gaps`).
+        await self.run_sync(self.storage.mark_dead_nodes_gaps)
         orphans = await self.run_sync(self.storage.orphaned_runs)
         by_thread: dict[str, list[str]] = {}
         for thread_id, run_id in orphans:

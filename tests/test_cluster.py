@@ -110,6 +110,36 @@ async def test_seq_stays_continuous_when_both_nodes_make_changes_to_one_thread(
     assert frames_of(got_a) == frames_of(got_b)
 
 
+async def test_a_change_a_dead_node_never_relayed_shows_as_a_seq_gap_on_another_node(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    url, schema = split_schema(pg_url)
+    async with node(pg_url, tmp_path, "b") as b:
+        async with node(pg_url, tmp_path, "a") as a:
+            ta = await a.create_thread()
+            on_b = (await b.get_thread(ta.thread_id)).subscribe()
+            await ta.schedule_effect("note", {"text": "relayed"})
+            assert [e.seq for e in await take(on_b, 3)] == [1, 2, 3]
+            # Node A's relay stops before appending: the next run commits all its
+            # changes (scheduled, started, completed) and none of their frames is written.
+            assert a.cluster is not None
+            a.cluster.send = lambda event: None  # type: ignore[method-assign]
+            await ta.schedule_effect("note", {"text": "never relayed"})
+            await a.wait_idle(GUARD)
+        # A closed cleanly (lease 0, frames flushed); make it a node that died instead:
+        # its lease expired a moment ago, its last heartbeat just before.
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                f"UPDATE {schema}.nodes SET lease_expires_at = extract(epoch from now()) - 1, "
+                f"heartbeat_at = extract(epoch from now()) - 2 WHERE node_id = 'node-a'")
+        await b.requeue_orphans()
+        assert await asyncio.to_thread(b.storage.mark_dead_nodes_gaps) == []  # once only
+        # The next change of the thread, made on B, comes one seq after the one skipped.
+        await (await b.get_thread(ta.thread_id)).schedule_effect("note", {"text": "x"}, 3600)
+        after = await take(on_b, 1)
+    assert [e.seq for e in after] == [5]  # 4 was the dead node's: the client reloads
+
+
 async def test_frames_missed_while_the_listening_connection_was_down_are_read_back(
     pg_url: str, tmp_path: Path,
 ) -> None:

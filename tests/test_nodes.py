@@ -23,7 +23,7 @@ from runtime import Runtime
 from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import DataDirLocked
-from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.base import Finish, FrameDraft, RuntimeStore, ThreadInfo, ThreadStore
 from runtime.storage.postgres import PostgresBackend, split_schema
 
 APP = Path(__file__).parent / "apps" / "core"
@@ -198,6 +198,84 @@ def test_a_dead_nodes_run_is_requeued_and_its_late_outcome_is_fenced(
         (1, "interrupted", "node-a"), (2, "completed", "node-b")]
     sa.close()
     sb.close()
+
+
+def test_a_dead_nodes_recent_threads_skip_one_frame_seq_once(
+    two_nodes: Any, pg_url: str,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    old = ThreadInfo(id="old", created_at_ts=T0)
+    assert ra.add_thread(old)
+    so = a.create_thread_store(old)
+    sa.insert_run(new_run("r1"))
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 1)  # attempt still open on node a
+    assert claimed is not None
+    so.insert_run(replace(new_run("r2", run_at=1_000.0), thread_id="old"))
+    _, done, _ = so.finish_and_claim(None, 1_000.0)
+    assert done is not None
+    # Ended long before node a's last heartbeat: its frame was relayed long ago.
+    so.finish_and_claim(Finish("r2", EffectStatus.COMPLETED, None, 1_001.0, attempt=1),
+                        1_001.0, claim=False)
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO {schema}.frame_counters VALUES ('t', 7)")
+        # Node a closed cleanly (lease 0, its frames flushed): nothing to account for.
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = 0 "
+                     f"WHERE node_id = 'node-a'")
+        assert b.mark_dead_nodes_gaps() == []
+        # Node a died: its lease expired a moment ago.
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
+                     f"extract(epoch from now()) - 1 WHERE node_id = 'node-a'")
+        assert a.mark_dead_nodes_gaps() == []  # never its own
+        assert b.mark_dead_nodes_gaps() == [("t", 8)]
+        assert b.mark_dead_nodes_gaps() == []  # accounted for once
+        row = conn.execute(f"SELECT last_seq FROM {schema}.frame_counters "
+                           f"WHERE thread_id = 't'").fetchone()
+    assert row == (8,)
+    # The next frame of thread t is numbered after the one skipped.
+    drafts = [FrameDraft("t", "effect_changed", lambda seq: f'{{"seq": {seq}}}')]
+    assert b.cluster.append_frames(drafts, T0) == [9]
+    for store in (sa, sb, so):
+        store.close()
+
+
+def test_a_node_restarting_under_its_id_skips_a_frame_seq_for_its_previous_process(
+    pg_url: str,
+) -> None:
+    first = PostgresBackend(pg_url, node_id="node-x")
+    rx = first.open()
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    assert rx.add_thread(info)
+    store = first.create_thread_store(info)
+    store.insert_run(new_run("r1"))
+    _, claimed, _ = store.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    store.close()
+    rx.close()
+    first.close()
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        # As if killed: its lease still live (a clean close set it to 0).
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
+                     f"extract(epoch from now()) + 30 WHERE node_id = 'node-x'")
+        again = PostgresBackend(pg_url, node_id="node-x")
+        store2 = again.open()
+        try:
+            rows = conn.execute(f"SELECT thread_id, last_seq FROM {schema}.frame_counters"
+                                ).fetchall()
+            assert rows == [("t", 1)]
+            assert again.mark_dead_nodes_gaps() == []
+        finally:
+            store2.close()
+            again.close()
+        # A clean close: the next start skips nothing.
+        third = PostgresBackend(pg_url, node_id="node-x")
+        store3 = third.open()
+        store3.close()
+        third.close()
+        rows = conn.execute(f"SELECT last_seq FROM {schema}.frame_counters").fetchall()
+    assert rows == [(1,)]
 
 
 def test_the_third_interrupted_attempt_of_dead_nodes_fails_the_run(

@@ -1343,6 +1343,26 @@ class StorageBackend(ABC):
         """
         return []
 
+    def mark_dead_nodes_gaps(self) -> list[tuple[str, int]]:
+        """Advance, without a frame, the frame counter of threads dead nodes may have changed.
+
+        A node relays its changes' frames after they commit (docs/scale-out.md, "Frames
+        across nodes"); one killed in between leaves a committed change without its frame.
+        For every node whose lease expired and was not accounted for yet, a shared backend
+        (PostgreSQL) advances by one the counter of each thread in which that node held an
+        attempt still open or ended within one lease period before its last heartbeat, and
+        marks the node accounted for, in one transaction (two live nodes never both do it).
+        The next frame of such a thread comes one ``seq`` later: its subscribers see a gap
+        and reload. One process per backend (SQLite, memory): always empty, nothing to do.
+
+        Returns:
+            ``(thread_id, seq)`` for every ``seq`` skipped so.
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return []
+
     def alone(self) -> bool:
         """Whether no other process uses the backend now (no other node's lease is live).
 

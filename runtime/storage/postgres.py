@@ -2101,17 +2101,29 @@ class PostgresBackend(StorageBackend):
         """Write this node's row (a new token, a fresh lease); its node-id lock is held."""
         started = time.monotonic()
         try:
-            conn.execute(
-                f"INSERT INTO nodes (node_id, token, lease_expires_at, started_at, "
-                f"heartbeat_at) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, {_DB_NOW}) "
-                f"ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
-                f"lease_expires_at = excluded.lease_expires_at, "
-                f"started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at",
-                (self.node_id, self._token, self.lease_seconds),
-            )
+            with conn.transaction():
+                # This node id's previous process ended without closing (its lease was not
+                # set to 0, and the node-id lock is free): it may have died with frames not
+                # relayed, and nobody else will account for it once this row is renewed.
+                prev = conn.execute(
+                    "SELECT heartbeat_at FROM nodes WHERE node_id = %s AND "
+                    "lease_expires_at > 0 FOR UPDATE", (self.node_id,)).fetchone()
+                if prev is not None:
+                    self._skip_frame_seqs(conn.cursor(), str(self.node_id), float(prev[0]))
+                self._upsert_node(conn)
         except _db_error() as exc:
             raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
         self._lease_valid_until = started + self.lease_seconds
+
+    def _upsert_node(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
+        conn.execute(
+            f"INSERT INTO nodes (node_id, token, lease_expires_at, started_at, "
+            f"heartbeat_at) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, {_DB_NOW}) "
+            f"ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
+            f"lease_expires_at = excluded.lease_expires_at, "
+            f"started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at",
+            (self.node_id, self._token, self.lease_seconds),
+        )
 
     def _try_lock(
         self, conn: psycopg.Connection[tuple[Any, ...]], wait: float = LOCK_WAIT_SECONDS
@@ -2267,6 +2279,38 @@ class PostgresBackend(StorageBackend):
                 (self.node_id, limit),
             ).fetchall()
         return [(r[0], r[1]) for r in rows]
+
+    def mark_dead_nodes_gaps(self) -> list[tuple[str, int]]:  # noqa: D102
+        # A dead node is one whose lease expired (> 0: a node that closed cleanly set it to
+        # 0 after flushing its frames; -1: accounted for here). The node's row is locked
+        # by the UPDATE, so two live nodes never both advance the counters.
+        skipped: list[tuple[str, int]] = []
+        with self.transaction() as c:
+            dead = c.execute(
+                f"UPDATE nodes SET lease_expires_at = -1 WHERE node_id <> %s "
+                f"AND lease_expires_at > 0 AND lease_expires_at <= {_DB_NOW} "
+                f"RETURNING node_id, heartbeat_at",
+                (self.node_id,),
+            ).fetchall()
+            for node_id, heartbeat_at in dead:
+                skipped.extend(self._skip_frame_seqs(c, node_id, float(heartbeat_at)))
+        return skipped
+
+    def _skip_frame_seqs(self, c: Cursor, node_id: str,
+                         heartbeat_at: float) -> list[tuple[str, int]]:
+        """Advance the frame counters of the threads dead ``node_id`` may have changed."""
+        rows = c.execute(
+            "INSERT INTO frame_counters (thread_id, last_seq) "
+            "SELECT DISTINCT a.thread_id, 1 FROM run_attempts a "
+            "WHERE a.node_id = %s AND (a.ended_at IS NULL OR a.ended_at >= %s) "
+            "ORDER BY 1 ON CONFLICT (thread_id) DO UPDATE SET "
+            "last_seq = frame_counters.last_seq + 1 RETURNING thread_id, last_seq",
+            (node_id, heartbeat_at - self.lease_seconds),
+        ).fetchall()
+        if rows:
+            log.warning("node %s died: %d thread(s) it may have changed without relaying "
+                        "the frame skip a seq (their clients reload)", node_id, len(rows))
+        return [(str(t), int(seq)) for t, seq in rows]
 
     def alone(self) -> bool:  # noqa: D102 - contract in base
         return all(node == self.node_id for node, _ in self.live_nodes())
