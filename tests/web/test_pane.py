@@ -1545,8 +1545,8 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     later = pane.schedule(t3, "send_reminder", {"text": "live"}, delay=3600)
     expect(all_row(pane, later)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
     expect(items.first).to_have_attribute("data-thread-id", t3, timeout=WAIT_MS)
-    expect(items.first).to_contain_text("active")
-    expect(chip_count(pane, "pending")).to_have_attribute("data-count", "4")
+    expect(items.first).to_contain_text("active", timeout=WAIT_MS)
+    expect(chip_count(pane, "pending")).to_have_attribute("data-count", "4", timeout=WAIT_MS)
     assert pane.http.post(f"/api/threads/{t3}/effects/{later}/run").status_code == 200
     expect(all_row(pane, later)).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
     expect(chip_count(pane, "completed")).to_have_attribute("data-count", "1", timeout=WAIT_MS)
