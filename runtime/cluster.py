@@ -64,6 +64,10 @@ NODES_CHANNEL = "nodes"
 LIVE_POLLS = 3
 """A node not heard for this many polls is no longer counted live."""
 
+POLL_BACKOFF_FACTOR = 8
+"""While the alarm poll fails (the database is unreachable), it is retried after the poll
+period, doubling up to this many times the period."""
+
 FRAME_BATCH = 500
 """The most frames one append transaction writes."""
 
@@ -216,7 +220,15 @@ class ClusterNode:
             self._wake_listening = True
             return
         # Wake-ups sent while the bus reconnected are lost: read the alarm window now.
-        self._spawn(self.poll())
+        self._spawn(self._poll_once())
+
+    async def _poll_once(self) -> None:
+        """One poll out of the loop: a failure is one warning line (the loop goes on)."""
+        try:
+            await self.poll()
+        except Exception as exc:
+            log.warning("cluster: the alarm poll after the bus reconnected failed (%s); "
+                        "the next poll retries", exc)
 
     async def _hint(self, thread_id: str, due_at: float, arm_at: float,
                     row: float | None) -> None:
@@ -270,12 +282,24 @@ class ClusterNode:
         return len(rows)
 
     async def _poll_loop(self) -> None:
+        # While the database is unreachable: one warning line, then retries backing off
+        # from the poll period, doubling up to `POLL_BACKOFF_FACTOR` times it.
+        delay = self.poll_seconds
+        failing = False
         while True:
             try:
                 await self.poll()
             except Exception as exc:
-                log.warning("cluster: the alarm poll failed (%s); retrying in %g s", exc,
-                            self.poll_seconds)
+                if not failing:
+                    log.warning("cluster: the alarm poll failed (%s); retrying with backoff",
+                                exc)
+                failing = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.poll_seconds * POLL_BACKOFF_FACTOR)
+                continue
+            if failing:
+                log.info("cluster: the alarm poll works again")
+            failing, delay = False, self.poll_seconds
             await asyncio.sleep(self.poll_seconds)
 
     # ------------------------------------------------------------------ frames: out

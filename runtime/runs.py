@@ -341,12 +341,17 @@ class RunOperations:
             )
             if run is None and self._executor is not None:
                 asked, task = self._executor.cancel_running(actor, run_id, canceled_by)
+            elsewhere = False
             if run is None and not asked and self._cancel_elsewhere is not None:
                 # Running on another node, maybe: that node is told to cancel it.
-                asked = await self._cancel_elsewhere(actor, run_id, canceled_by)
+                asked = elsewhere = await self._cancel_elsewhere(actor, run_id, canceled_by)
         if run is not None:
             self._hub.publish(RunChange.CANCELED, run)
             return True
+        if elsewhere:
+            # True only once the run is canceled in the store (the node running it may
+            # no longer execute it, or let it finish).
+            return await self._canceled_in_store(thread_id, run_id)
         if task is None:
             return asked  # asked before its code started: it never will
         if task is not asyncio.current_task():  # an effect canceling itself goes on
@@ -354,6 +359,22 @@ class RunOperations:
             # is not waited for longer.
             await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return True
+
+    async def _canceled_in_store(self, thread_id: str, run_id: str) -> bool:
+        """Wait up to `CANCEL_WAIT_SECONDS` (plus a second) for ``run_id`` to end; canceled?"""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CANCEL_WAIT_SECONDS + 1.0
+        delay = 0.01
+        while True:
+            async with self._actors.use(thread_id) as actor:
+                run = await self._run_sync(actor.store.get_run, run_id, self._now(),
+                                           self._settings.retention)
+            if run is None or run.status is not EffectStatus.RUNNING:
+                return run is not None and run.status is EffectStatus.CANCELED
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
     async def get_run(self, thread_id: str, run_id: str) -> EffectRun:
         """See `ThreadState.get_run`."""

@@ -84,7 +84,7 @@ from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.schedules import ScheduleOperations
-from runtime.storage.base import RuntimeStore, StorageBackend, ThreadInfo, ThreadQuery
+from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadQuery
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
@@ -365,6 +365,9 @@ class Runtime:
         )
         self._orphans: asyncio.Task[None] | None = None
         self._command_tasks: set[asyncio.Task[None]] = set()
+        # thread id -> run ids this process gave up when its lease lapsed: still `running`
+        # under this node's id, re-queued here once the lease is held again.
+        self._lease_abandoned: dict[str, set[str]] = {}
         self.watchdog: LoopWatchdog | None = (
             LoopWatchdog(self.settings.loop_stall_warning_seconds, self.executor.describe_task)
             if self.settings.loop_stall_warning_seconds is not None else None
@@ -1170,7 +1173,9 @@ class Runtime:
         attempts = await self.run_sync(actor.store.run_attempts, run_id)
         node = attempts[-1].node_id if attempts else None
         if node == self.node_id:
-            return False  # ours, but not running in this process: left by a crash
+            # Ours, but not running in this process (given up when the lease lapsed, or
+            # left by a crash): nobody else would ever end it.
+            return await self._cancel_in_store(actor, run_id, canceled_by)
         try:
             defn = self.registry.resolve(run.name)
         except EffectNotFound:
@@ -1203,12 +1208,18 @@ class Runtime:
     async def _apply_command(self, op: str, thread_id: str, command: dict[str, Any]) -> None:
         try:
             if op == "cancel":
+                run_id, by = str(command["run"]), str(command.get("by") or "another node")
                 actor = self.actors.peek(thread_id)
-                if actor is None:
+                if actor is not None:
+                    async with actor.lock:
+                        if self.executor.cancel_running(actor, run_id, by)[0]:
+                            return
+                if command.get("node") != self.node_id:
                     return
-                async with actor.lock:
-                    self.executor.cancel_running(actor, str(command["run"]),
-                                                 str(command.get("by") or "another node"))
+                # Running under this node's id but not executed by this process (given up
+                # when its lease lapsed): canceled in the store, here.
+                async with self.actors.writing(thread_id) as actor:
+                    await self._cancel_in_store(actor, run_id, by)
             elif op == "deleted":
                 # The thread is gone: nothing of it runs here any more, nothing is written.
                 for extension in self.extensions:
@@ -1229,6 +1240,41 @@ class Runtime:
             log.exception("could not apply a command from node %s: %s", command.get("from"),
                           command)
 
+    async def _cancel_in_store(self, actor: ThreadActor, run_id: str, canceled_by: str) -> bool:
+        """Cancel a run ``running`` under this node's id that this process does not execute.
+
+        Written in the store (fenced by its attempt) and published; the thread drains
+        again. False if the run is not such a run (finished, another node's, or executing
+        here). Call holding the actor's write lock.
+        """
+        busy = set(actor.side_runs)
+        if actor.current_run is not None:
+            busy.add(actor.current_run.id)
+        if run_id in busy:
+            return False
+        now = self.clock.now()
+        run = await self.run_sync(actor.store.get_run, run_id, now, self.settings.retention)
+        if run is None or run.status is not EffectStatus.RUNNING:
+            return False
+        attempts = await self.run_sync(actor.store.run_attempts, run_id)
+        if not attempts or attempts[-1].node_id != self.node_id:
+            return False
+        finish = Finish(run_id, EffectStatus.CANCELED, None, now, canceled_by=canceled_by,
+                        attempt=run.attempts)
+        finished, _, _ = await self.run_sync(
+            partial(actor.store.finish_and_claim, claim=False,
+                    retention=self.settings.retention),
+            finish, now,
+        )
+        if finished is None:
+            return False
+        given_up = self._lease_abandoned.get(actor.thread_id)
+        if given_up is not None:
+            given_up.discard(run_id)
+        self.hub.publish(RunChange.CANCELED, finished)
+        self._on_alarm(actor.thread_id)  # the runs behind it
+        return True
+
     def _lease_lost(self, why: str) -> None:
         """This node's lease may have expired: cancel every effect it runs (on the loop).
 
@@ -1237,10 +1283,14 @@ class Runtime:
         """
         abandoned: list[str] = []
         for actor in self.actors.open_actors():
-            abandoned += self.executor.abandon(actor)
+            given_up = self.executor.abandon(actor)
+            if given_up:
+                self._lease_abandoned.setdefault(actor.thread_id, set()).update(given_up)
+            abandoned += given_up
         if abandoned:
             log.error("node %s lost its lease (%s): canceled %d running effect(s) (runs %s); "
-                      "other nodes re-queue them", self.node_id, why, len(abandoned),
+                      "other nodes re-queue them (or this node, once it holds its lease "
+                      "again)", self.node_id, why, len(abandoned),
                       ", ".join(abandoned[:10]))
 
     async def _requeue_orphans_forever(self) -> None:
@@ -1271,16 +1321,36 @@ class Runtime:
         by_thread: dict[str, list[str]] = {}
         for thread_id, run_id in orphans:
             by_thread.setdefault(thread_id, []).append(run_id)
+        # This node's own runs it gave up when its lease lapsed: once it holds the lease
+        # again, no other node treats them as orphans, so they are re-queued here.
+        own = {thread_id: by_thread.pop(thread_id, []) + sorted(run_ids)
+               for thread_id, run_ids in self._lease_abandoned.items()}
         changed = 0
-        for thread_id, run_ids in by_thread.items():
+        for thread_id, run_ids in [*own.items(), *by_thread.items()]:
+            mine = thread_id in own
             try:
                 async with self.actors.writing(thread_id) as actor:
+                    if mine:
+                        # One still executing here (its code did not stop yet) waits for
+                        # a later round: re-queued now, it could run twice.
+                        busy = set(actor.side_runs)
+                        if actor.current_run is not None:
+                            busy.add(actor.current_run.id)
+                        given_up = self._lease_abandoned.get(thread_id, set())
+                        run_ids = [r for r in run_ids if r not in busy or r not in given_up]
+                        if busy & given_up:
+                            self._lease_abandoned[thread_id] = busy & given_up
+                        else:
+                            self._lease_abandoned.pop(thread_id, None)
+                    # Without dead_nodes_only, the runs named that this node's attempt
+                    # holds are re-queued too (the given-up ones are never another's).
                     runs = await self.run_sync(
                         partial(actor.store.recover_interrupted,
-                                retention=self.settings.retention, dead_nodes_only=True),
+                                retention=self.settings.retention, dead_nodes_only=not mine),
                         self.clock.now(), MAX_ATTEMPTS, run_ids,
                     )
             except (ThreadNotFound, InvalidThreadId, RuntimeClosed):
+                self._lease_abandoned.pop(thread_id, None)
                 continue
             except ThreadStorageError as exc:
                 log.error("could not re-queue the runs of dead nodes in thread %s: %s",
@@ -1288,7 +1358,8 @@ class Runtime:
                 continue
             if runs:
                 log.warning("thread %s: re-queued %d run(s) left running by a node whose "
-                            "lease expired", thread_id, len(runs))
+                            "lease expired%s", thread_id, len(runs),
+                            " (this one)" if mine else "")
                 changed += len(runs)
                 await self._recovered(actor, runs)
                 if any(r.status is EffectStatus.PENDING for r in runs):

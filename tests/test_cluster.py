@@ -490,3 +490,44 @@ async def test_frames_reach_a_subscriber_right_after_start_while_the_bus_is_slow
         sub.close()
     finally:
         await rt.close()
+
+
+async def test_a_database_blink_makes_the_alarm_poll_warn_once_and_go_on(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.errors import DatabaseUnavailable
+
+    async with node(pg_url, tmp_path, "a", cluster_poll_seconds=0.05) as a:
+        cluster = a.cluster
+        assert cluster is not None and cluster._store is not None
+        store = cluster._store
+        real = store.load_alarms
+        failures = 0
+
+        def unavailable(*args: Any, **kwargs: Any) -> Any:
+            nonlocal failures
+            failures += 1
+            raise DatabaseUnavailable("PoolTimeout: couldn't get a connection (test)")
+
+        caplog.set_level("INFO", logger="runtime")
+        caplog.set_level("INFO", logger="asyncio")
+        monkeypatch.setattr(store, "load_alarms", unavailable)
+        # The poll loop fails, and so does the poll made when the bus reconnects.
+        cluster._wake_listening = True
+        before = set(cluster._tasks)
+        cluster._on_wake_reconnect()
+        tasks = [t for t in cluster._tasks if t not in before]
+        assert tasks
+        await until(lambda: failures >= 4, "the poll retried")
+        await asyncio.wait(tasks, timeout=GUARD)
+        assert all(not t.cancelled() and t.exception() is None for t in tasks)
+        monkeypatch.setattr(store, "load_alarms", real)
+        polls = cluster.polls
+        await until(lambda: cluster.polls > polls + 1, "the poll went on")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+              and "alarm poll" in r.getMessage()]
+    # One line for the loop however many retries, one for the poll after the reconnect.
+    assert len([m for m in warned if "retrying with backoff" in m]) == 1, warned
+    assert len([m for m in warned if "after the bus reconnected" in m]) == 1, warned
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]

@@ -614,3 +614,83 @@ async def test_a_node_starting_leaves_alone_the_turn_a_live_node_runs(
             assert b.turns.running(thread_a.thread_id) is None
             release.set()
             await first
+
+
+# ------------------------------------------------- a lease lost, then held again
+
+
+async def test_a_node_that_holds_its_lease_again_requeues_the_runs_it_gave_up(
+    make_node: Callable[..., Runtime], pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The database cut off longer than the lease: the node cancels its effects; when it
+    # holds its lease again, no other node sees its runs as orphans, so it re-queues them.
+    a = make_node("node-a", lease_seconds=0.9)
+    async with a:
+        thread = await a.create_thread()
+        slow_id = await thread.schedule_effect("slow", {"seconds": 1})
+        behind_id = await thread.schedule_effect("record", {"key": "behind"})
+        await wait_until(lambda: _status(thread, slow_id, EffectStatus.RUNNING))
+        storage = a.storage
+        assert isinstance(storage, PostgresBackend)
+        conn = storage._lock_conn
+        assert conn is not None
+        pid = conn.info.backend_pid
+
+        def cut(*_: Any, **__: Any) -> bool:
+            raise psycopg.OperationalError("network cut (test)")
+
+        monkeypatch.setattr(storage, "_renew", cut)
+
+        async def lost() -> bool:
+            return storage._lost_notified
+
+        await wait_until(lost, seconds=10)
+        url, _ = split_schema(pg_url)
+        with psycopg.connect(url, autocommit=True) as admin:  # the node's session ends
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        monkeypatch.undo()
+        await wait_until(lambda: _status(thread, behind_id, EffectStatus.COMPLETED))
+        assert storage.lock_problem() is None
+        attempts = await thread.get_run_attempts(slow_id)
+        assert [(x.attempt, x.outcome, x.node_id) for x in attempts] == [
+            (1, "interrupted", "node-a"), (2, "completed", "node-a")]
+        assert (await thread.get_run(slow_id)).status is EffectStatus.COMPLETED
+
+
+async def test_a_cancel_of_a_run_its_node_gave_up_is_applied_in_the_store(
+    make_node: Callable[..., Runtime],
+) -> None:
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        thread_b = await b.get_thread(thread_a.thread_id)
+        first = await thread_a.schedule_effect("slow", {"seconds": 30})
+        await wait_until(lambda: _status(thread_a, first, EffectStatus.RUNNING))
+        (attempt,) = await thread_a.get_run_attempts(first)
+        owner = a if attempt.node_id == "node-a" else b
+        other_thread = thread_b if owner is a else thread_a
+        # The owner gives up its effects (its lease lapsed) while its lease row is live
+        # again: the run stays `running` under its id, executed by no process.
+        owner._lease_lost("test")
+        second = await other_thread.schedule_effect("slow", {"seconds": 30})
+        # Asked on the other node: true once canceled in the store, by whom it says.
+        assert await other_thread.remove_scheduled_effect(first, canceled_by="ops") is True
+        run = await other_thread.get_run(first)
+        assert run.status is EffectStatus.CANCELED
+        assert run.canceled_by == "ops"
+        # The thread drains again: the run behind it starts.
+        await wait_until(lambda: _status(thread_a, second, EffectStatus.RUNNING))
+        assert await thread_a.remove_scheduled_effect(second) is True
+
+
+async def test_a_cancel_on_the_node_of_a_run_it_gave_up_is_applied_in_the_store(
+    make_node: Callable[..., Runtime],
+) -> None:
+    a = make_node("node-a")
+    async with a:
+        thread = await a.create_thread()
+        run_id = await thread.schedule_effect("slow", {"seconds": 30})
+        await wait_until(lambda: _status(thread, run_id, EffectStatus.RUNNING))
+        a._lease_lost("test")
+        assert await thread.remove_scheduled_effect(run_id) is True
+        assert (await thread.get_run(run_id)).status is EffectStatus.CANCELED
