@@ -1499,6 +1499,7 @@ def wait_for_dialog(pane: Pane, asked: int) -> None:
 def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     page = pane.page
     t1, t2, t3 = pane.new_thread(user_id="ann"), pane.new_thread(), pane.new_thread()
+    t3_created = time.monotonic()
     mine = [pane.schedule(t1, "send_reminder", {"text": f"r{i}"}, delay=3600) for i in range(2)]
     theirs = pane.schedule(t2, "send_reminder", {"text": "other"}, delay=3600)
     failed = pane.schedule(t2, "fail_on_purpose", {})
@@ -1542,6 +1543,8 @@ def test_all_runs_filters_updates_live_and_cancels_in_bulk(pane: Pane) -> None:
     expect(page.locator(f'[data-testid="thread-item"][data-thread-id="{t3}"]')).to_contain_text(
         "created"
     )
+    # The list says "active" for activity at least 1 s after creation (web/threads.js).
+    time.sleep(max(0.0, t3_created + 1.2 - time.monotonic()))
     later = pane.schedule(t3, "send_reminder", {"text": "live"}, delay=3600)
     expect(all_row(pane, later)).to_have_attribute("data-status", "pending", timeout=WAIT_MS)
     expect(items.first).to_have_attribute("data-thread-id", t3, timeout=WAIT_MS)
