@@ -12,10 +12,7 @@ from pathlib import Path
 
 def positive_int(text: str) -> int:
     """An integer ≥ 1 (a count of runs, threads, clients, repeats)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -23,10 +20,7 @@ def positive_int(text: str) -> int:
 
 def nonnegative_int(text: str) -> int:
     """An integer ≥ 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
@@ -56,6 +50,13 @@ def source_tree(text: str) -> Path:
             f"{text} is not a thread-effects checkout (no runtime/__init__.py in it)"
         )
     return path
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _float(text: str) -> float:

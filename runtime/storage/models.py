@@ -618,18 +618,10 @@ def pg_schema_source() -> str:
     out = [_PG_SCHEMA_HEADER]
     out.append(f"SCHEMA_VERSION = {POSTGRES_SCHEMA_VERSION}\n")
     out.append('"""The version `MIGRATIONS` take a database to."""\n\n')
-    out.append("MIGRATIONS: dict[int, tuple[str, ...]] = {\n    0: (\n")
-    for statement in postgres_ddl():
-        literal = _literal(statement)
-        if len(literal) == 1:
-            out.append(f"        {literal[0]},\n")
-        else:
-            out.append("        (\n" + "".join(f"            {x}\n" for x in literal)
-                       + "        ),\n")
-    out.append("    ),\n")
-    for step in range(1, POSTGRES_SCHEMA_VERSION):
+    out.append("MIGRATIONS: dict[int, tuple[str, ...]] = {\n")
+    for step in range(POSTGRES_SCHEMA_VERSION):
         out.append(f"    {step}: (\n")
-        for statement in postgres_migration_ddl(step):
+        for statement in postgres_ddl() if step == 0 else postgres_migration_ddl(step):
             literal = _literal(statement)
             if len(literal) == 1:
                 out.append(f"        {literal[0]},\n")
