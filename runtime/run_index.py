@@ -12,7 +12,9 @@ store's *complete* flag is set to False while a runtime runs and back to True af
 final flush of a clean close. A start that finds it False (after a crash, or an upgrade
 from a version without the index) rebuilds the index in the background from every
 thread's store (`RunIndexer.rebuild`); until that ends, listings may miss runs, and say so
-(``complete`` False).
+(``complete`` False). That mark is written durably before any batch; the batches
+themselves may be committed less durably (SQLite: without an fsync of their own), since a
+power cut that loses one leaves the mark False and the index is rebuilt.
 
 The same flush moves each thread's *last activity* in the registry forward (the store
 does it for every indexed run, `RuntimeStore.index_runs`, and for the threads whose

@@ -796,6 +796,11 @@ class RuntimeStore(ABC):
         that is not registered (deleted meanwhile) is skipped. Each run's thread's
         ``last_activity_ts`` moves forward to the run's latest time (created, started or
         finished), as `touch_threads` would.
+
+        Derived data: a backend may commit it less durably than its other writes (a
+        power cut may lose the last batches; SQLite commits them without an fsync of
+        their own). The runtime marks the index incomplete (`set_run_index_complete`,
+        durable) before it writes any, and rebuilds an index a start finds incomplete.
         """
 
     @abstractmethod
@@ -831,7 +836,10 @@ class RuntimeStore(ABC):
 
     @abstractmethod
     def prune_run_index(self, now: float, retention: RetentionPolicy) -> int:
-        """Delete the entries of finished runs past their retention age; how many."""
+        """Delete the entries of finished runs past their retention age; how many.
+
+        May be committed as `index_runs` is (a lost prune leaves entries reads hide).
+        """
 
     @abstractmethod
     def run_index_complete(self) -> bool:

@@ -140,19 +140,21 @@ def test_open_removes_only_orphan_thread_files_and_logs_them(
     assert "gone.sqlite" in caplog.text and "no registry entry" in caplog.text
 
 
-def test_with_normal_the_wal_is_checkpointed_off_the_committing_call(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+def test_the_wal_is_checkpointed_off_the_committing_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synchronous: str
 ) -> None:
     import runtime.storage.sqlite as sqlite_module
 
     monkeypatch.setattr(sqlite_module, "CHECKPOINT_WAL_BYTES", 64 * 1024)
-    backend = SQLiteBackend(tmp_path, "NORMAL")
+    backend = SQLiteBackend(tmp_path, synchronous)
     rtdb = backend.open()
     store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
     checkpointer = backend._checkpointer
     assert checkpointer is not None
     try:
-        # SQLite's own checkpoint would run in the committing call (on the event loop).
+        # SQLite's own checkpoint would run in the committing call (on the event loop with
+        # NORMAL; in a call a caller or a drain waits for with FULL).
         conn = store._conn
         assert conn is not None
         assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
@@ -180,16 +182,56 @@ def test_with_normal_the_wal_is_checkpointed_off_the_committing_call(
     store.checkpoint_aside()
 
 
-def test_with_full_sqlite_checkpoints_itself(tmp_path: Path) -> None:
-    backend = SQLiteBackend(tmp_path, "FULL")
+
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+def test_run_index_writes_skip_the_fsync_and_every_other_write_keeps_it(
+    tmp_path: Path, synchronous: str
+) -> None:
+    # The index is rebuilt from the thread files after a crash (its complete mark is
+    # False while a runtime runs), so its batches commit at NORMAL; alarm rows, the
+    # registry and the mark itself stay at the store's own setting.
+    backend = SQLiteBackend(tmp_path, synchronous)
     rtdb = backend.open()
-    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    conn = rtdb._conn
+    assert conn is not None
+    level = {"FULL": 2, "NORMAL": 1}[synchronous]
+    seen: list[tuple[str, int]] = []
+
+    def trace(sql: str) -> None:
+        if not sql.startswith("PRAGMA"):
+            seen.append((sql.split()[0], level_now[0]))
+        elif sql.startswith("PRAGMA synchronous="):
+            level_now[0] = {"FULL": 2, "NORMAL": 1}[sql.split("=")[1]]
+
+    level_now = [level]
     try:
-        assert backend._checkpointer is None
-        conn = store._conn
-        assert conn is not None
-        assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+        rtdb.add_thread(ThreadInfo(id="t", created_at_ts=T0))
+        conn.set_trace_callback(trace)
+        rtdb.index_runs([EffectRun("r1", "t", "record", EffectStatus.COMPLETED, None, T0, T0,
+                                   finished_at_ts=T0)])
+        index = list(seen)
+        seen.clear()
+        assert rtdb.prune_run_index(T0 + 365 * 86400, RetentionPolicy()) == 1
+        prune = list(seen)
+        seen.clear()
+        rtdb.lower_alarm("t", T0 + 5)
+        rtdb.set_run_index_complete(False)
+        rtdb.touch_threads({"t": T0 + 9})
+        others = list(seen)
+        conn.set_trace_callback(None)
+        assert {op for op, _ in index} >= {"INSERT", "COMMIT"}
+        assert {op for op, _ in prune} >= {"DELETE", "COMMIT"}
+        assert all(at == 1 for _, at in index + prune), index + prune
+        assert {op for op, _ in others} >= {"INSERT", "UPDATE", "COMMIT"}
+        assert all(at == level for _, at in others), others
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == level
+        # What the NORMAL commits wrote is there for the next connection.
+        reader = sqlite3.connect(backend.runtime_path)
+        try:
+            assert reader.execute("SELECT count(*) FROM run_index").fetchone()[0] == 0
+            assert reader.execute("SELECT due_at FROM alarms").fetchall() == [(T0 + 5,)]
+        finally:
+            reader.close()
     finally:
-        store.close()
         rtdb.close()
         backend.close()
