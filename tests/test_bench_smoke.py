@@ -91,6 +91,35 @@ def test_bench_schedule_wait_prints_both_cases_with_commit_counts() -> None:
     assert stream["lower_alarm"] == 0
 
 
+def test_bench_disk_counts_one_fsync_per_schedule_on_both_sides() -> None:
+    import shutil
+
+    import pytest
+
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_disk.py"), "--n", "40", "--threads", "4",
+         "--lead", "3", "--strace-lead", "8", "--spread", "0.2"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    if result.returncode != 0 and "PTRACE" in result.stderr.upper():
+        pytest.skip("strace cannot trace here")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    phases = {(line["side"], line["phase"]): line for line in lines if "phase" in line}
+    assert set(phases) == {(side, phase) for side in ("floor", "product")
+                           for phase in ("schedule", "execute")}
+    # The caller waits for one fsync'd commit of the thread's file per schedule, and
+    # the alarm index adds none (the floor: one per schedule, one per finished run).
+    assert phases["floor", "schedule"]["thread-wal"]["syncs_per_run"] == 1.0
+    assert phases["floor", "execute"]["thread-wal"]["syncs_per_run"] == 1.0
+    assert phases["product", "schedule"]["thread-wal"]["syncs_per_run"] == 1.0
+    timing = next(line["timing"] for line in lines if "timing" in line)
+    assert "lower_alarm" not in timing["runtime_store_calls_schedule"]
+    assert timing["schedule_effect"]["p50_us"] > 0
+
+
 def test_bench_postgres_small_runs_and_prints_the_table() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_postgres.py"), "--runs", "60",
