@@ -21,6 +21,7 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any, cast
 
@@ -528,8 +529,7 @@ class EffectExecutor:
                 finish = await self._execute(actor, run, side)
                 if finish is not None and finish.attempt is None:
                     # Fencing: written only while the run is still in this attempt.
-                    finish = Finish(finish.run_id, finish.status, finish.error,
-                                    finish.finished_at, finish.canceled_by, run.attempts)
+                    finish = replace(finish, attempt=run.attempts)
             finally:
                 self._cancels.pop(run.id, None)
                 self._abandoned.discard(run.id)
