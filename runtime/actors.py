@@ -348,7 +348,7 @@ class ActorTable:
         Raises:
             InvalidThreadId, ThreadNotFound, ThreadStorageError: as `get`.
         """
-        return _Use(self, thread_id)
+        return _Use(self._hold, self._release, thread_id)
 
     def writing(
         self, thread_id: str, created_at_ts: float | None = None
@@ -365,7 +365,7 @@ class ActorTable:
         Raises:
             ThreadNotFound: the thread was deleted (or is another thread by now).
         """
-        return _Writing(self, thread_id, created_at_ts)
+        return _Writing(self._hold, self._release, thread_id, created_at_ts)
 
     async def _hold(self, thread_id: str) -> ThreadActor:
         """Open a thread's actor and count one more user of it (`use`'s entry)."""
@@ -476,48 +476,57 @@ class ActorTable:
 # wrapper object per exit).
 
 
+_Hold = Callable[[str], Awaitable[ThreadActor]]
+"""`ActorTable._hold`: open a thread's actor and count one more user."""
+_Release = Callable[[ThreadActor], Awaitable[None]]
+"""`ActorTable._release`: one user fewer."""
+
+
 class _Use:
     """`ActorTable.use`'s block."""
 
-    __slots__ = ("_actor", "_table", "_thread_id")
+    __slots__ = ("_actor", "_hold", "_release", "_thread_id")
 
-    def __init__(self, table: ActorTable, thread_id: str) -> None:
-        self._table = table
+    def __init__(self, hold: _Hold, release: _Release, thread_id: str) -> None:
+        self._hold = hold
+        self._release = release
         self._thread_id = thread_id
         self._actor: ThreadActor | None = None
 
     async def __aenter__(self) -> ThreadActor:
-        self._actor = await self._table._hold(self._thread_id)
+        self._actor = await self._hold(self._thread_id)
         return self._actor
 
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._actor is not None
-        await self._table._release(self._actor)
+        await self._release(self._actor)
 
 
 class _Writing:
     """`ActorTable.writing`'s block: `_Use` and the actor's lock, then the identity check."""
 
-    __slots__ = ("_actor", "_created_at_ts", "_table", "_thread_id")
+    __slots__ = ("_actor", "_created_at_ts", "_hold", "_release", "_thread_id")
 
-    def __init__(self, table: ActorTable, thread_id: str, created_at_ts: float | None) -> None:
-        self._table = table
+    def __init__(
+        self, hold: _Hold, release: _Release, thread_id: str, created_at_ts: float | None
+    ) -> None:
+        self._hold = hold
+        self._release = release
         self._thread_id = thread_id
         self._created_at_ts = created_at_ts
         self._actor: ThreadActor | None = None
 
     async def __aenter__(self) -> ThreadActor:
-        table = self._table
-        actor = await table._hold(self._thread_id)
+        actor = await self._hold(self._thread_id)
         try:
             await actor.lock.acquire()
         except BaseException:
-            await table._release(actor)
+            await self._release(actor)
             raise
         created = self._created_at_ts
         if actor.deleted or (created is not None and actor.info.created_at_ts != created):
             actor.lock.release()
-            await table._release(actor)
+            await self._release(actor)
             raise ThreadNotFound(self._thread_id)
         self._actor = actor
         return actor
@@ -526,4 +535,4 @@ class _Writing:
         actor = self._actor
         assert actor is not None
         actor.lock.release()
-        await self._table._release(actor)
+        await self._release(actor)
