@@ -187,6 +187,10 @@ def _int_text(value: int, unit: str = "") -> str:
     return quoted(value) if _too_many_digits(value) else cut(str(value), 40) + unit
 
 
+_DELAY_LIMIT = f"at most {MAX_DELAY_SECONDS:.0f} s (10 years)"
+"""How an error names the delay limit (made once: `delay_seconds` runs per schedule)."""
+
+
 def delay_seconds(delay: object, *, name: str = "delay") -> float:
     """Normalize a delay to seconds.
 
@@ -202,7 +206,6 @@ def delay_seconds(delay: object, *, name: str = "delay") -> float:
         InvalidDelay: for a negative, NaN, infinite or over-10-year delay, or one of
             another type.
     """
-    limit = f"at most {MAX_DELAY_SECONDS:.0f} s (10 years)"
     if isinstance(delay, timedelta) and name == "delay":
         seconds = delay.total_seconds()
     elif isinstance(delay, int) and not isinstance(delay, bool):
@@ -212,7 +215,9 @@ def delay_seconds(delay: object, *, name: str = "delay") -> float:
                 f"{name} must be a finite number of seconds >= 0, got {_int_text(delay)}"
             )
         if delay > MAX_DELAY_SECONDS:
-            raise InvalidDelay(f"{name} must be {limit}, got {_int_text(delay, ' s')}")
+            raise InvalidDelay(
+                f"{name} must be {_DELAY_LIMIT}, got {_int_text(delay, ' s')}"
+            )
         seconds = float(delay)
     elif isinstance(delay, float):
         seconds = delay
@@ -224,7 +229,7 @@ def delay_seconds(delay: object, *, name: str = "delay") -> float:
             f"{name} must be a finite number of seconds >= 0, got {quoted(delay)}"
         )
     if seconds > MAX_DELAY_SECONDS:
-        raise InvalidDelay(f"{name} must be {limit}, got {seconds:g} s")
+        raise InvalidDelay(f"{name} must be {_DELAY_LIMIT}, got {seconds:g} s")
     return seconds
 
 

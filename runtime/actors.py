@@ -340,13 +340,35 @@ class ActorTable:
             await self._on_recovered(actor, recovered)
         return actor
 
-    @contextlib.asynccontextmanager
-    async def use(self, thread_id: str) -> AsyncIterator[ThreadActor]:
+    def use(self, thread_id: str) -> contextlib.AbstractAsyncContextManager[ThreadActor]:
         """Hold a thread's actor open (not evictable) for the duration of the block.
+
+        ``async with actors.use(thread_id) as actor: ...``
 
         Raises:
             InvalidThreadId, ThreadNotFound, ThreadStorageError: as `get`.
         """
+        return _Use(self._hold, self._release, thread_id)
+
+    def writing(
+        self, thread_id: str, created_at_ts: float | None = None
+    ) -> contextlib.AbstractAsyncContextManager[ThreadActor]:
+        """Hold a thread's actor and its write lock, for one write.
+
+        ``async with actors.writing(thread_id) as actor: ...``
+
+        Args:
+            thread_id: The thread.
+            created_at_ts: The creation time of the thread the caller means; a handle
+                kept from a deleted thread must not write into a new thread with its id.
+
+        Raises:
+            ThreadNotFound: the thread was deleted (or is another thread by now).
+        """
+        return _Writing(self._hold, self._release, thread_id, created_at_ts)
+
+    async def _hold(self, thread_id: str) -> ThreadActor:
+        """Open a thread's actor and count one more user of it (`use`'s entry)."""
         while True:
             actor = await self.get(thread_id)
             # Between the actor being opened and this line, another task's eviction may
@@ -357,35 +379,20 @@ class ActorTable:
             if actor.deleted:
                 raise ThreadNotFound(thread_id)
         actor.users += 1
-        try:
-            await self.evict()
-            yield actor
-        finally:
-            actor.users -= 1
-            # Actors that were busy when the map overflowed are closed once they are idle.
-            if len(self._open) > self._max_open:
+        if len(self._open) > self._max_open:
+            try:
                 await self.evict()
+            except BaseException:
+                await self._release(actor)
+                raise
+        return actor
 
-    @contextlib.asynccontextmanager
-    async def writing(
-        self, thread_id: str, created_at_ts: float | None = None
-    ) -> AsyncIterator[ThreadActor]:
-        """Hold a thread's actor and its write lock, for one write.
-
-        Args:
-            thread_id: The thread.
-            created_at_ts: The creation time of the thread the caller means; a handle
-                kept from a deleted thread must not write into a new thread with its id.
-
-        Raises:
-            ThreadNotFound: the thread was deleted (or is another thread by now).
-        """
-        async with self.use(thread_id) as actor, actor.lock:
-            if actor.deleted or (
-                created_at_ts is not None and actor.info.created_at_ts != created_at_ts
-            ):
-                raise ThreadNotFound(thread_id)
-            yield actor
+    async def _release(self, actor: ThreadActor) -> None:
+        """One user fewer (`use`'s exit)."""
+        actor.users -= 1
+        # Actors that were busy when the map overflowed are closed once they are idle.
+        if len(self._open) > self._max_open:
+            await self.evict()
 
     async def evict(self) -> None:
         """Close idle actors beyond ``max_open``, least recently used first."""
@@ -462,3 +469,70 @@ class ActorTable:
         for actor in actors:
             actor.state = ActorState.EVICTED
             await self._run_sync(actor.store.close)
+
+
+# `ActorTable.use` and `ActorTable.writing` are entered at least once per schedule and per
+# drain: plain classes cost a fraction of an `asynccontextmanager` (no generator, no
+# wrapper object per exit).
+
+
+_Hold = Callable[[str], Awaitable[ThreadActor]]
+"""`ActorTable._hold`: open a thread's actor and count one more user."""
+_Release = Callable[[ThreadActor], Awaitable[None]]
+"""`ActorTable._release`: one user fewer."""
+
+
+class _Use:
+    """`ActorTable.use`'s block."""
+
+    __slots__ = ("_actor", "_hold", "_release", "_thread_id")
+
+    def __init__(self, hold: _Hold, release: _Release, thread_id: str) -> None:
+        self._hold = hold
+        self._release = release
+        self._thread_id = thread_id
+        self._actor: ThreadActor | None = None
+
+    async def __aenter__(self) -> ThreadActor:
+        self._actor = await self._hold(self._thread_id)
+        return self._actor
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._actor is not None
+        await self._release(self._actor)
+
+
+class _Writing:
+    """`ActorTable.writing`'s block: `_Use` and the actor's lock, then the identity check."""
+
+    __slots__ = ("_actor", "_created_at_ts", "_hold", "_release", "_thread_id")
+
+    def __init__(
+        self, hold: _Hold, release: _Release, thread_id: str, created_at_ts: float | None
+    ) -> None:
+        self._hold = hold
+        self._release = release
+        self._thread_id = thread_id
+        self._created_at_ts = created_at_ts
+        self._actor: ThreadActor | None = None
+
+    async def __aenter__(self) -> ThreadActor:
+        actor = await self._hold(self._thread_id)
+        try:
+            await actor.lock.acquire()
+        except BaseException:
+            await self._release(actor)
+            raise
+        created = self._created_at_ts
+        if actor.deleted or (created is not None and actor.info.created_at_ts != created):
+            actor.lock.release()
+            await self._release(actor)
+            raise ThreadNotFound(self._thread_id)
+        self._actor = actor
+        return actor
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        actor = self._actor
+        assert actor is not None
+        actor.lock.release()
+        await self._release(actor)

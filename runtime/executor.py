@@ -567,7 +567,7 @@ class EffectExecutor:
         if run.id in self._cancels or run.id in self._abandoned or (side and actor.deleted):
             task.cancel()  # canceled (or its thread deleted) between its claim and now
         try:
-            await asyncio.wait({task})
+            await _until_done(task)
         finally:
             if side:
                 actor.side_tasks.pop(run.id, None)
@@ -603,11 +603,33 @@ class EffectExecutor:
         return Finish(run.id, EffectStatus.FAILED, message, now)
 
 
+async def _until_done(task: asyncio.Task[None]) -> None:
+    """Wait for ``task`` to end, raising nothing of its own; being cancelled leaves it running.
+
+    What ``asyncio.wait({task})`` does, for one task without its sets and second future.
+    """
+    if task.done():
+        return
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Task[None]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        task.remove_done_callback(wake)
+
+
+_CHANGE_OF = {
+    EffectStatus.COMPLETED: RunChange.COMPLETED, EffectStatus.CANCELED: RunChange.CANCELED,
+}
+
+
 def _change_of(finished: EffectRun) -> RunChange:
-    return {
-        EffectStatus.COMPLETED: RunChange.COMPLETED,
-        EffectStatus.CANCELED: RunChange.CANCELED,
-    }.get(finished.status, RunChange.FAILED)
+    return _CHANGE_OF.get(finished.status, RunChange.FAILED)
 
 
 async def _call(defn: EffectDefinition, run: EffectRun, state: Any, args: Any) -> None:

@@ -92,6 +92,25 @@ def parse_statuses(
     return [EffectStatus(s) for s in raw]
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _flat_json_object(args: Any) -> bool:
+    """Whether ``args`` is a dict of str keys to str, int, float, bool or None values.
+
+    Such args nest one level (no depth walk needed) and decode from their JSON text to an
+    equal dict (exact types only: a subclass may dump differently), so the schedule skips
+    the walk and the decode.
+    """
+    if type(args) is not dict:
+        return False
+    scalars = _SCALARS
+    for key, value in args.items():
+        if type(key) is not str or type(value) not in scalars:
+            return False
+    return True
+
+
 class RunOperations:
     """The run operations of every thread (the interface `ThreadState` calls).
 
@@ -155,7 +174,9 @@ class RunOperations:
                 ) from None
         if args is None and defn.schema is not None:
             args = {}  # a schema whose fields all have defaults needs no args
-        check_args_depth(name, args)
+        flat = _flat_json_object(args)
+        if not flat:
+            check_args_depth(name, args)
         try:
             text = json.dumps(args, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except RecursionError:
@@ -176,7 +197,9 @@ class RunOperations:
                 f"Args for effect {name} are {size} bytes of JSON; the limit is {limit} bytes",
                 too_large=True,
             )
-        value = json.loads(text)
+        # Decoding the text gives what is stored (tuples become lists, keys strings...);
+        # for an object of plain scalars that is a copy of it (floats are finite here).
+        value = dict(args) if flat else json.loads(text)
         if defn.schema is None:
             if value not in (None, {}):
                 raise InvalidEffectArgs(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -118,8 +118,27 @@ _NO_OP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 """The tracer providers OpenTelemetry gives when no SDK is installed: their spans record nothing."""
 
 
-@contextmanager
-def run_span(run: EffectRun) -> Iterator[Span]:
+class _NoSpan(AbstractContextManager[Span]):
+    """`run_span`'s block when there is nothing to trace: the invalid span, no context.
+
+    A class rather than a generator: it is entered once per run.
+    """
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> Span:
+        # Keep what a span would make current: nothing, not what the worker happens to have.
+        self._token = otel_context.attach(_EMPTY_CONTEXT)
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc_info: object) -> None:
+        otel_context.detach(self._token)
+
+
+_EMPTY_CONTEXT = otel_context.Context()
+
+
+def run_span(run: EffectRun) -> AbstractContextManager[Span]:
     """A span for one attempt of ``run``, current inside the ``with`` block.
 
     Its parent and link are the context the run was scheduled in (``run.trace_context``),
@@ -127,14 +146,13 @@ def run_span(run: EffectRun) -> Iterator[Span]:
     """
     if run.trace_context is None and isinstance(trace.get_tracer_provider(), _NO_OP_PROVIDERS):
         # No SDK installed and nothing to continue: the span would be the invalid one.
-        # Skip building it (attributes, links, the tracer lookup), but keep what a span
-        # would make current: nothing, not what the worker happens to have.
-        token = otel_context.attach(otel_context.Context())
-        try:
-            yield trace.INVALID_SPAN
-        finally:
-            otel_context.detach(token)
-        return
+        # Skip building it (attributes, links, the tracer lookup).
+        return _NoSpan()
+    return _recorded_span(run)
+
+
+@contextmanager
+def _recorded_span(run: EffectRun) -> Iterator[Span]:
     parent = _scheduler_context(run.trace_context)
     links = [Link(trace.get_current_span(parent).get_span_context())] if parent else []
     tracer = trace.get_tracer(TRACER_NAME)
@@ -160,6 +178,8 @@ def run_span(run: EffectRun) -> Iterator[Span]:
 
 def end_run_span(span: Span, outcome: str, error: str | None = None) -> None:
     """Record an attempt's outcome (completed, failed, canceled, interrupted) on its span."""
+    if span is trace.INVALID_SPAN:
+        return  # nothing records it
     span.set_attribute("thread_effects.outcome", outcome)
     if outcome == "failed":
         span.set_status(Status(StatusCode.ERROR, error))

@@ -503,6 +503,56 @@ async def test_a_schema_that_allows_extra_fields_keeps_them(tmp_path: Path) -> N
             await state.schedule_effect("outer", {"inner": {"text": "x"}, "nope": 1})
 
 
+async def test_flat_args_are_stored_as_their_json_and_odd_scalars_refused(
+    tmp_path: Path,
+) -> None:
+    """An object of scalars (the schedule's fast path) stores what its JSON decodes to."""
+    import enum
+
+    from pydantic import BaseModel
+
+    from runtime import Runtime, define_effect
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Tag(enum.StrEnum):
+        RED = "red"
+
+    class Flat(BaseModel):
+        text: str = ""
+        n: int = 0
+        x: float = 0.0
+        ok: bool = False
+        maybe: int | None = None
+
+    async def run(state: object, args: Flat) -> None:
+        return None
+
+    async with Runtime(data_dir=tmp_path / "data", load_packages=False) as rt:
+        rt.registry.app["flat"] = define_effect("Flat.", Flat, run)
+        state = await rt.create_thread()
+        given = {"text": "é", "n": 2**70, "x": -0.0, "ok": True, "maybe": None}
+        run_id = await state.schedule_effect("flat", given, delay=999)
+        stored = (await state.get_run(run_id)).args
+        assert stored == given and stored is not given
+        assert json.dumps(stored) == json.dumps(given)
+        # Subclasses of the scalars are stored as their JSON (an int, a string).
+        run_id = await state.schedule_effect("flat", {"n": Level.HIGH, "text": Tag.RED})
+        stored = (await state.get_run(run_id)).args
+        assert stored == {"n": 3, "text": "red"}
+        assert type(stored["n"]) is int and type(stored["text"]) is str
+        for bad, problem in (
+            ({"x": float("nan")}, "not JSON"),
+            ({"x": float("inf")}, "not JSON"),
+            ({"text": "\ud800"}, "not valid Unicode"),
+            ({1: "one"}, "fail its schema"),
+        ):
+            with pytest.raises(InvalidEffectArgs, match=problem):
+                await state.schedule_effect("flat", bad, delay=999)
+        assert len((await state.list_runs()).runs) == 2
+
+
 # ------------------------------------------------------------------ error codes
 
 

@@ -208,12 +208,16 @@ def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]
     return result
 
 
+_STATUS = {str(s): s for s in EffectStatus}
+"""The statuses by their stored text (a look-up, cheaper than calling the enum)."""
+
+
 def _row_to_run(thread_id: str, row: Sequence[Any]) -> EffectRun:
     return EffectRun(
         id=row[1],
         thread_id=thread_id,
         name=row[2],
-        status=EffectStatus(row[3]),
+        status=_STATUS.get(row[3]) or EffectStatus(row[3]),
         args=json.loads(row[4]) if row[4] is not None else None,
         run_at_ts=row[5],
         created_at_ts=row[6],
