@@ -1477,6 +1477,7 @@ class FrameStream:
             async with asyncio.timeout(self.close_timeout_seconds):
                 await self.websocket.close(code, _close_reason(reason))
 
+
 _WriteFrames = Callable[[bytes, list[bytes]], None]
 
 
