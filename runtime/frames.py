@@ -2,8 +2,10 @@
 
 The event classes live in `runtime.events`; this module numbers them per thread (one
 ``seq`` for every kind) and delivers them.
-Publishing never awaits a subscriber: each has a bounded buffer, and one that falls
-behind is cut off (`SubscriptionOverflow`) rather than slowing the others or the runtime.
+Publishing never awaits a subscriber: a thread's subscribers share one log of its recent
+events (an event is appended once, whatever their number, `_Feed`), each reads it from its
+own position, and one that falls more than its ``maxsize`` behind is cut off
+(`SubscriptionOverflow`) rather than slowing the others or the runtime.
 
 Besides per-thread subscribers, the hub has *listeners*: plain callbacks that see every
 event of every thread as it is published (`ChangeHub.add_listener`). They are how the
@@ -45,9 +47,6 @@ _E = TypeVar("_E", EffectChanged, MessageCreated, EffectRecordChanged, ScheduleC
 
 log = logging.getLogger("runtime")
 
-_NEVER = 1 << 62
-"""A buffer length no subscription reaches (`Subscription._wake_at` while nobody waits)."""
-
 _LINGER_ROOM = 16
 """A batching reader lingers only while this many events or more fit in a quarter of its
 queue (`Subscription.next_batch`)."""
@@ -78,6 +77,82 @@ class FrameRelay(Protocol):
         """Number ``event`` across nodes and deliver it (later, in ``seq`` order)."""
 
 
+class _Feed:
+    """The recent events of one key (a thread, or `ALL_THREADS`), shared by its subscriptions.
+
+    Each event is appended once, whatever the number of subscribers; a subscription is a
+    cursor into this log (an absolute index: the feed's ``head`` counts every event ever
+    appended). Publishing costs O(1): the subscriptions that an append leaves more than
+    ``maxsize`` events behind are found by their cursor (`at`), the readers to wake by the
+    head they wait for (`wakers`). Events no open subscription still needs are dropped, so
+    the log never holds more than ``maxsize`` events (plus a compaction margin).
+    """
+
+    __slots__ = ("at", "base", "events", "head", "low", "maxsize", "subs", "wakers")
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.events: list[ThreadEvent] = []
+        self.base = 0  # the index of events[0]
+        self.low = 0  # no open subscription's cursor is below this (base <= low <= head)
+        self.head = 0  # the index of the next event appended
+        self.subs: set[Subscription] = set()
+        # cursor → the open subscriptions whose next unread event is that index
+        self.at: dict[int, set[Subscription]] = {}
+        # head → the subscriptions waiting until the head reaches it (stale entries are
+        # skipped: a subscription wakes only for the target it waits for now)
+        self.wakers: dict[int, list[Subscription]] = {}
+
+    def append(self, event: ThreadEvent) -> None:
+        self.events.append(event)
+        head = self.head = self.head + 1
+        # Those now maxsize + 1 behind (their cursor is exactly that far: the ones further
+        # behind were cut off by an earlier append).
+        behind = self.at.pop(head - 1 - self.maxsize, None)
+        if behind:
+            for sub in list(behind):
+                sub._overflow()
+            self._trim()
+        woken = self.wakers.pop(head, None)
+        if woken:
+            for sub in woken:
+                if sub._wake_target == head:
+                    sub._ready.set()
+
+    def move(self, sub: Subscription, old: int, new: int) -> None:
+        """``sub``'s cursor goes from ``old`` to ``new`` (-1: it joins, or leaves, the feed)."""
+        at = self.at
+        if new >= 0:  # first: trimming below must see where it is now
+            group = at.get(new)
+            if group is None:
+                at[new] = {sub}
+            else:
+                group.add(sub)
+        group = at.get(old)
+        if group is not None:
+            group.discard(sub)
+            if not group:
+                del at[old]
+                if old == self.low:
+                    self._trim()
+
+    def _trim(self) -> None:
+        # Drop the events before the oldest cursor; compact the list only now and then
+        # (amortized O(1) per event).
+        low, head, at = self.low, self.head, self.at
+        while low < head and low not in at:
+            low += 1
+        self.low = low
+        drop = low - self.base
+        if drop and (low == head or drop >= 256 or drop * 2 >= len(self.events)):
+            del self.events[:drop]
+            self.base = low
+
+    def since(self, cursor: int) -> list[ThreadEvent]:
+        """The events from index ``cursor`` to the head, oldest first."""
+        return self.events[cursor - self.base:]
+
+
 class Subscription(AsyncIterator[ThreadEvent]):
     """An async iterator over one thread's events, from the moment it was made.
 
@@ -89,41 +164,99 @@ class Subscription(AsyncIterator[ThreadEvent]):
     Iteration ends when the subscription is closed (the thread was deleted or the runtime
     shut down) and raises `SubscriptionOverflow` if more than ``maxsize`` events piled up
     unread. Use it as ``async with`` or call `close` to stop receiving.
+
+    The subscriptions of one thread share one log of its recent events (each event is
+    stored once, whatever the number of subscribers); a subscription is a position in it.
     """
 
-    def __init__(self, hub: ChangeHub, thread_id: str, maxsize: int) -> None:
+    def __init__(self, hub: ChangeHub, thread_id: str, maxsize: int, feed: _Feed) -> None:
         self.thread_id = thread_id
         self.maxsize = maxsize
         self.overflowed = False
         self.closed = False
         self.dropped = 0
         self._hub = hub
-        self._buffer: deque[ThreadEvent] = deque()
+        self._feed = feed
+        self._cursor = feed.head
+        self._rest: deque[ThreadEvent] = deque()  # once closed: the unread events it yields
         self._ready = asyncio.Event()
-        # A push sets _ready once the buffer holds this many events: 1 while the reader
-        # waits for any, more while a batching reader lingers, _NEVER while it is busy.
-        self._wake_at = _NEVER
+        self._wake_target = -1  # the feed head a waiting reader wakes at (-1: not waiting)
         self._ended: asyncio.Event | None = None
+        feed.subs.add(self)
+        feed.move(self, -1, self._cursor)
 
-    def _push(self, event: ThreadEvent) -> None:
+    @property
+    def pending(self) -> int:
+        """How many events it holds that were not read yet."""
         if self.closed:
-            return
-        buffer = self._buffer
-        if len(buffer) >= self.maxsize:
-            self._overflow()
-            return
-        buffer.append(event)
-        if len(buffer) >= self._wake_at:
-            self._ready.set()
+            return len(self._rest)
+        return self._feed.head - self._cursor
+
+    @property
+    def linger_fill(self) -> int:
+        """How many unread events end a batching reader's linger (`next_batch`).
+
+        A quarter of ``maxsize`` (the rest is room for what is published before the reader
+        runs again); 0 for a queue shorter than four times `_LINGER_ROOM` (never lingers).
+        """
+        fill = self.maxsize // 4
+        return fill if fill >= _LINGER_ROOM else 0
+
+    @property
+    def position(self) -> int | None:
+        """Where it reads in the thread's shared event log (None once closed).
+
+        Two open subscriptions of the same `source` at the same position hold the same
+        unread events: a writer of many clients builds their bytes once.
+        """
+        return None if self.closed else self._cursor
+
+    @property
+    def source(self) -> object:
+        """The shared event log it reads (an opaque key).
+
+        The same object for every subscription of the thread (or of every thread's run
+        changes) on this hub, while one of them stays open.
+        """
+        return self._feed
+
+    def take(self) -> list[ThreadEvent]:
+        """Every event it holds now, oldest first, marked read (empty if none).
+
+        Raises:
+            SubscriptionOverflow: if it fell more than ``maxsize`` events behind.
+        """
+        if self.overflowed:
+            self._raise_overflow()
+        if self.closed:
+            rest = list(self._rest)
+            self._rest.clear()
+            return rest
+        feed = self._feed
+        cursor, head = self._cursor, feed.head
+        if cursor == head:
+            return []
+        events = feed.since(cursor)
+        self._cursor = head
+        feed.move(self, cursor, head)
+        return events
+
+    def _raise_overflow(self) -> None:
+        raise SubscriptionOverflow(
+            f"Subscriber of thread {self.thread_id} fell more than {self.maxsize} "
+            f"events behind and was dropped; reload over HTTP and subscribe again"
+        )
 
     def _overflow(self) -> None:
+        feed = self._feed
         self.overflowed = True
-        self.dropped = len(self._buffer) + 1
-        self._buffer.clear()
+        self.dropped = feed.head - self._cursor
+        feed.move(self, self._cursor, -1)
         self._end()
 
     def _end(self) -> None:
         self.closed = True
+        self._feed.subs.discard(self)
         self._hub._remove(self)
         self._ready.set()
         if self._ended is not None:
@@ -149,6 +282,9 @@ class Subscription(AsyncIterator[ThreadEvent]):
         may not be delivered yet: wait for the event itself, not for the call that made it.
         """
         if not self.closed:
+            feed = self._feed
+            self._rest = deque(feed.since(self._cursor))
+            feed.move(self, self._cursor, -1)
             self._end()
 
     def __aiter__(self) -> Subscription:
@@ -157,24 +293,39 @@ class Subscription(AsyncIterator[ThreadEvent]):
     async def __anext__(self) -> ThreadEvent:
         while True:
             if self.overflowed:
-                raise SubscriptionOverflow(
-                    f"Subscriber of thread {self.thread_id} fell more than {self.maxsize} "
-                    f"events behind and was dropped; reload over HTTP and subscribe again"
-                )
-            if self._buffer:
-                return self._buffer.popleft()
+                self._raise_overflow()
             if self.closed:
+                if self._rest:
+                    return self._rest.popleft()
                 raise StopAsyncIteration
-            await self._wait(1)
+            feed = self._feed
+            cursor = self._cursor
+            if cursor < feed.head:
+                event = feed.events[cursor - feed.base]
+                self._cursor = cursor + 1
+                feed.move(self, cursor, cursor + 1)
+                return event
+            await self.wait(1)
 
-    async def _wait(self, count: int) -> None:
-        """Until the buffer holds ``count`` events or the subscription ends."""
+    async def wait(self, count: int = 1) -> None:
+        """Return once it holds ``count`` unread events (at once if it does) or is closed."""
+        if self.closed:
+            return
+        target = self._cursor + count
+        feed = self._feed
+        if feed.head >= target:
+            return
         self._ready.clear()
-        self._wake_at = count
+        self._wake_target = target
+        waiting = feed.wakers.get(target)
+        if waiting is None:
+            feed.wakers[target] = [self]
+        else:
+            waiting.append(self)
         try:
             await self._ready.wait()
         finally:
-            self._wake_at = _NEVER
+            self._wake_target = -1
 
     async def next_batch(self, linger_until: float | None = None) -> list[ThreadEvent]:
         """Every event buffered now (waiting for at least one), oldest first.
@@ -191,30 +342,22 @@ class Subscription(AsyncIterator[ThreadEvent]):
         """
         while True:
             if self.overflowed:
-                raise SubscriptionOverflow(
-                    f"Subscriber of thread {self.thread_id} fell more than {self.maxsize} "
-                    f"events behind and was dropped; reload over HTTP and subscribe again"
-                )
-            buffer = self._buffer
-            fill = self.maxsize // 4
-            if (
-                buffer and linger_until is not None and not self.closed
-                and fill >= _LINGER_ROOM and len(buffer) < fill
-            ):
+                self._raise_overflow()
+            pending = self.pending
+            fill = self.linger_fill
+            if pending and linger_until is not None and not self.closed and pending < fill:
                 remaining = linger_until - asyncio.get_running_loop().time()
                 linger_until = None
                 if remaining > 0:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(remaining):
-                            await self._wait(fill)
+                            await self.wait(fill)
                     continue
-            if buffer:
-                batch = list(buffer)
-                buffer.clear()
-                return batch
+            if pending:
+                return self.take()
             if self.closed:
                 return []
-            await self._wait(1)
+            await self.wait(1)
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -229,7 +372,7 @@ class ChangeHub:
     def __init__(self, queue_size: int) -> None:
         self.queue_size = queue_size
         self._seq: dict[str, int] = {}
-        self._subs: dict[str, set[Subscription]] = {}
+        self._feeds: dict[str, _Feed] = {}  # thread id (or ALL_THREADS) → its subscriptions' log
         self._listeners: list[Listener] = []
         self.relay: FrameRelay | None = None
         """None: this hub numbers and delivers events itself (one process per backend).
@@ -254,9 +397,7 @@ class ChangeHub:
 
     def subscribe(self, thread_id: str) -> Subscription:
         """A new subscription to a thread's events."""
-        sub = Subscription(self, thread_id, self.queue_size)
-        self._subs.setdefault(thread_id, set()).add(sub)
-        return sub
+        return Subscription(self, thread_id, self.queue_size, self._feed(thread_id))
 
     def subscribe_runs(self) -> Subscription:
         """A new subscription to the run changes (`EffectChanged`) of every thread.
@@ -265,16 +406,18 @@ class ChangeHub:
         a thread is deleted: it gets a `ThreadDeleted` event then. Like any subscription
         it overflows when read too slowly.
         """
-        sub = Subscription(self, ALL_THREADS, self.queue_size)
-        self._subs.setdefault(ALL_THREADS, set()).add(sub)
-        return sub
+        return Subscription(self, ALL_THREADS, self.queue_size, self._feed(ALL_THREADS))
+
+    def _feed(self, key: str) -> _Feed:
+        feed = self._feeds.get(key)
+        if feed is None:
+            feed = self._feeds[key] = _Feed(self.queue_size)
+        return feed
 
     def _remove(self, sub: Subscription) -> None:
-        subs = self._subs.get(sub.thread_id)
-        if subs is not None:
-            subs.discard(sub)
-            if not subs:
-                del self._subs[sub.thread_id]
+        feed = self._feeds.get(sub.thread_id)
+        if feed is sub._feed and not feed.subs:
+            del self._feeds[sub.thread_id]
 
     def publish(self, change: RunChange, run: EffectRun) -> EffectChanged:
         """Number a run's change and hand it to every subscriber of its thread, without waiting.
@@ -330,28 +473,18 @@ class ChangeHub:
         seq = self._seq.get(thread_id, 0) + 1
         self._seq[thread_id] = seq
         event = make(seq)
-        if isinstance(event, EffectChanged):
-            for sub in list(self._subs.get(ALL_THREADS, ())):
-                sub._push(event)
+        feeds = self._feeds
+        if isinstance(event, EffectChanged) and ALL_THREADS in feeds:
+            feeds[ALL_THREADS].append(event)
         for listener in self._listeners:
             try:
                 listener(event)
             except Exception:
                 log.exception("a listener of the change hub failed on %r", event)
-        subs = self._subs.get(thread_id)
-        if subs:
-            # `Subscription._push`, inlined: with hundreds of clients on one thread this
-            # loop runs for each of them at every event.
-            for sub in list(subs):
-                if sub.closed:
-                    continue
-                buffer = sub._buffer
-                if len(buffer) >= sub.maxsize:
-                    sub._overflow()
-                    continue
-                buffer.append(event)
-                if len(buffer) >= sub._wake_at:
-                    sub._ready.set()
+        # Once into the thread's log, whatever the number of its subscribers.
+        feed = feeds.get(thread_id)
+        if feed is not None:
+            feed.append(event)
         return event
 
     def close_thread(self, thread_id: str) -> None:
@@ -366,20 +499,29 @@ class ChangeHub:
             self.relay.send(ThreadDeleted(thread_id=thread_id, seq=0))
             return
         event = ThreadDeleted(thread_id=thread_id, seq=self._seq.get(thread_id, 0) + 1)
-        for sub in list(self._subs.get(ALL_THREADS, ())):
-            sub._push(event)
-        for sub in list(self._subs.get(thread_id, ())):
-            sub.close()
+        self._append(ALL_THREADS, event)
+        self._close_feed(thread_id)
         self._seq.pop(thread_id, None)
+
+    def _append(self, key: str, event: ThreadEvent) -> None:
+        feed = self._feeds.get(key)
+        if feed is not None:
+            feed.append(event)
+
+    def _close_feed(self, key: str) -> None:
+        feed = self._feeds.get(key)
+        if feed is not None:
+            for sub in list(feed.subs):
+                sub.close()
 
     def subscribed(self, thread_id: str) -> bool:
         """Whether this hub has a subscriber of ``thread_id``'s events."""
-        return thread_id in self._subs
+        return thread_id in self._feeds
 
     @property
     def subscribed_to_all(self) -> bool:
         """Whether this hub has a subscriber of every thread's run changes."""
-        return ALL_THREADS in self._subs
+        return ALL_THREADS in self._feeds
 
     def deliver_numbered(self, event: ThreadEvent) -> None:
         """Hand an event numbered by the relay to this node's subscribers (no listeners).
@@ -390,17 +532,13 @@ class ChangeHub:
         """
         kind = event.event_type if isinstance(event, RelayedFrame) else EVENT_TYPES[type(event)]
         if kind in ("effect_changed", "thread_deleted"):
-            for sub in list(self._subs.get(ALL_THREADS, ())):
-                sub._push(event)
+            self._append(ALL_THREADS, event)
         if kind == "thread_deleted":
-            for sub in list(self._subs.get(event.thread_id, ())):
-                sub.close()
+            self._close_feed(event.thread_id)
             return
-        for sub in list(self._subs.get(event.thread_id, ())):
-            sub._push(event)
+        self._append(event.thread_id, event)
 
     def close_all(self) -> None:
         """End every subscription (shutdown)."""
-        for thread_id in list(self._subs):
-            for sub in list(self._subs.get(thread_id, ())):
-                sub.close()
+        for key in list(self._feeds):
+            self._close_feed(key)

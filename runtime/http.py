@@ -40,7 +40,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import math
 import os
 import re
 import socket
@@ -90,7 +89,7 @@ from runtime.errors import (
     ThreadNotFound,
     ThreadStorageError,
 )
-from runtime.frames import Subscription
+from runtime.frames import Subscription, ThreadEvent
 from runtime.ids import validate_thread_id
 from runtime.messages import MAX_CONTENT_CHARS
 from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -141,15 +140,20 @@ WS_CLOSE_REASON_BYTES = 123
 WS_CLOSE_TIMEOUT_SECONDS = 10.0
 
 FRAME_BATCH_SECONDS = 0.05
-"""After sending to a stream client, its writer sends again at most this much later
-(seconds; earlier once half its queue is full): frames published meanwhile go out
-together, in one socket write. An idle client's next frame goes out at once."""
+"""After a write round to a thread's stream clients, the next one comes at most this much
+later (seconds; earlier once a quarter of a client's queue is pending): frames published
+meanwhile go out together, in one socket write per client. After a quiet spell the next
+frame goes out at once."""
 
 SEND_FRAMES_EXTENSION = "thread_effects.send_frames"
 """The ASGI scope extension of this server's WebSocket protocol (`server_options`): its
-``"send"`` is ``async send(payloads: list[bytes])``, which sends each UTF-8 payload as one
-text message, all in one socket write. Without it (another server, the test client), a
-stream sends its frames one ``send_text`` at a time."""
+``"writable"`` is ``writable() -> bool`` (whether the socket takes more now, i.e. its
+transport is not paused by flow control; raises ``ClientDisconnected`` once the connection
+is closed or closing) and its ``"write"`` is ``write(wire: bytes, payloads: list[bytes])``,
+which writes the text messages ``wire`` holds (each payload framed, unmasked, in order) in
+one socket write, or sends each payload itself when an extension (compression) changes
+the bytes. Without it (another server, the test client), a stream sends its frames one
+``send_text`` at a time."""
 # How long a request cancelled at the end of the shutdown grace period has to answer 503.
 REQUEST_CANCEL_SECONDS = 2.0
 """How long the stream waits to get its close frame (or last frames) out to a client."""
@@ -1383,26 +1387,29 @@ class FrameStream:
         self.websocket = websocket
         self.subscription = subscription
         self.close_timeout_seconds = close_timeout_seconds
+        self._fanout: _FanOut | None = None
 
     async def _write(self) -> None:
-        extension = self.websocket.scope.get("extensions", {}).get(SEND_FRAMES_EXTENSION)
+        # Without this server's protocol (the test client): one `send_text` per frame.
         with contextlib.suppress(SubscriptionOverflow):  # `run` sees it and closes with 1013
-            if extension is None:
-                send = self.websocket.send_text
-                async for event in self.subscription:
-                    await send(event.frame_text())
-                return
-            # Several frames per socket write: the events buffered since the last write
-            # (each still its own WebSocket message), at most one write per
-            # FRAME_BATCH_SECONDS, so 200 clients of a busy thread cost the loop a few
-            # writes per client per tick instead of one per client per frame.
-            send_frames = extension["send"]
-            next_batch = self.subscription.next_batch
-            clock = asyncio.get_running_loop().time
-            sent_at = -math.inf
-            while batch := await next_batch(linger_until=sent_at + FRAME_BATCH_SECONDS):
-                await send_frames([event.frame_bytes() for event in batch])
-                sent_at = clock()
+            send = self.websocket.send_text
+            async for event in self.subscription:
+                await send(event.frame_text())
+
+    def _start_writer(self) -> asyncio.Future[None]:
+        """The writer of this client: its thread's `_FanOut` here, else a task of its own."""
+        extension = self.websocket.scope.get("extensions", {}).get(SEND_FRAMES_EXTENSION)
+        fanouts: dict[object, _FanOut] | None = getattr(
+            self.websocket.app.state, "fanouts", None
+        )
+        if extension is None or fanouts is None:
+            return asyncio.create_task(self._write(), name="frames-writer")
+        source = self.subscription.source
+        fanout = fanouts.get(source)
+        if fanout is None:
+            fanout = fanouts[source] = _FanOut(source, fanouts)
+        self._fanout = fanout
+        return fanout.add(self.subscription, extension["writable"], extension["write"])
 
     async def _read(self) -> None:
         # The pane sends nothing; reading is how a disconnect is noticed.
@@ -1418,9 +1425,9 @@ class FrameStream:
         """
         sub = self.subscription
         ended = asyncio.create_task(sub.wait_closed(), name="frames-ended")
-        writer = asyncio.create_task(self._write(), name="frames-writer")
+        writer = self._start_writer()
         reader = asyncio.create_task(self._read(), name="frames-reader")
-        tasks = (ended, writer, reader)
+        tasks: tuple[asyncio.Future[Any], ...] = (ended, writer, reader)
         if self.metrics is not None:
             self.metrics.ws_clients.inc()
         try:
@@ -1454,6 +1461,8 @@ class FrameStream:
         finally:
             if self.metrics is not None:
                 self.metrics.ws_clients.dec()
+            if self._fanout is not None:
+                self._fanout.remove(sub)
             sub.close()
             for task in tasks:
                 task.cancel()
@@ -1467,6 +1476,127 @@ class FrameStream:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
             async with asyncio.timeout(self.close_timeout_seconds):
                 await self.websocket.close(code, _close_reason(reason))
+
+
+_WriteFrames = Callable[[bytes, list[bytes]], None]
+
+
+class _FanOut:
+    """The one writer of every stream client that reads the same event log on this server.
+
+    A thread's clients (or those of every thread's run changes) share one log of its
+    events (`Subscription.source`); this writes to all of them from one task instead of a
+    writer task per client. At most every `FRAME_BATCH_SECONDS` (earlier once a quarter of
+    a client's queue is pending; at once after a quiet spell) it gives every client whose
+    socket takes more (its transport is not paused by flow control) everything it has not
+    sent yet, as text messages in one socket write. Clients at the same position get the
+    same bytes, built once per write round. A client whose socket does not drain is
+    skipped and falls behind; past its queue size its subscription overflows and its
+    `FrameStream` closes it with 1013, as before.
+    """
+
+    def __init__(self, source: object, registry: dict[object, _FanOut]) -> None:
+        self._source = source
+        self._registry = registry
+        self._clients: dict[
+            Subscription, tuple[Callable[[], bool], _WriteFrames, asyncio.Future[None]]
+        ] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(
+        self, sub: Subscription, writable: Callable[[], bool], write: _WriteFrames
+    ) -> asyncio.Future[None]:
+        """Write ``sub``'s events to a client from now on.
+
+        Returns:
+            A future: done once the subscription is closed and everything it held was
+            written; its exception is the one writing raised (the client is gone).
+        """
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._clients[sub] = (writable, write, done)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="frames-fanout")
+        return done
+
+    def remove(self, sub: Subscription) -> None:
+        """Stop writing to ``sub``'s client (it left or was closed)."""
+        self._clients.pop(sub, None)
+
+    async def _run(self) -> None:
+        clock = asyncio.get_running_loop().time
+        try:
+            while self._clients:
+                behind = self._write_all()
+                sent_at = clock()
+                lead = next((s for s in self._clients if not s.closed and not s.pending), None)
+                if lead is None:  # every socket is paused: try again later
+                    await asyncio.sleep(FRAME_BATCH_SECONDS)
+                    continue
+                if behind:
+                    # A paused socket: no event says when it drains, so retry it at the
+                    # next round or after FRAME_BATCH_SECONDS, whichever comes first.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(FRAME_BATCH_SECONDS):
+                            await lead.wait(1)
+                else:
+                    await lead.wait(1)  # a new event (every open client has it), or it closed
+                fill = lead.linger_fill
+                remaining = sent_at + FRAME_BATCH_SECONDS - clock()
+                if remaining > 0 and fill and not lead.closed:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(remaining):
+                            await lead.wait(fill)
+        except BaseException as exc:
+            for _, _, done in self._clients.values():
+                if not done.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        done.cancel()
+                    else:
+                        done.set_exception(exc)
+            raise
+        finally:
+            if self._registry.get(self._source) is self:
+                del self._registry[self._source]
+
+    def _write_all(self) -> bool:
+        """One write round; whether a client with unsent events could not take them now."""
+        behind = False
+        shared: dict[tuple[int, int], tuple[bytes, list[bytes]]] = {}
+        for sub, (writable, write, done) in list(self._clients.items()):
+            if sub.overflowed or done.done():
+                continue  # its `FrameStream` closes it with 1013 (or saw it fail)
+            try:
+                pending = sub.pending
+                if pending:
+                    if not writable():
+                        behind = True
+                        continue
+                    position = sub.position
+                    key = (position, pending) if position is not None else None
+                    frames = shared.get(key) if key is not None else None
+                    events = sub.take()
+                    if frames is None:
+                        frames = _wire_frames(events)
+                        if key is not None:
+                            shared[key] = frames
+                    write(*frames)
+                if sub.closed and not sub.pending:
+                    del self._clients[sub]
+                    done.set_result(None)
+            except Exception as exc:  # the connection is gone (ClientDisconnected)
+                self._clients.pop(sub, None)
+                done.set_exception(exc)
+        return behind
+
+
+def _wire_frames(events: list[ThreadEvent]) -> tuple[bytes, list[bytes]]:
+    """The unmasked text messages of ``events`` in one buffer, and their payloads."""
+    payloads = [event.frame_bytes() for event in events]
+    parts: list[bytes] = []
+    for payload in payloads:
+        parts.append(_text_frame_header(len(payload)))
+        parts.append(payload)
+    return b"".join(parts), payloads
 
 
 async def _stream(websocket: WebSocket) -> None:
@@ -1798,19 +1928,31 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:  # the ASGI app gets this dict when its task first runs
-            scope["extensions"][SEND_FRAMES_EXTENSION] = {"send": self.send_frames}
+            scope["extensions"][SEND_FRAMES_EXTENSION] = {
+                "writable": self.frames_writable, "write": self.write_frames,
+            }
 
-    async def send_frames(self, payloads: list[bytes]) -> None:
-        """Send each UTF-8 ``payload`` as a text message, all in one socket write.
-
-        Without a negotiated extension (the server offers no compression, `server_options`)
-        a server's text frame is the same bytes for every client: a 2-to-10-byte header
-        and the payload, built here without the protocol object's per-frame work.
+    def frames_writable(self) -> bool:
+        """Whether the socket takes more now (its transport is not paused).
 
         Raises:
             ClientDisconnected: the connection is closed or closing.
         """
-        await self.writable.wait()
+        if self.disconnected or self.close_sent or self.conn.state is not WebSocketState.OPEN:
+            raise ClientDisconnected()
+        return self.writable.is_set()
+
+    def write_frames(self, wire: bytes, payloads: list[bytes]) -> None:
+        """Write ``wire``: each UTF-8 payload of ``payloads`` as a text message, in order.
+
+        Without a negotiated extension (the server offers no compression, `server_options`)
+        a server's text message is the same bytes for every client (a 2-to-10-byte header
+        and the payload): ``wire`` is built once for every client at the same position.
+        With one, each payload goes through the protocol object.
+
+        Raises:
+            ClientDisconnected: the connection is closed or closing.
+        """
         conn = self.conn
         if self.disconnected or self.close_sent or conn.state is not WebSocketState.OPEN:
             raise ClientDisconnected()
@@ -1819,27 +1961,7 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
                 conn.send_text(payload)
             self.transport.write(b"".join(conn.data_to_send()))
             return
-        wire = _WIRE_FRAMES
-        parts: list[bytes] = []
-        for payload in payloads:
-            # The same payload object goes to every client of the thread: its frame is
-            # built once. The entry holds the payload, so its id is not reused meanwhile.
-            entry = wire.get(id(payload))
-            if entry is None:
-                if len(wire) >= _WIRE_FRAMES_KEPT:
-                    wire.clear()
-                entry = wire[id(payload)] = (
-                    payload, _text_frame_header(len(payload)) + payload
-                )
-            parts.append(entry[1])
-        self.transport.write(b"".join(parts))
-
-
-_WIRE_FRAMES: dict[int, tuple[bytes, bytes]] = {}
-"""Recent payloads' text frames, by the payload's id (kept with it): built once, sent to
-every client (`_AbortingWebSockets.send_frames`; the event loop's thread only)."""
-
-_WIRE_FRAMES_KEPT = 4096
+        self.transport.write(wire)
 
 
 def _text_frame_header(length: int) -> bytes:
@@ -2134,5 +2256,6 @@ def create_app(
     app.state.max_body_bytes = max_body_bytes
     app.state.ws_close_timeout_seconds = ws_close_timeout_seconds
     app.state.streams = set()  # the tasks serving open WebSocket streams
+    app.state.fanouts = {}  # a thread's event log → the `_FanOut` writing it to its clients
     app.state.requests = set()  # the tasks serving open HTTP requests (`Server.shutdown`)
     return app

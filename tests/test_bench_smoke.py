@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "| figure | threads | thread-effects | raw sqlite3 | ratio | target | result |"
 
@@ -60,10 +62,11 @@ def test_bench_durable_quick_runs_and_prints_the_tables(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bench_fanout_small_runs_and_every_client_gets_every_frame() -> None:
+@pytest.mark.parametrize("client", ["websockets", "raw"])
+def test_bench_fanout_small_runs_and_every_client_gets_every_frame(client: str) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_fanout.py"), "--clients", "5",
-         "--runs", "30", "--synchronous", "NORMAL", "--json"],
+         "--runs", "30", "--synchronous", "NORMAL", "--json", "--client", client],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]

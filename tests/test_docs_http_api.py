@@ -70,7 +70,7 @@ async def test_run_shapes_lists_and_frames(api: Api) -> None:
     async with state.subscribe() as sub:
         run_id = await api.schedule(tid, "note", {"text": "x"})
         await api.rt.wait_idle()
-        while sub._buffer:
+        while sub.pending:
             events.append(await sub.__anext__())
 
     required, optional = keys_after("only in the single-run answer, never in lists or frames):")
@@ -200,7 +200,7 @@ async def test_schedule_shapes_routes_and_frames(api: Api) -> None:
             res = await api.client.post(f"{base}/{made['id']}/{action}")
             assert res.status_code == 200 and set(res.json()) == required
         frames = []
-        while sub._buffer:
+        while sub.pending:
             frames.append((await sub.__anext__()).to_frame())
     documented = field_list('"eventType": "schedule_changed", "threadId": "...", "seq": 10,\n'
                             ' "data": ')

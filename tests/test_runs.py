@@ -185,7 +185,7 @@ async def test_canceling_a_running_async_run_stops_it_and_it_never_runs_again(
     assert run.finished_at_ts == api.clock.now()
     assert (tmp_path / "data" / "hold.log").read_text() == "long started\nlong canceled\n"
     changes = []
-    while sub._buffer:
+    while sub.pending:
         changes.append(await sub.__anext__())
     assert [(e.change, e.run.status) for e in changes if e.run.id == run_id][-1] == (
         "canceled", EffectStatus.CANCELED

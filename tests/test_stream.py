@@ -10,6 +10,7 @@ frame.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ from conftest import DEMO_APP, Api, live_server, make_app
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from runtime.errors import SubscriptionOverflow
 from runtime.testing import FakeClock
 
 Frame = dict[str, Any]
@@ -527,3 +529,61 @@ def test_a_text_frame_header_is_what_the_websockets_library_writes(length: int) 
     assert _text_frame_header(length) + payload == Frame(Opcode.TEXT, payload).serialize(
         mask=False
     )
+
+
+async def test_subscribers_share_one_log_and_each_is_cut_off_by_its_own_lag() -> None:
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.events import RunChange
+    from runtime.frames import ChangeHub
+
+    hub = ChangeHub(queue_size=10)
+
+    def publish(n: int) -> None:
+        for i in range(n):
+            run = EffectRun(id=f"r{i}", thread_id="t1", name="noop",
+                            status=EffectStatus.PENDING, args=None, run_at_ts=0.0,
+                            created_at_ts=0.0)
+            hub.publish(RunChange.SCHEDULED, run)
+
+    early, reader = hub.subscribe("t1"), hub.subscribe("t1")
+    publish(4)
+    late = hub.subscribe("t1")  # sees only what comes after it
+    assert late.source is early.source and late.position != early.position
+    publish(6)
+    assert (early.pending, reader.pending, late.pending) == (10, 10, 6)
+    assert [e.seq for e in reader.take()] == list(range(1, 11))
+    publish(1)
+    # `early` was 10 behind (its queue size): the 11th is one too many, and only for it.
+    assert early.overflowed and early.closed and early.dropped == 11
+    assert not reader.overflowed and not late.overflowed
+    with pytest.raises(SubscriptionOverflow):
+        await early.__anext__()
+    assert [(await late.__anext__()).seq for _ in range(7)] == list(range(5, 12))
+    assert [e.seq for e in await reader.next_batch()] == [11]
+    # Closing keeps what it held: it is still read, then iteration ends.
+    publish(3)
+    reader.close()
+    publish(1)
+    assert [e.seq async for e in reader] == [12, 13, 14]
+    assert [e.seq for e in late.take()] == [12, 13, 14, 15]
+    late.close()
+    assert not hub.subscribed("t1")  # the log went with its last subscriber
+
+
+async def test_many_clients_of_one_thread_get_the_same_frames_from_when_they_joined(
+    tmp_path: Path,
+) -> None:
+    async with running(tmp_path, synchronous="NORMAL") as live:
+        tid = await live.api.new_thread()
+        async with stream(live.url(tid)) as first:
+            await live.api.schedule(tid, "ping")
+            head = await frames_until(first, lambda f: f["data"]["change"] == "completed")
+            async with contextlib.AsyncExitStack() as stack:
+                others = [await stack.enter_async_context(stream(live.url(tid)))
+                          for _ in range(8)]
+                ids = [await live.api.schedule(tid, "ping") for _ in range(5)]
+                got = [await frames_until(ws, change_is(ids[-1], "completed"))
+                       for ws in [first, *others]]
+        assert [f["seq"] for f in head] == [1, 2, 3]
+        assert all(g == got[0] for g in got)
+        assert [f["seq"] for f in got[0]] == list(range(4, 4 + 15))
