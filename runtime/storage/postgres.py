@@ -2017,16 +2017,13 @@ class PostgresBackend(StorageBackend):
         ConnectionPool.check_connection(conn)
 
     @contextmanager
-    def transaction(self, *, single: bool = False, pipeline: bool = False) -> Iterator[Cursor]:
+    def transaction(self, *, single: bool = False) -> Iterator[Cursor]:
         """A cursor in one transaction on a pooled connection (committed on success).
 
         Args:
             single: the caller runs exactly one statement: it runs in autocommit (the
                 statement is its own transaction), which saves the ``BEGIN`` and
                 ``COMMIT`` round trips.
-            pipeline: in psycopg's pipeline mode: ``BEGIN`` goes with the first statement,
-                and ``COMMIT`` with the statements after the last result read (a result
-                read waits for every statement before it).
 
         Raises:
             RuntimeClosed: the backend is not open.
@@ -2043,8 +2040,7 @@ class PostgresBackend(StorageBackend):
         try:
             with pool.connection(timeout=wait) as conn:
                 try:
-                    with (conn.pipeline() if pipeline else contextlib.nullcontext(),
-                          contextlib.nullcontext() if single else conn.transaction(),
+                    with (contextlib.nullcontext() if single else conn.transaction(),
                           conn.cursor() as cur):
                         yield cur
                 except _db_error() as exc:
