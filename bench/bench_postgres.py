@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python bench/bench_postgres.py [--runs 10000] [--threads 100] [--spread 5]
         [--processes 1,3] [--server-url postgresql://postgres@127.0.0.1:5432] [--quick]
+        [--peers procrastinate,dbos | none] [--peers-dir DIR] [--peers-venvs DIR]
 
 The workload is issue 13's (and ../shared/peers_bench's): N delayed runs over T threads
 (run i on thread i mod T), due evenly over ``spread`` seconds in a shuffled order, each
@@ -16,7 +17,13 @@ Everything happens in one fresh database (``te_bench_<pid>_<hex>``, dropped at t
 on the server under test: first the raw baseline (the product's own ``effect_runs`` table,
 generated DDL, one ``INSERT`` per run from one psycopg connection, each its own committed
 transaction), then each product case in its own schema and its own processes
-(``--child``). bench/README.md says what each figure means.
+(``--child``). Then, on the same server and with the same N and spread, the peers of
+issue 13 as ../shared/peers_bench runs them (its runners unchanged, pointed at this server
+with ``PEERS_BENCH_PG_DSN``; each makes a database of its own, dropped afterwards):
+procrastinate (``peer_procrastinate.py``, case ``tuned@100``) and DBOS with a PostgreSQL
+system database (``peer_dbos.py``, case ``pg-queue-delay@100``). A peer whose venv
+(``setup.sh`` makes them under /tmp/peers_bench) is missing is skipped, and the report says
+so and how to make it. bench/README.md says what each figure means.
 """
 
 from __future__ import annotations
@@ -52,6 +59,13 @@ PEER_SCHEDULE_RATE = 960.0
 about 700/s): issue 13's target is at least 3 times that with one process."""
 TARGET_SCHEDULE_RATE = 3 * PEER_SCHEDULE_RATE
 TARGET_P99_LAG_SECONDS = 0.100
+PEERS = {
+    # peer: (runner script, its case, venv folder, the databases it makes on the server)
+    "procrastinate": ("peer_procrastinate.py", "tuned@100", "venv-proc", ("peersbench",)),
+    "dbos": ("peer_dbos.py", "pg-queue-delay@100", "venv-dbos", ("peersbench_dbos_sys",)),
+}
+"""Issue 13's peers, each in the ../shared/peers_bench case that runs it on PostgreSQL."""
+TARGET_PEER_RATIO = 3.0
 GUARD_SECONDS = 120.0
 """How long a case may wait past the last due time for its runs before it gives up."""
 
@@ -246,6 +260,7 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
     sched_start = min(r["schedule_started"] for r in results)
     return {
         "processes": processes,
+        "runs": runs,
         "schedule_rate": runs / (sched_end - sched_start),
         "executed": len(lags),
         "exec_rate": len(starts) / (max(starts) - base) if starts else 0.0,
@@ -259,6 +274,57 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
         "per_process_executed": [len(r["lags"]) for r in results],
         "leftovers": next((r["leftovers"] for r in results if r["leftovers"]), None),
     }
+
+
+# ---------------------------------------------------------------- the peers
+
+
+def peers_dir(given: Path | None) -> Path | None:
+    """../shared/peers_bench (next to the checkout or its parent), or ``given``."""
+    candidates = [given] if given else [
+        ROOT.parent / "shared" / "peers_bench", ROOT.parent.parent / "shared" / "peers_bench",
+    ]
+    return next((p for p in candidates if p is not None and (p / "harness.py").is_file()),
+                None)
+
+
+def run_peer(peer: str, server_url: str, peers: Path | None, venvs: Path, runs: int,
+             spread: float) -> dict[str, Any]:
+    """Run one peer's PostgreSQL case on ``server_url``; its result row, or ``skipped``.
+
+    The runner is the peers' own (``--cases``, ``--n``, ``--spread``, ``--out``), run with
+    its venv's interpreter and ``PEERS_BENCH_PG_DSN`` set to this server; the databases it
+    makes are dropped afterwards.
+    """
+    script, case, venv, databases = PEERS[peer]
+    python = venvs / venv / "bin" / "python"
+    if peers is None:
+        return {"peer": peer, "case": case, "skipped": "../shared/peers_bench not found "
+                "(give --peers-dir)"}
+    if not python.is_file():
+        return {"peer": peer, "case": case, "skipped": (
+            f"no venv {python.parent.parent} (make it: bash {peers / 'setup.sh'}, from the "
+            f"project root; it makes every peer's venv under /tmp/peers_bench)")}
+    with tempfile.TemporaryDirectory(prefix="te-bench-peer-") as tmp:
+        out = Path(tmp) / f"{peer}.json"
+        cmd = [str(python), str(peers / script), "--cases", case, "--n", str(runs),
+               "--spread", repr(spread), "--out", str(out)]
+        env = {**os.environ, "PEERS_BENCH_PG_DSN": f"{server_url}/postgres",
+               "PEERS_BENCH_DATA": tmp}
+        try:
+            proc = subprocess.run(cmd, env=env, cwd=peers, capture_output=True, text=True,
+                                  timeout=15 * 60)
+        finally:
+            with psycopg.connect(f"{server_url}/postgres", autocommit=True) as conn:
+                for db in databases:
+                    conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        if proc.returncode != 0 or not out.is_file():
+            return {"peer": peer, "case": case, "error": (
+                f"runner exit {proc.returncode}: {(proc.stderr or proc.stdout)[-800:]}")}
+        doc = json.loads(out.read_text())
+    [row] = doc["results"]
+    row.update(peer=peer, case=case, versions=doc.get("versions", {}))
+    return dict(row)
 
 
 # ---------------------------------------------------------------- report
@@ -276,8 +342,53 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
+def _peer_lag(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    return f"{'≥ ' if row.get('lag_censored') else ''}{value:,.1f} ms"
+
+
+def report_peers(raw: dict[str, float], cases: list[dict[str, Any]],
+                 peers: list[dict[str, Any]]) -> None:
+    """The second table: thread-effects (1 process) beside each peer, measured in this run."""
+    one = next((c for c in cases if c["processes"] == 1), None)
+    if one is None or not peers:
+        return
+    ours = one["schedule_rate"]
+    print(f"\nBeside the peers (same server, {one['executed']:,} of our runs executed; "
+          f"raw committed INSERT {_fmt_rate(raw['autocommit'])}): issue 13's targets are "
+          f"thread-effects ≥ {TARGET_PEER_RATIO:g} x each peer's schedule rate and lag p99 "
+          f"< {_fmt_ms(TARGET_P99_LAG_SECONDS)}, one process.\n")
+    print("| system (case) | scheduled | / raw INSERT | thread-effects / it | target "
+          "| result | executed | lag p50 | lag p99 | lag max | missing |")
+    print("|---|--:|--:|--:|---|---|--:|--:|--:|--:|--:|")
+    print(f"| thread-effects (1 process) | {_fmt_rate(ours)} | {ours / raw['autocommit']:.2f} "
+          f"| - | - | - | {_fmt_rate(one['exec_rate'])} | {_fmt_ms(one['lag_p50'])} "
+          f"| {_fmt_ms(one['lag_p99'])} | {_fmt_ms(one['lag_max'])} "
+          f"| {int(one['runs']) - one['executed']} |")
+    for row in peers:
+        name = f"{row['peer']} ({row['case']})"
+        if "skipped" in row or "error" in row:
+            why = row.get("skipped") or row.get("error")
+            print(f"| {name} | not run: {why} | - | - | - | - | - | - | - | - | - |")
+            continue
+        rate = row.get("sched_rate") or 0.0
+        ratio = ours / rate if rate else float("nan")
+        print(f"| {name} | {_fmt_rate(rate)} | {rate / raw['autocommit']:.2f} | "
+              f"{ratio:.2f} | ≥ {TARGET_PEER_RATIO:g} | {_verdict(ratio >= TARGET_PEER_RATIO)} "
+              f"| {_fmt_rate(row.get('exec_rate') or 0.0)} | {_peer_lag(row, 'lag_ms_p50')} "
+              f"| {_peer_lag(row, 'lag_ms_p99')} | {_peer_lag(row, 'lag_ms_max')} "
+              f"| {row.get('missing', '-')} |")
+        note = row.get("case_error") or (
+            "overlap: scheduling was still going when the first item came due"
+            if row.get("overlap") else None)
+        if note:
+            print(f"|   ({row['peer']}: {note}) | | | | | | | | | | |")
+
+
 def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int, str],
-           opts: argparse.Namespace) -> None:
+           opts: argparse.Namespace, peers: list[dict[str, Any]] | None = None) -> None:
     """Print the Markdown table (stdout) and, with ``--json``, one JSON line after it."""
     base = raw["autocommit"]
     print(f"\nPostgreSQL {raw['server_version']}, {opts.runs:,} runs over {opts.threads} "
@@ -329,8 +440,10 @@ def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int
                          f"{case['per_process_executed']}")
     for note in notes:
         print(f"\nNote: {note}.")
+    report_peers(raw, cases, peers or [])
     if opts.json:
-        print(json.dumps({"raw": raw, "cases": cases, "skipped": skipped}))
+        print(json.dumps({"raw": raw, "cases": cases, "skipped": skipped,
+                          "peers": peers or []}))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -348,6 +461,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="PostgreSQL server without a database name")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: 500 runs, 10 threads, 1 s spread")
+    parser.add_argument("--peers", default="procrastinate,dbos",
+                        help="peers to run on the same server after the product, "
+                             "comma-separated, or 'none' (default procrastinate,dbos)")
+    parser.add_argument("--peers-dir", type=Path, default=None,
+                        help="../shared/peers_bench (default: found next to the checkout)")
+    parser.add_argument("--peers-venvs", type=Path, default=Path("/tmp/peers_bench"),
+                        help="where peers_bench's setup.sh made the venvs (/tmp/peers_bench)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -355,6 +475,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         opts.runs, opts.threads, opts.spread = 500, 10, 1.0
     if opts.lead is None:
         opts.lead = opts.runs / 1200 + 1.0
+    names = [p.strip() for p in opts.peers.split(",") if p.strip()]
+    opts.peers = [] if names == ["none"] else names
+    for name in opts.peers:
+        if name not in PEERS:
+            parser.error(f"--peers: unknown peer {name!r} (known: {', '.join(PEERS)}, "
+                         f"or none)")
     return opts
 
 
@@ -385,7 +511,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if processes == 1:
                     raise
                 skipped[processes] = f"could not run: {exc}"
-        report(raw, cases, skipped, opts)
+        peers = []
+        for peer in opts.peers:
+            _progress(f"peer {peer} ({PEERS[peer][1]}) on the same server")
+            peers.append(run_peer(peer, opts.server_url, peers_dir(opts.peers_dir),
+                                  opts.peers_venvs, opts.runs, opts.spread))
+        report(raw, cases, skipped, opts, peers)
     finally:
         with psycopg.connect(f"{opts.server_url}/postgres", autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

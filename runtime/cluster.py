@@ -71,6 +71,14 @@ period, doubling up to this many times the period."""
 FRAME_BATCH = 500
 """The most frames one append transaction writes."""
 
+FRAME_APPEND_INTERVAL = 0.02
+"""Seconds from the start of one append to the next while frames keep coming: a frame
+queued sooner waits for the rest of the interval (at most this long), so that a stream of
+changes (a caller scheduling run after run, runs ending one after another) is written in
+batches of many frames, not one transaction per frame, which cost about as much as the
+change itself (bench/README.md, "PostgreSQL"). A frame queued after a quiet interval is
+written at once."""
+
 MAX_QUEUED_FRAMES = 50_000
 """Frames waiting for the database beyond this are dropped (the oldest; clients see a gap)."""
 
@@ -329,11 +337,19 @@ class ClusterNode:
 
     async def _write_loop(self) -> None:
         delay = _RETRY_FIRST_SECONDS
+        loop = asyncio.get_running_loop()
+        appended_at = -FRAME_APPEND_INTERVAL  # loop.time() the last append started
         while True:
             if not self._queue:
                 self._idle.set()
                 self._queued.clear()
                 await self._queued.wait()
+            if len(self._queue) < FRAME_BATCH:
+                # Frames keep coming: let them gather for the rest of the interval.
+                wait = appended_at + FRAME_APPEND_INTERVAL - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            appended_at = loop.time()
             batch = [self._queue[i] for i in range(min(FRAME_BATCH, len(self._queue)))]
             numbered: list[ThreadEvent] = []
             try:

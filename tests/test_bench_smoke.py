@@ -126,7 +126,8 @@ def test_bench_disk_counts_one_fsync_per_schedule_on_both_sides() -> None:
 def test_bench_postgres_small_runs_and_prints_the_table() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_postgres.py"), "--runs", "60",
-         "--threads", "3", "--spread", "0.3", "--processes", "1,3", "--json"],
+         "--threads", "3", "--spread", "0.3", "--processes", "1,3", "--json",
+         "--peers", "none"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -137,3 +138,22 @@ def test_bench_postgres_small_runs_and_prints_the_table() -> None:
     [one] = [case for case in figures["cases"] if case["processes"] == 1]
     assert one["executed"] == 60  # every run ran, once
     assert "| lag due→start p99 | 1 |" in result.stdout
+    assert figures["peers"] == []
+
+
+def test_bench_postgres_skips_a_peer_without_its_venv_and_says_how_to_make_it(
+        tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_postgres.py"), "--runs", "20",
+         "--threads", "2", "--spread", "0.2", "--processes", "1", "--json",
+         "--peers", "procrastinate,dbos", "--peers-venvs", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [p["peer"] for p in figures["peers"]] == ["procrastinate", "dbos"]
+    for peer, venv in (("procrastinate", "venv-proc"), ("dbos", "venv-dbos")):
+        [row] = [p for p in figures["peers"] if p["peer"] == peer]
+        assert str(tmp_path / venv) in row["skipped"] and "setup.sh" in row["skipped"]
+        assert f"| {peer} (" in result.stdout
+    assert "| thread-effects (1 process) |" in result.stdout

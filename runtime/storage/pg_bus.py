@@ -185,10 +185,11 @@ class PostgresClusterBus(ClusterBus):
         for d in drafts:
             counts[d.thread_id] = counts.get(d.thread_id, 0) + 1
         threads = sorted(counts)
-        # Two round trips in all: BEGIN with every thread's counter (one statement, in
-        # thread-id order, so two nodes' batches never lock counters in opposite orders),
-        # then the frames, their notifications and the COMMIT, pipelined.
-        with self._backend.transaction(pipeline=True) as cur:
+        # Every thread's counter in one statement (in thread-id order, so two nodes'
+        # batches never lock counters in opposite orders), then the frames and their
+        # notifications in another. Not in psycopg's pipeline mode: it saves the BEGIN's
+        # round trip but cost twice the CPU per transaction (measured: 550 vs 280 µs).
+        with self._backend.transaction() as cur:
             nxt = {
                 str(thread_id): int(last) - counts[str(thread_id)] + 1
                 for thread_id, last in cur.execute(

@@ -229,6 +229,22 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
     return f"WITH {', '.join(ctes)} SELECT {woken}"
 
 
+_FINISH_RUN = (
+    f"WITH f AS (UPDATE effect_runs SET status = %(status)s, error = %(error)s, "
+    f"finished_at = %(at)s, canceled_by = %(by)s WHERE thread_id = %(t)s AND id = %(id)s "
+    f"AND status = 'running' AND attempts = coalesce(%(attempt)s::bigint, attempts) "
+    f"RETURNING {_RUN_COLUMNS}), "
+    f"ft AS (DELETE FROM run_traces WHERE thread_id = %(t)s AND run_id IN (SELECT id FROM f)), "
+    f"fa AS (UPDATE run_attempts a SET ended_at = %(at)s, outcome = %(status)s, "
+    f"error = %(error)s FROM f WHERE a.thread_id = %(t)s AND a.run_id = f.id "
+    f"AND a.attempt = f.attempts) "
+    f"SELECT f.*, (SELECT count(*) FROM effect_runs WHERE thread_id = %(t)s "
+    f"AND status IN ({', '.join(repr(x) for x in _FINISHED)})) FROM f"
+)
+"""A run's outcome in one statement: the run row (only if it is still ``running`` in the
+given attempt), its trace context dropped, its attempt ended; answers the run's columns
+(no row if it was not running) and the thread's finished runs as of before the statement."""
+
 _INDEX_COMPLETE = "run_index_complete"
 
 LOCK_WAIT_SECONDS = 1.0
@@ -633,8 +649,12 @@ class PostgresThreadStore(ThreadStore):
              now - retention.failed_seconds),
         ).rowcount
 
-    def _prune_in(self, c: Cursor, now: float, retention: RetentionPolicy) -> int:
-        """Write-path pruning inside a transaction that just finished runs."""
+    def _prune_in(self, c: Cursor, now: float, retention: RetentionPolicy, *,
+                  finished_count: int | None = None) -> int:
+        """Write-path pruning inside a transaction that just finished runs.
+
+        ``finished_count``: the thread's finished runs, if the caller counted them.
+        """
         deleted = 0
         if _sweep_due(self._swept_at, now):
             deleted += self._delete_expired(c, now, retention)
@@ -642,7 +662,10 @@ class PostgresThreadStore(ThreadStore):
             _THREAD_RECORDS.purge(c, self.thread_id,
                                   older_than=now - retention.effect_records_seconds)
             self._records_swept_at = now
-        excess = self._count_finished(c) - retention.max_finished
+            finished_count = None  # some may be gone
+        if finished_count is None:
+            finished_count = self._count_finished(c)
+        excess = finished_count - retention.max_finished
         # Deleted in batches (a tenth of the limit); reads hide the excess meanwhile.
         if excess > retention.max_finished // 10:
             deleted += c.execute(
@@ -899,25 +922,20 @@ class PostgresThreadStore(ThreadStore):
                 if finish is None:
                     return None, None, None
                 claim = False
-            where = " AND name = ANY(%s)"
-        extra: tuple[Any, ...] = (names,) if names is not None else ()
+            where = " AND name = ANY(%(names)s)"
+        params: dict[str, Any] = {"t": self.thread_id, "now": now, "names": names,
+                                  "node": self._backend.node_id}
+        # The earliest pending run, and (any name) the earliest active schedule's fire.
+        nexts = (
+            f"(SELECT min(run_at) FROM effect_runs WHERE thread_id = %(t)s "
+            f"AND status = 'pending'{where}), "
+            + ("NULL::float8" if only_names is not None else
+               "(SELECT min(next_fire_at) FROM schedules WHERE thread_id = %(t)s "
+               "AND state = 'active')")
+        )
 
-        def next_run(c: Cursor) -> float | None:
-            row = c.execute(
-                f"SELECT min(run_at) FROM effect_runs WHERE thread_id = %s "
-                f"AND status = 'pending'{where}",
-                (self.thread_id, *extra),
-            ).fetchone()
-            assert row is not None
-            return row[0]  # type: ignore[no-any-return]
-
-        def next_due(c: Cursor) -> float | None:
-            """The earliest pending run, or (any name) active schedule's next fire."""
-            due = next_run(c)
-            if only_names is not None:
-                return due
-            fire = self._next_fire(c)
-            return fire if due is None else due if fire is None else min(due, fire)
+        def next_due(run_due: float | None, fire: float | None) -> float | None:
+            return fire if run_due is None else run_due if fire is None else min(run_due, fire)
 
         def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             self.claim_blocked = None
@@ -945,55 +963,57 @@ class PostgresThreadStore(ThreadStore):
                     blocked = "busy"
             finished = None
             if finish is not None:
-                finished = self._one(
-                    c,
-                    f"UPDATE effect_runs SET status = %s, error = %s, finished_at = %s, "
-                    f"canceled_by = %s WHERE thread_id = %s AND id = %s "
-                    f"AND status = 'running' AND attempts = coalesce(%s, attempts) "
-                    f"RETURNING {_RUN_COLUMNS}",
-                    (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
-                     self.thread_id, finish.run_id, finish.attempt),
-                )
-                self._drop_trace(c, finished)
-                if finished is not None:
-                    self._end_attempt(c, finished, str(finished.status), finish.finished_at,
-                                      finish.error)
+                # One statement: the run's outcome, its trace dropped, its attempt ended,
+                # and the thread's finished runs counted (as of before this statement,
+                # so the run finished here is one more).
+                out = c.execute(_FINISH_RUN, {
+                    "t": self.thread_id, "id": finish.run_id, "attempt": finish.attempt,
+                    "status": str(finish.status), "error": finish.error,
+                    "at": finish.finished_at, "by": finish.canceled_by,
+                }).fetchone()
+                if out is not None and out[0] is not None:
+                    finished = _row_to_run(self.thread_id, out[:-1])
                     if retention is not None:
-                        self._prune_in(c, now, retention)
+                        self._prune_in(c, now, retention, finished_count=int(out[-1]) + 1)
             if not claim:
                 return finished, None, None
             if blocked is not None:
                 self.claim_blocked = "paused" if blocked == "deleted" else blocked
                 return finished, None, None
-            claimed = self._one(
-                c,
-                f"UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
-                f"started_at = %s WHERE thread_id = %s AND seq = (SELECT seq FROM effect_runs "
-                f"WHERE thread_id = %s AND status = 'pending' AND run_at <= %s{where} "
-                f"ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
-                f"RETURNING {_RUN_COLUMNS}",
-                (now, self.thread_id, self.thread_id, now, *extra),
-            )
-            claimed = self._with_trace(c, claimed)
-            if claimed is not None:
-                c.execute(
-                    "INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome, "
-                    "node_id) VALUES (%s, %s, %s, %s, 'running', %s) ON CONFLICT "
-                    "(thread_id, run_id, attempt) DO UPDATE SET started_at = "
-                    "excluded.started_at, ended_at = NULL, outcome = 'running', error = NULL, "
-                    "node_id = excluded.node_id",
-                    (self.thread_id, claimed.id, claimed.attempts, now,
-                     self._backend.node_id),
-                )
-                return finished, claimed, None
-            return finished, None, next_due(c)
+            # One statement: the claim, its attempt row, its trace context, and what is
+            # due next if nothing was (the pending runs as of before the claim: none).
+            out = c.execute(
+                f"WITH c AS (UPDATE effect_runs SET status = 'running', attempts = "
+                f"attempts + 1, started_at = %(now)s WHERE thread_id = %(t)s AND seq = "
+                f"(SELECT seq FROM effect_runs WHERE thread_id = %(t)s AND status = "
+                f"'pending' AND run_at <= %(now)s{where} ORDER BY run_at, seq LIMIT 1 "
+                f"FOR UPDATE SKIP LOCKED) RETURNING {_RUN_COLUMNS}), "
+                f"a AS (INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, "
+                f"outcome, node_id) SELECT %(t)s, id, attempts, %(now)s, 'running', "
+                f"%(node)s FROM c ON CONFLICT (thread_id, run_id, attempt) DO UPDATE SET "
+                f"started_at = excluded.started_at, ended_at = NULL, outcome = 'running', "
+                f"error = NULL, node_id = excluded.node_id) "
+                f"SELECT c.*, (SELECT context FROM run_traces t WHERE t.thread_id = %(t)s "
+                f"AND t.run_id = c.id), {nexts} FROM (SELECT 1) one LEFT JOIN c ON true",
+                params,
+            ).fetchone()
+            assert out is not None
+            if out[0] is None:
+                return finished, None, next_due(out[-2], out[-1])
+            claimed = _row_to_run(self.thread_id, out[:-3])
+            if out[-3] is not None:
+                claimed = replace(claimed, trace_context=out[-3])
+            return finished, claimed, None
 
         self.claim_blocked = None
         if finish is None and claim:
             # Nothing to write unless a run is due: probe first with one read.
-            run_due, wake = self._tx(lambda c: (next_run(c), next_due(c)))
+            probe = self._tx(lambda c: c.execute(f"SELECT {nexts}", params).fetchone(),
+                             single=True)
+            assert probe is not None
+            run_due, fire = probe
             if run_due is None or run_due > now:
-                return None, None, wake
+                return None, None, next_due(run_due, fire)
         return self._tx(tx)
 
     def recover_interrupted(  # noqa: D102 - contract in base
@@ -1997,16 +2017,13 @@ class PostgresBackend(StorageBackend):
         ConnectionPool.check_connection(conn)
 
     @contextmanager
-    def transaction(self, *, single: bool = False, pipeline: bool = False) -> Iterator[Cursor]:
+    def transaction(self, *, single: bool = False) -> Iterator[Cursor]:
         """A cursor in one transaction on a pooled connection (committed on success).
 
         Args:
             single: the caller runs exactly one statement: it runs in autocommit (the
                 statement is its own transaction), which saves the ``BEGIN`` and
                 ``COMMIT`` round trips.
-            pipeline: in psycopg's pipeline mode: ``BEGIN`` goes with the first statement,
-                and ``COMMIT`` with the statements after the last result read (a result
-                read waits for every statement before it).
 
         Raises:
             RuntimeClosed: the backend is not open.
@@ -2023,8 +2040,7 @@ class PostgresBackend(StorageBackend):
         try:
             with pool.connection(timeout=wait) as conn:
                 try:
-                    with (conn.pipeline() if pipeline else contextlib.nullcontext(),
-                          contextlib.nullcontext() if single else conn.transaction(),
+                    with (contextlib.nullcontext() if single else conn.transaction(),
                           conn.cursor() as cur):
                         yield cur
                 except _db_error() as exc:
