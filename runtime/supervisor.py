@@ -311,6 +311,7 @@ class Runtime:
         )
         if self.storage.node_id is None:  # a backend made with a node id keeps it
             self.storage.node_id = self.settings.node_id
+        self.storage.claims = self.settings.max_concurrent_runs > 0
         self.extensions: list[Extension] = (
             list(extensions) if extensions is not None else default_extensions()
         )
@@ -348,6 +349,7 @@ class Runtime:
                 horizon_seconds=self.settings.alarm_horizon_seconds,
                 grace_seconds=self.settings.cluster_wake_grace_seconds,
                 frame_keep_seconds=self.settings.frame_keep_seconds,
+                claiming_nodes=self.storage.claiming_nodes,
                 claims=self.settings.max_concurrent_runs > 0,
             )
             self.hub.relay = self.cluster

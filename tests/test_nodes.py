@@ -96,10 +96,19 @@ def test_the_same_node_id_twice_is_refused_another_joins(pg_url: str) -> None:
         b = PostgresBackend(pg_url, node_id="node-b")
         b.open().close()
         assert [n for n, _ in a.live_nodes()] == ["node-a", "node-b"]
+        assert a.claiming_nodes() == ["node-a", "node-b"]
         assert a.alone() is False  # another node may be applying an effect-tool key
         b.close()  # its lease ends at once
         assert [n for n, _ in a.live_nodes()] == ["node-a"]
+        assert a.claiming_nodes() == ["node-a"]
         assert a.alone() is True
+        # A node that claims no run holds a lease but is no claiming node.
+        front = PostgresBackend(pg_url, node_id="node-f")
+        front.claims = False
+        front.open().close()
+        assert [n for n, _ in a.live_nodes()] == ["node-a", "node-f"]
+        assert a.claiming_nodes() == ["node-a"]
+        front.close()
     finally:
         store.close()
         a.close()
