@@ -1294,6 +1294,12 @@ class Runtime:
                       "other nodes re-queue them (or this node, once it holds its lease "
                       "again)", self.node_id, why, len(abandoned),
                       ", ".join(abandoned[:10]))
+        for extension in self.extensions:  # turns: other nodes resume them
+            try:
+                extension.lease_lost(self, why)
+            except Exception:
+                log.exception("extension %s failed to stop its work as the lease was lost",
+                              extension.name)
 
     async def _requeue_orphans_forever(self) -> None:
         period = getattr(self.storage, "lease_seconds", 30.0) / 3

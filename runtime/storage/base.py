@@ -518,10 +518,21 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
-    def set_meta(self, key: str, value: str) -> None:
+    def set_meta(self, key: str, value: str, *, fence: str | None = None) -> None:
         """Write one key of the thread's meta (insert or replace).
 
+        Args:
+            key: The meta key.
+            value: Its value.
+            fence: The token of the turn lease the writing turn holds
+                (`StorageBackend.take_turn_lease`), or None (no turn's write). A backend
+                shared by several processes writes only while that token still holds the
+                thread's turn lease, checked in the write's transaction with the lease
+                row locked until it commits; one process per backend ignores it (the
+                runtime serializes a thread's turns itself).
+
         Raises:
+            TurnLeaseLost: ``fence`` no longer holds the turn lease (nothing written).
             ThreadStorageError: the write failed.
         """
 
@@ -534,10 +545,15 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
-    def insert_messages(self, messages: Sequence[Message]) -> None:
+    def insert_messages(
+        self, messages: Sequence[Message], *, fence: str | None = None
+    ) -> None:
         """Append messages to the conversation, in order, in one transaction.
 
+        ``fence``: the writing turn's turn-lease token, checked as in `set_meta`.
+
         Raises:
+            TurnLeaseLost: ``fence`` no longer holds the turn lease (nothing written).
             ThreadStorageError: the write failed, or a message id exists already (nothing
                 of the batch is written).
         """

@@ -49,6 +49,7 @@ from runtime.errors import (
     RuntimeClosed,
     RuntimeStorageError,
     ThreadStorageError,
+    TurnLeaseLost,
 )
 from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
@@ -624,12 +625,32 @@ class PostgresThreadStore(ThreadStore):
 
     # ------------------------------------------------------------ meta
 
-    def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
-        self._tx(lambda c: c.execute(
-            "INSERT INTO thread_meta (thread_id, key, value) VALUES (%s, %s, %s) "
-            "ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value",
-            (self.thread_id, key, value),
-        ))
+    def _fenced(self, c: Cursor, fence: str | None) -> bool:
+        """Whether ``fence`` still holds the thread's turn lease (None: no fence).
+
+        The lease row stays locked (shared) until the caller's transaction ends: a turn
+        taking the lease over waits for this write, so nothing of the old turn is
+        written after the lease moved.
+        """
+        return fence is None or c.execute(
+            "SELECT 1 FROM turn_leases WHERE thread_id = %s AND token = %s FOR SHARE",
+            (self.thread_id, fence)).fetchone() is not None
+
+    def set_meta(  # noqa: D102 - contract in base
+        self, key: str, value: str, *, fence: str | None = None
+    ) -> None:
+        def tx(c: Cursor) -> bool:
+            if not self._fenced(c, fence):
+                return False
+            c.execute(
+                "INSERT INTO thread_meta (thread_id, key, value) VALUES (%s, %s, %s) "
+                "ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value",
+                (self.thread_id, key, value),
+            )
+            return True
+
+        if not self._tx(tx):
+            raise TurnLeaseLost(self.thread_id)
 
     def get_meta(self, key: str) -> str | None:  # noqa: D102 - contract in base
         row = self._tx(lambda c: c.execute(
@@ -1243,15 +1264,25 @@ class PostgresThreadStore(ThreadStore):
 
     # ------------------------------------------------------------ messages
 
-    def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102
+    def insert_messages(  # noqa: D102 - contract in base
+        self, messages: Sequence[Message], *, fence: str | None = None
+    ) -> None:
         if not messages:
             return
-        self._tx(lambda c: c.executemany(
-            "INSERT INTO messages (thread_id, id, role, content, created_at, run_id, meta, "
-            "data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            [(self.thread_id, m.id, str(m.role), m.content, m.created_at_ts, m.run_id,
-              m.meta_json(), m.data) for m in messages],
-        ))
+
+        def tx(c: Cursor) -> bool:
+            if not self._fenced(c, fence):
+                return False
+            c.executemany(
+                "INSERT INTO messages (thread_id, id, role, content, created_at, run_id, "
+                "meta, data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [(self.thread_id, m.id, str(m.role), m.content, m.created_at_ts, m.run_id,
+                  m.meta_json(), m.data) for m in messages],
+            )
+            return True
+
+        if not self._tx(tx):
+            raise TurnLeaseLost(self.thread_id)
 
     def _message(self, row: Sequence[Any]) -> Message:
         return message_from_row(

@@ -24,6 +24,7 @@ from runtime.errors import (
     RuntimeClosed,
     RuntimeStorageError,
     ThreadStorageError,
+    TurnLeaseLost,
 )
 from runtime.messages import Message, MessageRole
 from runtime.recurrence import Recurrence, Schedule, ScheduleState
@@ -1665,6 +1666,35 @@ def test_one_nodes_turn_leases_and_orphans(harness: Harness, rtdb: RuntimeStore)
     backend.release_turn_lease("t", "turn-2")  # idempotent
     assert backend.orphaned_turns() == []
     assert backend.orphaned_runs() == []
+
+
+def test_a_turns_writes_are_fenced_by_its_turn_lease_token(
+    harness: Harness, store: ThreadStore,
+) -> None:
+    """A shared backend refuses a write whose token no longer holds the turn lease."""
+    backend = harness.backend
+    assert backend.take_turn_lease("t", "turn-1") is None
+    store.insert_messages([message(1)], fence="turn-1")
+    store.set_meta("turns", "1", fence="turn-1")
+    assert backend.take_turn_lease("t", "turn-2") is None  # the lease moved on (resumed)
+    if backend.exclusive:  # one process: the runtime serializes turns; no fence to check
+        store.insert_messages([message(2)], fence="turn-1")
+        store.set_meta("turns", "2", fence="turn-1")
+        assert [m.id for m in store.all_messages()] == ["m0001", "m0002"]
+        assert store.get_meta("turns") == "2"
+        return
+    with pytest.raises(TurnLeaseLost, match="no longer holds the thread's turn lease"):
+        store.insert_messages([message(2)], fence="turn-1")
+    with pytest.raises(TurnLeaseLost):
+        store.set_meta("turns", "2", fence="turn-1")
+    assert [m.id for m in store.all_messages()] == ["m0001"]  # nothing written
+    assert store.get_meta("turns") == "1"
+    store.insert_messages([message(3)], fence="turn-2")
+    store.insert_messages([message(4)])  # no turn's write: not fenced
+    backend.release_turn_lease("t", "turn-2")
+    with pytest.raises(TurnLeaseLost):  # a released lease fences too
+        store.set_meta("turns", "3", fence="turn-2")
+    assert [m.id for m in store.all_messages()] == ["m0001", "m0003", "m0004"]
 
 
 def test_one_node_is_alone(harness: Harness, rtdb: RuntimeStore) -> None:
