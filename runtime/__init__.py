@@ -51,6 +51,7 @@ from runtime.errors import (
     TooManyImmediateRuns,
     TurnFailed,
     TurnInProgress,
+    TurnLeaseLost,
     TurnRunIdConflict,
 )
 from runtime.events import (
@@ -169,6 +170,7 @@ __all__ = [
     "ToolRunState",
     "TurnFailed",
     "TurnInProgress",
+    "TurnLeaseLost",
     "TurnResult",
     "TurnRunIdConflict",
     "canonical_json",

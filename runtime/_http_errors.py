@@ -30,6 +30,7 @@ from runtime.errors import (
     TooManyImmediateRuns,
     TurnFailed,
     TurnInProgress,
+    TurnLeaseLost,
     TurnRunIdConflict,
 )
 
@@ -83,6 +84,8 @@ def runtime_error_status(exc: EffectsError) -> tuple[int, str]:
         return 422, "invalid_delay"
     if isinstance(exc, InvalidSchedule):
         return 422, "invalid_schedule"
+    if isinstance(exc, TurnLeaseLost):
+        return 503, "turn_lease_lost"
     if isinstance(exc, DatabaseUnavailable) or (
         isinstance(exc, ThreadStorageError) and exc.unavailable
     ):

@@ -309,7 +309,9 @@ class AlarmIndex:
         """Make the durable alarm at or before ``due_at`` now (call with the actor lock).
 
         Written at once, before the caller's run row commits: a run is never without an
-        alarm at or before its due time, so a crash cannot lose it.
+        alarm at or before its due time, so a crash cannot lose it. A store whose thread
+        stores lower the row with the run itself (`RuntimeStore.alarms_follow_runs`) is
+        not written to: only the belief and the timer move.
 
         Raises:
             RuntimeStorageError: the runtime store failed (nothing was armed).
@@ -318,7 +320,8 @@ class AlarmIndex:
         async with self._lock:
             row = self._row.get(thread_id)
             if row is None or due_at < row:
-                await self._run_sync(self._store.lower_alarm, thread_id, due_at)
+                if not self._store.alarms_follow_runs:
+                    await self._run_sync(self._store.lower_alarm, thread_id, due_at)
                 self._row[thread_id] = due_at
             current = self._due.get(thread_id)
             # A wake-up time already past does not stand for this run (see `hint`); its

@@ -3,10 +3,14 @@
 A runtime whose backend has a `runtime.storage.base.ClusterBus` (PostgreSQL) runs one
 `ClusterNode` (docs/scale-out.md, "Wake-ups", "Alarms horizon", "Frames across nodes"):
 
-- **Presence.** Every ``poll_seconds`` the node announces itself on the ``nodes`` channel;
-  the nodes heard within three polls are the live ones. They rank each thread by
-  rendezvous hashing (the highest ``blake2b(node, thread)`` first), so every node agrees
-  on who comes first for a thread without talking.
+- **Membership.** Every ``poll_seconds`` the node reads the nodes that hold a live lease
+  and claim runs (`StorageBackend.claiming_nodes`, the ``nodes`` table): a node whose
+  lease expired (killed, cut off) leaves the ranking at the next poll of every other
+  node, and a node that claims nothing (``max_concurrent_runs`` 0) never enters it. A
+  claiming node also announces itself on the ``nodes`` channel as it polls, so that a
+  node that just started is ranked before the others' next read. They rank each thread
+  by rendezvous hashing (the highest ``blake2b(node, thread)`` first), so every node
+  agrees on who comes first for a thread without talking.
 - **Wake-ups.** A run due soon is announced on the ``wake`` channel as its row commits
   (the backend does it). The node that scheduled it has its own timer; the first-ranked of
   the *other* live nodes arms the thread at due + grace (`AlarmIndex.hint`), so a run
@@ -15,8 +19,11 @@ A runtime whose backend has a `runtime.storage.base.ClusterBus` (PostgreSQL) run
 - **Alarms horizon and the safety net.** Every ``poll_seconds`` the node reads the alarm
   rows due within its horizon (``load_alarms(until=now + horizon)``) and hints those it
   did not know at that value: the first-ranked live node at due + grace, the second at
-  due + 2 * grace, no other. A lost notification delays a run by at most a poll (plus the
-  grace), never loses it; a node keeps timers only for that window and its own work.
+  due + 2 * grace, no other; a row already overdue by more than the grace is armed at
+  once by every live claiming node (the nodes ranked first did not take it: dead before
+  their leases expired, busy, cut off from the bus). A lost notification delays a run by
+  at most a poll (plus the grace), never loses it; a node keeps timers only for that
+  window and its own work.
 - **Frames.** The hub hands every event to `FrameRelay.send` instead of numbering it. The
   relay gives them, in batches, to `ClusterBus.append_frames` (one transaction: each
   thread's counter, the ``frames`` table, the notifications), then delivers the batch,
@@ -33,6 +40,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -60,9 +68,6 @@ RunSync = Callable[..., Awaitable[Any]]
 
 NODES_CHANNEL = "nodes"
 """The channel on which nodes announce themselves (presence)."""
-
-LIVE_POLLS = 3
-"""A node not heard for this many polls is no longer counted live."""
 
 POLL_BACKOFF_FACTOR = 8
 """While the alarm poll fails (the database is unreachable), it is retried after the poll
@@ -119,15 +124,18 @@ class ClusterNode:
         horizon_seconds: How far ahead the poll reads alarms.
         grace_seconds: The wake-up grace (see the module doc).
         frame_keep_seconds: How long frames stay in the table.
+        claiming_nodes: Reads the node ids holding a live lease that claim runs
+            (`StorageBackend.claiming_nodes`; blocking, called through ``run_sync``).
         claims: Whether this node claims runs (``max_concurrent_runs`` > 0). A node that
-            claims none neither announces itself (so no thread ranks it first) nor
-            answers wake-ups.
+            claims none neither announces itself nor answers wake-ups (no thread ranks
+            it: its lease row says it claims nothing).
     """
 
     def __init__(
         self, bus: ClusterBus, hub: ChangeHub, alarms: AlarmIndex, run_sync: RunSync,
         clock: Clock, *, poll_seconds: float, horizon_seconds: float, grace_seconds: float,
-        frame_keep_seconds: float, claims: bool = True,
+        frame_keep_seconds: float, claiming_nodes: Callable[[], list[str]],
+        claims: bool = True,
     ) -> None:
         self.bus = bus
         self.hub = hub
@@ -139,12 +147,20 @@ class ClusterNode:
         self.grace_seconds = grace_seconds
         self.frame_keep_seconds = frame_keep_seconds
         self.claims = claims
-        self.node = getattr(bus, "sender", "") or hashlib.blake2b(
+        self._claiming_nodes = claiming_nodes
+        # The node id: what the live leases name, wake-ups carry and threads rank by.
+        self.node = getattr(bus, "node", "") or hashlib.blake2b(
             repr(id(self)).encode(), digest_size=8).hexdigest()
+        # What this process's frame notifications carry (`encode_frames`).
+        self._frames_sender: str = getattr(bus, "sender", "") or self.node
         self._loop: asyncio.AbstractEventLoop | None = None
         self._store: RuntimeStore | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._heard: dict[str, float] = {}  # node -> loop time last heard
+        # The claiming nodes with a live lease as the last poll read them, and the nodes
+        # heard announcing themselves (loop time) since that read began.
+        self._members: set[str] = set()
+        self._read_at = -math.inf
+        self._heard: dict[str, float] = {}
         self._polled: dict[str, float] = {}  # thread -> the row value last hinted
         # Frames: to write, and the delivery state of subscribed threads.
         self._queue: deque[ThreadEvent] = deque()
@@ -162,7 +178,6 @@ class ClusterNode:
         """Listen, set the hub's relay and start the poll, writer and pruning tasks."""
         self._loop = asyncio.get_running_loop()
         self._store = store
-        self._heard[self.node] = self._loop.time()
         self.bus.listen(NODES_CHANNEL, self._on_presence)
         self.bus.listen(WAKE_CHANNEL, self._on_wake, on_reconnect=self._on_wake_reconnect)
         self.bus.listen(FRAMES_CHANNEL, self._on_frames, on_reconnect=self._on_frames_reconnect)
@@ -196,17 +211,28 @@ class ClusterNode:
     # ------------------------------------------------------------------ presence
 
     def live_nodes(self) -> list[str]:
-        """The nodes heard within the last `LIVE_POLLS` polls (this one always)."""
-        assert self._loop is not None
-        limit = self._loop.time() - LIVE_POLLS * self.poll_seconds
-        live = [n for n, at in self._heard.items() if at >= limit or n == self.node]
-        for n in [n for n in self._heard if n not in live]:
-            del self._heard[n]
-        return live
+        """The nodes a thread's wake-ups are ranked over, sorted.
+
+        The claiming nodes holding a live lease as the last poll read them, those heard
+        announcing themselves since that read began, and this node if it claims.
+        """
+        live = self._members | {n for n, at in self._heard.items() if at >= self._read_at}
+        if self.claims:
+            live.add(self.node)
+        return sorted(live)
 
     def _on_presence(self, payload: str) -> None:
         assert self._loop is not None
         self._heard[payload] = self._loop.time()
+
+    async def _read_members(self) -> None:
+        """Read the claiming nodes with a live lease (`StorageBackend.claiming_nodes`)."""
+        assert self._loop is not None
+        started = self._loop.time()
+        members = await self._run_sync(self._claiming_nodes)
+        self._members = set(members)
+        self._read_at = started
+        self._heard = {n: at for n, at in self._heard.items() if at >= started}
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -256,9 +282,10 @@ class ClusterNode:
             self._tasks.remove(task)
 
     async def poll(self) -> int:
-        """Announce this node, read the alarms due within the horizon, hint the new ones.
+        """Read the live claiming nodes and the alarms due within the horizon; hint rows.
 
-        A node that claims no run does neither (it counts the poll).
+        Announces this node first. A node that claims no run does none of it (it counts
+        the poll).
 
         Returns:
             How many alarm rows the window held.
@@ -268,6 +295,7 @@ class ClusterNode:
             self.polls += 1
             return 0  # ranked by nobody, it wakes nothing
         await self._run_sync(self.bus.notify, NODES_CHANNEL, self.node)
+        await self._read_members()
         now = self._clock.now()
         rows = await self._run_sync(self._store.load_alarms, now + self.horizon_seconds)
         live = self.live_nodes()
@@ -278,6 +306,12 @@ class ClusterNode:
                 # Hinted at this value already. A row still at a value due a whole poll
                 # ago is hinted again: the node that would move it (by draining the
                 # thread) may have died holding its timer.
+                continue
+            if due_at < now - self.grace_seconds:
+                # Overdue past the grace: the nodes ranked first did not take it (dead
+                # with their leases not yet expired, busy, deaf to the bus). Every live
+                # claiming node tries now; the claim lets one run it.
+                await self._hint(thread_id, due_at, now, due_at)
                 continue
             order = rank(live, thread_id)
             place = order.index(self.node)
@@ -396,7 +430,7 @@ class ClusterNode:
 
     def _on_frames(self, payload: str) -> None:
         sender, threads = frames_header(payload)
-        if sender == self.node:
+        if sender == self._frames_sender:
             return  # delivered from the append's result already (`_write_loop`)
         hub = self.hub
         if not hub.subscribed_to_all:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from runtime import hooks as _hooks
 from runtime import turns
 from runtime.agents import AgentApp, load_agent_app
-from runtime.errors import RuntimeClosed, ThreadNotFound, ThreadPaused
+from runtime.errors import RuntimeClosed, ThreadNotFound, ThreadPaused, TurnLeaseLost
 from runtime.executor import IN_EFFECT
 from runtime.extension import Extension, register_default_extension
 
@@ -45,6 +45,10 @@ class ConversationExtension(Extension):
         self._turns_idle.set()
         self._turn_tasks: dict[str, set[asyncio.Task[TurnResult]]] = {}
         self._deleted_turns: set[asyncio.Task[TurnResult]] = set()
+        # Turns stopped because this node's lease lapsed, and their threads: resumed by
+        # another node, or here once this node holds its lease again.
+        self._lease_lost_turns: set[asyncio.Task[TurnResult]] = set()
+        self._stopped_threads: set[str] = set()
         self._orphan_turns: asyncio.Task[None] | None = None
 
     async def start(self, runtime: Runtime) -> None:
@@ -146,6 +150,9 @@ class ConversationExtension(Extension):
             if task in self._deleted_turns:
                 self._deleted_turns.discard(task)
                 raise ThreadNotFound(tid) from None  # deleted during its turn
+            if task in self._lease_lost_turns:
+                self._lease_lost_turns.discard(task)
+                raise TurnLeaseLost(tid) from None  # another node resumes it
             # The caller gave up: so does its turn, which ends before the caller does (a
             # message sent next must not find it still running).
             task.cancel()
@@ -184,6 +191,10 @@ class ConversationExtension(Extension):
             except Exception:
                 log.exception("could not look for turns of dead nodes")
                 continue
+            # The turns this node stopped when its lease lapsed, unless another node
+            # resumed them meanwhile (`resume_thread_turns` leaves those alone).
+            orphaned = [*orphaned, *sorted(self._stopped_threads - set(orphaned))]
+            self._stopped_threads.clear()
             for thread_id in orphaned:
                 if thread_id in resuming and not resuming[thread_id].done():
                     continue
@@ -197,6 +208,24 @@ class ConversationExtension(Extension):
                 if not task.cancelled() and task.exception() is not None:
                     log.error("could not resume the turns of thread %s: %s", thread_id,
                               task.exception())
+
+    def lease_lost(self, runtime: Runtime, why: str) -> None:
+        """Stop every running turn: once the node lease expired, other nodes resume them.
+
+        Their writes would be refused anyway (the turn lease's token fences them,
+        `runtime.errors.TurnLeaseLost`); stopping them spares the model calls and tools.
+        A caller waiting for such a turn gets `TurnLeaseLost`.
+        """
+        stopped = [(tid, task) for tid, tasks in self._turn_tasks.items() for task in tasks
+                   if not task.done()]
+        for tid, task in stopped:
+            self._lease_lost_turns.add(task)
+            self._stopped_threads.add(tid)
+            task.cancel()
+        if stopped:
+            log.error("node lease lost (%s): stopped %d running turn(s) (threads %s); another "
+                      "node resumes them (or this one, once it holds its lease again)", why,
+                      len(stopped), ", ".join(sorted({t for t, _ in stopped})[:10]))
 
     async def thread_deleting(self, runtime: Runtime, thread_id: str) -> None:
         """Cancel the thread's running turn and wait for it to end (its tools included)."""

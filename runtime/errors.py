@@ -14,6 +14,7 @@ Every exception the runtime raises on purpose derives from `EffectsError`::
     ├── ThreadExists            create_thread with an id that is taken
     ├── DataDirLocked           another process is using the data directory
     ├── ThreadStorageError      a thread's database cannot be used (corrupt, newer schema)
+    │   └── TurnLeaseLost       a turn's write refused: its turn lease moved on (fencing)
     ├── RuntimeStorageError     runtime.sqlite cannot be used (the runtime cannot start)
     ├── RunNotFound             no run with that id in the thread
     ├── RunStateError           the run is in the wrong status for the operation
@@ -109,6 +110,23 @@ class ThreadStorageError(EffectsError):
         self.unavailable = unavailable
         """The database server could not be reached (nothing is wrong with the thread)."""
         super().__init__(message)
+
+
+class TurnLeaseLost(ThreadStorageError):
+    """A turn's write was refused: the thread's turn lease is no longer the turn's.
+
+    On a backend shared by several nodes, a turn holds its thread's turn lease and every
+    write it makes carries the lease's token (its fencing token). Once the lease moved on
+    (this node's lease expired and another node resumed the turn) the write is refused,
+    nothing of it is stored, and the turn stops here.
+    """
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(
+            thread_id,
+            f"Thread {thread_id}: this turn no longer holds the thread's turn lease (it was "
+            f"resumed by another node after this node's lease expired); nothing was written",
+        )
 
 
 class RunNotFound(EffectsError, LookupError):

@@ -90,6 +90,15 @@ class Extension:
     async def thread_deleting(self, runtime: Runtime, thread_id: str) -> None:
         """A thread is being deleted: stop what it runs (before its store is removed)."""
 
+    def lease_lost(self, runtime: Runtime, why: str) -> None:
+        """This node's lease on a shared backend may have expired: stop what it runs.
+
+        Other nodes take over what a node whose lease expired held (its runs, its turns),
+        so the extension stops its own such work now (``why``: the backend's reason).
+        Called on the event loop, at most once per loss; must not block. Never called on
+        SQLite or memory.
+        """
+
     async def close(self, runtime: Runtime) -> None:
         """The runtime has stopped (every run ended or was interrupted)."""
 

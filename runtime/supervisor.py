@@ -311,6 +311,7 @@ class Runtime:
         )
         if self.storage.node_id is None:  # a backend made with a node id keeps it
             self.storage.node_id = self.settings.node_id
+        self.storage.claims = self.settings.max_concurrent_runs > 0
         self.extensions: list[Extension] = (
             list(extensions) if extensions is not None else default_extensions()
         )
@@ -348,6 +349,7 @@ class Runtime:
                 horizon_seconds=self.settings.alarm_horizon_seconds,
                 grace_seconds=self.settings.cluster_wake_grace_seconds,
                 frame_keep_seconds=self.settings.frame_keep_seconds,
+                claiming_nodes=self.storage.claiming_nodes,
                 claims=self.settings.max_concurrent_runs > 0,
             )
             self.hub.relay = self.cluster
@@ -1292,6 +1294,12 @@ class Runtime:
                       "other nodes re-queue them (or this node, once it holds its lease "
                       "again)", self.node_id, why, len(abandoned),
                       ", ".join(abandoned[:10]))
+        for extension in self.extensions:  # turns: other nodes resume them
+            try:
+                extension.lease_lost(self, why)
+            except Exception:
+                log.exception("extension %s failed to stop its work as the lease was lost",
+                              extension.name)
 
     async def _requeue_orphans_forever(self) -> None:
         period = getattr(self.storage, "lease_seconds", 30.0) / 3

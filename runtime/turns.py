@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -89,6 +90,16 @@ _MAX_PAGE = 500
 
 
 _CURRENT_TURN: ContextVar[tuple[str, str] | None] = ContextVar("thread_effects_turn", default=None)
+_TURN_FENCE: ContextVar[tuple[str, str] | None] = ContextVar("thread_effects_turn_fence",
+                                                           default=None)
+"""``(thread_id, token)`` of the turn lease the running turn holds (a shared backend): the
+fencing token its writes carry (`ThreadStore.insert_messages`, `ThreadStore.set_meta`)."""
+
+
+def _fence(thread_id: str) -> str | None:
+    """The turn-lease token this task's turn holds on ``thread_id``, if any."""
+    held = _TURN_FENCE.get()
+    return held[1] if held is not None and held[0] == thread_id else None
 """``(thread_id, run_id)`` in code running inside a turn (tools, hooks, what they spawn), so
 that code injecting into its own thread never waits for the turn it is part of."""
 
@@ -176,9 +187,12 @@ class TurnTracker:
                     yield
                 else:
                     token = await self._take_lease(rt, thread_id)
+                    # The turn's writes carry the token: refused once the lease moved on.
+                    fence = _TURN_FENCE.set((thread_id, token))
                     try:
                         yield
                     finally:
+                        _TURN_FENCE.reset(fence)
                         with contextlib.suppress(Exception):  # a dead node's lease lapses
                             await rt.run_sync(rt.storage.release_turn_lease, thread_id, token)
         finally:
@@ -335,8 +349,9 @@ async def _store(
 ) -> None:
     # ``created_at_ts``: the thread the caller's state belongs to; a state kept from a
     # deleted thread must not write into a new thread that reuses the id.
+    fence = _fence(thread_id)
     async with rt.actors.writing(thread_id, created_at_ts) as actor:
-        await rt.run_sync(actor.store.insert_messages, messages)
+        await rt.run_sync(partial(actor.store.insert_messages, fence=fence), messages)
         # Under the lock, so frames follow commit order; every stored message is a frame.
         for message in messages:
             rt.hub.publish_message(message)
@@ -554,8 +569,9 @@ async def _save_turn(rt: Runtime, thread_id: str, row: TurnRow,
     for old in finished[: max(0, len(finished) - KEEP_FINISHED_TURNS)]:
         del rows[old.run_id]
     text = json.dumps({r.run_id: r.stored() for r in rows.values()})
+    fence = _fence(thread_id)
     async with rt.actors.writing(thread_id, created_at_ts) as actor:
-        await rt.run_sync(actor.store.set_meta, TURNS_META, text)
+        await rt.run_sync(partial(actor.store.set_meta, fence=fence), TURNS_META, text)
 
 
 async def _undo_turn(rt: Runtime, thread_id: str, run_id: str, prior: TurnRow | None) -> None:
@@ -567,8 +583,9 @@ async def _undo_turn(rt: Runtime, thread_id: str, run_id: str, prior: TurnRow | 
         else:
             rows[run_id] = prior
         text = json.dumps({r.run_id: r.stored() for r in rows.values()})
+        fence = _fence(thread_id)
         async with rt.actors.writing(thread_id) as actor:
-            await rt.run_sync(actor.store.set_meta, TURNS_META, text)
+            await rt.run_sync(partial(actor.store.set_meta, fence=fence), TURNS_META, text)
     except Exception as exc:
         log.error("turn %s of thread %s: its message was not stored and its turn row "
                   "could not be removed either (it is resumed at the next start): %s",

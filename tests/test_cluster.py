@@ -531,3 +531,38 @@ async def test_a_database_blink_makes_the_alarm_poll_warn_once_and_go_on(
     assert len([m for m in warned if "retrying with backoff" in m]) == 1, warned
     assert len([m for m in warned if "after the bus reconnected" in m]) == 1, warned
     assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
+
+
+async def test_a_run_scheduled_on_a_node_with_a_stale_alarm_belief_is_claimed_elsewhere(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """b believes the thread's alarm row early; another node's compare-and-set raised it.
+
+    b (which claims no run) schedules a run due soon: its belief says the row is already
+    at or before the run, yet the row must end at or before it, so that a (deaf to the
+    wake-up) finds the run by its alarm poll. Before, b wrote no row and a never saw it.
+    """
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 0.2}
+    async with node(pg_url, tmp_path, "a", **slow) as a, \
+            node(pg_url, tmp_path, "b", max_concurrent_runs=0, **slow) as b:
+        assert a.cluster is not None and b.cluster is not None
+        a.cluster.bus.unlisten("wake", a.cluster._on_wake)  # a hears no wake-up
+        tb = await b.create_thread()  # b believes the row at the thread's creation
+        tid = tb.thread_id
+        store = a._store
+        assert store is not None
+        [(_, created)] = [r for r in await a.run_sync(store.load_alarms) if r[0] == tid]
+        # Another node's flush raises the row far past the horizon (it knew no run).
+        far = a.clock.now() + 7200
+        assert await a.run_sync(store.move_alarms, [(tid, created, far)]) == [(tid, far)]
+        run_id = await tb.schedule_effect("note", {"text": "found by the poll"}, 0.5)
+        rows = dict(await a.run_sync(store.load_alarms))
+        run = await tb.get_run(run_id)
+        assert rows[tid] <= run.run_at.timestamp()
+        await asyncio.sleep(0.8)  # due, and overdue by more than the grace
+        await a.cluster.poll()
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        attempts = await tb.get_run_attempts(run_id)
+    assert [x.node_id for x in attempts] == ["node-a"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from test_server_process import ROOT, ServerProcess
 from websockets.exceptions import ConnectionClosed
@@ -133,7 +134,10 @@ def _wait_until_finished(nodes: list[ServerProcess], thread_ids: list[str],
         while left:
             for k, tid in enumerate(sorted(left)):
                 node = nodes[k % len(nodes)]
-                counts = client.get(f"{node.url}/api/threads/{tid}/effects").json()["counts"]
+                res = client.get(f"{node.url}/api/threads/{tid}/effects")
+                if res.status_code != 200:  # 503 while a node reconnects: asked again
+                    continue
+                counts = res.json()["counts"]
                 if counts["pending"] == 0 and counts["running"] == 0:
                     left.discard(tid)
             if time.time() >= deadline:
@@ -322,3 +326,148 @@ def test_a_run_canceled_on_one_node_never_runs_on_the_node_that_claims(
     for node in (front, worker):
         run = httpx.get(f"{node.url}/api/threads/{tid}/effects/{canceled}").json()
         assert (run["status"], run["attempts"], run["startedAt"]) == ("canceled", 0, None)
+
+
+POLL_SECONDS = 5.0
+"""The nodes' alarm poll (`cluster_poll_seconds`, its default)."""
+WAKE_GRACE_SECONDS = 1.0
+"""The nodes' wake-up grace (`cluster_wake_grace_seconds`, its default)."""
+
+
+def test_two_of_three_nodes_killed_every_pending_run_completes_on_the_last(
+    cluster: Cluster,
+) -> None:
+    """Wake-ups rank over the live leases: the dead leave the ranking once their leases end.
+
+    Runs are scheduled through all three nodes (each thread through one), due shortly
+    after two of them are SIGKILLed: nothing is running or re-queued, so what starts
+    them on the survivor is its wake-ups alone, whichever node's timer and ranking they
+    depended on (a thread scheduled through a killed node whose ranking puts the
+    survivor last).
+    """
+    names = ["a", "b", "c"]
+    nodes = [cluster.start(name) for name in names]
+    survivor = cluster.nodes["a"]
+    threads = [f"k{k:02d}" for k in range(30)]
+    with httpx.Client(timeout=30) as client:
+        for k, tid in enumerate(threads):
+            res = client.post(f"{nodes[k % 3].url}/api/threads", json={"id": tid})
+            assert res.status_code == 201, res.text
+    runs = 150
+    base = time.time() + 12.0  # scheduling ends well before the first run is due
+    due = [base + 4.0 * i / runs for i in range(runs)]  # due over 4 s
+    run_ids: dict[int, str] = {}
+
+    def schedule_share(k: int) -> None:
+        with httpx.Client(timeout=30) as client:
+            for i in range(k, runs, 3):
+                res = client.post(
+                    f"{nodes[k].url}/api/threads/{threads[i % len(threads)]}/effects",
+                    json={"name": "work", "args": {"item": i, "seconds": 0.1},
+                          "run_at": _iso(due[i])},
+                )
+                assert res.status_code == 201, res.text
+                run_ids[i] = res.json()["id"]
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(schedule_share, range(3)))
+    assert len(run_ids) == runs
+    # Kill two nodes a second before the first run is due.
+    time.sleep(max(0.0, base - 1.0 - time.time()))
+    for name in ("b", "c"):
+        assert cluster.nodes[name].signal(signal.SIGKILL) == -signal.SIGKILL
+    killed_at = time.time()
+    assert killed_at < base, "scheduling took too long: runs came due before the kill"
+    _wait_until_finished([survivor], threads, killed_at + GUARD_SECONDS, cluster)
+
+    # The bound of docs/scale-out.md ("Wake-ups"): a pending run is armed by the
+    # survivor at its next poll at the latest once overdue by the grace (or once the
+    # dead nodes' leases expired, the survivor ranks first everywhere). A few seconds on
+    # top for the loaded machine: the old ranking (the nodes heard within three polls)
+    # kept dead nodes ranked for 15 s.
+    bound = POLL_SECONDS + WAKE_GRACE_SECONDS + 3.0
+    late: list[tuple[int, float]] = []
+    executions = cluster.read_executions()
+    with httpx.Client(timeout=30) as client:
+        for i in range(runs):
+            run = client.get(f"{survivor.url}/api/threads/{threads[i % len(threads)]}"
+                             f"/effects/{run_ids[i]}").json()
+            attempts = run["attemptDetails"]
+            assert run["status"] == "completed", run
+            final = attempts[-1]
+            assert len(attempts) == 1, run
+            if final["nodeId"] == "a":
+                lag = _ts(final["startedAt"]) - max(_ts(run["runAt"]), killed_at)
+                if lag > bound:
+                    late.append((i, round(lag, 1)))
+            else:
+                raise AssertionError(f"run {i} ran on a killed node: {run}")
+            ended = [e["node"] for e in executions if e["item"] == i and e["event"] == "end"]
+            assert [n for n in ended if n == "a"] == (["a"] if final["nodeId"] == "a" else [])
+    assert not late, f"runs started more than {bound:g} s late: {late[:10]}\n{cluster.logs()}"
+    assert any(e["node"] == "a" and e["at"] > killed_at for e in executions)
+
+
+def test_three_nodes_through_a_ten_second_database_outage(cluster: Cluster) -> None:
+    """The database refuses every connection for 10 s (past the nodes' leases) mid-run.
+
+    Every node loses its lease, cancels the effects it runs and claims nothing; when the
+    database is back they renew their leases and re-queue what they gave up. No run stays
+    ``running`` for good, and no run ran more often than its attempts say (at most three).
+    """
+    from runtime.storage.postgres import split_schema
+
+    nodes = [cluster.start(name) for name in ("a", "b", "c")]
+    threads = [f"o{k:02d}" for k in range(20)]
+    with httpx.Client(timeout=30) as client:
+        for k, tid in enumerate(threads):
+            assert client.post(f"{nodes[k % 3].url}/api/threads",
+                               json={"id": tid}).status_code == 201
+    runs = 100
+    base = time.time() + 4.0
+    run_ids: dict[int, str] = {}
+    with httpx.Client(timeout=30) as client:
+        for i in range(runs):
+            res = client.post(
+                f"{nodes[i % 3].url}/api/threads/{threads[i % len(threads)]}/effects",
+                # Some effects outlast the lease: the outage finds them running.
+                json={"name": "work", "args": {"item": i, "seconds": 6.0 if i % 5 == 0 else 0.3},
+                      "run_at": _iso(base + 6.0 * i / runs)})
+            assert res.status_code == 201, res.text
+            run_ids[i] = res.json()["id"]
+
+    database = split_schema(cluster.database_url)[0].rsplit("/", 1)
+    admin_url, name = f"{database[0]}/postgres", database[1]
+    time.sleep(max(0.0, base + 2.0 - time.time()))  # runs are running
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            time.sleep(10.0)
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    _wait_until_finished(nodes, threads, time.time() + GUARD_SECONDS, cluster)
+
+    executions = cluster.read_executions()
+    interrupted = 0
+    with httpx.Client(timeout=30) as client:
+        for i in range(runs):
+            run = client.get(f"{nodes[i % 3].url}/api/threads/{threads[i % len(threads)]}"
+                             f"/effects/{run_ids[i]}").json()
+            attempts = run["attemptDetails"]
+            assert 1 <= run["attempts"] == len(attempts) <= 3, run
+            interrupted += len(attempts) > 1
+            if run["status"] == "failed":  # the attempt rule: interrupted three times
+                assert [a["outcome"] for a in attempts] == ["interrupted"] * 3, run
+            else:
+                assert run["status"] == "completed", run
+                assert attempts[-1]["outcome"] == "completed", run
+                assert all(a["outcome"] == "interrupted" for a in attempts[:-1]), run
+            mine = [e for e in executions if e["item"] == i]
+            # Each attempt started the effect at most once, and ended it at most once.
+            assert len([e for e in mine if e["event"] == "start"]) <= len(attempts), (run, mine)
+            assert len([e for e in mine if e["event"] == "end"]) <= len(attempts), (run, mine)
+    assert interrupted >= 1, "the outage interrupted no running run"
+    assert all("lost its lease" in server.log.read_text(errors="replace")
+               for server in cluster.nodes.values())

@@ -96,10 +96,19 @@ def test_the_same_node_id_twice_is_refused_another_joins(pg_url: str) -> None:
         b = PostgresBackend(pg_url, node_id="node-b")
         b.open().close()
         assert [n for n, _ in a.live_nodes()] == ["node-a", "node-b"]
+        assert a.claiming_nodes() == ["node-a", "node-b"]
         assert a.alone() is False  # another node may be applying an effect-tool key
         b.close()  # its lease ends at once
         assert [n for n, _ in a.live_nodes()] == ["node-a"]
+        assert a.claiming_nodes() == ["node-a"]
         assert a.alone() is True
+        # A node that claims no run holds a lease but is no claiming node.
+        front = PostgresBackend(pg_url, node_id="node-f")
+        front.claims = False
+        front.open().close()
+        assert [n for n, _ in a.live_nodes()] == ["node-a", "node-f"]
+        assert a.claiming_nodes() == ["node-a"]
+        front.close()
     finally:
         store.close()
         a.close()
@@ -694,3 +703,93 @@ async def test_a_cancel_on_the_node_of_a_run_it_gave_up_is_applied_in_the_store(
         a._lease_lost("test")
         assert await thread.remove_scheduled_effect(run_id) is True
         assert (await thread.get_run(run_id)).status is EffectStatus.CANCELED
+
+
+async def test_a_partitioned_nodes_late_turn_writes_nothing_after_its_turn_resumed_elsewhere(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """Node a's turn outlives a's lease without a noticing (a long pause, a partition).
+
+    Node b resumes the turn; when a's model answers at last, a's write of it is refused by
+    the turn lease's token (fencing): the conversation holds b's answer only.
+    """
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.errors import TurnLeaseLost
+    from runtime.testing import override_model
+
+    entered, late = asyncio.Event(), asyncio.Event()
+
+    async def paused(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await late.wait()
+        return ModelResponse(parts=[TextPart("late answer")])
+
+    async def quick(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("resumed answer")])
+
+    a = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "a", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-a", lease_seconds=0.9))
+    b = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "b", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-b", lease_seconds=0.9))
+    async with b:
+        await a.start()
+        try:
+            thread_a = await a.create_thread()
+            tid = thread_a.thread_id
+            with override_model(a, FunctionModel(paused)), \
+                    override_model(b, FunctionModel(quick)):
+                turn = asyncio.create_task(thread_a.send_message("hello"))
+                await entered.wait()
+                storage = a.storage
+                assert isinstance(storage, PostgresBackend)
+                storage._watch_stop.set()  # a renews its lease no more, and does not notice
+                thread_b = await b.get_thread(tid)
+
+                async def contents() -> list[str]:
+                    return [m.content for m in (await thread_b.get_messages()).messages]
+
+                async def resumed() -> bool:
+                    return await contents() == ["hello", "resumed answer"]
+
+                await wait_until(resumed, seconds=20)
+                late.set()  # a's model answers now: its turn tries to store the answer
+                with pytest.raises(TurnLeaseLost, match="no longer holds"):
+                    await asyncio.wait_for(turn, 20)
+                assert await contents() == ["hello", "resumed answer"]
+        finally:
+            with contextlib.suppress(Exception):
+                await a.close()
+
+
+async def test_a_node_that_loses_its_lease_stops_its_turns_for_another_node_to_resume(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.errors import TurnLeaseLost
+    from runtime.testing import override_model
+    from runtime.turns import TurnStatus, load_turns
+
+    entered = asyncio.Event()
+
+    async def hang(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    a = Runtime(app_dir=TURNS_APP, data_dir=tmp_path / "a", load_packages=False,
+                storage=PostgresBackend(pg_url, node_id="node-a"))
+    async with a:
+        thread_a = await a.create_thread()
+        with override_model(a, FunctionModel(hang)):
+            turn = asyncio.create_task(thread_a.send_message("hello"))
+            await entered.wait()
+            a._lease_lost("the test says so")  # what the backend calls once the lease lapsed
+            with pytest.raises(TurnLeaseLost):
+                await asyncio.wait_for(turn, 20)
+        # Stopped, not ended: its row says running, for a node to resume it.
+        rows = await load_turns(a, thread_a.thread_id)
+        assert [r.status for r in rows.values()] == [TurnStatus.RUNNING]

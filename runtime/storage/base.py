@@ -518,10 +518,21 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
-    def set_meta(self, key: str, value: str) -> None:
+    def set_meta(self, key: str, value: str, *, fence: str | None = None) -> None:
         """Write one key of the thread's meta (insert or replace).
 
+        Args:
+            key: The meta key.
+            value: Its value.
+            fence: The token of the turn lease the writing turn holds
+                (`StorageBackend.take_turn_lease`), or None (no turn's write). A backend
+                shared by several processes writes only while that token still holds the
+                thread's turn lease, checked in the write's transaction with the lease
+                row locked until it commits; one process per backend ignores it (the
+                runtime serializes a thread's turns itself).
+
         Raises:
+            TurnLeaseLost: ``fence`` no longer holds the turn lease (nothing written).
             ThreadStorageError: the write failed.
         """
 
@@ -534,10 +545,15 @@ class ThreadStore(ABC):
         """
 
     @abstractmethod
-    def insert_messages(self, messages: Sequence[Message]) -> None:
+    def insert_messages(
+        self, messages: Sequence[Message], *, fence: str | None = None
+    ) -> None:
         """Append messages to the conversation, in order, in one transaction.
 
+        ``fence``: the writing turn's turn-lease token, checked as in `set_meta`.
+
         Raises:
+            TurnLeaseLost: ``fence`` no longer holds the turn lease (nothing written).
             ThreadStorageError: the write failed, or a message id exists already (nothing
                 of the batch is written).
         """
@@ -727,6 +743,20 @@ class RuntimeStore(ABC):
     every call raises `runtime.errors.RuntimeClosed` (on every backend).
     """
 
+    alarms_follow_runs: bool = False
+    """Whether the thread stores keep each thread's alarm row themselves, whatever any
+    caller believes of it (PostgreSQL: True; SQLite and memory: False).
+
+    True means: every thread-store write that makes a run pending or moves its due time
+    earlier (`ThreadStore.insert_run`, `ThreadStore.fire_schedule`, `ThreadStore.run_now`,
+    `ThreadStore.recover_interrupted`) or makes a recurring schedule active
+    (`ThreadStore.insert_schedule`, `ThreadStore.set_schedule_state`) lowers the thread's
+    alarm row to at or before that due time (creating it if missing) in its own
+    transaction; and `move_alarms` never raises or removes a row past the thread's
+    earliest pending run or active schedule's next fire. So the row is at or before
+    every pending run whatever the runtime's cached belief: the runtime need not call
+    `lower_alarm` before such a write. False: the runtime lowers the row itself, first."""
+
     @abstractmethod
     def add_thread(self, info: ThreadInfo, *, alarm_at: float | None = None) -> bool:
         """Register a thread; False (nothing written) if the id is taken.
@@ -877,9 +907,15 @@ class RuntimeStore(ABC):
         left alone. With ``expected`` None the row is only ever created or lowered (and a
         ``target`` of None does nothing).
 
+        With `alarms_follow_runs`, a raise or removal stops at the thread's earliest
+        pending run or active schedule fire (read after the row is locked), and a move
+        whose row no longer holds ``expected`` is listed with the value the row holds.
+
         Returns:
-            The compare-and-set moves applied, as ``(thread_id, target)`` (creates and
-            lowerings with ``expected`` None are not listed).
+            The compare-and-set moves applied, as ``(thread_id, value written)`` (None:
+            removed; ``target`` unless `alarms_follow_runs` stopped it earlier), and, with
+            `alarms_follow_runs`, those not applied as ``(thread_id, value held)``.
+            Creates and lowerings with ``expected`` None are not listed.
         """
 
     @abstractmethod
@@ -1257,6 +1293,10 @@ class StorageBackend(ABC):
     before `open`: recorded on every run attempt its thread stores claim
     (`runtime.effects.RunAttempt.node_id`), and, on a backend shared by several
     processes, the name of its membership lease."""
+    claims: bool = True
+    """Whether this process claims runs (``max_concurrent_runs`` > 0), set by the runtime
+    before `open`: on a backend shared by several processes, written with its membership
+    lease, so that only claiming nodes rank for wake-ups (`claiming_nodes`)."""
     kind: str = "custom"
     """What `GET /api/health` names the backend: ``sqlite``, ``memory``, ``postgres``."""
     cluster: ClusterBus | None = None
@@ -1381,6 +1421,19 @@ class StorageBackend(ABC):
             RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
         """
         return self.exclusive
+
+    def claiming_nodes(self) -> list[str]:
+        """The node ids that hold a live lease and claim runs now, sorted.
+
+        Read from the backend at each call: a node whose lease expired (it died, or lost
+        the database) or that closed is not in it, nor one that claims no run (`claims`
+        False). A backend one process uses at a time (SQLite, memory): this node's id if
+        it claims and has one, else empty.
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return [self.node_id] if self.claims and self.node_id else []
 
     def take_turn_lease(self, thread_id: str, token: str) -> str | None:
         """Take the thread's turn lease for this node (``token``: this turn); None if taken.

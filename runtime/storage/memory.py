@@ -627,7 +627,9 @@ class MemoryThreadStore(ThreadStore):
 
     # ------------------------------------------------------------------ meta
 
-    def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
+    def set_meta(  # noqa: D102 - contract in base
+        self, key: str, value: str, *, fence: str | None = None
+    ) -> None:
         with self._data.lock:
             self._open_data().meta[key] = value
 
@@ -637,7 +639,9 @@ class MemoryThreadStore(ThreadStore):
 
     # -------------------------------------------------------------- messages
 
-    def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102
+    def insert_messages(  # noqa: D102 - contract in base
+        self, messages: Sequence[Message], *, fence: str | None = None
+    ) -> None:
         rows = [
             _StoredMessage(
                 m.id, str(m.role), m.content, m.created_at_ts, m.run_id, m.meta_json(), m.data

@@ -297,6 +297,9 @@ class NodeRow(SQLModel, table=True):
     lease_expires_at: float
     started_at: float
     heartbeat_at: float
+    # Whether the node claims runs (``max_concurrent_runs`` > 0): only those rank for
+    # wake-ups (version 4). Null: a row written before version 4, by a node that claims.
+    claims: bool | None = None
 
 
 class TurnLeaseRow(SQLModel, table=True):
@@ -456,13 +459,14 @@ def migration_ddl(
 
 # ---------------------------------------------------------------- PostgreSQL
 
-POSTGRES_SCHEMA_VERSION = 3
+POSTGRES_SCHEMA_VERSION = 4
 """The schema version of a current PostgreSQL database (`runtime.storage.postgres`); its
 ``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
 models above (as of thread schema 6 and runtime schema 5); version 2 adds the frames across
 nodes (`FrameRow`, `FrameCounterRow`) and an index of the alarms by due time; version 3
 the node that ran each run attempt (``run_attempts.node_id``), the node leases (`NodeRow`)
-and the turn leases (`TurnLeaseRow`)."""
+and the turn leases (`TurnLeaseRow`); version 4 whether each node claims runs
+(``nodes.claims``)."""
 
 POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
 """The tables of a thread's store, all threads in one table each, keyed by ``thread_id``
@@ -492,9 +496,11 @@ columns)`` (version 2: the alarms due within a node's horizon, `load_alarms`' ``
 
 POSTGRES_MIGRATION_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (("run_attempts", "node_id"),),
+    3: (("nodes", "claims"),),
 }
-"""Columns a later PostgreSQL migration adds to a table of step 0 (nullable, ``ALTER TABLE
-... ADD COLUMN``): ``(table, column)``. Step 0 creates the table without them."""
+"""Columns a later PostgreSQL migration adds to a table an earlier step created (nullable,
+``ALTER TABLE ... ADD COLUMN``): ``(table, column)``. The earlier step creates the table
+without them."""
 
 POSTGRES_GLOBAL_TABLES = ("runtime_meta", "schema_version", "nodes")
 """The tables without a ``thread_id`` (Citus: reference tables, copied to every node)."""
@@ -583,15 +589,27 @@ def postgres_migration_ddl(step: int) -> list[str]:
     """The statements of PostgreSQL migration ``step`` (1 and later), from the models."""
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     statements: list[str] = []
+    later = {(t, c) for s, cols in POSTGRES_MIGRATION_COLUMNS.items() if s > step
+             for t, c in cols}
     for model in POSTGRES_MIGRATION_MODELS.get(step, ()):
         table = _table(model)
+        dropped = {c for t, c in later if t == table.name}
+        if dropped:  # the columns later steps add: not in this step
+            assert not {c.name for i in table.indexes for c in i.columns} & dropped
+            table = Table(
+                table.name, MetaData(),
+                *(c._copy() for c in table.columns if c.name not in dropped),
+                PrimaryKeyConstraint(*(c.name for c in table.primary_key.columns)),
+            )
         statements.append(str(CreateTable(table).compile(dialect=dialect)).strip())
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
             statements.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
     for table_name, index_name, columns in POSTGRES_MIGRATION_INDEXES.get(step, ()):
         statements.append(f"CREATE INDEX {index_name} ON {table_name} ({', '.join(columns)})")
     for table_name, column_name in POSTGRES_MIGRATION_COLUMNS.get(step, ()):
-        model = next(m for m in THREAD_MODELS if _table(m).name == table_name)
+        model = next(m for m in (*THREAD_MODELS, *(m for ms in POSTGRES_MIGRATION_MODELS
+                                                    .values() for m in ms))
+                     if _table(m).name == table_name)
         column = _table(model).columns[column_name]
         assert column.nullable, f"{table_name}.{column_name}: an added column must be nullable"
         kind = column.type.compile(dialect=dialect)

@@ -162,9 +162,14 @@ class PostgresClusterBus(ClusterBus):
     def connected(self) -> bool:  # noqa: D102 - contract in base
         return self._connected
 
+    @property
+    def node(self) -> str:
+        """The sender named in wake-ups: this process's node id (what nodes rank by)."""
+        return self._backend.node_id or self.sender
+
     def wake_params(self, thread_id: str, due_at: float) -> tuple[str, str]:
         """The ``pg_notify`` channel and payload `wake_in` sends, for a statement of its own."""
-        return self._name(WAKE_CHANNEL), encode_wake(self.sender, thread_id, due_at)
+        return self._name(WAKE_CHANNEL), encode_wake(self.node, thread_id, due_at)
 
     def wake_in(self, cursor: Any, thread_id: str, due_at: float) -> None:
         """Announce, in the caller's transaction, a run of ``thread_id`` due at ``due_at``.
@@ -172,7 +177,7 @@ class PostgresClusterBus(ClusterBus):
         On `WAKE_CHANNEL`, sent at commit; read with `decode_wake`.
         """
         cursor.execute("SELECT pg_notify(%s, %s)",
-                       (self._name(WAKE_CHANNEL), encode_wake(self.sender, thread_id, due_at)))
+                       (self._name(WAKE_CHANNEL), encode_wake(self.node, thread_id, due_at)))
 
     # ------------------------------------------------------------ frames across nodes
 

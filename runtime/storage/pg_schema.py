@@ -7,7 +7,7 @@ SQLAlchemy are not imported at run time.
 """
 # ruff: noqa: E501 - one statement per line, as generated
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version `MIGRATIONS` take a database to."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -248,6 +248,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             ")"
         ),
         "ALTER TABLE run_attempts ADD COLUMN node_id VARCHAR",
+    ),
+    3: (
+        "ALTER TABLE nodes ADD COLUMN claims BOOLEAN",
     ),
 }
 """The statements that take schema version N to N + 1 (0: an empty schema)."""

@@ -49,6 +49,7 @@ from runtime.errors import (
     RuntimeClosed,
     RuntimeStorageError,
     ThreadStorageError,
+    TurnLeaseLost,
 )
 from runtime.ids import validate_thread_id
 from runtime.messages import Message, message_from_row
@@ -219,6 +220,13 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
     if trace:
         ctes.append("tr AS (INSERT INTO run_traces (thread_id, run_id, context) "
                     "SELECT %(t)s, id, %(trace)s FROM ins)")
+    # The thread's alarm row, at or before the new run whatever any node believes of it
+    # (`RuntimeStore.alarms_follow_runs`). The conflict locks the row even when it is
+    # left as it is, so a concurrent raise (`move_alarms`, which locks it first) either
+    # sees this run or is seen by this statement.
+    ctes.append("al AS (INSERT INTO alarms (thread_id, due_at) SELECT %(t)s, %(run_at)s "
+                "FROM ins ON CONFLICT (thread_id) DO UPDATE SET due_at = excluded.due_at "
+                "WHERE alarms.due_at > excluded.due_at)")
     # A SELECT in WITH runs only where the statement reads it: the last column does.
     if wake:
         ctes.append("wk AS (SELECT 1 FROM ins, LATERAL pg_notify(%(channel)s, %(payload)s) n)")
@@ -246,6 +254,21 @@ given attempt), its trace context dropped, its attempt ended; answers the run's 
 (no row if it was not running) and the thread's finished runs as of before the statement."""
 
 _INDEX_COMPLETE = "run_index_complete"
+
+_LOWER_ALARM = (
+    "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) ON CONFLICT (thread_id) "
+    "DO UPDATE SET due_at = excluded.due_at WHERE alarms.due_at > excluded.due_at"
+)
+"""Lower (or create) a thread's alarm row in a thread store's transaction: the row stays
+locked until the commit, so a concurrent `PostgresRuntimeStore.move_alarms` either sees
+the change or is seen (`RuntimeStore.alarms_follow_runs`)."""
+
+_FIRST_DUE = (
+    "SELECT LEAST((SELECT min(run_at) FROM effect_runs WHERE thread_id = %(t)s "
+    "AND status = 'pending'), (SELECT min(next_fire_at) FROM schedules "
+    "WHERE thread_id = %(t)s AND state = 'active'))"
+)
+"""A thread's earliest pending run or active schedule fire (NULL: none)."""
 
 LOCK_WAIT_SECONDS = 1.0
 """How long `PostgresBackend.open` retries its node id's lock before refusing."""
@@ -618,12 +641,32 @@ class PostgresThreadStore(ThreadStore):
 
     # ------------------------------------------------------------ meta
 
-    def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
-        self._tx(lambda c: c.execute(
-            "INSERT INTO thread_meta (thread_id, key, value) VALUES (%s, %s, %s) "
-            "ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value",
-            (self.thread_id, key, value),
-        ))
+    def _fenced(self, c: Cursor, fence: str | None) -> bool:
+        """Whether ``fence`` still holds the thread's turn lease (None: no fence).
+
+        The lease row stays locked (shared) until the caller's transaction ends: a turn
+        taking the lease over waits for this write, so nothing of the old turn is
+        written after the lease moved.
+        """
+        return fence is None or c.execute(
+            "SELECT 1 FROM turn_leases WHERE thread_id = %s AND token = %s FOR SHARE",
+            (self.thread_id, fence)).fetchone() is not None
+
+    def set_meta(  # noqa: D102 - contract in base
+        self, key: str, value: str, *, fence: str | None = None
+    ) -> None:
+        def tx(c: Cursor) -> bool:
+            if not self._fenced(c, fence):
+                return False
+            c.execute(
+                "INSERT INTO thread_meta (thread_id, key, value) VALUES (%s, %s, %s) "
+                "ON CONFLICT (thread_id, key) DO UPDATE SET value = excluded.value",
+                (self.thread_id, key, value),
+            )
+            return True
+
+        if not self._tx(tx):
+            raise TurnLeaseLost(self.thread_id)
 
     def get_meta(self, key: str) -> str | None:  # noqa: D102 - contract in base
         row = self._tx(lambda c: c.execute(
@@ -763,6 +806,7 @@ class PostgresThreadStore(ThreadStore):
             (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
              run.created_at_ts, run.replay_of, run.key, run.schedule_id),
         )
+        c.execute(_LOWER_ALARM, (self.thread_id, run.run_at_ts))
         if run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS:
             # Due soon: tell every node now. Later runs are found by the nodes' alarm
             # polls well before they are due (docs/scale-out.md, "Wake-ups").
@@ -804,6 +848,8 @@ class PostgresThreadStore(ThreadStore):
                  rec.every_seconds, str(schedule.state), schedule.next_fire_at_ts,
                  schedule.created_at_ts, schedule.key),
             )
+            if schedule.state is ScheduleState.ACTIVE and schedule.next_fire_at_ts is not None:
+                c.execute(_LOWER_ALARM, (self.thread_id, schedule.next_fire_at_ts))
             return None
 
         return self._tx(tx)
@@ -826,7 +872,11 @@ class PostgresThreadStore(ThreadStore):
                 "UPDATE schedules SET state = %s, next_fire_at = %s WHERE thread_id = %s "
                 "AND id = %s", (str(state), next_fire_at, self.thread_id, schedule_id),
             )
-            return self._schedule(c, schedule_id)
+            found = self._schedule(c, schedule_id)
+            if found is not None and state is ScheduleState.ACTIVE \
+                    and next_fire_at is not None:
+                c.execute(_LOWER_ALARM, (self.thread_id, next_fire_at))
+            return found
 
         return self._tx(tx)
 
@@ -1070,6 +1120,9 @@ class PostgresThreadStore(ThreadStore):
                     if run.status.finished:
                         self._drop_trace(c, run)
                     changed.append(run)
+            pending = [r.run_at_ts for r in changed if r.status is EffectStatus.PENDING]
+            if pending:
+                c.execute(_LOWER_ALARM, (self.thread_id, min(pending)))
             if retention is not None:
                 self._prune_in(c, now, retention)
             return changed
@@ -1108,6 +1161,7 @@ class PostgresThreadStore(ThreadStore):
                 (now, self.thread_id, run_id),
             )
             if run is not None:
+                c.execute(_LOWER_ALARM, (self.thread_id, run.run_at_ts))
                 self._backend.cluster.wake_in(c, self.thread_id, run.run_at_ts)
             return run
 
@@ -1230,15 +1284,25 @@ class PostgresThreadStore(ThreadStore):
 
     # ------------------------------------------------------------ messages
 
-    def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102
+    def insert_messages(  # noqa: D102 - contract in base
+        self, messages: Sequence[Message], *, fence: str | None = None
+    ) -> None:
         if not messages:
             return
-        self._tx(lambda c: c.executemany(
-            "INSERT INTO messages (thread_id, id, role, content, created_at, run_id, meta, "
-            "data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            [(self.thread_id, m.id, str(m.role), m.content, m.created_at_ts, m.run_id,
-              m.meta_json(), m.data) for m in messages],
-        ))
+
+        def tx(c: Cursor) -> bool:
+            if not self._fenced(c, fence):
+                return False
+            c.executemany(
+                "INSERT INTO messages (thread_id, id, role, content, created_at, run_id, "
+                "meta, data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [(self.thread_id, m.id, str(m.role), m.content, m.created_at_ts, m.run_id,
+                  m.meta_json(), m.data) for m in messages],
+            )
+            return True
+
+        if not self._tx(tx):
+            raise TurnLeaseLost(self.thread_id)
 
     def _message(self, row: Sequence[Any]) -> Message:
         return message_from_row(
@@ -1412,6 +1476,8 @@ class PostgresRuntimeStore(RuntimeStore):
 
     Failures raise `psycopg.Error` (the backend's own database error).
     """
+
+    alarms_follow_runs = True
 
     def __init__(self, backend: PostgresBackend) -> None:
         self._backend = backend
@@ -1671,29 +1737,29 @@ class PostgresRuntimeStore(RuntimeStore):
     ) -> list[tuple[str, float | None]]:
         def tx(c: Cursor) -> list[tuple[str, float | None]]:
             applied: list[tuple[str, float | None]] = []
-            for thread_id, expected, target in changes:
+            # In thread order: two nodes' flushes lock their rows in one order (no deadlock).
+            for thread_id, expected, target in sorted(changes, key=lambda m: m[0]):
                 if expected is None:
-                    if target is None:
-                        continue
-                    c.execute(
-                        "INSERT INTO alarms (thread_id, due_at) VALUES (%s, %s) ON CONFLICT "
-                        "(thread_id) DO UPDATE SET due_at = LEAST(alarms.due_at, "
-                        "excluded.due_at)",
-                        (thread_id, target),
-                    )
+                    if target is not None:
+                        c.execute(_LOWER_ALARM, (thread_id, target))
                     continue
-                if target is None:
-                    n = c.execute(
-                        "DELETE FROM alarms WHERE thread_id = %s AND due_at = %s",
-                        (thread_id, expected),
-                    ).rowcount
-                else:
-                    n = c.execute(
-                        "UPDATE alarms SET due_at = %s WHERE thread_id = %s AND due_at = %s",
-                        (target, thread_id, expected),
-                    ).rowcount
-                if n == 1:
-                    applied.append((thread_id, target))
+                # The row first, then (a statement later, so a run committed while this
+                # waited for the lock is seen) the thread's first pending due time.
+                row = c.execute("SELECT due_at FROM alarms WHERE thread_id = %s FOR UPDATE",
+                                (thread_id,)).fetchone()
+                held = None if row is None else float(row[0])
+                if held != expected:
+                    applied.append((thread_id, held))  # what the row holds, for the caller
+                    continue
+                first = c.execute(_FIRST_DUE, {"t": thread_id}).fetchone()
+                due = None if first is None or first[0] is None else float(first[0])
+                value = due if target is None else target if due is None else min(target, due)
+                if value is None:
+                    c.execute("DELETE FROM alarms WHERE thread_id = %s", (thread_id,))
+                elif value != expected:
+                    c.execute("UPDATE alarms SET due_at = %s WHERE thread_id = %s",
+                              (value, thread_id))
+                applied.append((thread_id, value))
             return applied
 
         return self._tx(tx)
@@ -1889,8 +1955,9 @@ class PostgresBackend(StorageBackend):
         expired = f" OR lease_expires_at <= {_DB_NOW}" if take_over else ""
         row = conn.execute(
             f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, heartbeat_at = {_DB_NOW}, "
-            f"token = %s WHERE node_id = %s AND (token = %s{expired}) RETURNING 1",
-            (self.lease_seconds, self._token, self.node_id, self._token),
+            f"token = %s, claims = %s WHERE node_id = %s AND (token = %s{expired}) "
+            f"RETURNING 1",
+            (self.lease_seconds, self._token, self.claims, self.node_id, self._token),
         ).fetchone()
         if row is None:
             return False
@@ -2134,11 +2201,12 @@ class PostgresBackend(StorageBackend):
     def _upsert_node(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         conn.execute(
             f"INSERT INTO nodes (node_id, token, lease_expires_at, started_at, "
-            f"heartbeat_at) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, {_DB_NOW}) "
-            f"ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
+            f"heartbeat_at, claims) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, {_DB_NOW}, "
+            f"%s) ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
             f"lease_expires_at = excluded.lease_expires_at, "
-            f"started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at",
-            (self.node_id, self._token, self.lease_seconds),
+            f"started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, "
+            f"claims = excluded.claims",
+            (self.node_id, self._token, self.lease_seconds, self.claims),
         )
 
     def _try_lock(
@@ -2362,6 +2430,14 @@ class PostgresBackend(StorageBackend):
                 f"AND n.lease_expires_at > {_DB_NOW}) ORDER BY t.thread_id LIMIT 1000",
                 (self.node_id,),
             ).fetchall()
+        return [r[0] for r in rows]
+
+    def claiming_nodes(self) -> list[str]:  # noqa: D102 - contract in base
+        # A null ``claims``: a row written before schema version 4 (a node that claims).
+        with self.transaction() as c:
+            rows = c.execute(
+                f"SELECT node_id FROM nodes WHERE lease_expires_at > {_DB_NOW} "
+                f"AND claims IS NOT FALSE ORDER BY node_id").fetchall()
         return [r[0] for r in rows]
 
     def live_nodes(self) -> list[tuple[str, float]]:

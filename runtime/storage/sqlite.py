@@ -428,7 +428,9 @@ class SQLiteThreadStore(ThreadStore):
         row = conn.execute(sql, params).fetchone()
         return _row_to_run(self.thread_id, row) if row is not None else None
 
-    def set_meta(self, key: str, value: str) -> None:  # noqa: D102 - contract in base
+    def set_meta(  # noqa: D102 - contract in base
+        self, key: str, value: str, *, fence: str | None = None
+    ) -> None:
         self._tx(
             lambda c: c.execute(
                 "INSERT INTO thread_meta(key, value) VALUES (?, ?) "
@@ -1123,7 +1125,9 @@ class SQLiteThreadStore(ThreadStore):
 
     # ------------------------------------------------------------ messages
 
-    def insert_messages(self, messages: Sequence[Message]) -> None:  # noqa: D102
+    def insert_messages(  # noqa: D102 - contract in base
+        self, messages: Sequence[Message], *, fence: str | None = None
+    ) -> None:
 
         def tx(c: sqlite3.Connection) -> None:
             c.executemany(

@@ -24,6 +24,7 @@ from runtime.errors import (
     RuntimeClosed,
     RuntimeStorageError,
     ThreadStorageError,
+    TurnLeaseLost,
 )
 from runtime.messages import Message, MessageRole
 from runtime.recurrence import Recurrence, Schedule, ScheduleState
@@ -211,7 +212,7 @@ def test_open_is_exclusive_and_data_outlives_a_close(harness: Harness) -> None:
         harness.twin().open()
     info = ThreadInfo(id="t", created_at_ts=T0, agent_id="a", user_id="u", tags=("x", "y"))
     assert rtdb.add_thread(info)
-    rtdb.set_alarm("t", T0 + 5)
+    rtdb.set_alarm("t", T0 - 5)  # before the run (a store may lower it to the run's time)
     store = harness.backend.create_thread_store(info)
     r = run(args={"key": "k", "n": [1, 2]})
     store.insert_run(r)
@@ -224,7 +225,7 @@ def test_open_is_exclusive_and_data_outlives_a_close(harness: Harness) -> None:
     rtdb = again.open()
     try:
         assert rtdb.get_thread("t") == info
-        assert rtdb.load_alarms() == [("t", T0 + 5)]
+        assert rtdb.load_alarms() == [("t", T0 - 5)]
         store = again.open_thread_store("t")
         assert store.get_run(r.id, T0, KEEP) == r
         store.close()
@@ -516,12 +517,50 @@ def test_alarm_moves_are_compare_and_set(rtdb: RuntimeStore) -> None:
         ("a", None, T0 + 60),  # no row known: only ever lowered (a is at T0 + 50)
         ("g", None, None),  # nothing to do
     ])
-    assert applied == [("a", T0 + 50), ("c", None)]
+    if rtdb.alarms_follow_runs:  # also what the rows not moved hold, in thread order
+        assert applied == [("a", T0 + 50), ("b", T0 + 1), ("c", None), ("d", T0 + 10),
+                           ("e", None)]
+    else:
+        assert applied == [("a", T0 + 50), ("c", None)]
     assert sorted(rtdb.load_alarms()) == [
         ("a", T0 + 50), ("b", T0 + 1), ("d", T0 + 10), ("f", T0 + 7)
     ]
     rtdb.move_alarms([("f", None, T0 + 3)])
     assert dict(rtdb.load_alarms())["f"] == T0 + 3
+
+
+def test_a_store_whose_alarms_follow_runs_keeps_the_row_at_or_before_every_pending_run(
+    rtdb: RuntimeStore, store: ThreadStore,
+) -> None:
+    """Whatever the caller believes of the row, with `alarms_follow_runs`; else untouched."""
+    follows = rtdb.alarms_follow_runs
+    late = run(run_at=T0 + 100)
+    store.insert_run(late)  # no row yet: created at the run
+    assert rtdb.load_alarms() == ([("t", T0 + 100)] if follows else [])
+    rtdb.set_alarm("t", T0 + 200)  # a stale move raised it past the run
+    store.insert_run(run(run_at=T0 + 300))  # a later run: the row is not raised
+    assert rtdb.load_alarms() == [("t", T0 + 200)]
+    early = run(run_at=T0 + 50)
+    store.insert_run(early)
+    assert rtdb.load_alarms() == [("t", T0 + 50 if follows else T0 + 200)]
+    # A raise or a removal by a node that knows nothing of the pending runs stops at them.
+    applied = rtdb.move_alarms([("t", rtdb.load_alarms()[0][1], None)])
+    assert rtdb.load_alarms() == ([("t", T0 + 50)] if follows else [])
+    assert applied == [("t", T0 + 50 if follows else None)]
+    # Run now, re-queue and an active schedule lower it too.
+    rtdb.set_alarm("t", T0 + 500)
+    assert store.run_now(late.id, T0 + 10) is not None
+    assert rtdb.load_alarms() == [("t", T0 + 10 if follows else T0 + 500)]
+    rtdb.set_alarm("t", T0 + 500)
+    _, claimed, _ = store.finish_and_claim(None, T0 + 60)
+    assert claimed is not None and claimed.id == late.id
+    rtdb.set_alarm("t", T0 + 500)  # removed meanwhile (the only pending runs are later)
+    assert [r.id for r in store.recover_interrupted(T0 + 70, 3)] == [late.id]
+    assert rtdb.load_alarms() == [("t", T0 + 10 if follows else T0 + 500)]
+    rtdb.set_alarm("t", None)
+    store.insert_schedule(replace(
+        schedule("s1", next_fire=T0 + 40), thread_id="t"))
+    assert rtdb.load_alarms() == ([("t", T0 + 40)] if follows else [])
 
 
 # ------------------------------------------------------------------ runs
@@ -1629,8 +1668,53 @@ def test_one_nodes_turn_leases_and_orphans(harness: Harness, rtdb: RuntimeStore)
     assert backend.orphaned_runs() == []
 
 
+def test_a_turns_writes_are_fenced_by_its_turn_lease_token(
+    harness: Harness, store: ThreadStore,
+) -> None:
+    """A shared backend refuses a write whose token no longer holds the turn lease."""
+    backend = harness.backend
+    assert backend.take_turn_lease("t", "turn-1") is None
+    store.insert_messages([message(1)], fence="turn-1")
+    store.set_meta("turns", "1", fence="turn-1")
+    assert backend.take_turn_lease("t", "turn-2") is None  # the lease moved on (resumed)
+    if backend.exclusive:  # one process: the runtime serializes turns; no fence to check
+        store.insert_messages([message(2)], fence="turn-1")
+        store.set_meta("turns", "2", fence="turn-1")
+        assert [m.id for m in store.all_messages()] == ["m0001", "m0002"]
+        assert store.get_meta("turns") == "2"
+        return
+    with pytest.raises(TurnLeaseLost, match="no longer holds the thread's turn lease"):
+        store.insert_messages([message(2)], fence="turn-1")
+    with pytest.raises(TurnLeaseLost):
+        store.set_meta("turns", "2", fence="turn-1")
+    assert [m.id for m in store.all_messages()] == ["m0001"]  # nothing written
+    assert store.get_meta("turns") == "1"
+    store.insert_messages([message(3)], fence="turn-2")
+    store.insert_messages([message(4)])  # no turn's write: not fenced
+    backend.release_turn_lease("t", "turn-2")
+    with pytest.raises(TurnLeaseLost):  # a released lease fences too
+        store.set_meta("turns", "3", fence="turn-2")
+    assert [m.id for m in store.all_messages()] == ["m0001", "m0003", "m0004"]
+
+
 def test_one_node_is_alone(harness: Harness, rtdb: RuntimeStore) -> None:
     assert harness.backend.alone() is True
+
+
+def test_one_node_claiming_runs_is_the_only_claiming_node(harness: Harness) -> None:
+    """The nodes wake-ups rank over: this one while it claims, none when it claims nothing."""
+    backend = harness.backend
+    rtdb = backend.open()
+    assert backend.claiming_nodes() == [NODE]
+    rtdb.close()
+    backend.close()
+    front = harness.twin()  # the same data, opened by a node that claims no run
+    front.node_id, front.claims = NODE, False
+    front.open().close()
+    try:
+        assert front.claiming_nodes() == []
+    finally:
+        front.close()
 
 
 def test_replay_once_stores_no_second_replay_of_a_run(store: ThreadStore) -> None:
