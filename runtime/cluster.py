@@ -109,6 +109,7 @@ class _Order:
     buffer: dict[int, ThreadEvent | None]  # None: announced without its text
     filling: bool = False
     arrived: asyncio.Event | None = None  # set by `_offer` while a fill waits
+    probe: bool = False  # next_seq is the number before the first frame (see `_offer`)
 
 
 class ClusterNode:
@@ -157,6 +158,12 @@ class ClusterNode:
         self._idle = asyncio.Event()
         self._idle.set()
         self._order: dict[str, _Order] = {}
+        # `_caught_up`: its markers waiting to come back, and the appends begun and done.
+        self._syncs: dict[str, asyncio.Future[None]] = {}
+        self._sync_count = 0
+        self._appends_begun = 0
+        self._appends_done = 0
+        self._appended = asyncio.Event()
         self.polls = 0
         self._wake_listening = False
         self.wakeups_armed = 0
@@ -350,6 +357,7 @@ class ClusterNode:
                 await self._queued.wait()
             batch = [self._queue[i] for i in range(min(FRAME_BATCH, len(self._queue)))]
             numbered: list[ThreadEvent] = []
+            self._appends_begun += 1
             try:
                 await self._run_sync(self.bus.append_frames,
                                      [self._draft(e, numbered) for e in batch],
@@ -366,6 +374,8 @@ class ClusterNode:
             # This node's own frames go to its subscribers from the append's result: its
             # own notifications are skipped unread (`_on_frames`).
             self._deliver_own(numbered)
+            self._appends_done = self._appends_begun
+            self._appended.set()
             await asyncio.sleep(0)  # one batch per loop turn: the loop's other work goes on
 
     def _deliver_own(self, numbered: list[ThreadEvent]) -> None:
@@ -398,7 +408,12 @@ class ClusterNode:
     def _on_frames(self, payload: str) -> None:
         sender, threads = frames_header(payload)
         if sender == self.node:
-            return  # delivered from the append's result already (`_write_loop`)
+            # Delivered from the append's result already (`_write_loop`); or a marker.
+            if threads and threads[0] in self._syncs:
+                future = self._syncs[threads[0]]
+                if not future.done():
+                    future.set_result(None)
+            return
         hub = self.hub
         if not hub.subscribed_to_all:
             wanted = False
@@ -431,6 +446,12 @@ class ClusterNode:
         order = self._order.get(thread_id)
         if order is None:  # the first frame since this node subscribed
             order = self._order[thread_id] = _Order(next_seq=seq, buffer={})
+            if seq > 1:
+                # The number before it may be a frame numbered in its change's transaction
+                # and not written yet (a run's scheduled frame, this one its start): the
+                # fill looks for it, skips it if it is stored already (made before this
+                # first frame came), else waits for it as for any missing number.
+                order.next_seq, order.probe = seq - 1, True
         if seq < order.next_seq:
             return  # delivered already (a fill read it from the table), or skipped
         order.buffer[seq] = event
@@ -468,6 +489,16 @@ class ClusterNode:
                     log.warning("cluster: could not read missed frames of thread %s (%s)",
                                 thread_id, exc)
                     break
+                if order.probe:
+                    order.probe = False
+                    if rows and rows[0][0] == order.next_seq:
+                        # The number before the first frame is stored: it reached this
+                        # node before it subscribed (skipped) or is on its way (delivered).
+                        rows = rows[1:]
+                        await self._caught_up()
+                        if buffer.get(order.next_seq) is None:
+                            buffer.pop(order.next_seq, None)
+                            order.next_seq += 1
                 for seq, kind, text in rows:
                     if seq >= order.next_seq and buffer.get(seq) is None:
                         buffer[seq] = RelayedFrame(thread_id, seq, kind, text)
@@ -522,6 +553,35 @@ class ClusterNode:
             order.next_seq += 1
             if self._order.get(thread_id) is not order:
                 return
+
+    async def _caught_up(self) -> None:
+        r"""Return once every frame stored before this call reached this node (or not).
+
+        Frames of other nodes: a marker notification of this node's own on the ``frames``
+        channel (``<node>\t~sync<n>``, no frames: other nodes drop it unread) comes back
+        after every notification committed before it (PostgreSQL delivers notifications
+        in commit order). This node's own: the appends begun before are done. Waits at
+        most `GAP_WAIT_SECONDS`; a failure to send the marker ends it at once.
+        """
+        assert self._loop is not None
+        self._sync_count += 1
+        key = f"~sync{self._sync_count}"
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._syncs[key] = future
+        begun = self._appends_begun
+        try:
+            async with asyncio.timeout(GAP_WAIT_SECONDS):
+                await self._run_sync(self.bus.notify, FRAMES_CHANNEL, f"{self.node}\t{key}")
+                await future
+                while self._appends_done < begun:
+                    self._appended.clear()
+                    await self._appended.wait()
+        except TimeoutError:
+            pass
+        except Exception as exc:
+            log.warning("cluster: could not tell which frames reached this node (%s)", exc)
+        finally:
+            del self._syncs[key]
 
     def _on_frames_reconnect(self) -> None:
         # Frames announced while the bus was down are in the table: read them.
