@@ -87,6 +87,18 @@ written at once."""
 MAX_QUEUED_FRAMES = 50_000
 """Frames waiting for the database beyond this are dropped (the oldest; clients see a gap)."""
 
+GAP_WAIT_SECONDS = 2.0
+"""How long a node waits for a missing frame number before it skips it as a gap (real
+seconds). A frame numbered in its change's transaction (a run's ``scheduled``) is written
+to the ``frames`` table by its node's relay right after: until then a later frame of the
+thread, written by another node, may be there before it. Frames behind the missing one
+are held meanwhile; one that never comes (its node died between its commit and its
+relay, or it was pruned) is skipped once this passed, and its subscribers see the gap."""
+
+GAP_RECHECK_SECONDS = 0.25
+"""While waiting for a missing frame number, the ``frames`` table is read again this often
+(a frame whose notification was lost is found there)."""
+
 PRUNE_EVERY_SECONDS = 60.0
 """How often a node deletes the frames past ``frame_keep_seconds``."""
 
@@ -109,6 +121,8 @@ class _Order:
     next_seq: int
     buffer: dict[int, ThreadEvent | None]  # None: announced without its text
     filling: bool = False
+    arrived: asyncio.Event | None = None  # set by `_offer` while a fill waits
+    probe: bool = False  # next_seq is the number before the first frame (see `_offer`)
 
 
 class ClusterNode:
@@ -168,6 +182,12 @@ class ClusterNode:
         self._idle = asyncio.Event()
         self._idle.set()
         self._order: dict[str, _Order] = {}
+        # `_caught_up`: its markers waiting to come back, and the appends begun and done.
+        self._syncs: dict[str, asyncio.Future[None]] = {}
+        self._sync_count = 0
+        self._appends_begun = 0
+        self._appends_done = 0
+        self._appended = asyncio.Event()
         self.polls = 0
         self._wake_listening = False
         self.wakeups_armed = 0
@@ -367,7 +387,8 @@ class ClusterNode:
             return event_n.frame_text()
 
         kind = event.event_type if isinstance(event, RelayedFrame) else EVENT_TYPES[type(event)]
-        return FrameDraft(event.thread_id, kind, render)
+        # A seq set already was taken in the change's transaction: the frame keeps it.
+        return FrameDraft(event.thread_id, kind, render, event.seq or None)
 
     async def _write_loop(self) -> None:
         delay = _RETRY_FIRST_SECONDS
@@ -386,6 +407,7 @@ class ClusterNode:
             appended_at = loop.time()
             batch = [self._queue[i] for i in range(min(FRAME_BATCH, len(self._queue)))]
             numbered: list[ThreadEvent] = []
+            self._appends_begun += 1
             try:
                 await self._run_sync(self.bus.append_frames,
                                      [self._draft(e, numbered) for e in batch],
@@ -402,10 +424,15 @@ class ClusterNode:
             # This node's own frames go to its subscribers from the append's result: its
             # own notifications are skipped unread (`_on_frames`).
             self._deliver_own(numbered)
+            self._appends_done = self._appends_begun
+            self._appended.set()
             await asyncio.sleep(0)  # one batch per loop turn: the loop's other work goes on
 
     def _deliver_own(self, numbered: list[ThreadEvent]) -> None:
         hub = self.hub
+        # A frame numbered in its change's transaction may come after frames of its
+        # thread numbered later in the batch: each thread's frames go out in seq order.
+        numbered.sort(key=lambda e: e.seq)
         for event in numbered:
             if hub.subscribed(event.thread_id):
                 self._offer(event.thread_id, event.seq, event)
@@ -431,7 +458,12 @@ class ClusterNode:
     def _on_frames(self, payload: str) -> None:
         sender, threads = frames_header(payload)
         if sender == self._frames_sender:
-            return  # delivered from the append's result already (`_write_loop`)
+            # Delivered from the append's result already (`_write_loop`); or a marker.
+            if threads and threads[0] in self._syncs:
+                future = self._syncs[threads[0]]
+                if not future.done():
+                    future.set_result(None)
+            return
         hub = self.hub
         if not hub.subscribed_to_all:
             wanted = False
@@ -464,9 +496,17 @@ class ClusterNode:
         order = self._order.get(thread_id)
         if order is None:  # the first frame since this node subscribed
             order = self._order[thread_id] = _Order(next_seq=seq, buffer={})
+            if seq > 1:
+                # The number before it may be a frame numbered in its change's transaction
+                # and not written yet (a run's scheduled frame, this one its start): the
+                # fill looks for it, skips it if it is stored already (made before this
+                # first frame came), else waits for it as for any missing number.
+                order.next_seq, order.probe = seq - 1, True
         if seq < order.next_seq:
-            return  # delivered already (a fill read it from the table)
+            return  # delivered already (a fill read it from the table), or skipped
         order.buffer[seq] = event
+        if order.arrived is not None:
+            order.arrived.set()  # a fill waits for a missing number: maybe this one
         self._release(thread_id, order)
 
     def _release(self, thread_id: str, order: _Order) -> None:
@@ -483,19 +523,76 @@ class ClusterNode:
             self._spawn(self._fill(thread_id, order, max(buffer)))
 
     async def _fill(self, thread_id: str, order: _Order, upto: int | None) -> None:
-        try:
-            rows = await self._run_sync(self.bus.read_frames, thread_id,
-                                        order.next_seq - 1, upto)
-        except Exception as exc:
-            log.warning("cluster: could not read missed frames of thread %s (%s)",
-                        thread_id, exc)
-            rows = []
-        order.filling = False
-        for seq, kind, text in rows:
-            if seq >= order.next_seq and order.buffer.get(seq) is None:
-                order.buffer[seq] = RelayedFrame(thread_id, seq, kind, text)
+        # Read what is missing from the table; deliver what follows on; while a number
+        # is still missing, wait for it (its frame comes, or the table has it) up to
+        # `GAP_WAIT_SECONDS` from the last progress, then skip it as a gap.
+        loop = asyncio.get_running_loop()
         buffer = order.buffer
-        # Whatever is still missing up to the highest frame known was pruned: a real gap.
+        since = loop.time()
+        read = True
+        while True:
+            if read:
+                try:
+                    rows = await self._run_sync(self.bus.read_frames, thread_id,
+                                                order.next_seq - 1, upto)
+                except Exception as exc:
+                    log.warning("cluster: could not read missed frames of thread %s (%s)",
+                                thread_id, exc)
+                    break
+                if order.probe:
+                    order.probe = False
+                    if rows and rows[0][0] == order.next_seq:
+                        # The number before the first frame is stored: it reached this
+                        # node before it subscribed (skipped) or is on its way (delivered).
+                        rows = rows[1:]
+                        await self._caught_up()
+                        if buffer.get(order.next_seq) is None:
+                            buffer.pop(order.next_seq, None)
+                            order.next_seq += 1
+                for seq, kind, text in rows:
+                    if seq >= order.next_seq and buffer.get(seq) is None:
+                        buffer[seq] = RelayedFrame(thread_id, seq, kind, text)
+            if self._order.get(thread_id) is not order:
+                return  # nobody here subscribes to the thread any more
+            start = order.next_seq
+            while order.next_seq in buffer and buffer[order.next_seq] is not None:
+                event = buffer.pop(order.next_seq)
+                assert event is not None
+                order.next_seq += 1
+                self.hub.deliver_numbered(event)
+                if self._order.get(thread_id) is not order:
+                    return
+            if not buffer:
+                order.filling = False
+                order.arrived = None
+                return
+            now = loop.time()
+            if order.next_seq != start:
+                since = now
+            left = since + GAP_WAIT_SECONDS - now
+            if left <= 0:
+                # The missing numbers up to the next frame known never came (their node
+                # died before relaying them) or were pruned: a real gap.
+                while buffer and buffer.get(order.next_seq) is None:
+                    buffer.pop(order.next_seq, None)
+                    order.next_seq += 1
+                since, read = now, False
+                continue
+            if order.arrived is None:
+                order.arrived = asyncio.Event()
+            order.arrived.clear()
+            try:
+                async with asyncio.timeout(min(left, GAP_RECHECK_SECONDS)):
+                    await order.arrived.wait()
+            except TimeoutError:
+                read = True
+            else:  # a frame came: read the table only if the next one has no text
+                read = order.next_seq in buffer and buffer[order.next_seq] is None
+            upto = max(buffer) if buffer else upto
+        order.filling = False
+        order.arrived = None
+        # The table cannot be read: whatever is missing up to the highest frame known
+        # is skipped (a gap; its subscribers reload).
         while buffer:
             if order.next_seq in buffer and buffer[order.next_seq] is not None:
                 event = buffer.pop(order.next_seq)
@@ -506,6 +603,36 @@ class ClusterNode:
             order.next_seq += 1
             if self._order.get(thread_id) is not order:
                 return
+
+    async def _caught_up(self) -> None:
+        r"""Return once every frame stored before this call reached this node (or not).
+
+        Frames of other nodes: a marker notification of this node's own on the ``frames``
+        channel (``<node>\t~sync<n>``, no frames: other nodes drop it unread) comes back
+        after every notification committed before it (PostgreSQL delivers notifications
+        in commit order). This node's own: the appends begun before are done. Waits at
+        most `GAP_WAIT_SECONDS`; a failure to send the marker ends it at once.
+        """
+        assert self._loop is not None
+        self._sync_count += 1
+        key = f"~sync{self._sync_count}"
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._syncs[key] = future
+        begun = self._appends_begun
+        try:
+            async with asyncio.timeout(GAP_WAIT_SECONDS):
+                await self._run_sync(self.bus.notify, FRAMES_CHANNEL,
+                                     f"{self._frames_sender}\t{key}")
+                await future
+                while self._appends_done < begun:
+                    self._appended.clear()
+                    await self._appended.wait()
+        except TimeoutError:
+            pass
+        except Exception as exc:
+            log.warning("cluster: could not tell which frames reached this node (%s)", exc)
+        finally:
+            del self._syncs[key]
 
     def _on_frames_reconnect(self) -> None:
         # Frames announced while the bus was down are in the table: read them.

@@ -282,7 +282,7 @@ class EffectExecutor:
             self._known_effect,
         )
         actor.next_fire_known = True
-        for schedule, _ in fired:
+        for schedule, *_ in fired:
             if schedule.paused_reason is not None:
                 self.paused_reasons[schedule.id] = schedule.paused_reason
                 log.warning(

@@ -74,7 +74,11 @@ class FrameRelay(Protocol):
     """Where a hub sends its events instead of numbering them itself (`ChangeHub.relay`)."""
 
     def send(self, event: ThreadEvent) -> None:
-        """Number ``event`` across nodes and deliver it (later, in ``seq`` order)."""
+        """Number ``event`` across nodes and deliver it (later, in ``seq`` order).
+
+        An event whose ``seq`` is set (not 0) was numbered in its change's transaction:
+        it keeps that number.
+        """
 
 
 class _Feed:
@@ -378,7 +382,8 @@ class ChangeHub:
         """None: this hub numbers and delivers events itself (one process per backend).
         Set (a backend several nodes share, `runtime.cluster`): events go to the relay,
         which numbers them across nodes and hands them back through `deliver_numbered`;
-        listeners still see each event at once (with ``seq`` 0), and only this node's."""
+        listeners still see each event at once (with ``seq`` 0, or the number it took in
+        its change's transaction), and only this node's."""
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(event)`` for every event of every thread, as it is published.
@@ -419,15 +424,20 @@ class ChangeHub:
         if feed is sub._feed and not feed.subs:
             del self._feeds[sub.thread_id]
 
-    def publish(self, change: RunChange, run: EffectRun) -> EffectChanged:
+    def publish(
+        self, change: RunChange, run: EffectRun, seq: int | None = None
+    ) -> EffectChanged:
         """Number a run's change and hand it to every subscriber of its thread, without waiting.
 
         The event's run carries no args (``args`` is None): changes never expose them.
+        ``seq``: the number the change already took in its own transaction
+        (`ThreadStore.frame_seq`, with a relay only); None: numbered as usual.
         """
         bare = run if run.args is None else _without_args(run)
         return self._deliver(
             run.thread_id,
             lambda seq: EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=bare),
+            seq,
         )
 
     def publish_message(self, message: Message) -> MessageCreated:
@@ -458,10 +468,11 @@ class ChangeHub:
             ),
         )
 
-    def _deliver(self, thread_id: str, make: Callable[[int], _E]) -> _E:
+    def _deliver(self, thread_id: str, make: Callable[[int], _E], given: int | None = None,
+                 ) -> _E:
         relay = self.relay
         if relay is not None:
-            event = make(0)
+            event = make(given or 0)  # 0: the relay numbers it
             for listener in self._listeners:
                 try:
                     listener(event)

@@ -271,12 +271,16 @@ class RunOperations:
                 partial(actor.store.insert_run, hand_off_from=hand_off,
                         replay_once=replay_once), run
             )
+            # The number its frame took in the same transaction (PostgreSQL), read before
+            # the lock lets another call use the store.
+            seq = actor.store.frame_seq
         if existing is not None:
             return Scheduled(existing.id, created=False)
         if defn.concurrent and self._executor is not None:
             self._executor.poke(state.thread_id)  # it need not wait for a running run
         # Due at once behind a running run: the frame says so, as a listing would.
-        self._hub.publish(RunChange.SCHEDULED, self._waiting(actor, [run], self._now())[0])
+        self._hub.publish(RunChange.SCHEDULED, self._waiting(actor, [run], self._now())[0],
+                          seq)
         return Scheduled(run.id, created=True)
 
     def _waiting(self, actor: ThreadActor, runs: list[EffectRun], now: float) -> list[EffectRun]:

@@ -69,7 +69,7 @@ def fire_due(
     retention: RetentionPolicy,
     up_since: float = -math.inf,
     known: Callable[[str], bool] = lambda name: True,
-) -> tuple[list[tuple[Schedule, EffectRun | None]], float | None]:
+) -> tuple[list[tuple[Schedule, EffectRun | None, int | None]], float | None]:
     """Fire every due schedule of a thread's store (blocking: call off the loop).
 
     For each due schedule, its fire times from its stored ``next_fire_at`` up to ``now``
@@ -83,12 +83,13 @@ def fire_due(
     was removed) is paused instead, with a ``paused_reason``, and makes no run.
 
     Returns:
-        ``(fired, next_fire)``: ``(schedule, run)`` per schedule written (the schedule
-        after it, and its new occurrence run, or None when every due fire time was
-        skipped or it was paused), and the store's earliest next fire time afterwards
-        (None: none).
+        ``(fired, next_fire)``: ``(schedule, run, seq)`` per schedule written (the
+        schedule after it, its new occurrence run, or None when every due fire time was
+        skipped or it was paused, and the number the run's ``scheduled`` frame took in
+        the fire's transaction, `ThreadStore.frame_seq`), and the store's earliest next
+        fire time afterwards (None: none).
     """
-    out: list[tuple[Schedule, EffectRun | None]] = []
+    out: list[tuple[Schedule, EffectRun | None, int | None]] = []
     for schedule in store.due_schedules(now):
         first = schedule.next_fire_at_ts
         assert first is not None
@@ -96,7 +97,7 @@ def fire_due(
             paused = store.set_schedule_state(schedule.id, ScheduleState.PAUSED, None)
             if paused is not None:
                 out.append((replace(paused, paused_reason=f"effect not found: {paused.name}"),
-                            None))
+                            None, None))
             continue
         busy_until = -math.inf  # no previous occurrence, or it was pruned long since
         if schedule.last_run_id is not None:
@@ -139,7 +140,7 @@ def fire_due(
         if written is not None and written.next_fire_at_ts == after and (
             stored is not None or written.last_fire_at_ts == last
         ):
-            out.append((written, stored))
+            out.append((written, stored, store.frame_seq if stored is not None else None))
     return out, store.next_schedule_fire()
 
 
@@ -314,13 +315,15 @@ class ScheduleOperations:
         return removed
 
 
-def publish_fires(hub: ChangeHub, fired: list[tuple[Schedule, EffectRun | None]]) -> None:
+def publish_fires(
+    hub: ChangeHub, fired: list[tuple[Schedule, EffectRun | None, int | None]]
+) -> None:
     """Publish what `fire_due` wrote: each new run (``scheduled``), then its schedule."""
-    for schedule, run in fired:
+    for schedule, run, seq in fired:
         if schedule.paused_reason is not None:
             hub.publish_schedule(ScheduleChange.PAUSED, schedule)
         elif run is not None:
-            hub.publish(RunChange.SCHEDULED, run)
+            hub.publish(RunChange.SCHEDULED, run, seq)
             hub.publish_schedule(ScheduleChange.FIRED, schedule)
         else:
             hub.publish_schedule(ScheduleChange.SKIPPED, schedule)

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,7 +26,7 @@ import pytest
 from conftest import SERVER_APP, release
 from websockets.sync.client import connect as ws_connect
 
-from runtime import Runtime
+from runtime import Runtime, cluster
 from runtime.cluster import rank
 from runtime.effects import EffectStatus
 from runtime.events import EffectChanged, RelayedFrame, ThreadEvent
@@ -121,7 +122,8 @@ async def test_a_change_a_dead_node_never_relayed_shows_as_a_seq_gap_on_another_
             await ta.schedule_effect("note", {"text": "relayed"})
             assert [e.seq for e in await take(on_b, 3)] == [1, 2, 3]
             # Node A's relay stops before appending: the next run commits all its
-            # changes (scheduled, started, completed) and none of their frames is written.
+            # changes (scheduled, started, completed) and none of their frames is written
+            # (the schedule's statement took seq 4 for its frame; the relay never wrote it).
             assert a.cluster is not None
             a.cluster.send = lambda event: None  # type: ignore[method-assign]
             await ta.schedule_effect("note", {"text": "never relayed"})
@@ -134,10 +136,92 @@ async def test_a_change_a_dead_node_never_relayed_shows_as_a_seq_gap_on_another_
                 f"heartbeat_at = extract(epoch from now()) - 2 WHERE node_id = 'node-a'")
         await b.requeue_orphans()
         assert await asyncio.to_thread(b.storage.mark_dead_nodes_gaps) == []  # once only
-        # The next change of the thread, made on B, comes one seq after the one skipped.
+        # The next change of the thread, made on B, comes after the numbers skipped; B
+        # waits for them (GAP_WAIT_SECONDS), then delivers it.
         await (await b.get_thread(ta.thread_id)).schedule_effect("note", {"text": "x"}, 3600)
         after = await take(on_b, 1)
-    assert [e.seq for e in after] == [5]  # 4 was the dead node's: the client reloads
+    # 4 (the schedule's own number) and 5 (the skip) were the dead node's: the client reloads.
+    assert [e.seq for e in after] == [6]
+
+
+def hold_appends(rt: Runtime) -> threading.Event:
+    """Hold ``rt``'s relay in its next appends (in its storage thread) until the event is set."""
+    assert rt.cluster is not None
+    bus = rt.cluster.bus
+    append, gate = bus.append_frames, threading.Event()
+
+    def held(drafts: Any, now: float) -> list[int]:
+        assert gate.wait(GUARD)
+        return append(drafts, now)
+
+    bus.append_frames = held  # type: ignore[method-assign]
+    return gate
+
+
+def changes(events: list[ThreadEvent]) -> list[str]:
+    return [f["data"]["change"] for f in frames_of(events)]
+
+
+async def test_a_runs_scheduled_frame_comes_before_its_start_when_the_scheduling_node_relays_late(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """a schedules (its relay held), b claims and completes, c subscribes: seq follows commits.
+
+    The schedule's statement took seq 1; b's frames are 2 and 3. c holds them until a's
+    relay writes 1 (the wait for a missing number is made longer than the test's guard).
+    """
+    monkeypatch.setattr(cluster, "GAP_WAIT_SECONDS", GUARD)
+    fast = {"cluster_wake_grace_seconds": 0.1}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=0, **fast) as a, \
+            node(pg_url, tmp_path, "b", **fast) as b, \
+            node(pg_url, tmp_path, "c", max_concurrent_runs=0, **fast) as c:
+        assert c.cluster is not None
+        ta = await a.create_thread()
+        on_c = (await c.get_thread(ta.thread_id)).subscribe()
+        on_b = (await b.get_thread(ta.thread_id)).subscribe()
+        gate = hold_appends(a)
+        run_id = await ta.schedule_effect("note", {"text": "late frame"})
+        tb = await b.get_thread(ta.thread_id)
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        # c has b's frames 2 and 3 and holds them: 1 is missing.
+        await until(lambda: (o := c.cluster._order.get(ta.thread_id)) is not None  # type: ignore[union-attr]
+                    and {2, 3} <= set(o.buffer), "b's frames on c")
+        assert not on_c._buffer and not on_b._buffer  # nothing delivered out of order
+        gate.set()
+        got_c, got_b = await take(on_c, 3), await take(on_b, 3)
+    for got in (got_c, got_b):
+        assert [e.seq for e in got] == [1, 2, 3]
+        assert changes(got) == ["scheduled", "started", "completed"]
+
+
+async def test_a_scheduled_frame_its_node_never_relays_is_skipped_after_the_wait(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """a's relay never writes the run's scheduled frame (seq 1) while b runs the run.
+
+    c waits `GAP_WAIT_SECONDS` (short here), skips 1 (its client reloads), delivers 2 and 3;
+    when 1 comes after all, it is dropped: the next frame c delivers is 4.
+    """
+    monkeypatch.setattr(cluster, "GAP_WAIT_SECONDS", 0.2)
+    fast = {"cluster_wake_grace_seconds": 0.1}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=0, **fast) as a, \
+            node(pg_url, tmp_path, "b", **fast) as b, \
+            node(pg_url, tmp_path, "c", max_concurrent_runs=0, **fast) as c:
+        ta = await a.create_thread()
+        on_c = (await c.get_thread(ta.thread_id)).subscribe()
+        gate = hold_appends(a)
+        await ta.schedule_effect("note", {"text": "never relayed"})
+        got = await take(on_c, 2)
+        assert [e.seq for e in got] == [2, 3]
+        assert changes(got) == ["started", "completed"]
+        gate.set()  # 1 comes too late: dropped
+        assert a.cluster is not None and await a.cluster.flush(GUARD)
+        await (await b.get_thread(ta.thread_id)).schedule_effect("note", {"text": "x"}, 3600)
+        after = await take(on_c, 1)
+    assert [e.seq for e in after] == [4]
+    assert changes(after) == ["scheduled"]
 
 
 async def test_frames_missed_while_the_listening_connection_was_down_are_read_back(

@@ -218,6 +218,7 @@ def test_a_dead_nodes_recent_threads_skip_one_frame_seq_once(
     assert ra.add_thread(old)
     so = a.create_thread_store(old)
     sa.insert_run(new_run("r1"))
+    assert sa.frame_seq == 1  # its scheduled frame's number, taken by the insert
     _, claimed, _ = sa.finish_and_claim(None, T0 + 1)  # attempt still open on node a
     assert claimed is not None
     so.insert_run(replace(new_run("r2", run_at=1_000.0), thread_id="old"))
@@ -228,7 +229,7 @@ def test_a_dead_nodes_recent_threads_skip_one_frame_seq_once(
                         1_001.0, claim=False)
     url, schema = split_schema(pg_url)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"INSERT INTO {schema}.frame_counters VALUES ('t', 7)")
+        conn.execute(f"UPDATE {schema}.frame_counters SET last_seq = 7 WHERE thread_id = 't'")
         # Node a closed cleanly (lease 0, its frames flushed): nothing to account for.
         conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = 0 "
                      f"WHERE node_id = 'node-a'")
@@ -273,7 +274,7 @@ def test_a_node_restarting_under_its_id_skips_a_frame_seq_for_its_previous_proce
         try:
             rows = conn.execute(f"SELECT thread_id, last_seq FROM {schema}.frame_counters"
                                 ).fetchall()
-            assert rows == [("t", 1)]
+            assert rows == [("t", 2)]  # 1: the run's scheduled frame; 2: the skip
             assert again.mark_dead_nodes_gaps() == []
         finally:
             store2.close()
@@ -284,7 +285,7 @@ def test_a_node_restarting_under_its_id_skips_a_frame_seq_for_its_previous_proce
         store3.close()
         third.close()
         rows = conn.execute(f"SELECT last_seq FROM {schema}.frame_counters").fetchall()
-    assert rows == [(1,)]
+    assert rows == [(2,)]
 
 
 def test_the_third_interrupted_attempt_of_dead_nodes_fails_the_run(

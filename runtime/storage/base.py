@@ -154,9 +154,17 @@ class ThreadStore(ABC):
             ``"paused"`` (the thread is paused in the store: another process paused it),
             ``"busy"`` (another node runs one of its runs now), or None. Always None on
             SQLite and memory (one process: the runtime's own state says both).
+        frame_seq: The frame number (``seq``) the last `insert_run` or `fire_schedule` of
+            this store took, in the transaction that stored the new run, for that run's
+            ``scheduled`` frame, on a backend whose frames are numbered in the database
+            (PostgreSQL: the thread's ``frame_counters`` row); None when it stored no run.
+            The caller reads it right after the call, before another call on the store,
+            and publishes the frame with that ``seq`` (docs/scale-out.md, "Frames across
+            nodes"). Always None on SQLite and memory (the change hub numbers frames).
     """
 
     claim_blocked: str | None = None
+    frame_seq: int | None = None
 
     @abstractmethod
     def insert_run(
@@ -1090,7 +1098,9 @@ class ClusterBus(ABC):
 
         Each thread's frames get the next numbers of its counter, shared by every node
         (the counter's row is locked until commit, so a thread's numbers follow commit
-        order across nodes). Each frame is stored (`read_frames`, until `prune_frames`)
+        order across nodes); a draft with its ``seq`` given (numbered in its change's
+        transaction) is stored with that number and leaves the counter alone. Each frame
+        is stored (`read_frames`, until `prune_frames`)
         and announced on the ``frames`` channel when the transaction commits: one
         notification carries as many frames as fit (`decode_frames` reads it); a frame
         too large to fit is announced without its text, to be read from the table.
@@ -1154,6 +1164,9 @@ class FrameDraft:
     thread_id: str
     kind: str
     render: Callable[[int], str]
+    seq: int | None = None
+    """The number the frame already took in its change's transaction (`ThreadStore.
+    frame_seq`), or None: `ClusterBus.append_frames` numbers it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,7 +188,8 @@ class PostgresClusterBus(ClusterBus):
             return []
         counts: dict[str, int] = {}
         for d in drafts:
-            counts[d.thread_id] = counts.get(d.thread_id, 0) + 1
+            if d.seq is None:  # a draft numbered in its change's transaction keeps it
+                counts[d.thread_id] = counts.get(d.thread_id, 0) + 1
         threads = sorted(counts)
         # Every thread's counter in one statement (in thread-id order, so two nodes'
         # batches never lock counters in opposite orders), then the frames and their
@@ -204,13 +205,16 @@ class PostgresClusterBus(ClusterBus):
                     "frame_counters.last_seq + excluded.last_seq RETURNING thread_id, last_seq",
                     (threads, [counts[t] for t in threads]),
                 ).fetchall()
-            }
+            } if threads else {}
             seqs: list[int] = []
             columns: tuple[list[str], list[int], list[str], list[str]] = ([], [], [], [])
             announced: list[AnnouncedFrame] = []
             for d in drafts:
-                seq = nxt[d.thread_id]
-                nxt[d.thread_id] = seq + 1
+                if d.seq is not None:
+                    seq = d.seq
+                else:
+                    seq = nxt[d.thread_id]
+                    nxt[d.thread_id] = seq + 1
                 text = d.render(seq)
                 seqs.append(seq)
                 for column, value in zip(columns, (d.thread_id, seq, d.kind, text),
@@ -219,10 +223,12 @@ class PostgresClusterBus(ClusterBus):
                 announced.append(AnnouncedFrame(d.thread_id, seq, d.kind, text))
             # The arrays go in binary (%b): in text form psycopg escapes every quote of
             # every frame's JSON with a regular expression, most of the append's CPU.
+            # A frame numbered in its change's transaction and stored already (a batch
+            # retried after a commit whose answer was lost) is not stored twice.
             cur.execute(
                 "WITH ins AS (INSERT INTO frames (thread_id, frame_seq, kind, frame, "
                 "created_at) SELECT t, s, k, f, %s FROM unnest(%b::text[], %b::bigint[], "
-                "%b::text[], %b::text[]) AS u(t, s, k, f)) "
+                "%b::text[], %b::text[]) AS u(t, s, k, f) ON CONFLICT DO NOTHING) "
                 "SELECT pg_notify(%s, p) FROM unnest(%b::text[]) p",
                 (now, *columns, self._name(FRAMES_CHANNEL),
                  encode_frames(self.sender, announced)),

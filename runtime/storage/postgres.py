@@ -205,7 +205,10 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
     successor wins over the running run it hands off from), which is then returned
     instead of inserting the run (all columns null if none); with ``trace``, the run's
     trace context is inserted too; with ``wake``, the wake-up `PostgresClusterBus.wake_in`
-    would send is sent (``%(channel)s``, ``%(payload)s``) if the run was inserted.
+    would send is sent (``%(channel)s``, ``%(payload)s``) if the run was inserted. Its
+    last column is the frame number the run's ``scheduled`` frame takes (the thread's
+    ``frame_counters`` row raised by one in the same statement: `ThreadStore.frame_seq`),
+    null when nothing was inserted.
     """
     ctes = []
     if keyed:
@@ -216,7 +219,9 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
         values = f"SELECT {_NEW_RUN_VALUES} WHERE NOT EXISTS (SELECT 1 FROM live)"
     else:
         values = f"VALUES ({_NEW_RUN_VALUES})"
-    ctes.append(f"ins AS (INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) {values} RETURNING id)")
+    ctes.append(f"ins AS (INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) {values} "
+                f"RETURNING id, thread_id)")
+    ctes.append(f"fc AS ({_TAKE_FRAME_SEQ})")
     if trace:
         ctes.append("tr AS (INSERT INTO run_traces (thread_id, run_id, context) "
                     "SELECT %(t)s, id, %(trace)s FROM ins)")
@@ -232,9 +237,19 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
         ctes.append("wk AS (SELECT 1 FROM ins, LATERAL pg_notify(%(channel)s, %(payload)s) n)")
     woken = "(SELECT count(*) FROM wk)" if wake else "0"
     if keyed:
-        return (f"WITH {', '.join(ctes)} SELECT live.*, {woken} "
+        return (f"WITH {', '.join(ctes)} SELECT live.*, {woken}, (SELECT last_seq FROM fc) "
                 f"FROM (SELECT 1) one LEFT JOIN live ON true")
-    return f"WITH {', '.join(ctes)} SELECT {woken}"
+    return f"WITH {', '.join(ctes)} SELECT {woken}, (SELECT last_seq FROM fc)"
+
+
+_TAKE_FRAME_SEQ = (
+    "INSERT INTO frame_counters (thread_id, last_seq) SELECT thread_id, 1 FROM ins "
+    "ON CONFLICT (thread_id) DO UPDATE SET last_seq = frame_counters.last_seq + 1 "
+    "RETURNING last_seq"
+)
+"""Raise the thread's frame counter by one for each row of ``ins`` (the new run): the
+number its ``scheduled`` frame takes, in the run's own transaction, so that no other
+node's frame of that run (its claim, which commits later) is numbered before it."""
 
 
 _FINISH_RUN = (
@@ -751,6 +766,7 @@ class PostgresThreadStore(ThreadStore):
     def insert_run(  # noqa: D102 - contract in base
         self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
     ) -> EffectRun | None:
+        self.frame_seq = None
         if replay_once and run.replay_of is not None:
             # A replay made once across nodes: its checks need the original's row
             # lock, so it is a transaction of its own (not the one statement below).
@@ -773,7 +789,7 @@ class PostgresThreadStore(ThreadStore):
                         live = _row_to_run(self.thread_id, row)
                         if live.status is EffectStatus.PENDING or live.id != hand_off_from:
                             return live
-                self._insert_run_in(c, run)
+                self.frame_seq = self._insert_run_in(c, run)
                 return None
 
             return self._tx(tx)
@@ -793,19 +809,25 @@ class PostgresThreadStore(ThreadStore):
         sql = _insert_run_sql(keyed=run.key is not None,
                               trace=run.trace_context is not None, wake=wake)
         row = self._tx(lambda c: c.execute(sql, params).fetchone(), single=True)
-        if run.key is None or row is None or row[0] is None:
+        assert row is not None
+        if row[-1] is not None:
+            self.frame_seq = int(row[-1])
+        if run.key is None or row[0] is None:
             return None
-        return _row_to_run(self.thread_id, row[:-1])
+        return _row_to_run(self.thread_id, row[:-2])
 
-    def _insert_run_in(self, c: Cursor, run: EffectRun) -> None:
+    def _insert_run_in(self, c: Cursor, run: EffectRun) -> int:
+        """Insert ``run`` in the caller's transaction; the frame number it took."""
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
-        c.execute(
-            "INSERT INTO effect_runs (thread_id, id, name, status, args, run_at, "
-            "created_at, attempts, replay_of, key, schedule_id) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s)",
+        row = c.execute(
+            f"WITH ins AS (INSERT INTO effect_runs (thread_id, id, name, status, args, "
+            f"run_at, created_at, attempts, replay_of, key, schedule_id) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, %s, 0, %s, %s, %s) RETURNING thread_id) "
+            f"{_TAKE_FRAME_SEQ}",
             (self.thread_id, run.id, run.name, str(run.status), args, run.run_at_ts,
              run.created_at_ts, run.replay_of, run.key, run.schedule_id),
-        )
+        ).fetchone()
+        assert row is not None
         c.execute(_LOWER_ALARM, (self.thread_id, run.run_at_ts))
         if run.run_at_ts - run.created_at_ts <= WAKE_WITHIN_SECONDS:
             # Due soon: tell every node now. Later runs are found by the nodes' alarm
@@ -816,6 +838,7 @@ class PostgresThreadStore(ThreadStore):
                 "INSERT INTO run_traces (thread_id, run_id, context) VALUES (%s, %s, %s)",
                 (self.thread_id, run.id, run.trace_context),
             )
+        return int(row[0])
 
     # ------------------------------------------------------------ recurring schedules
 
@@ -917,6 +940,8 @@ class PostgresThreadStore(ThreadStore):
         last_fire_at: float,
         next_fire_at: float | None,
     ) -> tuple[Schedule | None, EffectRun | None]:
+        self.frame_seq = None
+
         def tx(c: Cursor) -> tuple[Schedule | None, EffectRun | None]:
             c.execute(  # one fire at a time: the row is locked until this commits
                 "SELECT 1 FROM schedules WHERE thread_id = %s AND id = %s FOR UPDATE",
@@ -931,7 +956,7 @@ class PostgresThreadStore(ThreadStore):
                 return current, None
             stored = None
             if run is not None:
-                self._insert_run_in(c, replace(run, schedule_id=schedule_id))
+                self.frame_seq = self._insert_run_in(c, replace(run, schedule_id=schedule_id))
                 stored = self._with_trace(c, self._one(
                     c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %s "
                     f"AND id = %s", (self.thread_id, run.id),
