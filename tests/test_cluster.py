@@ -188,7 +188,7 @@ async def test_a_runs_scheduled_frame_comes_before_its_start_when_the_scheduling
         # c has b's frames 2 and 3 and holds them: 1 is missing.
         await until(lambda: (o := c.cluster._order.get(ta.thread_id)) is not None  # type: ignore[union-attr]
                     and {2, 3} <= set(o.buffer), "b's frames on c")
-        assert not on_c._buffer and not on_b._buffer  # nothing delivered out of order
+        assert on_c.pending == 0 and on_b.pending == 0  # nothing delivered out of order
         gate.set()
         got_c, got_b = await take(on_c, 3), await take(on_b, 3)
     for got in (got_c, got_b):
