@@ -431,9 +431,15 @@ class ClusterNode:
     def _deliver_own(self, numbered: list[ThreadEvent]) -> None:
         hub = self.hub
         # A frame numbered in its change's transaction may come after frames of its
-        # thread numbered later in the batch: each thread's frames go out in seq order.
-        numbered.sort(key=lambda e: e.seq)
+        # thread numbered later in the batch: each thread's frames go out in seq order,
+        # in the places its frames held in the batch (other threads' frames keep theirs,
+        # so a stream of every thread sees the changes in the order they were made).
+        by_thread: dict[str, list[ThreadEvent]] = {}
         for event in numbered:
+            by_thread.setdefault(event.thread_id, []).append(event)
+        for events in by_thread.values():
+            events.sort(key=lambda e: e.seq, reverse=True)
+        for event in [by_thread[e.thread_id].pop() for e in numbered]:
             if hub.subscribed(event.thread_id):
                 self._offer(event.thread_id, event.seq, event)
             else:
