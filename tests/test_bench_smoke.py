@@ -143,10 +143,16 @@ def test_bench_postgres_small_runs_and_prints_the_table() -> None:
 
 def test_bench_postgres_skips_a_peer_without_its_venv_and_says_how_to_make_it(
         tmp_path: Path) -> None:
+    # A peers_bench folder of its own: the checkout may live anywhere (a CI clone has no
+    # ../shared next to it).
+    peers = tmp_path / "peers_bench"
+    peers.mkdir()
+    (peers / "harness.py").write_text("")
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_postgres.py"), "--runs", "20",
          "--threads", "2", "--spread", "0.2", "--processes", "1", "--json",
-         "--peers", "procrastinate,dbos", "--peers-venvs", str(tmp_path)],
+         "--peers", "procrastinate,dbos", "--peers-venvs", str(tmp_path),
+         "--peers-dir", str(peers)],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
