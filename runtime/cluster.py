@@ -515,15 +515,28 @@ class ClusterNode:
             order.arrived.set()  # a fill waits for a missing number: maybe this one
         self._release(thread_id, order)
 
-    def _release(self, thread_id: str, order: _Order) -> None:
-        if order.filling:
-            return
+    def _deliver_ready(self, thread_id: str, order: _Order) -> bool:
+        """Deliver the buffered frames that follow on from ``order.next_seq``, in order.
+
+        Returns:
+            False if nobody here subscribes to the thread any more (``order`` replaced).
+        """
         buffer = order.buffer
         while order.next_seq in buffer and buffer[order.next_seq] is not None:
             event = buffer.pop(order.next_seq)
             assert event is not None
             order.next_seq += 1
             self.hub.deliver_numbered(event)
+            if self._order.get(thread_id) is not order:
+                return False
+        return True
+
+    def _release(self, thread_id: str, order: _Order) -> None:
+        if order.filling:
+            return
+        if not self._deliver_ready(thread_id, order):
+            return
+        buffer = order.buffer
         if buffer:  # a gap, or a frame announced without its text: read the table
             order.filling = True
             self._spawn(self._fill(thread_id, order, max(buffer)))
@@ -561,13 +574,8 @@ class ClusterNode:
             if self._order.get(thread_id) is not order:
                 return  # nobody here subscribes to the thread any more
             start = order.next_seq
-            while order.next_seq in buffer and buffer[order.next_seq] is not None:
-                event = buffer.pop(order.next_seq)
-                assert event is not None
-                order.next_seq += 1
-                self.hub.deliver_numbered(event)
-                if self._order.get(thread_id) is not order:
-                    return
+            if not self._deliver_ready(thread_id, order):
+                return
             if not buffer:
                 order.filling = False
                 order.arrived = None
