@@ -23,7 +23,14 @@ from runtime import Runtime
 from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import DataDirLocked
-from runtime.storage.base import Finish, FrameDraft, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.base import (
+    Finish,
+    FrameDraft,
+    RunQuery,
+    RuntimeStore,
+    ThreadInfo,
+    ThreadStore,
+)
 from runtime.storage.postgres import PostgresBackend, split_schema
 
 APP = Path(__file__).parent / "apps" / "core"
@@ -309,6 +316,79 @@ def test_the_third_interrupted_attempt_of_dead_nodes_fails_the_run(
     assert "gave up after 3 attempts" in (changed.error or "")
     sa.close()
     sb.close()
+
+
+def _indexed(store: RuntimeStore) -> dict[str, str]:
+    runs, _ = store.list_indexed_runs(RunQuery(), T0, _keep(), 100)
+    return {r.id: str(r.status) for r in runs}
+
+
+def test_a_dead_nodes_stale_run_index_rows_are_rewritten_by_the_node_accounting_for_it(
+    two_nodes: Any, pg_url: str,
+) -> None:
+    # Node a writes its index rows in batches after its runs commit: killed in between,
+    # the rows of its last changes stay as they were (or missing) unless another node
+    # rewrites them when it finds node a dead.
+    (a, ra), (b, rb) = two_nodes
+    sa, _ = thread_on_both(a, ra, b)
+    u = ThreadInfo(id="u", created_at_ts=1_000.0)
+    assert ra.add_thread(u)
+    su = a.create_thread_store(u)
+    su.insert_run(replace(new_run("r3", run_at=2_000.0), thread_id="u",
+                          created_at_ts=1_000.0))
+    pending = su.get_run("r3", T0, _keep())
+    assert pending is not None
+    sa.insert_run(new_run("r1"))
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    ra.index_runs([claimed, pending])  # the last batch node a wrote
+    sa.finish_and_claim(Finish("r1", EffectStatus.COMPLETED, None, T0 + 2, attempt=1),
+                        T0 + 2, claim=False)
+    sa.insert_run(new_run("r2", run_at=T0 + 5))  # scheduled, never indexed
+    assert su.cancel("r3", T0) is not None  # canceled: its row still says pending
+    assert _indexed(rb) == {"r1": "running", "r3": "pending"}
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
+                     f"extract(epoch from now()) - 1 WHERE node_id = 'node-a'")
+    b.mark_dead_nodes_gaps()
+    assert _indexed(rb) == {"r1": "completed", "r2": "pending", "r3": "canceled"}
+    (r1,), _ = rb.list_indexed_runs(RunQuery(thread_id="t", statuses=(EffectStatus.COMPLETED,)),
+                                    T0, _keep(), 10)
+    assert (r1.attempts, r1.finished_at_ts) == (1, T0 + 2)
+    for store in (sa, su):
+        store.close()
+
+
+def test_a_node_restarting_under_its_id_rewrites_its_previous_processes_stale_index_rows(
+    pg_url: str,
+) -> None:
+    first = PostgresBackend(pg_url, node_id="node-x")
+    rx = first.open()
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    assert rx.add_thread(info)
+    store = first.create_thread_store(info)
+    store.insert_run(new_run("r1"))
+    _, claimed, _ = store.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    rx.index_runs([claimed])
+    store.finish_and_claim(Finish("r1", EffectStatus.COMPLETED, None, T0 + 2, attempt=1),
+                           T0 + 2, claim=False)
+    store.close()
+    rx.close()
+    first.close()
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        # As if killed: its lease still live (a clean close set it to 0).
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
+                     f"extract(epoch from now()) + 30 WHERE node_id = 'node-x'")
+    again = PostgresBackend(pg_url, node_id="node-x")
+    store2 = again.open()
+    try:
+        assert _indexed(store2) == {"r1": "completed"}
+    finally:
+        store2.close()
+        again.close()
 
 
 # ------------------------------------------------------------------ runtimes

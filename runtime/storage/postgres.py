@@ -2217,7 +2217,10 @@ class PostgresBackend(StorageBackend):
                     "SELECT heartbeat_at FROM nodes WHERE node_id = %s AND "
                     "lease_expires_at > 0 FOR UPDATE", (self.node_id,)).fetchone()
                 if prev is not None:
-                    self._skip_frame_seqs(conn.cursor(), str(self.node_id), float(prev[0]))
+                    cur = conn.cursor()
+                    skipped = self._skip_frame_seqs(cur, str(self.node_id), float(prev[0]))
+                    self._repair_run_index(cur, [t for t, _ in skipped],
+                                           float(prev[0]) - self.lease_seconds)
                 self._upsert_node(conn)
         except _db_error() as exc:
             raise RuntimeStorageError(f"{where} cannot be used: {exc}") from exc
@@ -2403,7 +2406,62 @@ class PostgresBackend(StorageBackend):
             ).fetchall()
             for node_id, heartbeat_at in dead:
                 skipped.extend(self._skip_frame_seqs(c, node_id, float(heartbeat_at)))
+            if dead:
+                since = min(float(h) for _, h in dead) - self.lease_seconds
+                self._repair_run_index(c, [t for t, _ in skipped], since)
         return skipped
+
+    def _repair_run_index(self, c: Cursor, thread_ids: list[str], since: float) -> int:
+        """Rewrite the run index rows a dead node's lost last batch may have left stale.
+
+        A node writes its runs' index rows in batches after their own commits
+        (`runtime.run_index`): one killed in between leaves rows saying what the run was
+        before (``running`` for a run it completed, ``pending`` for one it canceled) or no
+        row at all (a run it scheduled), and no node would ever write them again. Rewritten
+        from ``effect_runs``: every run of ``thread_ids`` (the threads in which the dead node
+        held an attempt, `_skip_frame_seqs`), every run whose ``pending`` or ``running``
+        index row says another status, and every run created at or after ``since``
+        (seconds, UTC) with no index row. The runs read are locked (``FOR SHARE``) until
+        the caller's transaction commits, so a later change of one commits after this
+        rewrite and its node's index write comes after it (never the other way round).
+
+        Returns:
+            How many index rows were written.
+        """
+        stale = c.execute(
+            "SELECT DISTINCT i.thread_id FROM run_index i JOIN effect_runs r "
+            "ON r.thread_id = i.thread_id AND r.id = i.run_id "
+            "WHERE i.status IN ('pending', 'running') AND r.status <> i.status "
+            "UNION SELECT DISTINCT r.thread_id FROM effect_runs r WHERE r.created_at >= %s "
+            "AND NOT EXISTS (SELECT 1 FROM run_index i WHERE i.thread_id = r.thread_id "
+            "AND i.run_id = r.id)",
+            (since,),
+        ).fetchall()
+        threads = sorted({*thread_ids, *(str(t) for (t,) in stale)})
+        if not threads:
+            return 0
+        written = c.execute(
+            f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
+            f"SELECT r.id, r.thread_id, r.name, r.status, r.run_at, r.created_at, "
+            f"r.started_at, r.finished_at, r.attempts, r.error, r.replay_of, r.key, "
+            f"r.canceled_by, r.schedule_id, t.user_id "
+            f"FROM effect_runs r JOIN threads t ON t.id = r.thread_id "
+            f"WHERE r.thread_id = ANY(%s) ORDER BY r.thread_id, r.id FOR SHARE OF r "
+            f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
+            f"run_at = excluded.run_at, started_at = excluded.started_at, "
+            f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
+            f"error = excluded.error, canceled_by = excluded.canceled_by "
+            f"WHERE (run_index.status, run_index.run_at, run_index.started_at, "
+            f"run_index.finished_at, run_index.attempts, run_index.error, "
+            f"run_index.canceled_by) IS DISTINCT FROM (excluded.status, excluded.run_at, "
+            f"excluded.started_at, excluded.finished_at, excluded.attempts, excluded.error, "
+            f"excluded.canceled_by)",
+            (threads,),
+        ).rowcount
+        if written:
+            log.warning("rewrote %d run index row(s) of %d thread(s) a dead node may have "
+                        "left stale", written, len(threads))
+        return written
 
     def _skip_frame_seqs(self, c: Cursor, node_id: str,
                          heartbeat_at: float) -> list[tuple[str, int]]:
