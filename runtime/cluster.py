@@ -15,7 +15,8 @@ A runtime whose backend has a `runtime.storage.base.ClusterBus` (PostgreSQL) run
   (the backend does it). The node that scheduled it has its own timer; the first-ranked of
   the *other* live nodes arms the thread at due + grace (`AlarmIndex.hint`), so a run
   whose scheduling node cannot take it (busy, dying) still starts within the grace, and
-  no other node stirs.
+  no other node stirs. A run scheduled (or run now, replayed) on a node that claims no
+  run is not that node's to take: the first-ranked live node arms the thread at due.
 - **Alarms horizon and the safety net.** Every ``poll_seconds`` the node reads the alarm
   rows due within its horizon (``load_alarms(until=now + horizon)``) and hints those it
   did not know at that value: the first-ranked live node at due + grace, the second at
@@ -264,10 +265,14 @@ class ClusterNode:
             return
         if sender == self.node or not self.claims:
             return  # this node armed it when it scheduled the run, or runs nothing
-        others = [n for n in self.live_nodes() if n != sender]
+        live = self.live_nodes()
+        others = [n for n in live if n != sender]
         if not others or rank(others, thread_id)[0] != self.node:
             return
-        self._spawn(self._hint(thread_id, due_at, due_at + self.grace_seconds, None))
+        # A sender that claims no run (an API front, ``max_concurrent_runs`` 0) never
+        # takes it: no grace to leave it, the first-ranked node wakes the thread at due.
+        grace = self.grace_seconds if sender in live else 0.0
+        self._spawn(self._hint(thread_id, due_at, due_at + grace, None))
 
     def _on_wake_reconnect(self) -> None:
         if not self._wake_listening:  # the first time: the poll loop's first poll does it

@@ -149,7 +149,9 @@ class Settings(BaseModel):
         cluster_wake_grace_seconds: With a shared backend, how long after a run's due
             time a node other than the one that scheduled it wakes the thread (the first
             one of a rendezvous ranking of the live nodes; the second after twice this):
-            the node that scheduled it claims it first, others only if it did not.
+            the node that scheduled it claims it first, others only if it did not. None
+            if that node claims no run (``max_concurrent_runs`` 0): the first one wakes
+            the thread at its due time.
         frame_keep_seconds: With a shared backend, how long frames are kept in the
             database for nodes whose clients missed one (docs/scale-out.md).
     """

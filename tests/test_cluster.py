@@ -462,6 +462,42 @@ async def test_a_node_that_claims_no_run_is_never_ranked_to_wake_a_thread(
     assert [x.node_id for x in attempts] == ["node-c"]
 
 
+async def test_a_run_scheduled_on_a_node_that_claims_none_wakes_a_claiming_node_at_due(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """f claims nothing (an API front); w is the only node that claims.
+
+    f's runs are never f's to take, so w must not leave f a grace (an hour here; the poll
+    is an hour away too): scheduled with no delay, run now and replayed through f, each
+    run completes on w.
+    """
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 3600.0}
+    async with node(pg_url, tmp_path, "f", max_concurrent_runs=0, **slow) as f, \
+            node(pg_url, tmp_path, "w", **slow) as w:
+        assert f.cluster is not None and w.cluster is not None
+        await w.cluster.poll()
+        tf = await f.create_thread()
+        tw = await w.get_thread(tf.thread_id)
+
+        async def completed(run_id: str) -> None:
+            async with asyncio.timeout(GUARD):
+                while (await tw.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                    await asyncio.sleep(0.02)
+
+        now = await tf.schedule_effect("note", {"text": "now"})
+        await completed(now)
+        later = await tf.schedule_effect("note", {"text": "in an hour"}, 3600)
+        await until(lambda: w.dispatcher.state(tf.thread_id) is None, "w's drain")
+        await tf.run_now(later)
+        await completed(later)
+        again = await tf.replay(now)
+        await completed(again)
+        for run_id in (now, later, again):
+            attempts = await tw.get_run_attempts(run_id)
+            assert [x.node_id for x in attempts] == ["node-w"]
+        assert f.cluster.wakeups_armed == 0
+
+
 async def test_a_node_keeps_timers_only_for_the_alarms_due_within_its_horizon(
     pg_url: str, tmp_path: Path,
 ) -> None:
