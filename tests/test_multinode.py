@@ -210,6 +210,14 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
             assert res.status_code == 200, res.text
             details[i] = res.json()
 
+    # Every survivor's run index lists every run completed: a batch of index rows the
+    # killed node lost (written after its runs' commits) was rewritten by the survivor
+    # that found it dead.
+    with httpx.Client(timeout=30) as client:
+        for node in survivors:
+            counts = client.get(f"{node.url}/api/runs", params={"limit": 1}).json()["counts"]
+            assert counts["completed"] == runs == sum(counts.values()), counts
+
     executions = cluster.read_executions()
     starts: dict[int, list[dict[str, Any]]] = defaultdict(list)
     ends: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -1414,7 +1414,10 @@ class StorageBackend(ABC):
         attempt still open or ended within one lease period before its last heartbeat, and
         marks the node accounted for, in one transaction (two live nodes never both do it).
         The next frame of such a thread comes one ``seq`` later: its subscribers see a gap
-        and reload. One process per backend (SQLite, memory): always empty, nothing to do.
+        and reload. The same transaction rewrites from the runs themselves the run index
+        rows such a node's lost last batch may have left stale (`RuntimeStore.index_runs`;
+        docs/scale-out.md, "The run index in the crash window"). One process per backend
+        (SQLite, memory): always empty, nothing to do.
 
         Returns:
             ``(thread_id, seq)`` for every ``seq`` skipped so.
