@@ -360,6 +360,42 @@ def test_a_dead_nodes_stale_run_index_rows_are_rewritten_by_the_node_accounting_
         store.close()
 
 
+def test_the_index_rewrite_for_a_dead_node_skips_a_run_being_changed_never_waits(
+    two_nodes: Any, pg_url: str,
+) -> None:
+    # Waiting for a run's row another transaction holds could deadlock with a run's
+    # transaction; the node changing it writes its index row after its commit anyway.
+    from concurrent.futures import ThreadPoolExecutor
+
+    (a, ra), (b, rb) = two_nodes
+    sa, _ = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    ra.index_runs([claimed])
+    sa.finish_and_claim(Finish("r1", EffectStatus.COMPLETED, None, T0 + 2, attempt=1),
+                        T0 + 2, claim=False)
+    sa.insert_run(new_run("r2", run_at=T0 + 5))
+    pending = sa.get_run("r2", T0, _keep())
+    assert pending is not None
+    ra.index_runs([pending])
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn, \
+            psycopg.connect(url) as other, ThreadPoolExecutor(1) as pool:
+        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
+                     f"extract(epoch from now()) - 1 WHERE node_id = 'node-a'")
+        # A live node is canceling r2: its row is locked until that transaction ends.
+        other.execute(f"UPDATE {schema}.effect_runs SET status = 'canceled', "
+                      f"finished_at = %s WHERE thread_id = 't' AND id = 'r2'", (T0,))
+        accounted = pool.submit(b.mark_dead_nodes_gaps)
+        try:
+            accounted.result(timeout=30)  # a guard against a hang, not a measurement
+        finally:
+            other.commit()
+    assert _indexed(rb) == {"r1": "completed", "r2": "pending"}
+    sa.close()
+
+
 def test_a_node_restarting_under_its_id_rewrites_its_previous_processes_stale_index_rows(
     pg_url: str,
 ) -> None:

@@ -2423,7 +2423,11 @@ class PostgresBackend(StorageBackend):
         index row says another status, and every run created at or after ``since``
         (seconds, UTC) with no index row. The runs read are locked (``FOR SHARE``) until
         the caller's transaction commits, so a later change of one commits after this
-        rewrite and its node's index write comes after it (never the other way round).
+        rewrite and its node's index write comes after it (never the other way round). A
+        run another transaction is changing (its row locked) is skipped, never waited for:
+        the node changing it writes its index row after that change commits, and a wait
+        here could deadlock with a run's transaction locking the thread's rows in another
+        order.
 
         Returns:
             How many index rows were written.
@@ -2446,7 +2450,8 @@ class PostgresBackend(StorageBackend):
             f"r.started_at, r.finished_at, r.attempts, r.error, r.replay_of, r.key, "
             f"r.canceled_by, r.schedule_id, t.user_id "
             f"FROM effect_runs r JOIN threads t ON t.id = r.thread_id "
-            f"WHERE r.thread_id = ANY(%s) ORDER BY r.thread_id, r.id FOR SHARE OF r "
+            f"WHERE r.thread_id = ANY(%s) ORDER BY r.thread_id, r.id "
+            f"FOR SHARE OF r SKIP LOCKED "
             f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
             f"run_at = excluded.run_at, started_at = excluded.started_at, "
             f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
