@@ -747,6 +747,15 @@ class PostgresThreadStore(ThreadStore):
         self._closed = False
         self._swept_at: float | None = None
         self._records_swept_at: float | None = None
+        # The earliest due time this store knows of a pending run of the thread: a run it
+        # inserted, or what a claim that found nothing read as due next (None: unknown).
+        # A claim with nothing to finish skips its probe when this is due (see
+        # `finish_and_claim`); it is a hint only, the claim itself checks the rows.
+        self._due_seen: float | None = None
+
+    def _saw_due(self, due_at: float) -> None:
+        if self._due_seen is None or due_at < self._due_seen:
+            self._due_seen = due_at
 
     def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False) -> T:
         """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement."""
@@ -924,12 +933,14 @@ class PostgresThreadStore(ThreadStore):
         assert row is not None
         if row[-1] is not None:
             self.frame_seq = int(row[-1])
+            self._saw_due(run.run_at_ts)
         if run.key is None or row[0] is None:
             return None
         return _row_to_run(self.thread_id, row[:-2])
 
     def _insert_run_in(self, c: Cursor, run: EffectRun) -> int:
         """Insert ``run`` in the caller's transaction; the frame number it took."""
+        self._saw_due(run.run_at_ts)
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         row = c.execute(
             f"WITH ins AS (INSERT INTO effect_runs (thread_id, id, name, status, args, "
@@ -1188,15 +1199,25 @@ class PostgresThreadStore(ThreadStore):
             return finished, claimed, None
 
         self.claim_blocked = None
-        if finish is None and claim:
-            # Nothing to write unless a run is due: probe first with one read.
+        hinted = only_names is None and self._due_seen is not None and self._due_seen <= now
+        if finish is None and claim and not hinted:
+            # Nothing to write unless a run is due: probe first with one read (skipped
+            # when this store knows of a run due by now: the claim would follow anyway).
             probe = self._tx(lambda c: c.execute(f"SELECT {nexts}", params).fetchone(),
                              single=True)
             assert probe is not None
             run_due, fire = probe
+            if only_names is None:
+                self._due_seen = run_due
             if run_due is None or run_due > now:
                 return None, None, next_due(run_due, fire)
-        return self._tx(tx)
+        result = self._tx(tx)
+        if only_names is None and claim:
+            # What is due next as the claim read it when it found nothing; after a claim,
+            # unknown (the drain finishes the run with another claim, which reads it).
+            self._due_seen = result[2] if result[1] is None and \
+                self.claim_blocked is None else None
+        return result
 
     def recover_interrupted(  # noqa: D102 - contract in base
         self,
