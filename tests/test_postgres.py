@@ -172,3 +172,77 @@ def test_a_schema_version_of_zero_is_reported_as_such(pg_url: str) -> None:
         backend.close()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+def test_a_failed_transaction_commits_nothing_and_its_connection_serves_the_next(
+    pg_url: str,
+) -> None:
+    from runtime.storage.base import ThreadInfo
+
+    backend = PostgresBackend(pg_url, pool_size=1)  # one connection: the next call reuses it
+    rtdb = backend.open()
+    try:
+        assert rtdb.add_thread(ThreadInfo(id="a", created_at_ts=1.0))
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            with backend.transaction() as cur:
+                cur.execute("UPDATE threads SET created_at = 2.0 WHERE id = 'a'")
+                cur.execute("SELECT 1 / 0")
+        with pytest.raises(KeyError):  # an error of the caller's code, not the database's
+            with backend.transaction() as cur:
+                cur.execute("UPDATE threads SET created_at = 3.0 WHERE id = 'a'")
+                raise KeyError("x")
+        with backend.transaction() as cur:
+            cur.execute("UPDATE threads SET user_id = 'u' WHERE id = 'a'")
+        info = rtdb.get_thread("a")
+        assert info is not None and (info.created_at_ts, info.user_id) == (1.0, "u")
+    finally:
+        rtdb.close()
+        backend.close()
+
+
+def test_a_claim_that_skips_its_probe_still_sees_what_another_node_did(pg_url: str) -> None:
+    """A thread store that inserted a due run claims without probing first; another node
+    may have run it (nothing to claim, the next due read) or be running one (busy)."""
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.storage.base import Finish, ThreadInfo
+
+    def run(run_id: str, due: float) -> EffectRun:
+        return EffectRun(id=run_id, thread_id="a", name="note", status=EffectStatus.PENDING,
+                         args={"text": "x"}, run_at_ts=due, created_at_ts=1.0)
+
+    one, two = PostgresBackend(pg_url, node_id="n1"), PostgresBackend(pg_url, node_id="n2")
+    rtdb = one.open()
+    rtdb2 = two.open()
+    try:
+        info = ThreadInfo(id="a", created_at_ts=1.0)
+        assert rtdb.add_thread(info)
+        here, there = one.create_thread_store(info), two.create_thread_store(info)
+        assert here.insert_run(run("r1", 2.0)) is None  # this store knows r1 is due at 2
+        _, claimed, _ = there.finish_and_claim(None, 3.0)
+        assert claimed is not None and claimed.id == "r1"
+        # The other node runs r1: the claim here is refused as busy.
+        assert here.finish_and_claim(None, 3.0) == (None, None, None)
+        assert here.claim_blocked == "busy"
+        assert there.insert_run(run("r2", 9.0)) is None
+        finished, claimed, next_due = there.finish_and_claim(
+            Finish("r1", EffectStatus.COMPLETED, None, 4.0), 4.0)
+        assert finished is not None and claimed is None and next_due == 9.0
+        assert here.insert_run(run("r3", 5.0)) is None
+        _, claimed, _ = there.finish_and_claim(None, 5.0)
+        assert claimed is not None and claimed.id == "r3"
+        finished, claimed, next_due = there.finish_and_claim(
+            Finish("r3", EffectStatus.COMPLETED, None, 5.0), 5.0)
+        assert finished is not None and finished.id == "r3"
+        assert (claimed, next_due) == (None, 9.0)
+        # r3 ran on the other node: here nothing is claimed, and the next due is read.
+        assert here.finish_and_claim(None, 6.0) == (None, None, 9.0)
+        assert here.claim_blocked is None
+        _, claimed, _ = here.finish_and_claim(None, 9.0)
+        assert claimed is not None and claimed.id == "r2"
+        here.close()
+        there.close()
+    finally:
+        rtdb2.close()
+        rtdb.close()
+        two.close()
+        one.close()

@@ -150,6 +150,43 @@ def _adapters() -> Any:
     return adapters
 
 
+@contextmanager
+def _plain_transaction(conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
+    """One transaction on an autocommit connection: ``BEGIN``, the block, ``COMMIT``.
+
+    As ``conn.transaction()`` without savepoint bookkeeping: ``BEGIN`` and ``COMMIT`` go
+    through libpq directly (a blocking call in C, the GIL released), where psycopg's
+    transaction block cost about a tenth of a short transaction's client CPU. If the
+    block raises, the transaction is rolled back (`psycopg.Connection.rollback`, which
+    also forgets the statements prepared in it) and the error goes on.
+
+    Raises:
+        psycopg.Error: ``BEGIN`` or ``COMMIT`` failed (the connection lost, a deferred
+            check), or the block's own error.
+    """
+    _command(conn, b"BEGIN")
+    try:
+        yield
+    except BaseException:
+        if not conn.broken:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+        raise
+    _command(conn, b"COMMIT")
+
+
+def _command(conn: psycopg.Connection[tuple[Any, ...]], command: bytes) -> None:
+    """Run a parameterless command through libpq; raise its error as psycopg does."""
+    from psycopg import errors, pq
+
+    result = conn.pgconn.exec_(command)
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        if conn.pgconn.status == pq.ConnStatus.BAD:
+            raise errors.OperationalError(
+                f"the connection was lost: {pq.error_message(conn.pgconn)}")
+        raise errors.error_from_result(result, encoding=conn.info.encoding)
+
+
 def _db_error() -> type[Exception]:
     """`psycopg.Error`, imported when first needed (in a storage thread, never at import).
 
@@ -170,6 +207,20 @@ _INDEX_COLUMNS = (
     "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
     "attempts, error, replay_of, key, canceled_by, schedule_id"
 )
+_INDEX_RUNS = (
+    f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
+    f"SELECT u.*, t.user_id FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
+    f"%b::float8[], %b::float8[], %b::float8[], %b::float8[], %b::bigint[], %b::text[], "
+    f"%b::text[], %b::text[], %b::text[], %b::text[]) AS u({_INDEX_COLUMNS}) "
+    f"JOIN threads t ON t.id = u.thread_id ORDER BY u.thread_id, u.run_id "
+    f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
+    f"run_at = excluded.run_at, started_at = excluded.started_at, "
+    f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
+    f"error = excluded.error, canceled_by = excluded.canceled_by"
+)
+"""Index entries of runs, one statement: arrays of each `_INDEX_COLUMNS` column (one
+element per run, unique (thread, run), sorted by them); a run whose thread is not
+registered is skipped."""
 _SCHEDULE_COLUMNS = (
     "id, name, args, cron, timezone, every_seconds, state, next_fire_at, created_at, "
     "key, occurrences, skipped, last_run_id, last_fire_at"
@@ -181,9 +232,14 @@ _THREAD_COLUMNS = (
     "coalesce(last_activity_at, created_at)"
 )
 _TOUCH = (
-    "UPDATE threads SET last_activity_at = GREATEST(coalesce(last_activity_at, created_at), %s) "
-    "WHERE id = %s"
+    "WITH l AS (SELECT t.id, u.ts FROM threads t JOIN unnest(%b::text[], %b::float8[]) "
+    "AS u(id, ts) ON t.id = u.id ORDER BY t.id FOR UPDATE OF t) "
+    "UPDATE threads SET last_activity_at = GREATEST(coalesce(last_activity_at, created_at), "
+    "l.ts) FROM l WHERE threads.id = l.id"
 )
+"""Move threads' activity forward, one statement for all (arrays of ids and times, ids
+unique): the rows are locked in id order first, so two such statements (or one and a
+thread's own transaction) never lock them in opposite orders."""
 _FINISHED = tuple(str(s) for s in FINISHED_STATUSES)
 
 _NEW_RUN_COLUMNS = (
@@ -267,6 +323,62 @@ _FINISH_RUN = (
 """A run's outcome in one statement: the run row (only if it is still ``running`` in the
 given attempt), its trace context dropped, its attempt ended; answers the run's columns
 (no row if it was not running) and the thread's finished runs as of before the statement."""
+
+_RUN_WIDTH = len(_RUN_COLUMNS.split(","))
+"""How many columns `_RUN_COLUMNS` are."""
+
+
+@functools.cache
+def _claim_sql(*, finishing: bool, named: bool) -> str:
+    """`PostgresThreadStore.finish_and_claim`'s statement once the thread's row is locked.
+
+    Its one row: whether the thread is paused, whether another node runs a run of it;
+    with ``finishing``, the finished run's columns (all null if it was not running in the
+    given attempt) and the thread's finished runs as of before the statement; then the
+    claimed run's columns (all null if none was claimed: nothing due, or a check said
+    no), its trace context, the earliest pending run's due time and (unless ``named``)
+    the earliest active schedule's fire. With ``named`` only runs whose name is in
+    ``%(names)s`` are claimed and looked at.
+    """
+    where = " AND name = ANY(%(names)s)" if named else ""
+    ctes = [
+        "chk AS (SELECT EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = %(t)s) "
+        "AS paused, EXISTS (SELECT 1 FROM effect_runs r " + _ATTEMPT_JOIN + " WHERE "
+        "r.thread_id = %(t)s AND r.status = 'running' AND a.node_id IS DISTINCT FROM "
+        "%(node)s) AS busy)",
+    ]
+    if finishing:
+        ctes.append(_FINISH_RUN.removeprefix("WITH ").split(" SELECT f.*, ")[0])
+    ctes.append(
+        f"c AS (UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
+        f"started_at = %(now)s WHERE thread_id = %(t)s AND seq = (SELECT seq FROM "
+        f"effect_runs WHERE thread_id = %(t)s AND status = 'pending' AND run_at <= %(now)s"
+        f"{where} ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AND NOT (SELECT "
+        f"paused OR busy FROM chk) RETURNING {_RUN_COLUMNS})")
+    ctes.append(
+        "a AS (INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome, "
+        "node_id) SELECT %(t)s, id, attempts, %(now)s, 'running', %(node)s FROM c "
+        "ON CONFLICT (thread_id, run_id, attempt) DO UPDATE SET started_at = "
+        "excluded.started_at, ended_at = NULL, outcome = 'running', error = NULL, "
+        "node_id = excluded.node_id)")
+    finished = ""
+    joins = ""
+    if finishing:
+        finished = (
+            "f.*, CASE WHEN f.id IS NOT NULL THEN (SELECT count(*) FROM effect_runs WHERE "
+            "thread_id = %(t)s AND status IN (" + ", ".join(repr(x) for x in _FINISHED)
+            + ")) END, ")
+        joins = " LEFT JOIN f ON true"
+    fire = "NULL::float8" if named else (
+        "(SELECT min(next_fire_at) FROM schedules WHERE thread_id = %(t)s "
+        "AND state = 'active')")
+    return (
+        f"WITH {', '.join(ctes)} SELECT chk.paused, chk.busy, {finished}c.*, "
+        f"(SELECT context FROM run_traces t WHERE t.thread_id = %(t)s AND t.run_id = c.id), "
+        f"(SELECT min(run_at) FROM effect_runs WHERE thread_id = %(t)s AND status = "
+        f"'pending'{where}), {fire} FROM chk{joins} LEFT JOIN c ON true"
+    )
+
 
 _INDEX_COMPLETE = "run_index_complete"
 
@@ -635,6 +747,15 @@ class PostgresThreadStore(ThreadStore):
         self._closed = False
         self._swept_at: float | None = None
         self._records_swept_at: float | None = None
+        # The earliest due time this store knows of a pending run of the thread: a run it
+        # inserted, or what a claim that found nothing read as due next (None: unknown).
+        # A claim with nothing to finish skips its probe when this is due (see
+        # `finish_and_claim`); it is a hint only, the claim itself checks the rows.
+        self._due_seen: float | None = None
+
+    def _saw_due(self, due_at: float) -> None:
+        if self._due_seen is None or due_at < self._due_seen:
+            self._due_seen = due_at
 
     def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False) -> T:
         """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement."""
@@ -812,12 +933,14 @@ class PostgresThreadStore(ThreadStore):
         assert row is not None
         if row[-1] is not None:
             self.frame_seq = int(row[-1])
+            self._saw_due(run.run_at_ts)
         if run.key is None or row[0] is None:
             return None
         return _row_to_run(self.thread_id, row[:-2])
 
     def _insert_run_in(self, c: Cursor, run: EffectRun) -> int:
         """Insert ``run`` in the caller's transaction; the frame number it took."""
+        self._saw_due(run.run_at_ts)
         args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
         row = c.execute(
             f"WITH ins AS (INSERT INTO effect_runs (thread_id, id, name, status, args, "
@@ -1012,84 +1135,89 @@ class PostgresThreadStore(ThreadStore):
         def next_due(run_due: float | None, fire: float | None) -> float | None:
             return fire if run_due is None else run_due if fire is None else min(run_due, fire)
 
+        def finished_row(row: Sequence[Any]) -> EffectRun | None:
+            # The finish's columns then the thread's finished runs before the statement.
+            return None if row[0] is None else _row_to_run(self.thread_id, row[:-1])
+
         def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             self.claim_blocked = None
-            blocked = None
-            if claim:
-                # The thread's row serializes claims across nodes; a paused thread, or
-                # one another node runs a run of, is not claimed from. Read in a statement
-                # of its own once the lock is held: under READ COMMITTED a statement sees
-                # the data as of its start, so a check made in the statement that waited
-                # for the lock would miss the run the lock's last holder just claimed.
-                locked = c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE",
-                                   (self.thread_id,)).fetchone()
-                row = None if locked is None else c.execute(
-                    f"SELECT EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = %s), "
-                    f"EXISTS (SELECT 1 FROM effect_runs r {_ATTEMPT_JOIN} "
-                    f"WHERE r.thread_id = %s AND r.status = 'running' "
-                    f"AND a.node_id IS DISTINCT FROM %s)",
-                    (self.thread_id, self.thread_id, self._backend.node_id),
-                ).fetchone()
-                if row is None:
-                    blocked = "deleted"
-                elif row[0]:
-                    blocked = "paused"
-                elif row[1]:
-                    blocked = "busy"
-            finished = None
-            if finish is not None:
-                # One statement: the run's outcome, its trace dropped, its attempt ended,
-                # and the thread's finished runs counted (as of before this statement,
-                # so the run finished here is one more).
-                out = c.execute(_FINISH_RUN, {
-                    "t": self.thread_id, "id": finish.run_id, "attempt": finish.attempt,
-                    "status": str(finish.status), "error": finish.error,
-                    "at": finish.finished_at, "by": finish.canceled_by,
-                }).fetchone()
-                if out is not None and out[0] is not None:
-                    finished = _row_to_run(self.thread_id, out[:-1])
-                    if retention is not None:
-                        self._prune_in(c, now, retention, finished_count=int(out[-1]) + 1)
-            if not claim:
+            finish_params = None if finish is None else {
+                "id": finish.run_id, "attempt": finish.attempt,
+                "status": str(finish.status), "error": finish.error,
+                "at": finish.finished_at, "by": finish.canceled_by,
+            }
+            # The thread's row serializes claims across nodes. What is checked with it
+            # (paused, another node running a run of the thread) is read by a statement
+            # after the one that took the lock: under READ COMMITTED a statement sees the
+            # data as of its start, so a check made in the statement that waited for the
+            # lock would miss the run the lock's last holder just claimed.
+            locked = claim and c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE",
+                                         (self.thread_id,)).fetchone() is not None
+            if not locked:
+                # Not claiming (or the thread is deleted): only the outcome is written.
+                finished = None
+                if finish_params is not None:
+                    out = c.execute(_FINISH_RUN, {"t": self.thread_id, **finish_params}
+                                    ).fetchone()
+                    if out is not None and out[0] is not None:
+                        finished = _row_to_run(self.thread_id, out[:-1])
+                        if retention is not None:
+                            self._prune_in(c, now, retention,
+                                           finished_count=int(out[-1]) + 1)
+                if claim:
+                    self.claim_blocked = "paused"  # deleted: nothing is claimed
                 return finished, None, None
-            if blocked is not None:
-                self.claim_blocked = "paused" if blocked == "deleted" else blocked
-                return finished, None, None
-            # One statement: the claim, its attempt row, its trace context, and what is
-            # due next if nothing was (the pending runs as of before the claim: none).
+            # One statement: the checks, the outcome (its trace dropped, its attempt
+            # ended), and, unless a check blocks it, the claim with its attempt row, its
+            # trace context and what is due next if nothing was (the pending runs as of
+            # before the claim: none due).
             out = c.execute(
-                f"WITH c AS (UPDATE effect_runs SET status = 'running', attempts = "
-                f"attempts + 1, started_at = %(now)s WHERE thread_id = %(t)s AND seq = "
-                f"(SELECT seq FROM effect_runs WHERE thread_id = %(t)s AND status = "
-                f"'pending' AND run_at <= %(now)s{where} ORDER BY run_at, seq LIMIT 1 "
-                f"FOR UPDATE SKIP LOCKED) RETURNING {_RUN_COLUMNS}), "
-                f"a AS (INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, "
-                f"outcome, node_id) SELECT %(t)s, id, attempts, %(now)s, 'running', "
-                f"%(node)s FROM c ON CONFLICT (thread_id, run_id, attempt) DO UPDATE SET "
-                f"started_at = excluded.started_at, ended_at = NULL, outcome = 'running', "
-                f"error = NULL, node_id = excluded.node_id) "
-                f"SELECT c.*, (SELECT context FROM run_traces t WHERE t.thread_id = %(t)s "
-                f"AND t.run_id = c.id), {nexts} FROM (SELECT 1) one LEFT JOIN c ON true",
-                params,
+                _claim_sql(finishing=finish_params is not None,
+                           named=only_names is not None),
+                {**params, **(finish_params or {})},
             ).fetchone()
             assert out is not None
-            if out[0] is None:
-                return finished, None, next_due(out[-2], out[-1])
-            claimed = _row_to_run(self.thread_id, out[:-3])
-            if out[-3] is not None:
-                claimed = replace(claimed, trace_context=out[-3])
+            paused, busy = out[0], out[1]
+            finished = None
+            at = 2
+            if finish_params is not None:
+                finished = finished_row(out[at:at + _RUN_WIDTH + 1])
+                at += _RUN_WIDTH + 1
+                if finished is not None and retention is not None:
+                    self._prune_in(c, now, retention,
+                                   finished_count=int(out[at - 1]) + 1)
+            if paused or busy:
+                self.claim_blocked = "paused" if paused else "busy"
+                return finished, None, None
+            claim_row = out[at:at + _RUN_WIDTH]
+            trace, run_due, fire = out[at + _RUN_WIDTH:]
+            if claim_row[0] is None:
+                return finished, None, next_due(run_due, fire)
+            claimed = _row_to_run(self.thread_id, claim_row)
+            if trace is not None:
+                claimed = replace(claimed, trace_context=trace)
             return finished, claimed, None
 
         self.claim_blocked = None
-        if finish is None and claim:
-            # Nothing to write unless a run is due: probe first with one read.
+        hinted = only_names is None and self._due_seen is not None and self._due_seen <= now
+        if finish is None and claim and not hinted:
+            # Nothing to write unless a run is due: probe first with one read (skipped
+            # when this store knows of a run due by now: the claim would follow anyway).
             probe = self._tx(lambda c: c.execute(f"SELECT {nexts}", params).fetchone(),
                              single=True)
             assert probe is not None
             run_due, fire = probe
+            if only_names is None:
+                self._due_seen = run_due
             if run_due is None or run_due > now:
                 return None, None, next_due(run_due, fire)
-        return self._tx(tx)
+        result = self._tx(tx)
+        if only_names is None and claim:
+            # What is due next as the claim read it when it found nothing; after a claim,
+            # unknown (the drain finishes the run with another claim, which reads it).
+            self._due_seen = result[2] if result[1] is None and \
+                self.claim_blocked is None else None
+        return result
 
     def recover_interrupted(  # noqa: D102 - contract in base
         self,
@@ -1583,8 +1711,9 @@ class PostgresRuntimeStore(RuntimeStore):
 
     def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
         if activity:
-            rows = [(ts, tid) for tid, ts in activity.items()]
-            self._tx(lambda c: c.executemany(_TOUCH, rows))
+            ids = sorted(activity)
+            params = (ids, [float(activity[t]) for t in ids])
+            self._tx(lambda c: c.execute(_TOUCH, params), single=True)
 
     def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
         def tx(c: Cursor) -> bool:
@@ -1613,32 +1742,27 @@ class PostgresRuntimeStore(RuntimeStore):
     def index_runs(self, runs: Sequence[EffectRun]) -> None:  # noqa: D102
         if not runs:
             return
-        rows = [
+        # One row per run (the last given wins), in key order, and the threads' rows
+        # below in id order: two batches (or a batch and a thread's own transaction) lock
+        # rows in one order, never in opposite orders (a deadlock the server breaks by
+        # failing one of them). Each is one statement over arrays: a row costs the
+        # client a few microseconds, where a statement per row cost tens.
+        by_key = {(r.thread_id, r.id): r for r in runs}
+        ordered = [by_key[k] for k in sorted(by_key)]
+        columns = tuple(list(c) for c in zip(*(
             (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
              r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
-             r.canceled_by, r.schedule_id, r.thread_id)
-            # In key order, and the threads' rows below in id order: two batches (or a
-            # batch and a thread's own transaction) lock rows in one order, never in
-            # opposite orders (a deadlock the server breaks by failing one of them).
-            for r in sorted(runs, key=lambda r: (r.thread_id, r.id))
-        ]
+             r.canceled_by, r.schedule_id)
+            for r in ordered), strict=True))
         latest: dict[str, float] = {}
         for r in runs:
             ts = max(r.created_at_ts, r.started_at_ts or 0.0, r.finished_at_ts or 0.0)
             latest[r.thread_id] = max(ts, latest.get(r.thread_id, ts))
+        ids = sorted(latest)
 
         def tx(c: Cursor) -> None:
-            c.executemany(
-                f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
-                f"SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, t.user_id "
-                f"FROM threads t WHERE t.id = %s "
-                f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
-                f"run_at = excluded.run_at, started_at = excluded.started_at, "
-                f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
-                f"error = excluded.error, canceled_by = excluded.canceled_by",
-                rows,
-            )
-            c.executemany(_TOUCH, [(latest[tid], tid) for tid in sorted(latest)])
+            c.execute(_INDEX_RUNS, columns)
+            c.execute(_TOUCH, (ids, [latest[t] for t in ids]))
 
         self._tx(tx)
 
@@ -2132,9 +2256,12 @@ class PostgresBackend(StorageBackend):
         try:
             with pool.connection(timeout=wait) as conn:
                 try:
-                    with (contextlib.nullcontext() if single else conn.transaction(),
-                          conn.cursor() as cur):
-                        yield cur
+                    if single:
+                        with conn.cursor() as cur:
+                            yield cur
+                    else:
+                        with _plain_transaction(conn), conn.cursor() as cur:
+                            yield cur
                 except _db_error() as exc:
                     if conn.broken:
                         raise DatabaseUnavailable(

@@ -1390,6 +1390,21 @@ def indexed(thread_id: str, n: int, **kw: object) -> EffectRun:
     return EffectRun(**fields)  # type: ignore[arg-type]
 
 
+def test_an_index_batch_holding_one_run_twice_keeps_its_last_state(rtdb: RuntimeStore) -> None:
+    # The indexer keeps one state per run, but the contract takes any batch: the later
+    # state of a run wins, and the thread's activity moves to the latest time given.
+    rtdb.add_thread(ThreadInfo(id="a", created_at_ts=T0))
+    first = indexed("a", 1)
+    done = replace(first, status=EffectStatus.COMPLETED, attempts=1,
+                   started_at_ts=T0 + 5, finished_at_ts=T0 + 6)
+    rtdb.index_runs([first, indexed("a", 2), done])
+    page, _ = rtdb.list_indexed_runs(RunQuery(thread_id="a"), T0, KEEP, 10)
+    assert [(r.id, r.status, r.attempts) for r in page] == [
+        ("x0002", EffectStatus.PENDING, 0), ("x0001", EffectStatus.COMPLETED, 1)]
+    info = rtdb.get_thread("a")
+    assert info is not None and info.last_activity_ts == T0 + 6
+
+
 def test_the_run_index_lists_across_threads_newest_first_with_filters(
     rtdb: RuntimeStore,
 ) -> None:
