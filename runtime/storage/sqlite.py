@@ -62,11 +62,13 @@ log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 8
+THREAD_SCHEMA_VERSION = 9
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
 ``effect_records`` table; 4: a run's ``key`` and ``canceled_by``; 5: the ``run_traces``
 table; 6: the ``run_attempts`` table; 7: the ``schedules`` table and a run's
-``schedule_id``; 8: the node that ran each attempt, ``run_attempts.node_id``)."""
+``schedule_id``; 8: the node that ran each attempt, ``run_attempts.node_id``; 9: fewer
+pages written per run: ``run_attempts`` ``WITHOUT ROWID``, runs without a key left out of
+the pending-key index)."""
 
 RUNTIME_SCHEMA_VERSION = 6
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
