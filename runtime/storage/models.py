@@ -43,6 +43,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlmodel import Field, SQLModel
 
@@ -492,9 +493,12 @@ def migration_ddl(
     return statements
 
 
-def _rebuild_ddl(table: Table, dialect: sqlite.dialect) -> list[str]:
-    """Statements that rebuild ``table`` as defined now, its rows kept (SQLite's own recipe
-    for a change ``ALTER TABLE`` cannot make; run inside the migration's transaction)."""
+def _rebuild_ddl(table: Table, dialect: Dialect) -> list[str]:
+    """Statements that rebuild ``table`` as defined now, its rows kept.
+
+    SQLite's own recipe for a change ``ALTER TABLE`` cannot make; the migration runs them
+    in its transaction.
+    """
     new = f"{table.name}__new"
     copy = Table(new, MetaData(), *(c._copy() for c in table.columns), **table.dialect_kwargs)
     names = ", ".join(dialect.identifier_preparer.quote(c.name) for c in table.columns)
