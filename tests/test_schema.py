@@ -84,6 +84,25 @@ def test_the_migrated_schema_is_the_models_schema() -> None:
     assert shape(migrated) == shape(fresh)
 
 
+def test_a_new_thread_file_gets_the_current_schema_in_one_step(tmp_path: Path) -> None:
+    """A new file runs the models' DDL (not the migrations one by one, which would rebuild
+    tables of later steps for nothing) and is stamped with the current version."""
+    assert schema.THREAD_DDL == tuple(models.sqlite_ddl(*models.THREAD_MODELS))
+    store = sqlite.SQLiteThreadStore("t", tmp_path / "t.sqlite", create=True)
+    store.close()
+    conn = sqlite3.connect(tmp_path / "t.sqlite")
+    expected = sqlite3.connect(":memory:")
+    for statement in schema.THREAD_DDL:
+        expected.execute(statement)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite.THREAD_SCHEMA_VERSION
+        query = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"
+        assert conn.execute(query).fetchall() == expected.execute(query).fetchall()
+    finally:
+        conn.close()
+        expected.close()
+
+
 def test_a_version_8_thread_file_is_rebuilt_with_fewer_pages_per_run(tmp_path: Path) -> None:
     """Version 9 rebuilds ``run_attempts`` ``WITHOUT ROWID`` (its rows kept) and leaves runs
     without a key out of the pending-key index, which still holds a key once."""

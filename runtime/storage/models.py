@@ -776,6 +776,11 @@ def schema_source() -> str:
                 out.append("    (\n" + "".join(f"        {x}\n" for x in literal) + "    ),\n")
         out.append(")\n")
         out.append(f'"""Table ``{_table(model).name}`` and its indexes ({model.__name__})."""\n\n')
+    out.append("THREAD_DDL: tuple[str, ...] = (\n"
+               + "".join(f"    *{_constant(m)},\n" for m in THREAD_MODELS) + ")\n")
+    out.append('"""A new thread file\'s whole schema at the current version (the tables of '
+               'the thread models\nand their indexes), created in one step instead of '
+               'replaying the migrations."""\n\n')
     out.append(_migrations("THREAD_MIGRATIONS", THREAD_MIGRATION_MODELS,
                            THREAD_MIGRATION_COLUMNS, THREAD_MIGRATION_REBUILDS,
                            THREAD_MIGRATION_INDEXES))

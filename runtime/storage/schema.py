@@ -223,6 +223,18 @@ RUNTIME_META_DDL: tuple[str, ...] = (
 )
 """Table ``runtime_meta`` and its indexes (RuntimeMetaRow)."""
 
+THREAD_DDL: tuple[str, ...] = (
+    *THREAD_META_DDL,
+    *EFFECT_RUNS_DDL,
+    *MESSAGES_DDL,
+    *EFFECT_RECORDS_DDL,
+    *RUN_TRACES_DDL,
+    *RUN_ATTEMPTS_DDL,
+    *SCHEDULES_DDL,
+)
+"""A new thread file's whole schema at the current version (the tables of the thread models
+and their indexes), created in one step instead of replaying the migrations."""
+
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (
         (
