@@ -163,3 +163,21 @@ def test_bench_postgres_skips_a_peer_without_its_venv_and_says_how_to_make_it(
         assert str(tmp_path / venv) in row["skipped"] and "setup.sh" in row["skipped"]
         assert f"| {peer} (" in result.stdout
     assert "| thread-effects (1 process) |" in result.stdout
+
+
+def test_bench_commits_prints_a_line_per_thread_count_and_a_drain_writes_four_pages() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_commits.py"), "--threads", "1,2",
+         "--runs", "40", "--synchronous", "NORMAL"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["threads"] for line in lines] == [1, 2]
+    for line in lines:
+        assert set(line) == {"threads", "synchronous", "floor", "insert", "drain"}
+        # Thread schema 9: a finish + claim writes the run's row and index pages and one
+        # run_attempts page (4 pages of 4 KiB plus WAL frame headers), where schema 8
+        # wrote 6 (the attempt's rowid table and key index, the pending-key index).
+        assert line["drain"]["written_kib"] < 20, line
+        assert line["insert"]["written_kib"] < 24, line

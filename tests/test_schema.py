@@ -31,14 +31,15 @@ def test_the_checked_in_schema_is_what_the_models_generate() -> None:
 
 
 def test_the_migrations_are_the_models_ddl_step_by_step() -> None:
-    for generated, steps, columns in (
+    for generated, steps, columns, rebuilds, indexes in (
         (schema.THREAD_MIGRATIONS, models.THREAD_MIGRATION_MODELS,
-         models.THREAD_MIGRATION_COLUMNS),
+         models.THREAD_MIGRATION_COLUMNS, models.THREAD_MIGRATION_REBUILDS,
+         models.THREAD_MIGRATION_INDEXES),
         (schema.RUNTIME_MIGRATIONS, models.RUNTIME_MIGRATION_MODELS,
-         models.RUNTIME_MIGRATION_COLUMNS),
+         models.RUNTIME_MIGRATION_COLUMNS, None, None),
     ):
         assert generated == {
-            n: tuple(models.migration_ddl(n, steps, columns)) for n in steps
+            n: tuple(models.migration_ddl(n, steps, columns, rebuilds, indexes)) for n in steps
         }
     assert sqlite.THREAD_MIGRATIONS is schema.THREAD_MIGRATIONS
     assert sqlite.RUNTIME_MIGRATIONS is schema.RUNTIME_MIGRATIONS
@@ -74,10 +75,97 @@ def test_the_migrated_schema_is_the_models_schema() -> None:
             "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
         columns = {t: [r[1:] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
         indexes = sorted(r for r in conn.execute(
-            "SELECT name, tbl_name FROM sqlite_master WHERE type='index' AND sql IS NOT NULL"))
-        return tables, columns, indexes
+            "SELECT name, tbl_name, sql FROM sqlite_master WHERE type='index' "
+            "AND sql IS NOT NULL"))
+        without_rowid = sorted(r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND sql LIKE '%WITHOUT ROWID'"))
+        return tables, columns, indexes, without_rowid
 
     assert shape(migrated) == shape(fresh)
+
+
+def test_a_new_thread_file_gets_the_current_schema_in_one_step(tmp_path: Path) -> None:
+    """A new file runs the models' DDL (not the migrations one by one, which would rebuild
+    tables of later steps for nothing) and is stamped with the current version."""
+    assert schema.THREAD_DDL == tuple(models.sqlite_ddl(*models.THREAD_MODELS))
+    store = sqlite.SQLiteThreadStore("t", tmp_path / "t.sqlite", create=True)
+    store.close()
+    conn = sqlite3.connect(tmp_path / "t.sqlite")
+    expected = sqlite3.connect(":memory:")
+    for statement in schema.THREAD_DDL:
+        expected.execute(statement)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite.THREAD_SCHEMA_VERSION
+        query = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"
+        assert conn.execute(query).fetchall() == expected.execute(query).fetchall()
+    finally:
+        conn.close()
+        expected.close()
+
+
+def test_a_version_8_thread_file_is_rebuilt_with_fewer_pages_per_run(tmp_path: Path) -> None:
+    """Version 9 rebuilds ``run_attempts`` ``WITHOUT ROWID`` (its rows kept) and leaves runs
+    without a key out of the pending-key index, which still holds a key once."""
+    path = tmp_path / "t.sqlite"
+    conn = sqlite3.connect(path)
+    for step in range(8):
+        for statement in schema.THREAD_MIGRATIONS[step]:
+            conn.execute(statement)
+    # The index as versions 4 to 8 created it (every pending run in it, keyed or not).
+    conn.execute("DROP INDEX ix_effect_runs_pending_key")
+    conn.execute("CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") "
+                 "WHERE status = 'pending'")
+    conn.execute("INSERT INTO thread_meta VALUES ('thread_id', 't')")
+    conn.execute(
+        "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, attempts, "
+        "\"key\") VALUES ('done', 'a.note', 'completed', NULL, 100.0, 90.0, 2, NULL), "
+        "('keyed', 'a.note', 'pending', NULL, 300.0, 90.0, 0, 'daily')"
+    )
+    conn.execute(
+        "INSERT INTO run_attempts (run_id, attempt, started_at, ended_at, outcome, error, "
+        "node_id) VALUES ('done', 1, 100.0, 101.0, 'failed', 'boom', 'n1'), "
+        "('done', 2, 110.0, 111.0, 'completed', NULL, 'n2')"
+    )
+    conn.execute("PRAGMA user_version=8")
+    conn.commit()
+    conn.close()
+
+    store = sqlite.SQLiteThreadStore("t", path)
+    try:
+        assert [(a.attempt, a.started_at_ts, a.ended_at_ts, a.outcome, a.error, a.node_id)
+                for a in store.run_attempts("done")] == [
+            (1, 100.0, 101.0, "failed", "boom", "n1"), (2, 110.0, 111.0, "completed", None, "n2")
+        ]
+        held = store.insert_run(EffectRun(
+            id="again", thread_id="t", name="a.note", status=EffectStatus.PENDING, args=None,
+            run_at_ts=400.0, created_at_ts=390.0, key="daily"))
+        assert held is not None and held.id == "keyed"
+        for run_id in ("free1", "free2"):  # runs without a key never collide
+            assert store.insert_run(EffectRun(
+                id=run_id, thread_id="t", name="a.note", status=EffectStatus.PENDING,
+                args=None, run_at_ts=50.0, created_at_ts=40.0)) is None
+        _, claimed, _ = store.finish_and_claim(None, 60.0)
+        assert claimed is not None and claimed.id == "free1"
+        assert [(a.attempt, a.outcome) for a in store.run_attempts("free1")] == [(1, "running")]
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 9
+        (index_sql,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'ix_effect_runs_pending_key'").fetchone()
+        assert index_sql.endswith("WHERE status = 'pending' AND \"key\" IS NOT NULL")
+        (table_sql,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'run_attempts'").fetchone()
+        assert table_sql.endswith("WITHOUT ROWID")
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE "
+                            "'sqlite_autoindex_run_attempts%'").fetchone()[0] == 0
+        # The claim's look-up for a pending run without a key uses no key index any more.
+        assert conn.execute("SELECT count(*) FROM effect_runs INDEXED BY "
+                            "ix_effect_runs_pending_key WHERE status = 'pending' "
+                            "AND \"key\" IS NOT NULL").fetchone()[0] == 1
+    finally:
+        conn.close()
 
 
 def test_the_check_command_reports_drift_by_its_exit_status() -> None:

@@ -47,7 +47,7 @@ from runtime.storage.records import (
     instant,
 )
 
-THREAD_SCHEMA_VERSION = 8
+THREAD_SCHEMA_VERSION = 9
 """The version of a thread's data this code knows (kept equal to the SQLite backend's)."""
 
 RUNTIME_SCHEMA_VERSION = 6

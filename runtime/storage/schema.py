@@ -44,7 +44,7 @@ EFFECT_RUNS_DDL: tuple[str, ...] = (
     "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq)",
     "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at)",
     "CREATE INDEX ix_effect_runs_name ON effect_runs (name, seq)",
-    "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending'",
+    "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending' AND \"key\" IS NOT NULL",
 )
 """Table ``effect_runs`` and its indexes (EffectRunRow)."""
 
@@ -110,7 +110,8 @@ RUN_ATTEMPTS_DDL: tuple[str, ...] = (
         "\terror VARCHAR, \n"
         "\tnode_id VARCHAR, \n"
         "\tPRIMARY KEY (run_id, attempt)\n"
-        ")"
+        ")\n"
+        " WITHOUT ROWID"
     ),
 )
 """Table ``run_attempts`` and its indexes (RunAttemptRow)."""
@@ -222,6 +223,18 @@ RUNTIME_META_DDL: tuple[str, ...] = (
 )
 """Table ``runtime_meta`` and its indexes (RuntimeMetaRow)."""
 
+THREAD_DDL: tuple[str, ...] = (
+    *THREAD_META_DDL,
+    *EFFECT_RUNS_DDL,
+    *MESSAGES_DDL,
+    *EFFECT_RECORDS_DDL,
+    *RUN_TRACES_DDL,
+    *RUN_ATTEMPTS_DDL,
+    *SCHEDULES_DDL,
+)
+"""A new thread file's whole schema at the current version (the tables of the thread models
+and their indexes), created in one step instead of replaying the migrations."""
+
 THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     0: (
         (
@@ -292,7 +305,7 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: (
         "ALTER TABLE effect_runs ADD COLUMN \"key\" VARCHAR",
         "ALTER TABLE effect_runs ADD COLUMN canceled_by VARCHAR",
-        "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending'",
+        "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending' AND \"key\" IS NOT NULL",
     ),
     4: (
         (
@@ -344,6 +357,26 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     7: (
         "ALTER TABLE run_attempts ADD COLUMN node_id VARCHAR",
+    ),
+    8: (
+        (
+            "CREATE TABLE run_attempts__new (\n"
+            "\trun_id VARCHAR NOT NULL, \n"
+            "\tattempt INTEGER NOT NULL, \n"
+            "\tstarted_at FLOAT NOT NULL, \n"
+            "\tended_at FLOAT, \n"
+            "\toutcome VARCHAR NOT NULL, \n"
+            "\terror VARCHAR, \n"
+            "\tnode_id VARCHAR, \n"
+            "\tPRIMARY KEY (run_id, attempt)\n"
+            ")\n"
+            " WITHOUT ROWID"
+        ),
+        "INSERT INTO run_attempts__new (run_id, attempt, started_at, ended_at, outcome, error, node_id) SELECT run_id, attempt, started_at, ended_at, outcome, error, node_id FROM run_attempts",
+        "DROP TABLE run_attempts",
+        "ALTER TABLE run_attempts__new RENAME TO run_attempts",
+        "DROP INDEX IF EXISTS ix_effect_runs_pending_key",
+        "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending' AND \"key\" IS NOT NULL",
     ),
 }
 """Thread file: the statements that take schema version N to N + 1."""

@@ -56,17 +56,19 @@ from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, Effec
 # opened. Version 0 is a new, empty file: its "migration" creates the schema. The DDL is
 # generated from the models (runtime.storage.models) into a checked-in module, so that
 # SQLModel and SQLAlchemy are not imported at run time.
-from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_MIGRATIONS
+from runtime.storage.schema import RUNTIME_MIGRATIONS, THREAD_DDL, THREAD_MIGRATIONS
 
 log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
-THREAD_SCHEMA_VERSION = 8
+THREAD_SCHEMA_VERSION = 9
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
 ``effect_records`` table; 4: a run's ``key`` and ``canceled_by``; 5: the ``run_traces``
 table; 6: the ``run_attempts`` table; 7: the ``schedules`` table and a run's
-``schedule_id``; 8: the node that ran each attempt, ``run_attempts.node_id``)."""
+``schedule_id``; 8: the node that ran each attempt, ``run_attempts.node_id``; 9: fewer
+pages written per run: ``run_attempts`` ``WITHOUT ROWID``, runs without a key left out of
+the pending-key index)."""
 
 RUNTIME_SCHEMA_VERSION = 6
 """``PRAGMA user_version`` of a current ``runtime.sqlite`` (2: ``paused_threads``; 3: the
@@ -169,8 +171,14 @@ def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
 
 
 def _migrate(
-    conn: sqlite3.Connection, current: int, migrations: dict[int, tuple[str, ...]], what: str
+    conn: sqlite3.Connection, current: int, migrations: dict[int, tuple[str, ...]], what: str,
+    fresh: tuple[str, ...] | None = None,
 ) -> None:
+    """Take the file to schema version ``current``.
+
+    A new file (version 0) gets ``fresh``, the current schema in one step, when given
+    (tests/test_schema.py checks that replaying the migrations gives the same schema).
+    """
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > current:
         raise sqlite3.DatabaseError(
@@ -183,6 +191,12 @@ def _migrate(
     try:
         # Re-read under the write lock: another process may have migrated meanwhile.
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version == 0 and fresh is not None:
+            # Replaying every step would also run the rebuilds of later steps on empty
+            # tables, and leave each connection holding the pages they touched.
+            for statement in fresh:
+                conn.execute(statement)
+            version = current
         while version < current:
             for statement in migrations[version]:
                 conn.execute(statement)
@@ -358,7 +372,8 @@ class SQLiteThreadStore(ThreadStore):
         try:
             self._conn: sqlite3.Connection | None = _connect(path, synchronous)
             try:
-                _migrate(self._conn, THREAD_SCHEMA_VERSION, THREAD_MIGRATIONS, str(path))
+                _migrate(self._conn, THREAD_SCHEMA_VERSION, THREAD_MIGRATIONS, str(path),
+                         fresh=THREAD_DDL)
                 # A cheap read that touches the run table: a damaged header or schema fails
                 # here, when the thread is opened, not in the middle of a run.
                 self._conn.execute("SELECT count(*) FROM thread_meta").fetchone()
