@@ -2200,6 +2200,7 @@ class PostgresBackend(StorageBackend):
                 self._unreachable = True
                 delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
+            self._unreachable = False  # the server answered
             try:
                 with self._bounded(new, self.renew_deadline):
                     locked = self._try_lock(new, wait=0.0)
@@ -2227,7 +2228,6 @@ class PostgresBackend(StorageBackend):
                 self._unreachable = True
                 delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
-            self._unreachable = False
             if not renewed:
                 new.close()
                 problem = (f"{where}: the lease of node {self.node_id} is held by another "
