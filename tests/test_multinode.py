@@ -50,13 +50,14 @@ class Cluster:
         self.executions = tmp_path / "executions.jsonl"
         self.nodes: dict[str, ServerProcess] = {}
 
-    def start(self, name: str, *args: str) -> ServerProcess:
+    def start(self, name: str, *args: str, database_url: str | None = None,
+              lease_seconds: float = LEASE_SECONDS) -> ServerProcess:
         data = self.tmp_path / name
         data.mkdir()
         server = ServerProcess(
             data, self.tmp_path / f"{name}.log", "--app-dir", str(APP), "--no-packages",
-            "--node-id", name, "--lease-seconds", f"{LEASE_SECONDS:g}", *args,
-            THREAD_EFFECTS_DATABASE_URL=self.database_url,
+            "--node-id", name, "--lease-seconds", f"{lease_seconds:g}", *args,
+            THREAD_EFFECTS_DATABASE_URL=database_url or self.database_url,
             MULTINODE_LOG=str(self.executions), MULTINODE_NODE=name,
         )
         self.nodes[name] = server
@@ -479,3 +480,69 @@ def test_three_nodes_through_a_ten_second_database_outage(cluster: Cluster) -> N
     assert interrupted >= 1, "the outage interrupted no running run"
     assert all("lost its lease" in server.log.read_text(errors="replace")
                for server in cluster.nodes.values())
+
+
+def test_a_node_cut_off_silently_stops_its_effects_and_answers_503_while_another_reruns_them(
+    cluster: Cluster,
+) -> None:
+    """Node p reaches the database through a proxy that goes silent (no connection closes).
+
+    p cancels the effects it runs before node b re-queues them (none of p's executions
+    ends: before, they ran on to their end beside b's second attempts); p's API answers
+    503 instead of hanging; when the network is back p holds its lease again and serves.
+    """
+    from test_postgres_outage import TcpProxy
+
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    try:
+        url = cluster.database_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        p = cluster.start("p", database_url=url, lease_seconds=6)
+        threads = [httpx.post(f"{p.url}/api/threads", json={}).json()["id"] for _ in range(4)]
+        run_ids = [httpx.post(f"{p.url}/api/threads/{tid}/effects",
+                              json={"name": "work", "args": {"item": i, "seconds": 20}}
+                              ).json()["id"] for i, tid in enumerate(threads)]
+        deadline = time.monotonic() + GUARD_SECONDS
+        while len([e for e in cluster.read_executions() if e["event"] == "start"]) < 4:
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.05)
+        b = cluster.start("b", lease_seconds=6)
+        proxy.go_silent()
+        try:
+            # b re-queues p's runs once p's lease expired, and runs them again to their
+            # end (p's executions, begun earlier, would have ended by then).
+            while len({e["item"] for e in cluster.read_executions()
+                       if e["event"] == "end" and e["node"] == "b"}) < 4:
+                assert time.monotonic() < deadline, cluster.logs()
+                time.sleep(0.05)
+            # p answers at once (a client timeout of 15 s: before, these hung).
+            with httpx.Client(timeout=15) as client:
+                assert client.get(f"{p.url}/api/ready").status_code == 503
+                assert client.get(f"{p.url}/api/health").json()["databaseConnected"] is False
+                res = client.get(f"{p.url}/api/threads/{threads[0]}/effects/{run_ids[0]}")
+                assert res.status_code == 503, res.text
+                assert res.json()["error"]["code"] == "database_unavailable"
+        finally:
+            proxy.resume()
+        while not all(httpx.get(f"{b.url}/api/threads/{tid}/effects/{rid}").json()["status"]
+                      == "completed" for tid, rid in zip(threads, run_ids, strict=True)):
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.2)
+        executions = cluster.read_executions()
+        # p's executions were canceled: none of them ended (b's did, once each).
+        assert [e["item"] for e in executions if e["event"] == "end" and e["node"] == "p"] == []
+        assert sorted(e["item"] for e in executions
+                      if e["event"] == "end" and e["node"] == "b") == [0, 1, 2, 3]
+        for tid, rid in zip(threads, run_ids, strict=True):
+            run = httpx.get(f"{b.url}/api/threads/{tid}/effects/{rid}").json()
+            assert [(a["nodeId"], a["outcome"]) for a in run["attemptDetails"]] == [
+                ("p", "interrupted"), ("b", "completed")], run
+        # p is back: it holds its lease again and answers.
+        while httpx.get(f"{p.url}/api/ready", timeout=15).status_code != 200:
+            assert time.monotonic() < deadline, cluster.logs()
+            time.sleep(0.2)
+        assert httpx.get(f"{p.url}/api/threads/{threads[0]}/effects/{run_ids[0]}",
+                         timeout=15).json()["status"] == "completed"
+        assert "lost its lease" in p.log.read_text(errors="replace")
+    finally:
+        proxy.stop()

@@ -12,7 +12,9 @@ import logging
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -23,7 +25,12 @@ APP = Path(__file__).parent / "apps" / "scheduling"
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:<port> to the PostgreSQL server; `stop` cuts everything."""
+    """Forwards 127.0.0.1:<port> to the PostgreSQL server; `stop` cuts everything.
+
+    `go_silent` cuts the network silently: nothing is read or forwarded any more and no
+    connection is closed, as with a stopped proxy (``kill -STOP``: the peers' kernels
+    still acknowledge what they buffer); `resume` forwards again what was held.
+    """
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -34,6 +41,14 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._guard = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
+
+    def go_silent(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
 
     def start(self) -> None:
         listener = socket.socket()
@@ -44,6 +59,7 @@ class TcpProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
     def stop(self) -> None:
+        self._flowing.set()  # its pipes end on the sockets shut down below
         listener, self._listener = self._listener, None
         if listener is not None:
             with contextlib.suppress(OSError):
@@ -62,6 +78,7 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return
+            self._flowing.wait()  # silent: the connection waits, unanswered
             try:
                 server = socket.create_connection(self.target)
             except OSError:
@@ -78,7 +95,12 @@ class TcpProxy:
 
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
-            while data := src.recv(65536):
+            while True:
+                self._flowing.wait()
+                data = src.recv(65536)
+                if not data:
+                    break
+                self._flowing.wait()  # read just before the cut: held, as in a kernel
                 dst.sendall(data)
         except OSError:
             pass
@@ -257,3 +279,89 @@ async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_
             assert (await api.client.get(f"/api/threads/{tid}/effects")).status_code == 200
     finally:
         proxy.stop()
+
+
+async def guarded_get(api: Any, path: str) -> httpx.Response:
+    """GET ``path``; a hang guard of 30 s (a call that hangs fails the test)."""
+    async with asyncio.timeout(30):
+        response: httpx.Response = await api.client.get(path)
+        return response
+
+
+async def test_a_silent_network_cut_stops_the_node_before_its_lease_ends_and_calls_answer_503(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Packets vanish, no connection closes: the node's own clock ends its lease.
+
+    Its running effect is canceled while its lease row still holds in the database (no
+    other node may have taken the run yet); calls answer 503 instead of hanging; once the
+    network is back the node holds its lease again and the run goes on.
+    """
+    from runtime.storage.postgres import split_schema
+
+    direct, schema = split_schema(pg_url)
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    caplog.set_level(logging.INFO)
+    log_file = tmp_path / "data" / "hold.log"
+    try:
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url,
+                             lease_seconds=6) as api:
+            tid = await api.new_thread()
+            thread = await api.rt.get_thread(tid)
+            run_id = await api.schedule(tid, "hold", {"key": "cut"})
+            await wait_for(thread, run_id, EffectStatus.RUNNING)
+            node = api.rt.node_id
+            proxy.go_silent()
+            try:
+                await silent_cut_checks(api, tid, run_id, node, direct, schema, log_file)
+            finally:
+                proxy.resume()  # also on a failure: the runtime's shutdown needs it
+            for _ in range(1200):  # a hang guard: back once the lease is held again
+                if (await guarded_get(api, "/api/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await guarded_get(api, "/api/ready")).status_code == 200
+            caplog.clear()
+            # The run was re-queued (attempt 2) and goes on; new runs start too.
+            for _ in range(1200):
+                if log_file.read_text().count("cut started") == 2:
+                    break
+                await asyncio.sleep(0.05)
+            release(api.rt, "cut")
+            await wait_for(thread, run_id, EffectStatus.COMPLETED)
+            assert (await api.run(tid, run_id))["attempts"] == 2
+            later = await api.schedule(tid, "ping")
+            await wait_for(thread, later, EffectStatus.COMPLETED)
+            res = await guarded_get(api, f"/api/threads/{tid}/effects")
+            assert res.status_code == 200
+            # The pool came back with the lease (no call waited out a reconnect backoff).
+            assert "cannot be reached" not in caplog.text
+    finally:
+        proxy.stop()
+
+
+async def silent_cut_checks(api: Any, tid: str, run_id: str, node: str, direct: str,
+                            schema: str, log_file: Path) -> None:
+    """While the network is cut silently: the node stopped in time and answers 503."""
+    for _ in range(1500):  # a hang guard (30 s): the effect used to run on to its end
+        if "cut canceled" in log_file.read_text():
+            break
+        await asyncio.sleep(0.02)
+    assert "cut canceled" in log_file.read_text()
+    # Canceled before any other node may take the run over: the lease still holds.
+    with psycopg.connect(direct, autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT lease_expires_at > extract(epoch from clock_timestamp()) "
+            f"FROM {schema}.nodes WHERE node_id = %s", (node,)).fetchone()
+    assert row == (True,)
+    # Calls answer at once instead of waiting on the silent connections.
+    health = (await guarded_get(api, "/api/health")).json()
+    assert health["databaseConnected"] is False
+    assert (await guarded_get(api, "/api/ready")).status_code == 503
+    for path in (f"/api/threads/{tid}/effects/{run_id}", f"/api/threads/{tid}/effects"):
+        res = await guarded_get(api, path)
+        assert res.status_code == 503, res.text
+        assert res.json()["error"]["code"] == "database_unavailable"
+    assert "cut canceled" in log_file.read_text()

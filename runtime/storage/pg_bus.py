@@ -425,5 +425,9 @@ class PostgresClusterBus(ClusterBus):
             if sock in ready:
                 checked = time.monotonic()
             elif time.monotonic() - checked >= CHECK_SECONDS:
-                conn.execute("SELECT 1")
+                # Bounded: a silent network cut would leave it waiting (reconnects).
+                from runtime.storage.postgres import CHECK_DEADLINE_SECONDS
+
+                with self._backend._bounded(conn, CHECK_DEADLINE_SECONDS):
+                    conn.execute("SELECT 1")
                 checked = time.monotonic()

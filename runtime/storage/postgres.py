@@ -30,6 +30,7 @@ import logging
 import math
 import re
 import select
+import socket
 import threading
 import time
 import uuid
@@ -407,6 +408,50 @@ UNAVAILABLE_WAIT_SECONDS = 2.0
 RECENT_SECONDS = 5.0
 """A pooled connection used within this many seconds is handed out without a round trip
 to check it (`PostgresBackend._check`)."""
+
+CALL_ABORT_SECONDS = UNAVAILABLE_WAIT_SECONDS
+"""Once this node noticed that the database does not answer (its lease renewal failed or
+timed out), a call on a pooled connection that has waited this long for its answer is
+aborted (its socket is shut down): it fails with `DatabaseUnavailable` instead of hanging
+on a connection a silent network cut left open (docs/scale-out.md, "When the database is
+unreachable")."""
+
+CHECK_DEADLINE_SECONDS = UNAVAILABLE_WAIT_SECONDS
+"""The round trip checking a pooled connection before a call (`PostgresBackend._check`)
+is aborted after this many seconds (the connection is replaced)."""
+
+RENEW_DEADLINE_MAX_SECONDS = 5.0
+"""A lease renewal is aborted after a third of the lease period, at least 1 s and at most
+this many seconds: a renewal that has not answered by then marks the database unreachable."""
+
+LEASE_MARGIN_MAX_SECONDS = 5.0
+"""The node stops (claims nothing, cancels its effects) a sixth of the lease period, at
+most this many seconds, before its lease could expire in the other nodes' view."""
+
+WATCH_SECONDS = 0.1
+"""How often the lease watch (`PostgresBackend._watch`) looks at the node's own clock and
+at the calls waiting for the database."""
+
+KEEPALIVE_IDLE_SECONDS = 5
+KEEPALIVE_INTERVAL_SECONDS = 2
+KEEPALIVE_COUNT = 3
+TCP_USER_TIMEOUT_SECONDS = 10
+"""Every connection has TCP keepalives (a probe after 5 s of silence, then every 2 s, dead
+after 3 unanswered) and ``tcp_user_timeout`` (data sent but not acknowledged for 10 s ends
+the connection): a network that drops packets ends the connection in the kernel. A peer
+that acknowledges but never answers (a stopped proxy) is caught by the client-side bounds
+above."""
+
+IDLE_IN_TRANSACTION_SECONDS = 60
+"""The server ends a session left this long inside a transaction with no statement (its
+client cut off mid-call): its row locks would otherwise keep other nodes from claiming the
+thread's runs until the server noticed the client gone. A contract call runs its
+statements back to back, so no working call comes near it."""
+
+POOL_RECONNECT_SECONDS = 30.0
+"""The pool gives up a connection attempt that keeps failing after this long (its retries
+back off from 1 s, doubling); the next call that finds no connection starts a new one, so
+that a long outage does not leave the pool waiting out a long backoff once it ends."""
 
 LOCK_RETRY_FIRST_SECONDS = 1.0
 LOCK_RETRY_MAX_SECONDS = 30.0
@@ -2046,6 +2091,16 @@ class PostgresBackend(StorageBackend):
         self._watch_stop = threading.Event()
         # id(connection) -> time.monotonic() it went back to the pool (see `_check`).
         self._returned_at: dict[int, float] = {}
+        # Calls waiting for the database: id -> (connection, time.monotonic() begun,
+        # deadline or None); the lease watch aborts those past their bound (`_watch`).
+        self._in_flight: dict[int, tuple[psycopg.Connection[Any], float, float | None]] = {}
+        self._in_flight_guard = threading.Lock()
+        self._in_flight_next = 0
+        # Set while a renewal failed for want of the database (not for a lost race).
+        self._unreachable = False
+        # The server process of the node's lock connection (ended on reconnect, see
+        # `_heartbeat`).
+        self._lock_pid: int | None = None
         self.node_id = node_id
         self.lease_seconds = float(lease_seconds)
         self._token = uuid.uuid4().hex
@@ -2068,8 +2123,24 @@ class PostgresBackend(StorageBackend):
         return {
             "autocommit": True,
             "context": _adapters(),  # NUL-safe text (see `escape_nul`)
-            "options": f"-c search_path={self.schema}",
+            # The server too drops a session whose client vanished (keepalives, the
+            # user timeout) and one left idle in a transaction (its row locks would stop
+            # other nodes' claims), see `IDLE_IN_TRANSACTION_SECONDS`.
+            "options": (f"-c search_path={self.schema} "
+                        f"-c tcp_keepalives_idle={KEEPALIVE_IDLE_SECONDS} "
+                        f"-c tcp_keepalives_interval={KEEPALIVE_INTERVAL_SECONDS} "
+                        f"-c tcp_keepalives_count={KEEPALIVE_COUNT} "
+                        f"-c tcp_user_timeout={TCP_USER_TIMEOUT_SECONDS * 1000} "
+                        f"-c idle_in_transaction_session_timeout="
+                        f"{IDLE_IN_TRANSACTION_SECONDS * 1000}"),
             "connect_timeout": max(1, round(self.connect_timeout)),
+            # A network cut that drops packets ends the connection within seconds (see
+            # `TCP_USER_TIMEOUT_SECONDS`); libpq ignores these on a Unix socket.
+            "keepalives": 1,
+            "keepalives_idle": KEEPALIVE_IDLE_SECONDS,
+            "keepalives_interval": KEEPALIVE_INTERVAL_SECONDS,
+            "keepalives_count": KEEPALIVE_COUNT,
+            "tcp_user_timeout": TCP_USER_TIMEOUT_SECONDS * 1000,
             # Seen in pg_stat_activity: which schema's pool (or lock) a connection is.
             "application_name": f"{role}:{self.schema}",
         }
@@ -2086,10 +2157,88 @@ class PostgresBackend(StorageBackend):
         """Why this process must not start runs now (its node lease is not held), or None."""
         if self._lock_problem is not None:
             return self._lock_problem
-        if self._lock_conn is not None and time.monotonic() > self._lease_valid_until:
+        if self._lock_conn is not None and self._lease_lapsed():
             return (f"the lease of node {self.node_id} was not renewed within its period "
                     f"({self.lease_seconds:g} s); this process starts no runs until it is")
         return None
+
+    @property
+    def lease_margin(self) -> float:
+        """Seconds before its lease's end at which the node stops (a sixth, at most 5 s)."""
+        return min(self.lease_seconds / 6, LEASE_MARGIN_MAX_SECONDS)
+
+    @property
+    def renew_deadline(self) -> float:
+        """Seconds a lease renewal may take before it is aborted (a third of the lease, 1-5 s)."""
+        return min(max(self.lease_seconds / 3, 1.0), RENEW_DEADLINE_MAX_SECONDS)
+
+    def _lease_lapsed(self) -> bool:
+        """Whether the node's own clock says its lease may end within `lease_margin`.
+
+        Decided by ``time.monotonic()`` against the start of the last renewal that
+        succeeded, whether or not a renewal is still waiting for its answer.
+        """
+        return time.monotonic() > self._lease_valid_until - self.lease_margin
+
+    @contextmanager
+    def _bounded(
+        self, conn: psycopg.Connection[Any], seconds: float | None = None
+    ) -> Iterator[None]:
+        """Let the lease watch abort a call on ``conn`` that waits too long for the database.
+
+        The call is aborted (``conn``'s socket shut down, so that it fails at once with a
+        broken connection) once ``seconds`` have passed, if given; and, while the node
+        knows the database unreachable (`lock_problem`), once it has waited
+        `CALL_ABORT_SECONDS`.
+        """
+        started = time.monotonic()
+        with self._in_flight_guard:
+            self._in_flight_next += 1
+            key = self._in_flight_next
+            self._in_flight[key] = (
+                conn, started, None if seconds is None else started + seconds)
+        try:
+            yield
+        finally:
+            with self._in_flight_guard:
+                del self._in_flight[key]
+
+    @staticmethod
+    def _abort(conn: psycopg.Connection[Any]) -> None:
+        """Shut down ``conn``'s socket: a call waiting on it fails at once (broken)."""
+        with contextlib.suppress(Exception):
+            fd = conn.pgconn.socket
+            sock = socket.socket(fileno=fd)
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.detach()  # the descriptor stays libpq's
+
+    def _watch(self, stop: threading.Event) -> None:
+        """Decide the lease by this node's clock; abort calls past their bounds.
+
+        Runs beside `_heartbeat` so that neither a renewal waiting on a dead socket nor
+        any other call delays it: once the lease lapsed (`_lease_lapsed`), the effects
+        this node runs are canceled (`on_lease_lost`), before another node may take the
+        runs over.
+        """
+        while not stop.wait(WATCH_SECONDS):
+            if self._lock_conn is None:
+                return
+            if self._lease_lapsed():
+                self._lease_lost("not renewed within its period of "
+                                 f"{self.lease_seconds:g} s")
+            now = time.monotonic()
+            unreachable = self._unreachable and self._lock_problem is not None
+            # Under the guard: a call still registered has not let go of its connection,
+            # so no other call can be using it.
+            with self._in_flight_guard:
+                for key, (conn, started, deadline) in list(self._in_flight.items()):
+                    if ((deadline is not None and now > deadline)
+                            or (unreachable and now - started > CALL_ABORT_SECONDS)):
+                        # Once: its socket is not reused while the call holds it.
+                        self._abort(conn)
+                        self._in_flight[key] = (conn, math.inf, math.inf)
 
     def _renew(
         self, conn: psycopg.Connection[tuple[Any, ...]], *, take_over: bool = False
@@ -2102,12 +2251,14 @@ class PostgresBackend(StorageBackend):
         """
         started = time.monotonic()
         expired = f" OR lease_expires_at <= {_DB_NOW}" if take_over else ""
-        row = conn.execute(
-            f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, heartbeat_at = {_DB_NOW}, "
-            f"token = %s, claims = %s WHERE node_id = %s AND (token = %s{expired}) "
-            f"RETURNING 1",
-            (self.lease_seconds, self._token, self.claims, self.node_id, self._token),
-        ).fetchone()
+        with self._bounded(conn, self.renew_deadline):
+            row = conn.execute(
+                f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, "
+                f"heartbeat_at = {_DB_NOW}, "
+                f"token = %s, claims = %s WHERE node_id = %s AND (token = %s{expired}) "
+                f"RETURNING 1",
+                (self.lease_seconds, self._token, self.claims, self.node_id, self._token),
+            ).fetchone()
         if row is None:
             return False
         self._lease_valid_until = started + self.lease_seconds
@@ -2159,6 +2310,7 @@ class PostgresBackend(StorageBackend):
                 except _db_error() as exc:
                     if stop.is_set():
                         return
+                    self._unreachable = True
                     self._lock_problem = (
                         f"{where}: the connection renewing node {self.node_id}'s lease was "
                         f"lost ({exc}); this process starts no runs until it renews it"
@@ -2169,10 +2321,23 @@ class PostgresBackend(StorageBackend):
             try:
                 new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-node"))
             except _db_error():
+                self._unreachable = True
                 delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
+            self._unreachable = False  # the server answered
             try:
-                if not self._try_lock(new, wait=0.0):
+                with self._bounded(new, self.renew_deadline):
+                    locked = self._try_lock(new, wait=0.0)
+                    if not locked and self._lock_pid is not None:
+                        # The old lock connection's server process may outlive a silent
+                        # cut (the server saw no close): it is this process's own, end it.
+                        new.execute(
+                            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE pid = %s "
+                            "AND locktype = 'advisory' AND granted AND objsubid = 1 "
+                            "AND ((classid::bigint << 32) | objid::bigint) = %s",
+                            (self._lock_pid, self._node_key))
+                        locked = self._try_lock(new, wait=0.5)
+                if not locked:
                     new.close()
                     problem = (f"{where}: node id {self.node_id} is held by another live "
                                f"process; this process starts no runs")
@@ -2184,6 +2349,7 @@ class PostgresBackend(StorageBackend):
                 renewed = self._renew(new, take_over=True)
             except _db_error():
                 new.close()
+                self._unreachable = True
                 delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
                 continue
             if not renewed:
@@ -2204,6 +2370,7 @@ class PostgresBackend(StorageBackend):
                 new.close()
                 return
             old.close()
+            self._lock_pid = new.info.backend_pid
             self._lock_problem = None
             self._lost_notified = False
             delay = min(LOCK_RETRY_FIRST_SECONDS, period)
@@ -2230,7 +2397,9 @@ class PostgresBackend(StorageBackend):
             poller.register(conn.fileno(), select.POLLIN)
             if not poller.poll(0):
                 return
-        ConnectionPool.check_connection(conn)
+        # Bounded: a connection a silent network cut left open would wait forever.
+        with self._bounded(conn, CHECK_DEADLINE_SECONDS):
+            ConnectionPool.check_connection(conn)
 
     @contextmanager
     def transaction(self, *, single: bool = False) -> Iterator[Cursor]:
@@ -2256,12 +2425,11 @@ class PostgresBackend(StorageBackend):
         try:
             with pool.connection(timeout=wait) as conn:
                 try:
-                    if single:
-                        with conn.cursor() as cur:
-                            yield cur
-                    else:
-                        with _plain_transaction(conn), conn.cursor() as cur:
-                            yield cur
+                    # Aborted by the lease watch if it waits on a database known unreachable.
+                    with (self._bounded(conn),
+                          contextlib.nullcontext() if single else _plain_transaction(conn),
+                          conn.cursor() as cur):
+                        yield cur
                 except _db_error() as exc:
                     if conn.broken:
                         raise DatabaseUnavailable(
@@ -2305,12 +2473,13 @@ class PostgresBackend(StorageBackend):
                 lock_conn.close()
                 raise
             self._lock_conn = lock_conn
+            self._lock_pid = lock_conn.info.backend_pid
             self._pool = ConnectionPool(
                 self.url, min_size=1, max_size=self.pool_size, kwargs=self._connect_kwargs(),
                 timeout=self.connect_timeout, name=f"thread-effects:{self.schema}",
                 # Checked when taken from the pool: a connection the server ended (a
                 # restart, a failover, a proxy's cut) is replaced, not handed to a call.
-                check=self._check, open=False,
+                check=self._check, open=False, reconnect_timeout=POOL_RECONNECT_SECONDS,
             )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
@@ -2324,6 +2493,9 @@ class PostgresBackend(StorageBackend):
             self._watch_stop = threading.Event()
             threading.Thread(target=self._heartbeat, args=(self._watch_stop, where),
                              name=f"thread-effects-node-lease:{self.schema}",
+                             daemon=True).start()
+            threading.Thread(target=self._watch, args=(self._watch_stop,),
+                             name=f"thread-effects-node-watch:{self.schema}",
                              daemon=True).start()
         except BaseException as exc:
             self.close()
