@@ -257,9 +257,10 @@ def test_a_dead_nodes_recent_threads_skip_one_frame_seq_once(
         store.close()
 
 
-def test_a_node_restarting_under_its_id_skips_a_frame_seq_for_its_previous_process(
-    pg_url: str,
-) -> None:
+def _node_x_claimed_r1_then_died(pg_url: str, *, finish: bool) -> None:
+    """Node ``node-x`` claims run r1 of thread t (indexed ``running``; completed when
+    ``finish``, its index batch lost), then its process ends as if killed: its lease row
+    is left live (a clean close would set it to 0)."""
     first = PostgresBackend(pg_url, node_id="node-x")
     rx = first.open()
     info = ThreadInfo(id="t", created_at_ts=T0)
@@ -268,14 +269,25 @@ def test_a_node_restarting_under_its_id_skips_a_frame_seq_for_its_previous_proce
     store.insert_run(new_run("r1"))
     _, claimed, _ = store.finish_and_claim(None, T0 + 1)
     assert claimed is not None
+    if finish:
+        rx.index_runs([claimed])
+        store.finish_and_claim(
+            Finish("r1", EffectStatus.COMPLETED, None, T0 + 2, attempt=1), T0 + 2, claim=False)
     store.close()
     rx.close()
     first.close()
     url, schema = split_schema(pg_url)
     with psycopg.connect(url, autocommit=True) as conn:
-        # As if killed: its lease still live (a clean close set it to 0).
         conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
                      f"extract(epoch from now()) + 30 WHERE node_id = 'node-x'")
+
+
+def test_a_node_restarting_under_its_id_skips_a_frame_seq_for_its_previous_process(
+    pg_url: str,
+) -> None:
+    _node_x_claimed_r1_then_died(pg_url, finish=False)
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as conn:
         again = PostgresBackend(pg_url, node_id="node-x")
         store2 = again.open()
         try:
@@ -399,25 +411,7 @@ def test_the_index_rewrite_for_a_dead_node_skips_a_run_being_changed_never_waits
 def test_a_node_restarting_under_its_id_rewrites_its_previous_processes_stale_index_rows(
     pg_url: str,
 ) -> None:
-    first = PostgresBackend(pg_url, node_id="node-x")
-    rx = first.open()
-    info = ThreadInfo(id="t", created_at_ts=T0)
-    assert rx.add_thread(info)
-    store = first.create_thread_store(info)
-    store.insert_run(new_run("r1"))
-    _, claimed, _ = store.finish_and_claim(None, T0 + 1)
-    assert claimed is not None
-    rx.index_runs([claimed])
-    store.finish_and_claim(Finish("r1", EffectStatus.COMPLETED, None, T0 + 2, attempt=1),
-                           T0 + 2, claim=False)
-    store.close()
-    rx.close()
-    first.close()
-    url, schema = split_schema(pg_url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        # As if killed: its lease still live (a clean close set it to 0).
-        conn.execute(f"UPDATE {schema}.nodes SET lease_expires_at = "
-                     f"extract(epoch from now()) + 30 WHERE node_id = 'node-x'")
+    _node_x_claimed_r1_then_died(pg_url, finish=True)
     again = PostgresBackend(pg_url, node_id="node-x")
     store2 = again.open()
     try:
