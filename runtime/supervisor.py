@@ -1126,6 +1126,15 @@ class Runtime:
             # Another process may hold the threads now: start nothing, look again later.
             self._retry_drain_later(thread_id, LOCK_RECHECK_SECONDS)
             return False
+        given_up = self._lease_abandoned.get(thread_id)
+        if given_up:
+            # Runs this node gave up when its lease lapsed are still `running` under its
+            # id: re-queued first, so that no later run of the thread starts before them
+            # (one run at a time per thread, in due order).
+            await self._requeue_thread(thread_id, sorted(given_up), mine=True)
+            if thread_id in self._lease_abandoned:  # one still executing, or a storage error
+                self._retry_drain_later(thread_id, LOCK_RECHECK_SECONDS)
+                return False
         try:
             async with self.actors.use(thread_id) as actor:
                 return await self.executor.drain(actor)
@@ -1335,46 +1344,55 @@ class Runtime:
                for thread_id, run_ids in self._lease_abandoned.items()}
         changed = 0
         for thread_id, run_ids in [*own.items(), *by_thread.items()]:
-            mine = thread_id in own
-            try:
-                async with self.actors.writing(thread_id) as actor:
-                    if mine:
-                        # One still executing here (its code did not stop yet) waits for
-                        # a later round: re-queued now, it could run twice.
-                        busy = set(actor.side_runs)
-                        if actor.current_run is not None:
-                            busy.add(actor.current_run.id)
-                        given_up = self._lease_abandoned.get(thread_id, set())
-                        run_ids = [r for r in run_ids if r not in busy or r not in given_up]
-                        if busy & given_up:
-                            self._lease_abandoned[thread_id] = busy & given_up
-                        else:
-                            self._lease_abandoned.pop(thread_id, None)
-                    # Without dead_nodes_only, the runs named that this node's attempt
-                    # holds are re-queued too (the given-up ones are never another's).
-                    runs = await self.run_sync(
-                        partial(actor.store.recover_interrupted,
-                                retention=self.settings.retention, dead_nodes_only=not mine),
-                        self.clock.now(), MAX_ATTEMPTS, run_ids,
-                    )
-            except (ThreadNotFound, InvalidThreadId, RuntimeClosed):
-                self._lease_abandoned.pop(thread_id, None)
-                continue
-            except ThreadStorageError as exc:
-                log.error("could not re-queue the runs of dead nodes in thread %s: %s",
-                          thread_id, exc)
-                continue
-            if runs:
-                log.warning("thread %s: re-queued %d run(s) left running by a node whose "
-                            "lease expired%s", thread_id, len(runs),
-                            " (this one)" if mine else "")
-                changed += len(runs)
-                await self._recovered(actor, runs)
-                if any(r.status is EffectStatus.PENDING for r in runs):
-                    # Due now, and no timer of this node may be set for it (the dead node
-                    # held the thread): drain it here rather than wait for an alarm.
-                    self._on_alarm(thread_id)
+            changed += await self._requeue_thread(thread_id, run_ids, mine=thread_id in own)
         return changed
+
+    async def _requeue_thread(self, thread_id: str, run_ids: list[str], *, mine: bool) -> int:
+        """Re-queue ``run_ids`` of one thread left ``running``; how many changed.
+
+        The runs are a dead node's, or (``mine``) the ones this node gave up when its lease
+        lapsed. The attempt rule applies (a third interrupted attempt fails the run); the changes
+        are published and the thread is drained if a run is pending again. A storage error
+        is logged and leaves the runs for a later round.
+        """
+        try:
+            async with self.actors.writing(thread_id) as actor:
+                if mine:
+                    # One still executing here (its code did not stop yet) waits for a
+                    # later round: re-queued now, it could run twice.
+                    busy = set(actor.side_runs)
+                    if actor.current_run is not None:
+                        busy.add(actor.current_run.id)
+                    given_up = self._lease_abandoned.get(thread_id, set())
+                    run_ids = [r for r in run_ids if r not in busy or r not in given_up]
+                    if busy & given_up:
+                        self._lease_abandoned[thread_id] = busy & given_up
+                    else:
+                        self._lease_abandoned.pop(thread_id, None)
+                # Without dead_nodes_only, the runs named that this node's attempt holds
+                # are re-queued too (the given-up ones are never another's).
+                runs = await self.run_sync(
+                    partial(actor.store.recover_interrupted,
+                            retention=self.settings.retention, dead_nodes_only=not mine),
+                    self.clock.now(), MAX_ATTEMPTS, run_ids,
+                )
+        except (ThreadNotFound, InvalidThreadId, RuntimeClosed):
+            self._lease_abandoned.pop(thread_id, None)
+            return 0
+        except ThreadStorageError as exc:
+            log.error("could not re-queue the runs of dead nodes in thread %s: %s",
+                      thread_id, exc)
+            return 0
+        if not runs:
+            return 0
+        log.warning("thread %s: re-queued %d run(s) left running by a node whose lease "
+                    "expired%s", thread_id, len(runs), " (this one)" if mine else "")
+        await self._recovered(actor, runs)
+        if any(r.status is EffectStatus.PENDING for r in runs):
+            # Due now, and no timer of this node may be set for it (the dead node held the
+            # thread): drain it here rather than wait for an alarm.
+            self._on_alarm(thread_id)
+        return len(runs)
 
     def _retry_drain_later(self, thread_id: str, delay: float) -> None:
         old = self._drain_retries.pop(thread_id, None)

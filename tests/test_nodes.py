@@ -756,6 +756,13 @@ async def test_a_node_that_holds_its_lease_again_requeues_the_runs_it_gave_up(
         assert conn is not None
         pid = conn.info.backend_pid
 
+        async def no_round() -> int:
+            return 0
+
+        # No periodic re-queue round: the thread's own drain must re-queue the given-up
+        # run before it claims the run behind it.
+        a.requeue_orphans = no_round  # type: ignore[method-assign]
+
         def cut(*_: Any, **__: Any) -> bool:
             raise psycopg.OperationalError("network cut (test)")
 
@@ -770,11 +777,17 @@ async def test_a_node_that_holds_its_lease_again_requeues_the_runs_it_gave_up(
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         monkeypatch.undo()
         await wait_until(lambda: _status(thread, behind_id, EffectStatus.COMPLETED))
+        await wait_until(lambda: _status(thread, slow_id, EffectStatus.COMPLETED))
         assert storage.lock_problem() is None
         attempts = await thread.get_run_attempts(slow_id)
         assert [(x.attempt, x.outcome, x.node_id) for x in attempts] == [
             (1, "interrupted", "node-a"), (2, "completed", "node-a")]
         assert (await thread.get_run(slow_id)).status is EffectStatus.COMPLETED
+        # Due order and one run at a time held: the run behind started only once the given-up
+        # run had been re-queued, run again and ended.
+        (behind,) = await thread.get_run_attempts(behind_id)
+        ended = attempts[1].ended_at_ts
+        assert ended is not None and behind.started_at_ts >= ended
 
 
 async def test_a_cancel_of_a_run_its_node_gave_up_is_applied_in_the_store(
@@ -792,13 +805,13 @@ async def test_a_cancel_of_a_run_its_node_gave_up_is_applied_in_the_store(
         # The owner gives up its effects (its lease lapsed) while its lease row is live
         # again: the run stays `running` under its id, executed by no process.
         owner._lease_lost("test")
-        second = await other_thread.schedule_effect("slow", {"seconds": 30})
         # Asked on the other node: true once canceled in the store, by whom it says.
         assert await other_thread.remove_scheduled_effect(first, canceled_by="ops") is True
         run = await other_thread.get_run(first)
         assert run.status is EffectStatus.CANCELED
         assert run.canceled_by == "ops"
-        # The thread drains again: the run behind it starts.
+        # The thread drains again: a run scheduled behind it starts.
+        second = await other_thread.schedule_effect("slow", {"seconds": 30})
         await wait_until(lambda: _status(thread_a, second, EffectStatus.RUNNING))
         assert await thread_a.remove_scheduled_effect(second) is True
 
