@@ -82,6 +82,7 @@ from runtime.effects import iso
 from runtime.endpoints import REST_PARAM, ThreadEndpoint, discover_thread_endpoints
 from runtime.errors import (
     AgentNotFound,
+    DatabaseUnavailable,
     EffectsError,
     InvalidThreadId,
     RuntimeClosed,
@@ -1599,6 +1600,17 @@ def _wire_frames(events: list[ThreadEvent]) -> tuple[bytes, list[bytes]]:
     return b"".join(parts), payloads
 
 
+async def _close_database_unavailable(websocket: WebSocket) -> None:
+    """Refuse a stream while the database cannot be reached: 1013, try again later.
+
+    HTTP answers 503 ``database_unavailable`` then; one log line, no traceback.
+    """
+    log.warning("stream %s refused: the database cannot be reached", websocket.url.path)
+    await websocket.accept()
+    await websocket.close(CLOSE_TRY_AGAIN_LATER,
+                          "Database unavailable; try again later")
+
+
 async def _stream(websocket: WebSocket) -> None:
     rt = _runtime(websocket)
     tid = websocket.path_params["tid"]
@@ -1616,9 +1628,18 @@ async def _stream(websocket: WebSocket) -> None:
         await websocket.accept()
         await websocket.close(CLOSE_SERVICE_RESTART, "The server is shutting down")
         return
+    except DatabaseUnavailable:
+        await _close_database_unavailable(websocket)
+        return
     try:  # a thread whose file cannot be used would accept and then never say anything
         await state.list_runs(limit=1)
-    except ThreadStorageError:
+    except DatabaseUnavailable:
+        await _close_database_unavailable(websocket)
+        return
+    except ThreadStorageError as exc:
+        if exc.unavailable:  # the database server, not the thread's data (HTTP: 503)
+            await _close_database_unavailable(websocket)
+            return
         # The reason stays short (a close frame holds 123 bytes); HTTP answers the details.
         await websocket.accept()
         await websocket.close(

@@ -522,6 +522,13 @@ def test_a_node_cut_off_silently_stops_its_effects_and_answers_503_while_another
                 res = client.get(f"{p.url}/api/threads/{threads[0]}/effects/{run_ids[0]}")
                 assert res.status_code == 503, res.text
                 assert res.json()["error"]["code"] == "database_unavailable"
+            # A stream asked for meanwhile is refused with 1013 (try again later).
+            stream_url = f"ws://127.0.0.1:{p.port}/api/threads/{threads[0]}/stream"
+            with (ws_connect(stream_url, origin=None, open_timeout=GUARD_SECONDS) as ws,
+                  pytest.raises(ConnectionClosed) as closed):
+                ws.recv(timeout=GUARD_SECONDS)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 1013, closed.value
         finally:
             proxy.resume()
         while not all(httpx.get(f"{b.url}/api/threads/{tid}/effects/{rid}").json()["status"]

@@ -587,3 +587,21 @@ async def test_many_clients_of_one_thread_get_the_same_frames_from_when_they_joi
         assert [f["seq"] for f in head] == [1, 2, 3]
         assert all(g == got[0] for g in got)
         assert [f["seq"] for f in got[0]] == list(range(4, 4 + 15))
+
+
+async def test_a_stream_asked_while_the_database_is_unreachable_is_closed_with_1013(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What the PostgreSQL backend raises while its database cannot be reached (HTTP: 503
+    # database_unavailable); tests/test_multinode.py cuts a real node off the network.
+    from runtime.errors import DatabaseUnavailable
+
+    async with running(tmp_path) as server:
+        tid = await server.api.new_thread()
+
+        async def unreachable(*_: Any, **__: Any) -> Any:
+            raise DatabaseUnavailable("PostgreSQL database x cannot be reached")
+
+        monkeypatch.setattr(server.api.rt, "get_thread", unreachable)
+        async with stream(server.url(tid)) as ws:
+            assert await close_frame(ws) == (1013, "Database unavailable; try again later")
