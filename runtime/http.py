@@ -1750,8 +1750,16 @@ async def _replay_all(request: Request) -> Response:
 
 async def _metrics(request: Request) -> Response:
     metrics: RuntimeMetrics = request.app.state.metrics
-    with contextlib.suppress(RuntimeClosed):  # shutting down: the other figures still count
+    try:
         await metrics.refresh()
+    except RuntimeClosed:  # shutting down: the other figures still count
+        pass
+    except (DatabaseUnavailable, ThreadStorageError) as exc:
+        if isinstance(exc, ThreadStorageError) and not exc.unavailable:
+            raise
+        # The database cannot be reached: the figures kept in this process still count
+        # (exactly when an operator looks at them); only the pending gauge is left out.
+        log.warning("metrics: thread_effects_pending_runs left out: %s", exc)
     return Response(metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
 

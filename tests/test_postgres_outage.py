@@ -364,4 +364,10 @@ async def silent_cut_checks(api: Any, tid: str, run_id: str, node: str, direct: 
         res = await guarded_get(api, path)
         assert res.status_code == 503, res.text
         assert res.json()["error"]["code"] == "database_unavailable"
+    # The scrape still answers with what this process counts; only the gauge read from the
+    # database is left out.
+    res = await guarded_get(api, "/metrics")
+    assert res.status_code == 200, res.text
+    assert 'thread_effects_runs_scheduled_total{effect="hold"} 1.0' in res.text
+    assert "thread_effects_pending_runs" not in res.text
     assert "cut canceled" in log_file.read_text()
