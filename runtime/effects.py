@@ -294,8 +294,9 @@ class RunAttempt:
         attempt: Its number (1 for the first).
         started_at_ts: When it started, seconds since the epoch (UTC).
         ended_at_ts: When it ended, or None while it runs.
-        outcome: ``running``, ``completed``, ``failed`` or ``interrupted`` (a restart or
-            shutdown stopped it; the run went back to pending, or failed at the limit).
+        outcome: ``running``, ``completed``, ``failed``, ``canceled`` (the run was canceled
+            while this attempt ran) or ``interrupted`` (a restart, a shutdown or its node's
+            expired lease stopped it; the run went back to pending, or failed at the limit).
         error: Why it failed, or None.
         node_id: The node that ran it (`runtime.config.Settings.node_id`), or None for
             an attempt recorded before node ids existed.
