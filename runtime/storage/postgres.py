@@ -217,11 +217,16 @@ _INDEX_RUNS = (
     f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
     f"run_at = excluded.run_at, started_at = excluded.started_at, "
     f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
-    f"error = excluded.error, canceled_by = excluded.canceled_by"
+    f"error = excluded.error, canceled_by = excluded.canceled_by "
+    f"WHERE run_index.status NOT IN ('completed', 'failed', 'canceled') "
+    f"OR excluded.status IN ('completed', 'failed', 'canceled')"
 )
 """Index entries of runs, one statement: arrays of each `_INDEX_COLUMNS` column (one
 element per run, unique (thread, run), sorted by them); a run whose thread is not
-registered is skipped."""
+registered is skipped. An entry in a final status (completed, failed, canceled: final for
+good, a replay is a new run) is never replaced by a pending or running one: nodes write
+their batches after their own commits, so a batch of the node that scheduled a run can
+arrive after the batch of the node that ran it to its end."""
 _SCHEDULE_COLUMNS = (
     "id, name, args, cron, timezone, every_seconds, state, next_fire_at, created_at, "
     "key, occurrences, skipped, last_run_id, last_fire_at"
