@@ -220,10 +220,11 @@ class AllRuns:
             if run.id in self._made:
                 return None  # made by a bulk replay that overlapped this call
             state = await self._get_thread(run.thread_id)
-            # Once per failure, across nodes too: checked in the thread's transaction.
-            new_id = await state.replay(run.id, once=True)
-            self._made.add(new_id)
-            return new_id
+            # Once per failure, across nodes too: checked in the thread's transaction. A
+            # replay another node's bulk call stored meanwhile is its work, not this one's.
+            scheduled = await self._runs.replay_scheduled(state, run.id, once=True)
+            self._made.add(scheduled.run_id)
+            return scheduled.run_id if scheduled.created else None
 
         self._replay_calls += 1
         try:

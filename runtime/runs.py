@@ -458,6 +458,17 @@ class RunOperations:
 
     async def replay(self, state: ThreadState, run_id: str, *, once: bool = False) -> str:
         """See `ThreadState.replay`."""
+        return (await self.replay_scheduled(state, run_id, once=once)).run_id
+
+    async def replay_scheduled(
+        self, state: ThreadState, run_id: str, *, once: bool = False
+    ) -> Scheduled:
+        """`replay`, saying also whether a run was stored.
+
+        Returns:
+            The run's id, and ``created``: False when ``once`` found a run replaying
+            ``run_id`` already (its id is the one given).
+        """
         original = await self.get_run(state.thread_id, run_id)
         if not original.status.finished:
             raise RunStateError(
@@ -468,7 +479,7 @@ class RunOperations:
         scheduled = await self.schedule(
             plain, original.name, original.args, 0, replay_of=original.id, replay_once=once
         )
-        return scheduled.run_id
+        return scheduled
 
     async def list_runs(
         self,

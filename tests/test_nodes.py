@@ -335,6 +335,34 @@ def _indexed(store: RuntimeStore) -> dict[str, str]:
     return {r.id: str(r.status) for r in runs}
 
 
+def test_a_late_index_batch_never_takes_a_finished_run_back_to_pending(
+    two_nodes: Any,
+) -> None:
+    # Node a schedules r1; node b runs it to its end and writes its index batch first; a's
+    # batch (written after a's own commit, so possibly later) must not undo b's.
+    (a, ra), (b, rb) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    scheduled = new_run("r1")
+    sa.insert_run(scheduled)
+    _, claimed, _ = sb.finish_and_claim(None, T0 + 1)
+    assert claimed is not None
+    finished, _, _ = sb.finish_and_claim(
+        Finish("r1", EffectStatus.FAILED, "boom", T0 + 2, attempt=1), T0 + 2, claim=False)
+    assert finished is not None
+    rb.index_runs([finished])
+    ra.index_runs([scheduled])  # late: still says pending
+    ra.index_runs([claimed])  # late: still says running
+    assert _indexed(ra) == _indexed(rb) == {"r1": "failed"}
+    # A pending or running state still moves forward as before.
+    sa.insert_run(new_run("r2", run_at=T0 + 5))
+    pending = sa.get_run("r2", T0, _keep())
+    assert pending is not None
+    ra.index_runs([pending])
+    assert _indexed(rb)["r2"] == "pending"
+    sa.close()
+    sb.close()
+
+
 def test_a_dead_nodes_stale_run_index_rows_are_rewritten_by_the_node_accounting_for_it(
     two_nodes: Any, pg_url: str,
 ) -> None:
@@ -917,3 +945,34 @@ async def test_a_node_that_loses_its_lease_stops_its_turns_for_another_node_to_r
         # Stopped, not ended: its row says running, for a node to resume it.
         rows = await load_turns(a, thread_a.thread_id)
         assert [r.status for r in rows.values()] == [TurnStatus.RUNNING]
+
+
+async def test_bulk_replays_on_two_nodes_at_once_each_report_only_the_replays_they_stored(
+    make_node: Callable[..., Runtime],
+) -> None:
+    # Each failure is replayed once across nodes; a replay another node's call stored
+    # meanwhile is not reported again (the totals add up to the runs made).
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        failed: list[str] = []
+        for _ in range(6):
+            thread = await a.create_thread()
+            for _ in range(4):
+                failed.append(await thread.schedule_effect("boom", {}))
+        async def all_failed() -> bool:
+            for node in (a, b):
+                page = await node.list_runs(status="failed", name="boom", limit=500)
+                if len(page.runs) < len(failed):
+                    return False
+            return True
+
+        await wait_until(all_failed)
+        results = await asyncio.gather(*(node.replay_runs(name="boom")
+                                         for node in (a, b, a, b, a, b)))
+        reported = [run_id for result in results for run_id in result.ids]
+        replays: set[str] = set()
+        for node in (a, b):
+            page = await node.list_runs(name="boom", limit=500)
+            replays |= {r.id for r in page.runs if r.replay_of is not None}
+        assert len(replays) == len(failed)  # each failure once
+        assert sorted(reported) == sorted(replays)  # each reported once, by its maker
