@@ -1655,6 +1655,11 @@ async def _stream(websocket: WebSocket) -> None:
     streams.add(task)  # `Server.shutdown` lets it deliver its last frames
 
     async def why_closed() -> tuple[int, str]:
+        if not rt.shutting_down:
+            # A thread's subscriptions end while the server runs only when the thread is
+            # deleted: here, or on another node (its registry row may be read here before
+            # that node's deletion is visible, so it is not asked).
+            return CLOSE_UNKNOWN_THREAD, f"Thread deleted: {tid}"
         try:
             await rt.get_thread(tid)
         except (ThreadNotFound, InvalidThreadId):

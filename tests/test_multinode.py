@@ -553,3 +553,19 @@ def test_a_node_cut_off_silently_stops_its_effects_and_answers_503_while_another
         assert "lost its lease" in p.log.read_text(errors="replace")
     finally:
         proxy.stop()
+
+
+def test_a_thread_deleted_on_one_node_ends_its_stream_on_another_with_4404(
+    cluster: Cluster,
+) -> None:
+    x = cluster.start("x")
+    y = cluster.start("y")
+    tid = httpx.post(f"{y.url}/api/threads", json={}).json()["id"]
+    with ws_connect(f"ws://127.0.0.1:{x.port}/api/threads/{tid}/stream", origin=None,
+                    open_timeout=GUARD_SECONDS) as ws:
+        assert httpx.delete(f"{y.url}/api/threads/{tid}").status_code == 200
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=GUARD_SECONDS)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4404, f"Thread deleted: {tid}")
