@@ -1239,7 +1239,11 @@ class Runtime:
                     self.alarms.forget(thread_id)
                     if actor is not None:
                         await self.run_sync(actor.store.close)
-                self.hub.close_thread(thread_id)
+                if self.hub.relay is None:
+                    self.hub.close_thread(thread_id)
+                # Else the deleting node's relayed `thread_deleted` ends the thread's streams
+                # here too (after its last frames); a second one from here would be a
+                # duplicate on every node's server-wide stream.
             elif op == "paused":
                 actor = self.actors.peek(thread_id)
                 paused = bool(command.get("paused"))

@@ -569,3 +569,25 @@ def test_a_thread_deleted_on_one_node_ends_its_stream_on_another_with_4404(
                 ws.recv(timeout=GUARD_SECONDS)
     assert closed.value.rcvd is not None
     assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4404, f"Thread deleted: {tid}")
+
+
+def test_a_thread_deleted_with_two_nodes_up_is_announced_once_on_each_server_wide_stream(
+    cluster: Cluster,
+) -> None:
+    x = cluster.start("x")
+    y = cluster.start("y")
+    first, second = (httpx.post(f"{y.url}/api/threads", json={}).json()["id"]
+                     for _ in range(2))
+    with (ws_connect(f"ws://127.0.0.1:{x.port}/api/stream", origin=None,
+                     open_timeout=GUARD_SECONDS) as on_x,
+          ws_connect(f"ws://127.0.0.1:{y.port}/api/stream", origin=None,
+                     open_timeout=GUARD_SECONDS) as on_y):
+        for tid in (first, second):
+            assert httpx.delete(f"{y.url}/api/threads/{tid}").status_code == 200
+        for ws in (on_x, on_y):
+            deleted: list[str] = []
+            while second not in deleted:  # the second thread's frame comes after the first's
+                frame = json.loads(ws.recv(timeout=GUARD_SECONDS))
+                if frame["eventType"] == "thread_deleted":
+                    deleted.append(frame["threadId"])
+            assert deleted == [first, second], deleted
