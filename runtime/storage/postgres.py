@@ -208,16 +208,20 @@ _INDEX_COLUMNS = (
     "run_id, thread_id, name, status, run_at, created_at, started_at, finished_at, "
     "attempts, error, replay_of, key, canceled_by, schedule_id"
 )
+_INDEX_UPSERT = (
+    "ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
+    "run_at = excluded.run_at, started_at = excluded.started_at, "
+    "finished_at = excluded.finished_at, attempts = excluded.attempts, "
+    "error = excluded.error, canceled_by = excluded.canceled_by "
+)
+"""An index row's upsert: what a later write of a run's entry replaces (a run's name, key,
+thread and creation never change)."""
 _INDEX_RUNS = (
     f"INSERT INTO run_index ({_INDEX_COLUMNS}, user_id) "
     f"SELECT u.*, t.user_id FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
     f"%b::float8[], %b::float8[], %b::float8[], %b::float8[], %b::bigint[], %b::text[], "
     f"%b::text[], %b::text[], %b::text[], %b::text[]) AS u({_INDEX_COLUMNS}) "
-    f"JOIN threads t ON t.id = u.thread_id ORDER BY u.thread_id, u.run_id "
-    f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
-    f"run_at = excluded.run_at, started_at = excluded.started_at, "
-    f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
-    f"error = excluded.error, canceled_by = excluded.canceled_by "
+    f"JOIN threads t ON t.id = u.thread_id ORDER BY u.thread_id, u.run_id {_INDEX_UPSERT}"
     f"WHERE run_index.status NOT IN ('completed', 'failed', 'canceled') "
     f"OR excluded.status IN ('completed', 'failed', 'canceled')"
 )
@@ -1185,9 +1189,14 @@ class PostgresThreadStore(ThreadStore):
         def next_due(run_due: float | None, fire: float | None) -> float | None:
             return fire if run_due is None else run_due if fire is None else min(run_due, fire)
 
-        def finished_row(row: Sequence[Any]) -> EffectRun | None:
-            # The finish's columns then the thread's finished runs before the statement.
-            return None if row[0] is None else _row_to_run(self.thread_id, row[:-1])
+        def finished_row(c: Cursor, row: Sequence[Any] | None) -> EffectRun | None:
+            # The finish's columns then the thread's finished runs as of before the
+            # statement (the run finished here is one more): the run, old ones pruned.
+            if row is None or row[0] is None:
+                return None
+            if retention is not None:
+                self._prune_in(c, now, retention, finished_count=int(row[-1]) + 1)
+            return _row_to_run(self.thread_id, row[:-1])
 
         def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             self.claim_blocked = None
@@ -1205,15 +1214,8 @@ class PostgresThreadStore(ThreadStore):
                                          (self.thread_id,)).fetchone() is not None
             if not locked:
                 # Not claiming (or the thread is deleted): only the outcome is written.
-                finished = None
-                if finish_params is not None:
-                    out = c.execute(_FINISH_RUN, {"t": self.thread_id, **finish_params}
-                                    ).fetchone()
-                    if out is not None and out[0] is not None:
-                        finished = _row_to_run(self.thread_id, out[:-1])
-                        if retention is not None:
-                            self._prune_in(c, now, retention,
-                                           finished_count=int(out[-1]) + 1)
+                finished = None if finish_params is None else finished_row(c, c.execute(
+                    _FINISH_RUN, {"t": self.thread_id, **finish_params}).fetchone())
                 if claim:
                     self.claim_blocked = "paused"  # deleted: nothing is claimed
                 return finished, None, None
@@ -1231,11 +1233,8 @@ class PostgresThreadStore(ThreadStore):
             finished = None
             at = 2
             if finish_params is not None:
-                finished = finished_row(out[at:at + _RUN_WIDTH + 1])
+                finished = finished_row(c, out[at:at + _RUN_WIDTH + 1])
                 at += _RUN_WIDTH + 1
-                if finished is not None and retention is not None:
-                    self._prune_in(c, now, retention,
-                                   finished_count=int(out[at - 1]) + 1)
             if paused or busy:
                 self.claim_blocked = "paused" if paused else "busy"
                 return finished, None, None
@@ -2755,11 +2754,7 @@ class PostgresBackend(StorageBackend):
             f"r.canceled_by, r.schedule_id, t.user_id "
             f"FROM effect_runs r JOIN threads t ON t.id = r.thread_id "
             f"WHERE r.thread_id = ANY(%s) ORDER BY r.thread_id, r.id "
-            f"FOR SHARE OF r SKIP LOCKED "
-            f"ON CONFLICT (thread_id, run_id) DO UPDATE SET status = excluded.status, "
-            f"run_at = excluded.run_at, started_at = excluded.started_at, "
-            f"finished_at = excluded.finished_at, attempts = excluded.attempts, "
-            f"error = excluded.error, canceled_by = excluded.canceled_by "
+            f"FOR SHARE OF r SKIP LOCKED {_INDEX_UPSERT}"
             f"WHERE (run_index.status, run_index.run_at, run_index.started_at, "
             f"run_index.finished_at, run_index.attempts, run_index.error, "
             f"run_index.canceled_by) IS DISTINCT FROM (excluded.status, excluded.run_at, "
