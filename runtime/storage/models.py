@@ -500,7 +500,7 @@ def _rebuild_ddl(table: Table, dialect: Dialect) -> list[str]:
     in its transaction.
     """
     new = f"{table.name}__new"
-    copy = Table(new, MetaData(), *(c._copy() for c in table.columns), **table.dialect_kwargs)
+    copy = table.to_metadata(MetaData(), name=new)
     names = ", ".join(dialect.identifier_preparer.quote(c.name) for c in table.columns)
     statements = [
         str(CreateTable(copy).compile(dialect=dialect)).strip(),
