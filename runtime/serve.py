@@ -26,6 +26,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -222,13 +223,30 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                    default=env.get(f"{ENV}LOG_FORMAT", "text"),
                    help="text for people, or json: one object per line with the run's "
                         "fields (default text)")
+    p.argv = list(sys.argv[1:] if argv is None else argv)
     return p.parse_args(argv)
 
 
 class _Parser(argparse.ArgumentParser):
-    """Reports a bad option in one line (naming it and the accepted values), exit 2."""
+    """Reports a bad option in one line (naming it and the accepted values), exit 2.
+
+    A bad value that came from a ``THREAD_EFFECTS_*`` variable (its option not given on
+    the command line) is reported under the variable's name, not as ``argument --option``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.argv: list[str] = []
 
     def error(self, message: str) -> NoReturn:
+        found = re.match(r"argument (--[a-z-]+): (.*)", message, re.DOTALL)
+        if found is not None:
+            option, reason = found.groups()
+            variable = ENV + option[2:].upper().replace("-", "_")
+            given = any(a == option or a.startswith(option + "=") for a in self.argv)
+            if not given and os.environ.get(variable):
+                self.exit(2, f"{self.prog}: error: {variable}: {reason} "
+                             f"(--help lists the options)\n")
         self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 

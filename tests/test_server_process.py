@@ -369,6 +369,40 @@ def test_no_packages_and_its_variable_switch_package_effects_off(
         server.parse_args([])
 
 
+def test_a_bad_value_from_a_variable_is_reported_under_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        import server
+    finally:
+        sys.path.remove(str(ROOT))
+    for variable, value, reason in [
+        ("THREAD_EFFECTS_PORT", "eighty", "port must be 1..65535, got 'eighty'"),
+        ("THREAD_EFFECTS_LEASE_SECONDS", "0.1", "lease must be a number of seconds"),
+        ("THREAD_EFFECTS_DATABASE_URL", "mysql://x", "database URL must begin with"),
+        ("THREAD_EFFECTS_EFFECT_TOOL_LEASE_SECONDS", "soon", "invalid float value: 'soon'"),
+    ]:
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(SystemExit) as exited:
+            server.parse_args([])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: {variable}: {reason}" in err, err
+        assert "argument --" not in err
+        monkeypatch.delenv(variable)
+    # The same bad value given as the option is still reported as the option.
+    monkeypatch.setenv("THREAD_EFFECTS_PORT", "8000")
+    with pytest.raises(SystemExit):
+        server.parse_args(["--port", "eighty"])
+    assert "argument --port: port must be 1..65535" in capsys.readouterr().err
+    # A bad option given on the command line with its variable also set names the option.
+    monkeypatch.setenv("THREAD_EFFECTS_PORT", "eighty")
+    with pytest.raises(SystemExit):
+        server.parse_args(["--port=seventy"])
+    assert "argument --port: port must be 1..65535, got 'seventy'" in capsys.readouterr().err
+
+
 @pytest.mark.usefixtures("demo_dist")
 def test_a_server_with_no_packages_lists_no_package_effects(
     servers: Callable[..., ServerProcess],
