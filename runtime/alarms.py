@@ -21,8 +21,10 @@ The timer is `LoopTimer`: the event loop's own ``call_at``, one ``TimerHandle`` 
 id whose alarm is due within a 120 s horizon, a heap (behind one handle) beyond it. It
 replaced APScheduler 3's ``AsyncIOScheduler`` (memory job store), whose ``add_job`` took
 ≈100 µs of wall time and whose job processing took ≈13 % of the loop's CPU when runs come
-due at 2,000/s (bench/README.md, "Fifth round"); arming a handle takes a few µs. A due or
-overdue alarm fires on the next loop iteration.
+due at 2,000/s (bench/README.md, "Fifth round"). Measured alternately in one session
+(bench/bench_timer.py): arming 1.4 µs against 26 µs, an alarm armed and fired 11 µs of CPU
+against 69 µs; a restart of 100k threads still arms in ≈0.15 s (bench/bench_restart.py).
+A due or overdue alarm fires on the next loop iteration.
 """
 
 from __future__ import annotations
