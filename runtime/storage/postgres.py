@@ -58,6 +58,7 @@ from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage import records as _records
 from runtime.storage.base import (
     Finish,
+    FrameDraft,
     RunQuery,
     RuntimeStore,
     StorageBackend,
@@ -1777,8 +1778,16 @@ class PostgresRuntimeStore(RuntimeStore):
 
         return self._tx(tx)
 
-    def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
+    def delete_thread(  # noqa: D102 - contract in base
+        self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+    ) -> bool:
         def tx(c: Cursor) -> bool:
+            if frame is not None and c.execute(
+                "SELECT 1 FROM threads WHERE id = %s FOR UPDATE", (thread_id,)
+            ).fetchone() is not None:
+                # The frame's counter row before the alarm row: the order in which a run's
+                # insert locks them (`_insert_run_sql`), so the two never deadlock.
+                self._backend.cluster.append_frames_in(c, [frame], now)
             c.execute("DELETE FROM alarms WHERE thread_id = %s", (thread_id,))
             c.execute("DELETE FROM paused_threads WHERE thread_id = %s", (thread_id,))
             c.execute("DELETE FROM run_index WHERE thread_id = %s", (thread_id,))
