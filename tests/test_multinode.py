@@ -51,14 +51,14 @@ class Cluster:
         self.nodes: dict[str, ServerProcess] = {}
 
     def start(self, name: str, *args: str, database_url: str | None = None,
-              lease_seconds: float = LEASE_SECONDS) -> ServerProcess:
+              lease_seconds: float = LEASE_SECONDS, **env: str) -> ServerProcess:
         data = self.tmp_path / name
         data.mkdir()
         server = ServerProcess(
             data, self.tmp_path / f"{name}.log", "--app-dir", str(APP), "--no-packages",
             "--node-id", name, "--lease-seconds", f"{lease_seconds:g}", *args,
             THREAD_EFFECTS_DATABASE_URL=database_url or self.database_url,
-            MULTINODE_LOG=str(self.executions), MULTINODE_NODE=name,
+            MULTINODE_LOG=str(self.executions), MULTINODE_NODE=name, **env,
         )
         self.nodes[name] = server
         return server.start()
@@ -591,3 +591,36 @@ def test_a_thread_deleted_with_two_nodes_up_is_announced_once_on_each_server_wid
                 if frame["eventType"] == "thread_deleted":
                     deleted.append(frame["threadId"])
             assert deleted == [first, second], deleted
+
+
+def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_streams_elsewhere(
+    cluster: Cluster,
+) -> None:
+    """The deleting node dies between its deletion's commit and anything else it would do.
+
+    Its deletion is announced all the same: the stream of the thread on the other node ends
+    with 4404, and that node's server-wide stream gets the deletion once, before the next one.
+    """
+    x = cluster.start("x")
+    y = cluster.start("y", MULTINODE_EXIT_AFTER_DELETE="1")
+    tid, other = (httpx.post(f"{x.url}/api/threads", json={}).json()["id"] for _ in range(2))
+    with (ws_connect(f"ws://127.0.0.1:{x.port}/api/threads/{tid}/stream", origin=None,
+                     open_timeout=GUARD_SECONDS) as ws,
+          ws_connect(f"ws://127.0.0.1:{x.port}/api/stream", origin=None,
+                     open_timeout=GUARD_SECONDS) as everything):
+        with pytest.raises(httpx.TransportError):  # y exits before it answers
+            httpx.delete(f"{y.url}/api/threads/{tid}", timeout=GUARD_SECONDS)
+        assert y.proc is not None and y.proc.wait(GUARD_SECONDS) == 70, cluster.logs()
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=2 * LEASE_SECONDS)
+        assert closed.value.rcvd is not None, cluster.logs()
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+            4404, f"Thread deleted: {tid}")
+        assert httpx.delete(f"{x.url}/api/threads/{other}").status_code == 200
+        deleted: list[str] = []
+        while other not in deleted:
+            frame = json.loads(everything.recv(timeout=GUARD_SECONDS))
+            if frame["eventType"] == "thread_deleted":
+                deleted.append(frame["threadId"])
+        assert deleted == [tid, other], deleted
