@@ -319,6 +319,24 @@ number its ``scheduled`` frame takes, in the run's own transaction, so that no o
 node's frame of that run (its claim, which commits later) is numbered before it."""
 
 
+_TAKE_DELETION_SEQ = (
+    "INSERT INTO frame_counters (thread_id, last_seq) SELECT id, 1 FROM threads "
+    "WHERE id = %s FOR UPDATE ON CONFLICT (thread_id) DO UPDATE SET "
+    "last_seq = frame_counters.last_seq + 1 RETURNING last_seq"
+)
+"""Lock a thread's registry row and raise its frame counter by one: the number its
+``thread_deleted`` frame takes in the deletion's transaction (no row: no such thread)."""
+
+_DELETE_THREAD = (
+    "WITH a AS (DELETE FROM alarms WHERE thread_id = %(t)s), "
+    "p AS (DELETE FROM paused_threads WHERE thread_id = %(t)s), "
+    "i AS (DELETE FROM run_index WHERE thread_id = %(t)s) "
+    "DELETE FROM threads WHERE id = %(t)s"
+)
+"""A thread's registry entry, alarm row, pause mark and run index rows, in one statement
+(its row count: whether the thread existed)."""
+
+
 _FINISH_RUN = (
     f"WITH f AS (UPDATE effect_runs SET status = %(status)s, error = %(error)s, "
     f"finished_at = %(at)s, canceled_by = %(by)s WHERE thread_id = %(t)s AND id = %(id)s "
@@ -1782,16 +1800,15 @@ class PostgresRuntimeStore(RuntimeStore):
         self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
     ) -> bool:
         def tx(c: Cursor) -> bool:
-            if frame is not None and c.execute(
-                "SELECT 1 FROM threads WHERE id = %s FOR UPDATE", (thread_id,)
-            ).fetchone() is not None:
-                # The frame's counter row before the alarm row: the order in which a run's
-                # insert locks them (`_insert_run_sql`), so the two never deadlock.
-                self._backend.cluster.append_frames_in(c, [frame], now)
-            c.execute("DELETE FROM alarms WHERE thread_id = %s", (thread_id,))
-            c.execute("DELETE FROM paused_threads WHERE thread_id = %s", (thread_id,))
-            c.execute("DELETE FROM run_index WHERE thread_id = %s", (thread_id,))
-            return c.execute("DELETE FROM threads WHERE id = %s", (thread_id,)).rowcount == 1
+            if frame is not None:
+                # The thread's registry row, then its frame counter, then (below) its alarm
+                # row: a run's insert locks the counter before the alarm row
+                # (`_insert_run_sql`), so the two never deadlock. No thread, no number.
+                row = c.execute(_TAKE_DELETION_SEQ, (thread_id,)).fetchone()
+                if row is not None:
+                    self._backend.cluster.append_frames_in(
+                        c, [replace(frame, seq=int(row[0]))], now)
+            return c.execute(_DELETE_THREAD, {"t": thread_id}).rowcount == 1
 
         return self._tx(tx)
 
