@@ -821,6 +821,7 @@ class RuntimeStore(ABC):
     @abstractmethod
     def delete_thread(
         self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
     ) -> bool:
         """Remove a thread, its alarm, its pause mark and its indexed runs in one transaction.
 
@@ -835,9 +836,17 @@ class RuntimeStore(ABC):
                 backend without a bus ignores it.
             now: When the frame was made (seconds, UTC): what `ClusterBus.prune_frames`
                 compares.
+            notify: A notification ``(channel, payload)`` that a backend with a cluster
+                bus queues in the same transaction after the frame (`ClusterBus.notify_sql`),
+                only if the thread exists: sent when the deletion commits, never without it.
+                A backend without a bus ignores it.
 
         Returns:
-            False if the thread did not exist (no frame was written).
+            False if the thread did not exist (no frame was written, nothing notified).
+
+        Raises:
+            ValueError: ``notify`` names an invalid channel or its payload is too long
+                (as `ClusterBus.notify`); nothing was deleted.
         """
 
     @abstractmethod

@@ -795,8 +795,9 @@ class MemoryRuntimeStore(RuntimeStore):
 
     def delete_thread(  # noqa: D102 - contract in base
         self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
     ) -> bool:
-        del frame, now  # no cluster bus: nothing to announce
+        del frame, now, notify  # no cluster bus: nothing to announce
         with self._backend.lock:
             backend = self._check()
             backend.alarms.pop(thread_id, None)

@@ -1798,7 +1798,10 @@ class PostgresRuntimeStore(RuntimeStore):
 
     def delete_thread(  # noqa: D102 - contract in base
         self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
     ) -> bool:
+        bus = self._backend.cluster
+
         def tx(c: Cursor) -> bool:
             if frame is not None:
                 # The thread's registry row, then its frame counter, then (below) its alarm
@@ -1806,9 +1809,11 @@ class PostgresRuntimeStore(RuntimeStore):
                 # (`_insert_run_sql`), so the two never deadlock. No thread, no number.
                 row = c.execute(_TAKE_DELETION_SEQ, (thread_id,)).fetchone()
                 if row is not None:
-                    self._backend.cluster.append_frames_in(
-                        c, [replace(frame, seq=int(row[0]))], now)
-            return c.execute(_DELETE_THREAD, {"t": thread_id}).rowcount == 1
+                    bus.append_frames_in(c, [replace(frame, seq=int(row[0]))], now)
+            existed: bool = c.execute(_DELETE_THREAD, {"t": thread_id}).rowcount == 1
+            if existed and notify is not None:
+                bus.notify_sql(c, *notify)  # sent at the commit, after the frame's
+            return existed
 
         return self._tx(tx)
 

@@ -1406,8 +1406,9 @@ class SQLiteRuntimeStore(RuntimeStore):
 
     def delete_thread(  # noqa: D102 - contract in base
         self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
     ) -> bool:
-        del frame, now  # no cluster bus: nothing to announce
+        del frame, now, notify  # no cluster bus: nothing to announce
 
         def tx(c: sqlite3.Connection) -> bool:
             c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,))

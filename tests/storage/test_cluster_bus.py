@@ -305,3 +305,33 @@ async def _delete_announced(a: PostgresBackend, store: Any, inbox: Inbox) -> Non
     assert await asyncio.to_thread(a.cluster.read_frames, "t1", 1) == [
         (2, "thread_deleted", '{"eventType":"thread_deleted","seq":2}')]
     assert await asyncio.to_thread(store.get_thread, "t1") is None
+
+
+async def test_a_threads_deletion_sends_its_notification_at_its_commit_only_if_it_existed(
+    nodes: tuple[PostgresBackend, PostgresBackend], pg_url: str,
+) -> None:
+    from runtime.storage.base import FrameDraft, ThreadInfo
+
+    _, b = nodes
+    inbox = Inbox()
+    b.cluster.listen("commands", inbox)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+    a = PostgresBackend(pg_url, node_id=f"bus-node-{next(_node_ids)}")
+    store = await asyncio.to_thread(a.open)
+    try:
+        assert await asyncio.to_thread(store.add_thread, ThreadInfo(id="t1", created_at_ts=1.0))
+        for _ in range(2):  # the second finds no thread: nothing is sent
+            await asyncio.to_thread(
+                store.delete_thread, "t1",
+                frame=FrameDraft("t1", "thread_deleted", lambda seq: f'{{"seq":{seq}}}'),
+                now=1001.0, notify=("commands", '{"op":"deleted","thread":"t1"}'))
+        await asyncio.to_thread(a.cluster.notify, "commands", "last")
+        await inbox.until(lambda: "last" in inbox.payloads)
+        assert inbox.payloads == ['{"op":"deleted","thread":"t1"}', "last"]
+        assert await asyncio.to_thread(store.add_thread, ThreadInfo(id="t2", created_at_ts=1.0))
+        with pytest.raises(ValueError):  # checked as `notify` checks it: nothing deleted
+            await asyncio.to_thread(store.delete_thread, "t2",
+                                    notify=("commands", "x" * 9000))
+        assert await asyncio.to_thread(store.get_thread, "t2") is not None
+    finally:
+        await asyncio.to_thread(a.close)
