@@ -1086,15 +1086,17 @@ class Runtime:
         numbered: list[ThreadEvent] = []
         delete = partial(store.delete_thread, thread_id)
         if cluster is not None:
-            # The deletion's frame is written and announced by its own transaction (no
-            # node dying after the commit leaves other nodes' streams of the thread open),
-            # after the frames of the thread's last changes.
+            # The deletion's frame and its `deleted` command are written and announced by
+            # its own transaction (no node dying after the commit leaves the thread's
+            # streams open, its cached entries served or its runs running on other
+            # nodes), after the frames of the thread's last changes.
             if not await cluster.sent_so_far(DELETE_FRAMES_WAIT_SECONDS):
                 log.warning("thread %s: deleted before its last frames were written (the "
                             "database is slow); they come after its deletion", thread_id)
             draft, numbered = cluster.deletion_draft(thread_id)
             delete = partial(store.delete_thread, thread_id, frame=draft,
-                             now=self.clock.now())
+                             now=self.clock.now(),
+                             notify=(COMMANDS_CHANNEL, self._command("deleted", thread_id)))
         try:
             existed = await self.alarms.delete_with(thread_id, delete)
         except BaseException:
@@ -1110,8 +1112,6 @@ class Runtime:
         else:
             self.hub.close_thread(thread_id)
         await self.actors.remove_store(thread_id, actor)
-        if existed:  # a run of it running on another node is canceled there
-            await self._send_command(self._command("deleted", thread_id))
         return existed
 
     # ------------------------------------------------- wiring between the parts

@@ -223,7 +223,8 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
     starts: dict[int, list[dict[str, Any]]] = defaultdict(list)
     ends: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for line in executions:
-        (starts if line["event"] == "start" else ends)[line["item"]].append(line)
+        if line["event"] != "canceled":
+            (starts if line["event"] == "start" else ends)[line["item"]].append(line)
 
     requeued_from_killed = 0
     ran_on: set[str] = set()
@@ -598,12 +599,20 @@ def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_strea
 ) -> None:
     """The deleting node dies between its deletion's commit and anything else it would do.
 
-    Its deletion is announced all the same: the stream of the thread on the other node ends
-    with 4404, and that node's server-wide stream gets the deletion once, before the next one.
+    Its deletion reaches the other node all the same: the stream of the thread there ends
+    with 4404, its server-wide stream gets the deletion once (before the next one), the
+    thread and its runs answer 404 there, and the thread's run running there is canceled
+    mid-effect (its effect code sees the cancellation and never ends).
     """
     x = cluster.start("x")
-    y = cluster.start("y", MULTINODE_EXIT_AFTER_DELETE="1")
+    y = cluster.start("y", *NO_CLAIMS, MULTINODE_EXIT_AFTER_DELETE="1")
     tid, other = (httpx.post(f"{x.url}/api/threads", json={}).json()["id"] for _ in range(2))
+    run_id = httpx.post(f"{x.url}/api/threads/{tid}/effects",
+                        json={"name": "work", "args": {"item": 1, "seconds": 25}}).json()["id"]
+    deadline = time.monotonic() + GUARD_SECONDS
+    while not any(e["item"] == 1 for e in cluster.read_executions()):  # running on x
+        assert time.monotonic() < deadline, f"the run never started\n{cluster.logs()}"
+        time.sleep(0.05)
     with (ws_connect(f"ws://127.0.0.1:{x.port}/api/threads/{tid}/stream", origin=None,
                      open_timeout=GUARD_SECONDS) as ws,
           ws_connect(f"ws://127.0.0.1:{x.port}/api/stream", origin=None,
@@ -617,6 +626,19 @@ def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_strea
         assert closed.value.rcvd is not None, cluster.logs()
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
             4404, f"Thread deleted: {tid}")
+        # The deletion's command came with its frame: applied a moment after the 4404
+        # (before, x answered 200 from its cached entry for as long as it ran).
+        deadline = time.monotonic() + 5 * LEASE_SECONDS
+        while httpx.get(f"{x.url}/api/threads/{tid}").status_code != 404:
+            assert time.monotonic() < deadline, f"x still serves the thread\n{cluster.logs()}"
+            time.sleep(0.1)
+        assert httpx.get(f"{x.url}/api/threads/{tid}/effects").status_code == 404
+        assert httpx.get(f"{x.url}/api/threads/{tid}/effects/{run_id}").status_code == 404
+        deadline = time.monotonic() + GUARD_SECONDS
+        while [e["event"] for e in cluster.read_executions()] != ["start", "canceled"]:
+            assert time.monotonic() < deadline, cluster.read_executions()
+            time.sleep(0.05)
+        assert [e["node"] for e in cluster.read_executions()] == ["x", "x"]
         assert httpx.delete(f"{x.url}/api/threads/{other}").status_code == 200
         deleted: list[str] = []
         while other not in deleted:
