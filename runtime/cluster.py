@@ -189,6 +189,7 @@ class ClusterNode:
         self._appends_begun = 0
         self._appends_done = 0
         self._appended = asyncio.Event()
+        self._taken = 0  # frames taken off the queue so far (written, or dropped)
         self.polls = 0
         self._wake_listening = False
         self.wakeups_armed = 0
@@ -376,11 +377,52 @@ class ClusterNode:
         self._queue.append(event)
         if len(self._queue) > MAX_QUEUED_FRAMES:
             dropped = self._queue.popleft()
+            self._taken += 1
             log.error("cluster: over %d frames wait for the database; dropping one of "
                       "thread %s (its clients will see a gap)", MAX_QUEUED_FRAMES,
                       dropped.thread_id)
         self._idle.clear()
         self._queued.set()
+
+    async def sent_so_far(self, wait_seconds: float) -> bool:
+        """Wait up to ``wait_seconds`` for the frames queued before this call to be written.
+
+        Frames queued later are not waited for (the wait ends under a steady stream of
+        changes). A frame dropped from a full queue counts as written.
+
+        Returns:
+            True if they were written in time.
+        """
+        target = self._taken + len(self._queue)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_seconds):
+                while self._taken < target:
+                    self._appended.clear()
+                    await self._appended.wait()
+                return True
+        return False
+
+    def deletion_draft(self, thread_id: str) -> tuple[FrameDraft, list[ThreadEvent]]:
+        """The ``thread_deleted`` frame of ``thread_id``, for its deletion's own transaction.
+
+        `RuntimeStore.delete_thread` numbers, stores and announces it as the deletion
+        commits, so the other nodes end the thread's streams whatever becomes of this node
+        afterwards. Its ``render`` puts the numbered event in the list returned with it,
+        for `deliver_written` (this node's own notifications are skipped unread).
+        """
+        numbered: list[ThreadEvent] = []
+        return self._draft(ThreadDeleted(thread_id=thread_id, seq=0), numbered), numbered
+
+    def deliver_written(self, numbered: list[ThreadEvent]) -> None:
+        """Hand a frame that its change's transaction wrote to this node's subscribers.
+
+        ``numbered`` is what the draft's ``render`` put there (`deletion_draft`): empty if
+        the frame was not written, and only its last entry is the committed one (a retried
+        transaction renders again). Delivered in the thread's ``seq`` order, as the
+        relay's own frames are.
+        """
+        if numbered:
+            self._deliver_own(numbered[-1:])
 
     @staticmethod
     def _draft(event: ThreadEvent, numbered: list[ThreadEvent]) -> FrameDraft:
@@ -426,6 +468,7 @@ class ClusterNode:
             delay = _RETRY_FIRST_SECONDS
             for _ in batch:
                 self._queue.popleft()
+            self._taken += len(batch)
             # This node's own frames go to its subscribers from the append's result: its
             # own notifications are skipped unread (`_on_frames`).
             self._deliver_own(numbered)

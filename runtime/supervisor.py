@@ -71,7 +71,7 @@ from runtime.errors import (
     ThreadNotFound,
     ThreadStorageError,
 )
-from runtime.events import RunChange
+from runtime.events import RunChange, ThreadEvent
 from runtime.executor import (
     IN_EFFECT,
     RETRY_FIRST_SECONDS,
@@ -124,6 +124,10 @@ LOCK_RECHECK_SECONDS = 2.0
 """OS threads for store calls. Measured with bench/bench_effects.py (2 cores, FULL): 16
 gave lag p99 88 ms and loop stalls of 13 ms where 32 gave 199 ms and 25 ms; more threads
 mostly add GIL contention, fewer leave the disk's parallel fsyncs unused."""
+
+DELETE_FRAMES_WAIT_SECONDS = 5.0
+"""With nodes sharing the backend, how long a thread's deletion waits for the frames this
+node queued before it to be written, so that they are numbered before its deletion's."""
 
 
 def _default_backend(settings: Settings) -> StorageBackend:
@@ -1078,10 +1082,23 @@ class Runtime:
             # (an alarm row among them); later ones see it deleted and write nothing.
             async with actor.lock:
                 pass
+        cluster = self.cluster
+        numbered: list[ThreadEvent] = []
+        delete = partial(store.delete_thread, thread_id)
+        if cluster is not None:
+            # The deletion's frame and its `deleted` command are written and announced by
+            # its own transaction (no node dying after the commit leaves the thread's
+            # streams open, its cached entries served or its runs running on other
+            # nodes), after the frames of the thread's last changes.
+            if not await cluster.sent_so_far(DELETE_FRAMES_WAIT_SECONDS):
+                log.warning("thread %s: deleted before its last frames were written (the "
+                            "database is slow); they come after its deletion", thread_id)
+            draft, numbered = cluster.deletion_draft(thread_id)
+            delete = partial(store.delete_thread, thread_id, frame=draft,
+                             now=self.clock.now(),
+                             notify=(COMMANDS_CHANNEL, self._command("deleted", thread_id)))
         try:
-            existed = await self.alarms.delete_with(
-                thread_id, partial(store.delete_thread, thread_id)
-            )
+            existed = await self.alarms.delete_with(thread_id, delete)
         except BaseException:
             # Nothing was deleted (the registry entry and its alarm row go in one
             # transaction): the thread lives on (`delete_thread` re-arms its timer); its
@@ -1090,10 +1107,11 @@ class Runtime:
             if actor is not None:
                 await self.run_sync(actor.store.close)
             raise
-        self.hub.close_thread(thread_id)
+        if cluster is not None:
+            cluster.deliver_written(numbered)  # nothing if it did not exist
+        else:
+            self.hub.close_thread(thread_id)
         await self.actors.remove_store(thread_id, actor)
-        if existed:  # a run of it running on another node is canceled there
-            await self._send_command(self._command("deleted", thread_id))
         return existed
 
     # ------------------------------------------------- wiring between the parts
@@ -1241,9 +1259,9 @@ class Runtime:
                         await self.run_sync(actor.store.close)
                 if self.hub.relay is None:
                     self.hub.close_thread(thread_id)
-                # Else the deleting node's relayed `thread_deleted` ends the thread's streams
-                # here too (after its last frames); a second one from here would be a
-                # duplicate on every node's server-wide stream.
+                # Else the `thread_deleted` frame the deletion's own transaction announced
+                # ends the thread's streams here too (after its last frames); a second one
+                # from here would be a duplicate on every node's server-wide stream.
             elif op == "paused":
                 actor = self.actors.peek(thread_id)
                 paused = bool(command.get("paused"))

@@ -257,8 +257,16 @@ async def test_a_deleted_threads_subscribers_on_another_node_are_told_and_closed
         async with asyncio.timeout(GUARD):
             await sub.wait_closed()
         seen = await take(every, 2)
+        # A thread deleted right after a change: the change's frame still comes first.
+        for _ in range(3):
+            tc = await a.create_thread()
+            await tc.schedule_effect("note", {"text": "y"}, 3600)
+            await a.delete_thread(tc.thread_id)
+        later = await take(every, 6)
     assert [f["eventType"] for f in frames_of(seen)] == ["effect_changed", "thread_deleted"]
     assert [e.seq for e in seen] == [1, 2]
+    assert [f["eventType"] for f in frames_of(later)] == [
+        "effect_changed", "thread_deleted"] * 3
 
 
 async def test_a_node_decodes_no_frames_of_its_own_nor_of_threads_it_has_no_subscriber_of(

@@ -49,7 +49,7 @@ async def test_a_delete_the_runtime_store_refuses_keeps_the_thread_and_its_due_r
         registry = rt.actors.registry
         assert registry is not None
 
-        def disk_full(thread_id: str) -> bool:
+        def disk_full(thread_id: str, **announce: object) -> bool:
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(registry, "delete_thread", disk_full)

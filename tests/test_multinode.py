@@ -51,14 +51,14 @@ class Cluster:
         self.nodes: dict[str, ServerProcess] = {}
 
     def start(self, name: str, *args: str, database_url: str | None = None,
-              lease_seconds: float = LEASE_SECONDS) -> ServerProcess:
+              lease_seconds: float = LEASE_SECONDS, **env: str) -> ServerProcess:
         data = self.tmp_path / name
         data.mkdir()
         server = ServerProcess(
             data, self.tmp_path / f"{name}.log", "--app-dir", str(APP), "--no-packages",
             "--node-id", name, "--lease-seconds", f"{lease_seconds:g}", *args,
             THREAD_EFFECTS_DATABASE_URL=database_url or self.database_url,
-            MULTINODE_LOG=str(self.executions), MULTINODE_NODE=name,
+            MULTINODE_LOG=str(self.executions), MULTINODE_NODE=name, **env,
         )
         self.nodes[name] = server
         return server.start()
@@ -223,7 +223,8 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
     starts: dict[int, list[dict[str, Any]]] = defaultdict(list)
     ends: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for line in executions:
-        (starts if line["event"] == "start" else ends)[line["item"]].append(line)
+        if line["event"] != "canceled":
+            (starts if line["event"] == "start" else ends)[line["item"]].append(line)
 
     requeued_from_killed = 0
     ran_on: set[str] = set()
@@ -591,3 +592,57 @@ def test_a_thread_deleted_with_two_nodes_up_is_announced_once_on_each_server_wid
                 if frame["eventType"] == "thread_deleted":
                     deleted.append(frame["threadId"])
             assert deleted == [first, second], deleted
+
+
+def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_streams_elsewhere(
+    cluster: Cluster,
+) -> None:
+    """The deleting node dies between its deletion's commit and anything else it would do.
+
+    Its deletion reaches the other node all the same: the stream of the thread there ends
+    with 4404, its server-wide stream gets the deletion once (before the next one), the
+    thread and its runs answer 404 there, and the thread's run running there is canceled
+    mid-effect (its effect code sees the cancellation and never ends).
+    """
+    x = cluster.start("x")
+    y = cluster.start("y", *NO_CLAIMS, MULTINODE_EXIT_AFTER_DELETE="1")
+    tid, other = (httpx.post(f"{x.url}/api/threads", json={}).json()["id"] for _ in range(2))
+    run_id = httpx.post(f"{x.url}/api/threads/{tid}/effects",
+                        json={"name": "work", "args": {"item": 1, "seconds": 25}}).json()["id"]
+    deadline = time.monotonic() + GUARD_SECONDS
+    while not any(e["item"] == 1 for e in cluster.read_executions()):  # running on x
+        assert time.monotonic() < deadline, f"the run never started\n{cluster.logs()}"
+        time.sleep(0.05)
+    with (ws_connect(f"ws://127.0.0.1:{x.port}/api/threads/{tid}/stream", origin=None,
+                     open_timeout=GUARD_SECONDS) as ws,
+          ws_connect(f"ws://127.0.0.1:{x.port}/api/stream", origin=None,
+                     open_timeout=GUARD_SECONDS) as everything):
+        with pytest.raises(httpx.TransportError):  # y exits before it answers
+            httpx.delete(f"{y.url}/api/threads/{tid}", timeout=GUARD_SECONDS)
+        assert y.proc is not None and y.proc.wait(GUARD_SECONDS) == 70, cluster.logs()
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=2 * LEASE_SECONDS)
+        assert closed.value.rcvd is not None, cluster.logs()
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (
+            4404, f"Thread deleted: {tid}")
+        # The deletion's command came with its frame: applied a moment after the 4404
+        # (before, x answered 200 from its cached entry for as long as it ran).
+        deadline = time.monotonic() + 5 * LEASE_SECONDS
+        while httpx.get(f"{x.url}/api/threads/{tid}").status_code != 404:
+            assert time.monotonic() < deadline, f"x still serves the thread\n{cluster.logs()}"
+            time.sleep(0.1)
+        assert httpx.get(f"{x.url}/api/threads/{tid}/effects").status_code == 404
+        assert httpx.get(f"{x.url}/api/threads/{tid}/effects/{run_id}").status_code == 404
+        deadline = time.monotonic() + GUARD_SECONDS
+        while [e["event"] for e in cluster.read_executions()] != ["start", "canceled"]:
+            assert time.monotonic() < deadline, cluster.read_executions()
+            time.sleep(0.05)
+        assert [e["node"] for e in cluster.read_executions()] == ["x", "x"]
+        assert httpx.delete(f"{x.url}/api/threads/{other}").status_code == 200
+        deleted: list[str] = []
+        while other not in deleted:
+            frame = json.loads(everything.recv(timeout=GUARD_SECONDS))
+            if frame["eventType"] == "thread_deleted":
+                deleted.append(frame["threadId"])
+        assert deleted == [tid, other], deleted

@@ -819,11 +819,34 @@ class RuntimeStore(ABC):
         """
 
     @abstractmethod
-    def delete_thread(self, thread_id: str) -> bool:
+    def delete_thread(
+        self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
+    ) -> bool:
         """Remove a thread, its alarm, its pause mark and its indexed runs in one transaction.
 
+        Args:
+            thread_id: The thread.
+            frame: The deletion's ``thread_deleted`` frame. A backend with a cluster bus
+                numbers, stores and announces it in the same transaction (as
+                `ClusterBus.append_frames` would), before anything else is removed, only if
+                the thread exists: the other nodes hear of the deletion exactly when it
+                commits, whatever becomes of this node afterwards. ``frame.render`` is
+                called once the number is known (again if the transaction is retried). A
+                backend without a bus ignores it.
+            now: When the frame was made (seconds, UTC): what `ClusterBus.prune_frames`
+                compares.
+            notify: A notification ``(channel, payload)`` that a backend with a cluster
+                bus queues in the same transaction after the frame (`ClusterBus.notify_sql`),
+                only if the thread exists: sent when the deletion commits, never without it.
+                A backend without a bus ignores it.
+
         Returns:
-            False if the thread did not exist.
+            False if the thread did not exist (no frame was written, nothing notified).
+
+        Raises:
+            ValueError: ``notify`` names an invalid channel or its payload is too long
+                (as `ClusterBus.notify`); nothing was deleted.
         """
 
     @abstractmethod

@@ -28,6 +28,7 @@ from runtime.messages import Message, message_from_row
 from runtime.recurrence import Schedule, ScheduleState
 from runtime.storage.base import (
     Finish,
+    FrameDraft,
     RunQuery,
     RuntimeStore,
     StorageBackend,
@@ -792,7 +793,11 @@ class MemoryRuntimeStore(RuntimeStore):
             threads[thread_id] = replace(info, paused=paused)
             return True
 
-    def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
+    def delete_thread(  # noqa: D102 - contract in base
+        self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
+    ) -> bool:
+        del frame, now, notify  # no cluster bus: nothing to announce
         with self._backend.lock:
             backend = self._check()
             backend.alarms.pop(thread_id, None)

@@ -58,6 +58,7 @@ from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage import records as _records
 from runtime.storage.base import (
     Finish,
+    FrameDraft,
     RunQuery,
     RuntimeStore,
     StorageBackend,
@@ -316,6 +317,24 @@ _TAKE_FRAME_SEQ = (
 """Raise the thread's frame counter by one for each row of ``ins`` (the new run): the
 number its ``scheduled`` frame takes, in the run's own transaction, so that no other
 node's frame of that run (its claim, which commits later) is numbered before it."""
+
+
+_TAKE_DELETION_SEQ = (
+    "INSERT INTO frame_counters (thread_id, last_seq) SELECT id, 1 FROM threads "
+    "WHERE id = %s FOR UPDATE ON CONFLICT (thread_id) DO UPDATE SET "
+    "last_seq = frame_counters.last_seq + 1 RETURNING last_seq"
+)
+"""Lock a thread's registry row and raise its frame counter by one: the number its
+``thread_deleted`` frame takes in the deletion's transaction (no row: no such thread)."""
+
+_DELETE_THREAD = (
+    "WITH a AS (DELETE FROM alarms WHERE thread_id = %(t)s), "
+    "p AS (DELETE FROM paused_threads WHERE thread_id = %(t)s), "
+    "i AS (DELETE FROM run_index WHERE thread_id = %(t)s) "
+    "DELETE FROM threads WHERE id = %(t)s"
+)
+"""A thread's registry entry, alarm row, pause mark and run index rows, in one statement
+(its row count: whether the thread existed)."""
 
 
 _FINISH_RUN = (
@@ -1777,12 +1796,24 @@ class PostgresRuntimeStore(RuntimeStore):
 
         return self._tx(tx)
 
-    def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
+    def delete_thread(  # noqa: D102 - contract in base
+        self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
+    ) -> bool:
+        bus = self._backend.cluster
+
         def tx(c: Cursor) -> bool:
-            c.execute("DELETE FROM alarms WHERE thread_id = %s", (thread_id,))
-            c.execute("DELETE FROM paused_threads WHERE thread_id = %s", (thread_id,))
-            c.execute("DELETE FROM run_index WHERE thread_id = %s", (thread_id,))
-            return c.execute("DELETE FROM threads WHERE id = %s", (thread_id,)).rowcount == 1
+            if frame is not None:
+                # The thread's registry row, then its frame counter, then (below) its alarm
+                # row: a run's insert locks the counter before the alarm row
+                # (`_insert_run_sql`), so the two never deadlock. No thread, no number.
+                row = c.execute(_TAKE_DELETION_SEQ, (thread_id,)).fetchone()
+                if row is not None:
+                    bus.append_frames_in(c, [replace(frame, seq=int(row[0]))], now)
+            existed: bool = c.execute(_DELETE_THREAD, {"t": thread_id}).rowcount == 1
+            if existed and notify is not None:
+                bus.notify_sql(c, *notify)  # sent at the commit, after the frame's
+            return existed
 
         return self._tx(tx)
 

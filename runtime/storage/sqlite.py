@@ -43,6 +43,7 @@ from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage import records as _records
 from runtime.storage.base import (
     Finish,
+    FrameDraft,
     RunQuery,
     RuntimeStore,
     StorageBackend,
@@ -1403,7 +1404,12 @@ class SQLiteRuntimeStore(RuntimeStore):
 
         return self._tx(tx)
 
-    def delete_thread(self, thread_id: str) -> bool:  # noqa: D102
+    def delete_thread(  # noqa: D102 - contract in base
+        self, thread_id: str, *, frame: FrameDraft | None = None, now: float = 0.0,
+        notify: tuple[str, str] | None = None,
+    ) -> bool:
+        del frame, now, notify  # no cluster bus: nothing to announce
+
         def tx(c: sqlite3.Connection) -> bool:
             c.execute("DELETE FROM alarms WHERE thread_id = ?", (thread_id,))
             c.execute("DELETE FROM paused_threads WHERE thread_id = ?", (thread_id,))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -260,3 +261,77 @@ async def test_frames_are_numbered_per_thread_stored_announced_and_pruned(
     assert len(stored[1][2]) > 9000
     assert await asyncio.to_thread(a.cluster.prune_frames, 1500.0) == 4
     assert [s for s, _, _ in await asyncio.to_thread(a.cluster.read_frames, "t1", 0)] == [4]
+
+
+async def test_a_threads_deletion_numbers_stores_and_announces_its_frame_in_its_own_transaction(
+    nodes: tuple[PostgresBackend, PostgresBackend], pg_url: str,
+) -> None:
+    _, b = nodes
+    inbox = Inbox()
+    b.cluster.listen("frames", inbox)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+    a = PostgresBackend(pg_url, node_id=f"bus-node-{next(_node_ids)}")
+    store = await asyncio.to_thread(a.open)
+    try:
+        await _delete_announced(a, store, inbox)
+    finally:
+        await asyncio.to_thread(a.close)
+
+
+async def _delete_announced(a: PostgresBackend, store: Any, inbox: Inbox) -> None:
+    from runtime.storage.base import FrameDraft, ThreadInfo, decode_frames
+
+    assert await asyncio.to_thread(store.add_thread, ThreadInfo(id="t1", created_at_ts=1.0))
+    assert await asyncio.to_thread(a.cluster.append_frames, [
+        FrameDraft("t1", "effect_changed", lambda seq: f'{{"seq":{seq}}}')], 1000.0) == [1]
+    rendered: list[int] = []
+
+    def deleted(thread_id: str) -> FrameDraft:
+        def render(seq: int) -> str:
+            rendered.append(seq)
+            return f'{{"eventType":"thread_deleted","seq":{seq}}}'
+        return FrameDraft(thread_id, "thread_deleted", render)
+
+    assert await asyncio.to_thread(store.delete_thread, "t1", frame=deleted("t1"), now=1001.0)
+    # A thread that does not exist (deleted already): no frame, no number taken.
+    assert not await asyncio.to_thread(store.delete_thread, "t1", frame=deleted("t1"),
+                                       now=1002.0)
+    assert rendered == [2]
+    await inbox.until(lambda: len(inbox.payloads) == 2)
+    sender, frames = decode_frames(inbox.payloads[1])
+    assert sender == a.cluster.sender
+    assert [(f.thread_id, f.seq, f.kind, f.text) for f in frames] == [
+        ("t1", 2, "thread_deleted", '{"eventType":"thread_deleted","seq":2}')]
+    assert await asyncio.to_thread(a.cluster.read_frames, "t1", 1) == [
+        (2, "thread_deleted", '{"eventType":"thread_deleted","seq":2}')]
+    assert await asyncio.to_thread(store.get_thread, "t1") is None
+
+
+async def test_a_threads_deletion_sends_its_notification_at_its_commit_only_if_it_existed(
+    nodes: tuple[PostgresBackend, PostgresBackend], pg_url: str,
+) -> None:
+    from runtime.storage.base import FrameDraft, ThreadInfo
+
+    _, b = nodes
+    inbox = Inbox()
+    b.cluster.listen("commands", inbox)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+    a = PostgresBackend(pg_url, node_id=f"bus-node-{next(_node_ids)}")
+    store = await asyncio.to_thread(a.open)
+    try:
+        assert await asyncio.to_thread(store.add_thread, ThreadInfo(id="t1", created_at_ts=1.0))
+        for _ in range(2):  # the second finds no thread: nothing is sent
+            await asyncio.to_thread(
+                store.delete_thread, "t1",
+                frame=FrameDraft("t1", "thread_deleted", lambda seq: f'{{"seq":{seq}}}'),
+                now=1001.0, notify=("commands", '{"op":"deleted","thread":"t1"}'))
+        await asyncio.to_thread(a.cluster.notify, "commands", "last")
+        await inbox.until(lambda: "last" in inbox.payloads)
+        assert inbox.payloads == ['{"op":"deleted","thread":"t1"}', "last"]
+        assert await asyncio.to_thread(store.add_thread, ThreadInfo(id="t2", created_at_ts=1.0))
+        with pytest.raises(ValueError):  # checked as `notify` checks it: nothing deleted
+            await asyncio.to_thread(store.delete_thread, "t2",
+                                    notify=("commands", "x" * 9000))
+        assert await asyncio.to_thread(store.get_thread, "t2") is not None
+    finally:
+        await asyncio.to_thread(a.close)

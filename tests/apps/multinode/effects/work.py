@@ -1,19 +1,35 @@
-"""Records each execution (its start and its end) as JSON lines in one file all nodes share.
+"""Records each execution (its start, and its end or cancellation) as JSON lines in one file
+all nodes share.
 
 The file is ``$MULTINODE_LOG``; each line is written with one ``write`` on a file opened for
 appending, so the lines of concurrent processes do not mix. The node is
 ``$MULTINODE_NODE`` (the name the test gave the process), so that the test counts the
 executions from the effect's side, not from the runs' statuses.
+
+With ``$MULTINODE_EXIT_AFTER_DELETE`` set, the process exits (status 70, no cleanup) as soon
+as a thread's deletion has committed, before anything else is done about it: a node killed
+right after its deletion's commit.
 """
 
 import asyncio
 import json
 import os
 import time
+from typing import Any
 
 from pydantic import BaseModel
 
 from runtime import ThreadState, define_effect
+from runtime.alarms import AlarmIndex
+
+if os.environ.get("MULTINODE_EXIT_AFTER_DELETE"):
+    _delete_with = AlarmIndex.delete_with
+
+    async def _exit_after_delete(self: AlarmIndex, thread_id: str, delete: Any) -> Any:
+        await _delete_with(self, thread_id, delete)  # the deletion's transaction committed
+        os._exit(70)
+
+    setattr(AlarmIndex, "delete_with", _exit_after_delete)  # noqa: B010
 
 
 class Work(BaseModel):
@@ -33,9 +49,13 @@ def _note(state: ThreadState, args: Work, event: str) -> None:
 
 async def work(state: ThreadState, args: Work) -> None:
     _note(state, args, "start")
-    await asyncio.sleep(args.seconds)
+    try:
+        await asyncio.sleep(args.seconds)
+    except asyncio.CancelledError:
+        _note(state, args, "canceled")
+        raise
     _note(state, args, "end")
 
 
-effect = define_effect("Records its start and end in $MULTINODE_LOG.", Work, work,
-                       timeout_seconds=30)
+effect = define_effect("Records its start and end (or its cancellation) in $MULTINODE_LOG.",
+                       Work, work, timeout_seconds=30)
