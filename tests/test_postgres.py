@@ -78,6 +78,21 @@ def test_urls_are_shown_without_passwords_and_the_schema_parameter_is_taken_off(
         PostgresBackend("postgresql://h/db?schema=Bad-Name")
 
 
+@pytest.mark.parametrize("schema", ["information_schema", "pg_catalog", "pg_toast", "pg_x"])
+def test_postgresqls_own_schemas_are_refused_before_connecting(schema: str) -> None:
+    with pytest.raises(ValueError, match=f"schema name '{schema}'.*PostgreSQL's own"):
+        PostgresBackend(f"postgresql://h/db?schema={schema}")
+    with pytest.raises(ValueError, match="PostgreSQL's own"):
+        PostgresBackend("postgresql://h/db", schema=schema)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://h/db\n", "postgresql://h/d\tb", "postgresql://h/db\r"])
+def test_a_url_with_a_control_character_is_refused_before_connecting(url: str) -> None:
+    with pytest.raises(ValueError, match=r"control character.*line break"):
+        PostgresBackend(url)
+
+
 def test_connections_the_server_ended_are_replaced_without_failing_a_call(pg_url: str) -> None:
     """A blink (the server restarted, a proxy cut the connections): the next calls work."""
     from runtime.effects import EffectRun, EffectStatus

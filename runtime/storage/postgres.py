@@ -577,9 +577,15 @@ def split_schema(url: str) -> tuple[str, str | None]:
     The rest of the URL is kept as written (``postgresql:///db?host=...`` stays so).
 
     Raises:
-        ValueError: the URL is not a ``postgresql://`` or ``postgres://`` URL, or its
-            ``schema`` parameter is empty or given more than once.
+        ValueError: the URL is not a ``postgresql://`` or ``postgres://`` URL, holds a
+            control character (a line break), or its ``schema`` parameter is empty or given
+            more than once.
     """
+    if any(ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ValueError(
+            f"Invalid database URL {redact_url(url)!r}: it holds a control character "
+            f"(a trailing line break?); percent-encode it if it is meant"
+        )
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise ValueError(
@@ -2087,7 +2093,8 @@ class PostgresBackend(StorageBackend):
             the processes sharing it); it listens from `open` to `close`.
 
     Raises:
-        ValueError: an invalid ``schema``, ``pool_size``, ``node_id`` or ``lease_seconds``.
+        ValueError: an invalid ``schema`` (or one of PostgreSQL's own: ``information_schema``,
+            ``pg_*``), ``pool_size``, ``node_id`` or ``lease_seconds``.
     """
 
     exclusive = False
@@ -2111,6 +2118,11 @@ class PostgresBackend(StorageBackend):
             raise ValueError(
                 f"Invalid PostgreSQL schema name {schema!r}: must match [a-z_][a-z0-9_]* "
                 f"(at most 63 characters)"
+            )
+        if schema == "information_schema" or schema.startswith("pg_"):
+            raise ValueError(
+                f"Invalid PostgreSQL schema name {schema!r}: information_schema and names "
+                f"beginning with pg_ are PostgreSQL's own; pick another"
             )
         if pool_size < 1:
             raise ValueError(f"pool_size must be at least 1, got {pool_size}")
