@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -263,6 +264,25 @@ def _env_flag(name: str, *, default: bool, prog: str) -> bool:
     raise SystemExit(f"{prog}: {name}={raw!r} is not a yes/no value (use 1 or 0)")
 
 
+def _warn_of_sqlite_threads(data_dir: Path) -> None:
+    """Log a warning if ``data_dir`` holds SQLite thread files a PostgreSQL node won't serve.
+
+    Threads are not moved between backends (docs/scale-out.md, "Switching"): a server
+    switched to ``--database-url`` starts without them, and a thread made again under
+    the same id is a new, separate thread.
+    """
+    try:
+        count = sum(1 for _ in (data_dir / "threads").glob("*.sqlite"))
+    except OSError:
+        return
+    if count:
+        logging.getLogger("runtime").warning(
+            "%s holds %d SQLite thread file(s); with --database-url they are not served "
+            "and their pending runs do not run (threads are not moved between backends: "
+            "docs/scale-out.md, \"Switching\")", data_dir / "threads", count,
+        )
+
+
 def demo_webhook_route(data_dir: Path, max_body_bytes: int) -> Route:
     """``/demo/webhook``: the demo app's webhook target, a JSONL inbox.
 
@@ -393,6 +413,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         timeout_graceful_shutdown=5,
         **server_options(),
     )
+    if args.database_url:
+        _warn_of_sqlite_threads(args.data_dir)
     server = Server(config)
     with listener:
         server.run(sockets=[listener])

@@ -815,3 +815,20 @@ def test_a_schedule_survives_sigkill_with_no_lost_or_doubled_occurrence(
     finished = [r for r in runs if r["status"] != "pending"]
     assert all(r["status"] in ("completed", "running") for r in finished)
     assert sum(r["attempts"] == 2 for r in runs) <= 1
+
+
+def test_a_server_switched_to_postgresql_warns_of_the_sqlite_threads_it_does_not_serve(
+    servers: Callable[..., ServerProcess], pg_url: str,
+) -> None:
+    sqlite = servers()
+    assert httpx.post(f"{sqlite.url}/api/threads", json={"id": "s1"}).status_code == 201
+    schedule(sqlite.url, "s1", "send_reminder", {"text": "later"}, delay=3600)
+    sqlite.signal(signal.SIGTERM)
+    assert "SQLite thread file" not in sqlite.output()
+
+    switched = servers(THREAD_EFFECTS_DATABASE_URL=pg_url, THREAD_EFFECTS_NODE_ID="node-1")
+    warned = [line for line in switched.output().splitlines() if "SQLite thread file" in line]
+    assert len(warned) == 1, switched.output()
+    assert "holds 1 SQLite thread file(s); with --database-url they are not served" in warned[0]
+    assert "WARNING" in warned[0]
+    assert httpx.get(f"{switched.url}/api/threads/s1").status_code == 404
