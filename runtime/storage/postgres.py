@@ -1765,8 +1765,10 @@ class PostgresRuntimeStore(RuntimeStore):
                 parts.append(f"{column} = %s")
                 params.append(value)
         if query.tag is not None:
-            parts.append("tags::jsonb ? %s")
-            params.append(query.tag)
+            # Containment of a one-element JSON array, not ``? tag``: the array's text never
+            # starts with NUL_MARK, so a tag that does is compared as itself, not escaped.
+            parts.append("tags::jsonb @> %s::jsonb")
+            params.append(json.dumps([query.tag]))
         if after is not None:
             parts.append(f"({key}, id) < (%s, %s)")
             params += [after[0], after[1]]
@@ -1875,9 +1877,9 @@ class PostgresRuntimeStore(RuntimeStore):
         if query.tag is not None:
             parts.append(
                 "EXISTS (SELECT 1 FROM threads t WHERE t.id = run_index.thread_id "
-                "AND t.tags::jsonb ? %s)"
+                "AND t.tags::jsonb @> %s::jsonb)"  # see `list_threads`
             )
-            params.append(query.tag)
+            params.append(json.dumps([query.tag]))
         if query.replayed is not None:
             # A replay is a run of the same thread: the (thread_id, ...) key keeps it cheap.
             parts.append(

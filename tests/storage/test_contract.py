@@ -423,6 +423,23 @@ def test_thread_pages_are_newest_first_with_ties_by_id(rtdb: RuntimeStore) -> No
     assert [i.id for i in rtdb.list_threads(3, cursor)[0]] == ["c", "b", "a"]
 
 
+def test_a_tag_is_found_by_its_filter_whatever_its_characters(rtdb: RuntimeStore) -> None:
+    # "\x01nul\x01..." is how the PostgreSQL store marks an escaped text: a tag that looks
+    # like one is still an ordinary tag; so are quotes, backslashes and non-ASCII.
+    odd = ["\x01nul\x01t", 'say "hi"', "back\\slash", "caf\u00e9", "[\"x\"]"]
+    for i, tag in enumerate(odd):
+        assert rtdb.add_thread(ThreadInfo(id=f"t{i}", created_at_ts=T0 + i, tags=(tag, "all")))
+        rtdb.index_runs([indexed(f"t{i}", i + 1)])
+    for i, tag in enumerate(odd):
+        threads = rtdb.list_threads(10, None, ThreadQuery(tag=tag))[0]
+        assert [t.id for t in threads] == [f"t{i}"], tag
+        assert threads[0].tags == (tag, "all")
+        runs = rtdb.list_indexed_runs(RunQuery(tag=tag), T0, KEEP, 10)[0]
+        assert [r.thread_id for r in runs] == [f"t{i}"], tag
+    assert len(rtdb.list_threads(10, None, ThreadQuery(tag="all"))[0]) == len(odd)
+    assert rtdb.list_threads(10, None, ThreadQuery(tag="\x01nul\x01"))[0] == []
+
+
 def test_threads_by_last_activity_with_filters_and_a_stable_cursor(rtdb: RuntimeStore) -> None:
     for i, tid in enumerate(["a", "b", "c", "d"]):
         assert rtdb.add_thread(ThreadInfo(
