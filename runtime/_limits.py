@@ -500,6 +500,9 @@ def utc_instant(ts: float) -> datetime:
         ts: Seconds since the epoch (UTC); finite.
 
     Returns:
-        The aware UTC datetime, from `FIRST_INSTANT` to `LAST_INSTANT`.
+        The aware UTC datetime, from `FIRST_INSTANT` to the last microsecond of year 9999.
     """
-    return datetime.fromtimestamp(min(max(ts, MIN_INSTANT_TS), MAX_INSTANT_TS), UTC)
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (ValueError, OverflowError, OSError):  # out of range: rare, checked only then
+        return datetime.fromtimestamp(min(max(ts, MIN_INSTANT_TS), MAX_INSTANT_TS), UTC)
