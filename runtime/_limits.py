@@ -22,7 +22,7 @@ import json
 import math
 import re
 import weakref
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -41,6 +41,15 @@ MAX_QUOTED_CHARS = 80
 
 MAX_DELAY_SECONDS = 10 * 365 * 86_400.0
 """Longest delay accepted: 10 years (an alarm must stay a representable datetime)."""
+
+FIRST_INSTANT = "0001-01-01T00:00:00Z"
+LAST_INSTANT = "9999-12-31T23:59:59Z"
+"""The instants (UTC) the product stores and shows: every `datetime` in UTC lies between
+them. An instant given with an offset (``0001-01-01T00:00:00+14:00``) can fall outside."""
+
+MIN_INSTANT_TS = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+MAX_INSTANT_TS = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+"""`FIRST_INSTANT` and `LAST_INSTANT` as seconds since the epoch."""
 
 MAX_CURSOR = 2**63 - 1
 """Largest run cursor (a SQLite integer)."""
@@ -434,7 +443,8 @@ def run_at_seconds(at: object, now: float, *, name: str = "at") -> float:
 
     Raises:
         InvalidDelay: not a datetime, a naive one (no ``tzinfo``: which zone is meant is
-            unknown), or more than `MAX_DELAY_SECONDS` (10 years) from now.
+            unknown), before `FIRST_INSTANT` in UTC (``0001-01-01T00:00:00+14:00``), or
+            more than `MAX_DELAY_SECONDS` (10 years) from now.
     """
     if not isinstance(at, datetime):
         raise InvalidDelay(f"{name} must be an aware datetime, got {quoted(at)}")
@@ -443,10 +453,56 @@ def run_at_seconds(at: object, now: float, *, name: str = "at") -> float:
             f"{name} must be an aware datetime (with a time zone), got the naive "
             f"{at.isoformat()}"
         )
-    ts = at.timestamp()
+    ts = instant_seconds(at, name=name)
     if ts - now > MAX_DELAY_SECONDS:
         raise InvalidDelay(
             f"{name} must be at most {MAX_DELAY_SECONDS:.0f} s (10 years) from now, "
             f"got {at.isoformat()}"
         )
     return ts
+
+
+def instant_seconds(at: datetime, *, name: str = "at") -> float:
+    """An aware datetime as seconds since the epoch, if it lies within the storable range.
+
+    Args:
+        at: An aware `datetime` (any time zone).
+        name: How the message names the field (``"run_at"``, ``"until"``).
+
+    Returns:
+        ``at`` as a timestamp, from `MIN_INSTANT_TS` to `MAX_INSTANT_TS`.
+
+    Raises:
+        InvalidDelay: ``at`` in UTC is before `FIRST_INSTANT` or after `LAST_INSTANT`
+            (it could be stored but never shown again), naming ``name`` and the limit.
+    """
+    ts = at.timestamp()
+    if ts < MIN_INSTANT_TS:
+        raise InvalidDelay(
+            f"{name} must be at or after {FIRST_INSTANT} (in UTC), got {at.isoformat()}"
+        )
+    if ts > MAX_INSTANT_TS:
+        raise InvalidDelay(
+            f"{name} must be at or before {LAST_INSTANT} (in UTC), got {at.isoformat()}"
+        )
+    return ts
+
+
+def utc_instant(ts: float) -> datetime:
+    """Seconds since the epoch as an aware UTC datetime, held within the storable range.
+
+    Input is checked (`instant_seconds`), but a row stored before that check may hold an
+    instant no `datetime` can show (``0000-12-31T10:00:00Z``): it is shown as the nearest
+    one, `FIRST_INSTANT` or `LAST_INSTANT`, so that one such row never makes a listing
+    fail. A run due before year 1 was due at once either way.
+
+    Args:
+        ts: Seconds since the epoch (UTC); finite.
+
+    Returns:
+        The aware UTC datetime, from `FIRST_INSTANT` to the last microsecond of year 9999.
+    """
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (ValueError, OverflowError, OSError):  # out of range: rare, checked only then
+        return datetime.fromtimestamp(min(max(ts, MIN_INSTANT_TS), MAX_INSTANT_TS), UTC)

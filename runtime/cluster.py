@@ -460,6 +460,8 @@ class ClusterNode:
                                      [self._draft(e, numbered) for e in batch],
                                      self._clock.now())
             except Exception as exc:
+                if self._drop_unrenderable(batch):
+                    continue  # the rest of the batch goes on at once
                 log.warning("cluster: could not write %d frame(s) (%s); retrying in %g s",
                             len(batch), exc, delay)
                 await asyncio.sleep(delay)
@@ -475,6 +477,35 @@ class ClusterNode:
             self._appends_done = self._appends_begun
             self._appended.set()
             await asyncio.sleep(0)  # one batch per loop turn: the loop's other work goes on
+
+    def _drop_unrenderable(self, batch: list[ThreadEvent]) -> bool:
+        """Drop from the queue the frames of ``batch`` whose rendering raises.
+
+        Called when an append failed: a frame that cannot be rendered would fail every
+        retry and hold back every thread's frames behind it. Each one is logged (its
+        thread, the reason) and counted as taken; it took no ``seq`` (or, numbered in its
+        change's transaction, leaves a gap), so its thread's clients reload at worst.
+
+        Returns:
+            True if any was dropped (the rest is worth appending again at once).
+        """
+        bad: set[int] = set()
+        for event in batch:
+            try:
+                replace(event, seq=event.seq or 1).frame_text()
+            except Exception as exc:  # whatever it is, this frame cannot go out
+                bad.add(id(event))
+                log.error("cluster: dropping a frame of thread %s that cannot be rendered "
+                          "(%s: %s); its clients will see a gap", event.thread_id,
+                          type(exc).__name__, exc)
+        if not bad:
+            return False
+        kept = [e for e in self._queue if id(e) not in bad]
+        self._taken += len(self._queue) - len(kept)
+        self._queue.clear()
+        self._queue.extend(kept)
+        self._appended.set()
+        return True
 
     def _deliver_own(self, numbered: list[ThreadEvent]) -> None:
         hub = self.hub

@@ -13,12 +13,13 @@ import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, overload
 
 from pydantic import BaseModel
 
+from runtime._limits import utc_instant
 from runtime.ids import new_id as new_id  # where it was first defined
 
 EFFECT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*\Z")
@@ -199,7 +200,7 @@ def _check_arity(fn: Callable[..., Any], count: int) -> None:
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+    return utc_instant(ts).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +208,9 @@ class EffectRun:
     """One scheduled execution of an effect, as stored in the thread's database.
 
     Times are seconds since the Unix epoch (UTC) in the ``*_ts`` fields; the datetime
-    properties give aware UTC datetimes.
+    properties and `to_json` give aware UTC datetimes, from 0001-01-01T00:00:00Z to
+    9999-12-31T23:59:59Z (a time outside, stored before it was refused, shows as the
+    nearest bound: `runtime._limits.utc_instant`).
 
     Attributes:
         id: The run id (32 hex characters), unique across threads.
@@ -255,12 +258,12 @@ class EffectRun:
     @property
     def run_at(self) -> datetime:
         """When the run is due, an aware UTC datetime."""
-        return datetime.fromtimestamp(self.run_at_ts, UTC)
+        return utc_instant(self.run_at_ts)
 
     @property
     def created_at(self) -> datetime:
         """When the run was scheduled, an aware UTC datetime."""
-        return datetime.fromtimestamp(self.created_at_ts, UTC)
+        return utc_instant(self.created_at_ts)
 
     def to_json(self, *, include_args: bool = False) -> dict[str, Any]:
         """The wire form (camelCase keys, ISO 8601 UTC times); args only when asked for."""

@@ -72,7 +72,14 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.protocol import State as WebSocketState
 
 from runtime._http_errors import error_response, runtime_error_status
-from runtime._limits import cut, delay_seconds, may_hold_surrogates, parse_json, run_at_seconds
+from runtime._limits import (
+    cut,
+    delay_seconds,
+    instant_seconds,
+    may_hold_surrogates,
+    parse_json,
+    run_at_seconds,
+)
 from runtime._limits import quoted as _quoted
 from runtime._text import NUL, find_invalid_text, no_nul_message
 from runtime.alarms import Clock
@@ -84,6 +91,7 @@ from runtime.errors import (
     AgentNotFound,
     DatabaseUnavailable,
     EffectsError,
+    InvalidDelay,
     InvalidThreadId,
     RuntimeClosed,
     SubscriptionOverflow,
@@ -932,9 +940,13 @@ def _parse_instant(key: str, raw: str) -> float:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)  # the API speaks UTC
+    try:
+        ts = instant_seconds(when, name=key)
+    except InvalidDelay as exc:
+        raise ApiError(400, "invalid_parameter", str(exc)) from None
     # The API shows times to the microsecond (rounded): a bound names every run shown at
     # that microsecond, so `since=<a run's runAt>` includes that run.
-    return when.timestamp() - 0.5e-6
+    return ts - 0.5e-6
 
 
 async def _list_all_runs(request: Request) -> Response:

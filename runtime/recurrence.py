@@ -33,6 +33,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from apscheduler.triggers.cron import CronTrigger
 
+from runtime._limits import utc_instant
 from runtime.errors import InvalidSchedule, short_repr
 
 MIN_EVERY_SECONDS = 1.0
@@ -394,7 +395,7 @@ def _every_seconds(every: object, name: str) -> float:
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+    return utc_instant(ts).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)

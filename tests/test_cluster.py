@@ -28,8 +28,8 @@ from websockets.sync.client import connect as ws_connect
 
 from runtime import Runtime, cluster
 from runtime.cluster import rank
-from runtime.effects import EffectStatus
-from runtime.events import EffectChanged, RelayedFrame, ThreadEvent
+from runtime.effects import EffectRun, EffectStatus
+from runtime.events import EffectChanged, RelayedFrame, RunChange, ThreadEvent
 from runtime.frames import Subscription
 from runtime.storage.postgres import PostgresBackend, split_schema
 from runtime.testing import FakeClock
@@ -694,3 +694,32 @@ async def test_a_run_scheduled_on_a_node_with_a_stale_alarm_belief_is_claimed_el
                 await asyncio.sleep(0.02)
         attempts = await tb.get_run_attempts(run_id)
     assert [x.node_id for x in attempts] == ["node-a"]
+
+
+async def test_a_frame_that_cannot_be_rendered_is_dropped_and_the_relay_goes_on(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="runtime")
+    async with node(pg_url, tmp_path, "a") as a, node(pg_url, tmp_path, "b") as b:
+        assert a.cluster is not None
+        ta, tother = await a.create_thread(), await a.create_thread()
+        on_b = (await b.get_thread(ta.thread_id)).subscribe()
+        other_on_b = (await b.get_thread(tother.thread_id)).subscribe()
+        on_a = ta.subscribe()
+        # A run no datetime can show (a NaN due time): its frame raises as it is rendered.
+        broken = EffectRun(id="0" * 32, thread_id=ta.thread_id, name="note",
+                           status=EffectStatus.PENDING, args=None,
+                           run_at_ts=float("nan"), created_at_ts=0.0)
+        gate = hold_appends(a)  # the broken frame and the next ones go in one batch
+        a.cluster.send(EffectChanged(thread_id=ta.thread_id, seq=0,
+                                     change=RunChange.SCHEDULED, run=broken))
+        later = await ta.schedule_effect("note", {"text": "later"}, 3600)
+        other = await tother.schedule_effect("note", {"text": "other"}, 3600)
+        gate.set()
+        got_b, got_other, got_a = (
+            await take(on_b, 1), await take(other_on_b, 1), await take(on_a, 1))
+    assert [(f["seq"], f["data"]["id"]) for f in frames_of(got_b)] == [(1, later)]
+    assert frames_of(got_a) == frames_of(got_b)
+    assert [f["data"]["id"] for f in frames_of(got_other)] == [other]
+    dropped = [r.getMessage() for r in caplog.records if "cannot be rendered" in r.getMessage()]
+    assert len(dropped) == 1 and ta.thread_id in dropped[0], dropped

@@ -6,6 +6,7 @@ Every error path answers ``{"error": {"code", "message"}}`` with the documented 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 from pathlib import Path
@@ -733,3 +734,86 @@ async def test_a_request_cut_off_by_shutdown_gets_a_json_503(
     assert "GET /slow was interrupted" in message
     assert res.headers["retry-after"] == "5"
     assert not any("Exception in ASGI application" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.every_backend
+async def test_run_at_outside_the_storable_range_is_refused(api: Api) -> None:
+    tid = await api.new_thread()
+    path = f"/api/threads/{tid}/effects"
+    # Year 1 at +14:00 is 0000-12-31T10:00:00Z in UTC: no datetime can hold it.
+    for early in ("0001-01-01T00:00:00+14:00", "0001-01-01T13:59:59+14:00"):
+        message = error_of(
+            await api.client.post(path, json={"name": "ping", "run_at": early}),
+            422, "invalid_delay",
+        )
+        assert "run_at" in message and "0001-01-01T00:00:00Z" in message, message
+    # The first storable instant is accepted, runs at once and lists like any run.
+    res = await api.client.post(path, json={"name": "ping", "run_at": "0001-01-01T14:00:00+14:00"})
+    assert res.status_code == 201, res.text
+    run_id = res.json()["id"]
+    await api.rt.wait_idle()
+    run = await api.run(tid, run_id)
+    assert run["status"] == "completed" and run["runAt"] == "0001-01-01T00:00:00Z"
+    res = await api.client.get(path)
+    assert res.status_code == 200, res.text
+    assert [r["id"] for r in res.json()["runs"]] == [run_id]
+    res = await api.client.get("/api/runs", params={"thread_id": tid})
+    assert res.status_code == 200, res.text
+    assert [r["id"] for r in res.json()["runs"]] == [run_id]
+    # Query bounds outside the range are refused as well, naming the bound.
+    for key in ("since", "until"):
+        message = error_of(
+            await api.client.get("/api/runs", params={key: "0001-01-01T00:00:00+14:00"}),
+            400, "invalid_parameter",
+        )
+        assert key in message and "0001-01-01T00:00:00Z" in message, message
+
+
+@pytest.mark.every_backend
+async def test_runs_stored_before_year_one_still_list(
+    api: Api, storage_kind: str, request: pytest.FixtureRequest
+) -> None:
+    # Before run_at was checked, a run due at 0000-12-31T10:00:00Z could be stored; the
+    # thread's listing, the run and GET /api/runs must still answer (at the first instant).
+    tid = await api.new_thread()
+    run_id = (await api.client.post(
+        f"/api/threads/{tid}/effects", json={"name": "ping", "run_at": "2000-01-01T00:00:00Z"}
+    )).json()["id"]
+    await api.rt.wait_idle()
+    before_year_one = -62135596800.0 - 14 * 3600
+
+    def corrupt() -> None:
+        if storage_kind == "postgres":
+            import psycopg
+
+            from runtime.storage.postgres import split_schema
+
+            url, schema = split_schema(request.getfixturevalue("pg_url"))
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f"UPDATE {schema}.effect_runs SET run_at = %s, created_at = %s "
+                             "WHERE id = %s", (before_year_one, before_year_one, run_id))
+                conn.execute(f"UPDATE {schema}.run_index SET run_at = %s, created_at = %s "
+                             "WHERE run_id = %s", (before_year_one, before_year_one, run_id))
+            return
+        import sqlite3
+
+        data = api.rt.settings.data_dir
+        with contextlib.closing(sqlite3.connect(data / "threads" / f"{tid}.sqlite")) as db:
+            db.execute("UPDATE effect_runs SET run_at = ?, created_at = ? WHERE id = ?",
+                       (before_year_one, before_year_one, run_id))
+            db.commit()
+        with contextlib.closing(sqlite3.connect(data / "runtime.sqlite")) as db:
+            db.execute("UPDATE run_index SET run_at = ?, created_at = ? WHERE run_id = ?",
+                       (before_year_one, before_year_one, run_id))
+            db.commit()
+
+    await anyio.to_thread.run_sync(corrupt)
+    res = await api.client.get(f"/api/threads/{tid}/effects")
+    assert res.status_code == 200, res.text
+    [listed] = res.json()["runs"]
+    assert listed["id"] == run_id and listed["runAt"] == "0001-01-01T00:00:00Z"
+    assert listed["createdAt"] == "0001-01-01T00:00:00Z"
+    assert (await api.run(tid, run_id))["runAt"] == "0001-01-01T00:00:00Z"
+    res = await api.client.get("/api/runs", params={"thread_id": tid})
+    assert res.status_code == 200, res.text
+    assert [r["id"] for r in res.json()["runs"]] == [run_id]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -425,6 +425,9 @@ async def test_at_schedules_for_an_aware_time_and_a_past_one_runs_once(api: Api)
         ({"at": "2030-01-01T09:00:00Z"}, "at must be an aware datetime, got \"2030"),
         ({"at": datetime(2099, 1, 1, tzinfo=UTC)}, "at most 315360000 s \\(10 years\\) from now"),
         ({"at": datetime(2030, 1, 1, tzinfo=UTC), "delay": 5}, "either delay or at"),
+        # 0000-12-31T10:00:00Z in UTC: no datetime could show it again.
+        ({"at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
+         "at must be at or after 0001-01-01T00:00:00Z \\(in UTC\\), got 0001-01-01T00:00:00"),
     ],
 )
 async def test_a_bad_at_is_refused_naming_it(
