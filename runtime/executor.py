@@ -34,7 +34,13 @@ from runtime.alarms import AlarmIndex
 from runtime.config import RetentionPolicy
 from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
-from runtime.errors import EffectNotFound, RunStateError, RuntimeClosed, ThreadStorageError
+from runtime.errors import (
+    EffectNotFound,
+    RunStateError,
+    RuntimeClosed,
+    RuntimeStorageError,
+    ThreadStorageError,
+)
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.schedules import fire_due, publish_fires
@@ -106,8 +112,10 @@ class EffectExecutor:
         retention: RetentionPolicy | None = None,
         wake: Callable[[str], None] | None = None,
         shared: bool = False,
+        known_elsewhere: Callable[[str], bool] | None = None,
     ) -> None:
         self._registry = registry
+        self._known_elsewhere = known_elsewhere
         self._now = now
         self._hub = hub
         self._alarms = alarms
@@ -210,9 +218,11 @@ class EffectExecutor:
                     # Let other due threads go first; come back to this one.
                     return not (stopping or paused)
                 if claimed is None and actor.store.claim_blocked is not None:
-                    # Paused elsewhere (resuming wakes it), or another node runs the
-                    # thread: that node drains it on, its alarm row stays meanwhile, and
-                    # this node forgets its timer, so that a later wake-up arms it again.
+                    # Paused elsewhere (resuming wakes it), another node runs the thread,
+                    # or its next due run is of an effect only other nodes run: that
+                    # node drains it on (its alarm poll finds the row), the alarm row
+                    # stays meanwhile, and this node forgets its timer, so that a later
+                    # wake-up arms it again.
                     await self._alarms.yielded(thread_id)
                     return False
                 if claimed is None:
@@ -294,10 +304,17 @@ class EffectExecutor:
         return None
 
     def _known_effect(self, name: str) -> bool:
+        # Run in a worker thread (`fire_due`). An effect another live node runs is known:
+        # the fire's run waits for that node (docs/scale-out.md, "Rolling deploys").
         try:
             self._registry().resolve(name)
         except EffectNotFound:
-            return False
+            if self._known_elsewhere is None:
+                return False
+            try:
+                return self._known_elsewhere(name)
+            except RuntimeStorageError:
+                return True  # unknown: the run is made, and its claim decides
         return True
 
     def _concurrent_names(self) -> list[str]:

@@ -368,6 +368,7 @@ class Runtime:
             retention=self.settings.retention,
             wake=lambda thread_id: self.dispatcher.wake(thread_id),
             shared=not self.storage.exclusive,
+            known_elsewhere=None if self.storage.exclusive else self.storage.effect_known_elsewhere,
         )
         self._orphans: asyncio.Task[None] | None = None
         self._command_tasks: set[asyncio.Task[None]] = set()
@@ -474,6 +475,9 @@ class Runtime:
         store = await self.run_sync(self.storage.open)
         try:
             self.registry = await self.run_sync(self._discover)
+            # Before any claim: other nodes leave runs of these effects to this one.
+            await self.run_sync(partial(self.storage.record_effects,
+                                        [d.qualified_name for d in self.registry.all()]))
             for extension in self.extensions:
                 await extension.start(self)
         except BaseException:

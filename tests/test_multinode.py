@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import threading
 import time
@@ -51,11 +52,12 @@ class Cluster:
         self.nodes: dict[str, ServerProcess] = {}
 
     def start(self, name: str, *args: str, database_url: str | None = None,
-              lease_seconds: float = LEASE_SECONDS, **env: str) -> ServerProcess:
+              lease_seconds: float = LEASE_SECONDS, app: Path = APP,
+              **env: str) -> ServerProcess:
         data = self.tmp_path / name
         data.mkdir()
         server = ServerProcess(
-            data, self.tmp_path / f"{name}.log", "--app-dir", str(APP), "--no-packages",
+            data, self.tmp_path / f"{name}.log", "--app-dir", str(app), "--no-packages",
             "--node-id", name, "--lease-seconds", f"{lease_seconds:g}", *args,
             THREAD_EFFECTS_DATABASE_URL=database_url or self.database_url,
             MULTINODE_LOG=str(self.executions), MULTINODE_NODE=name, **env,
@@ -646,3 +648,98 @@ def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_strea
             if frame["eventType"] == "thread_deleted":
                 deleted.append(frame["threadId"])
         assert deleted == [tid, other], deleted
+
+
+ONLY_B = '''"""An effect only node b has (a rolling deploy adds it): records its start and end."""
+
+import json
+import os
+import time
+
+from pydantic import BaseModel
+
+from runtime import ThreadState, define_effect
+
+
+class Item(BaseModel):
+    item: int
+
+
+def _note(state: ThreadState, args: Item, event: str) -> None:
+    line = json.dumps({"item": args.item, "thread": state.thread_id, "event": event,
+                       "node": os.environ["MULTINODE_NODE"], "at": time.time()})
+    fd = os.open(os.environ["MULTINODE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\\n").encode())
+    finally:
+        os.close(fd)
+
+
+async def only_b(state: ThreadState, args: Item) -> None:
+    _note(state, args, "start")
+    _note(state, args, "end")
+
+
+effect = define_effect("Records its start and end in $MULTINODE_LOG.", Item, only_b)
+'''
+
+
+def test_an_effect_only_one_node_has_runs_there_and_fails_once_no_live_node_has_it(
+    cluster: Cluster,
+) -> None:
+    # Node b's app has one effect more than node a's (a rolling deploy adding it).
+    app_b = cluster.tmp_path / "app_b"
+    shutil.copytree(APP, app_b)
+    (app_b / "effects" / "only_b.py").write_text(ONLY_B)
+    a = cluster.start("a")
+    b = cluster.start("b", app=app_b)
+    runs: dict[str, list[str]] = {}
+    with httpx.Client(timeout=30) as client:
+        tids = [client.post(f"{b.url}/api/threads", json={}).json()["id"] for _ in range(10)]
+        for k, tid in enumerate(tids):
+            res = client.post(f"{b.url}/api/threads/{tid}/effects", json={
+                "name": "only_b", "args": {"item": k}, "delay_seconds": 2})
+            assert res.status_code in (200, 201), res.text
+            runs[tid] = [res.json()["id"]]
+        # Due right after the only_b run of its thread: never run ahead of it (due order).
+        later = client.post(f"{b.url}/api/threads/{tids[0]}/effects", json={
+            "name": "work", "args": {"item": 100}, "delay_seconds": 2.05}).json()["id"]
+        res = client.post(f"{b.url}/api/threads/{tids[1]}/schedules",
+                          json={"name": "only_b", "args": {"item": 200}, "every_seconds": 1})
+        assert res.status_code == 201, res.text
+        sid = res.json()["id"]
+        time.sleep(POLL_SECONDS + 2)  # every node has polled its alarms since they came due
+        schedule = client.get(f"{a.url}/api/threads/{tids[1]}/schedules/{sid}").json()
+        assert (schedule["state"], schedule["pausedReason"]) == ("active", None), schedule
+        res = client.post(f"{b.url}/api/threads/{tids[1]}/schedules/{sid}/cancel", json={})
+        assert res.status_code == 200, res.text
+        _wait_until_finished([a, b], tids, time.time() + GUARD_SECONDS, cluster)
+
+        for tid in tids:
+            listed = client.get(f"{a.url}/api/threads/{tid}/effects").json()["runs"]
+            for run in listed:
+                if run["name"] != "only_b":
+                    continue
+                run = client.get(f"{a.url}/api/threads/{tid}/effects/{run['id']}").json()
+                assert run["status"] == "completed", (run, cluster.logs())
+                assert [x["nodeId"] for x in run["attemptDetails"]] == ["b"], run
+        fired = [e for e in cluster.read_executions() if e["item"] == 200]
+        assert len(fired) >= 4, fired  # it kept firing, every fire run on b
+        starts = {e["item"]: e["at"] for e in cluster.read_executions() if e["event"] == "start"}
+        ends = {e["item"]: e["at"] for e in cluster.read_executions() if e["event"] == "end"}
+        assert starts[100] >= ends[0]
+        assert client.get(f"{a.url}/api/threads/{tids[0]}/effects/{later}").json()[
+            "status"] == "completed"
+
+        # Once no live node has it, a node that lacks it fails its run, as one node does.
+        res = client.post(f"{b.url}/api/threads/{tids[2]}/effects",
+                          json={"name": "only_b", "args": {"item": 300}, "delay_seconds": 3})
+        assert res.status_code in (200, 201), res.text
+        run_id = res.json()["id"]
+        assert b.signal(signal.SIGTERM) in (0, -signal.SIGTERM)  # its lease ends now
+        deadline = time.monotonic() + GUARD_SECONDS
+        while (run := client.get(f"{a.url}/api/threads/{tids[2]}/effects/{run_id}").json())[
+                "status"] in ("pending", "running"):
+            assert time.monotonic() < deadline, f"never ended: {run}\n{cluster.logs()}"
+            time.sleep(0.1)
+        assert (run["status"], run["error"]) == ("failed", "Effect not found: only_b"), run

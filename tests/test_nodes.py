@@ -165,6 +165,40 @@ def test_a_thread_paused_on_another_node_is_not_claimed(two_nodes: Any) -> None:
     sb.close()
 
 
+def test_a_run_of_an_effect_only_another_live_node_has_waits_for_that_node_in_due_order(
+    pg_url: str, two_nodes: Any,
+) -> None:
+    (a, ra), (b, _) = two_nodes
+    a.record_effects(["record"])
+    b.record_effects(["record", "only_b"])
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1", T0, name="only_b"))
+    sa.insert_run(new_run("r2", T0 + 1))  # due after r1: not run ahead of it
+    assert a.effect_known_elsewhere("only_b") is True
+    assert a.effect_known_elsewhere("nope") is False
+    assert b.effect_known_elsewhere("only_b") is False  # no other node has it
+    _, claimed, next_due = sa.finish_and_claim(None, T0 + 2)
+    assert claimed is None and next_due is None and sa.claim_blocked == "foreign"
+    assert sa.get_run("r1", T0 + 2, _keep()).attempts == 0  # type: ignore[union-attr]
+    _, claimed, _ = sb.finish_and_claim(None, T0 + 2)
+    assert claimed is not None and claimed.id == "r1" and sb.claim_blocked is None
+    # Node a claims the next run once it is one of an effect it has.
+    sb.finish_and_claim(Finish("r1", EffectStatus.COMPLETED, None, T0 + 3, attempt=1),
+                        T0 + 3, claim=False)
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 3)
+    assert claimed is not None and claimed.id == "r2"
+    sa.finish_and_claim(Finish("r2", EffectStatus.COMPLETED, None, T0 + 4, attempt=1),
+                        T0 + 4, claim=False)
+    # Once no live node has the effect, node a claims its run (and fails it, as alone).
+    sa.insert_run(new_run("r3", T0 + 4, name="only_b"))
+    expire_lease(pg_url, "node-b")
+    assert a.effect_known_elsewhere("only_b") is False
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 5)
+    assert claimed is not None and claimed.id == "r3" and sa.claim_blocked is None
+    sa.close()
+    sb.close()
+
+
 def test_a_canceled_run_is_never_claimed_by_another_node(two_nodes: Any) -> None:
     (a, ra), (b, _) = two_nodes
     sa, sb = thread_on_both(a, ra, b)

@@ -152,7 +152,9 @@ class ThreadStore(ABC):
         claim_blocked: Why the last `finish_and_claim` of this store claimed nothing
             although it may have had a due run, on a backend shared by several processes:
             ``"paused"`` (the thread is paused in the store: another process paused it),
-            ``"busy"`` (another node runs one of its runs now), or None. Always None on
+            ``"busy"`` (another node runs one of its runs now), ``"foreign"`` (its next
+            due run is of an effect this node lacks and another live node runs: that
+            node claims it; `StorageBackend.record_effects`), or None. Always None on
             SQLite and memory (one process: the runtime's own state says both).
         frame_seq: The frame number (``seq``) the last `insert_run` or `fire_schedule` of
             this store took, in the transaction that stored the new run, for that run's
@@ -1333,6 +1335,9 @@ class StorageBackend(ABC):
     """Whether this process claims runs (``max_concurrent_runs`` > 0), set by the runtime
     before `open`: on a backend shared by several processes, written with its membership
     lease, so that only claiming nodes rank for wake-ups (`claiming_nodes`)."""
+    effects: tuple[str, ...] | None = None
+    """The qualified names of the effects this process runs, set by `record_effects`
+    (None until then: it knows none for others)."""
     kind: str = "custom"
     """What `GET /api/health` names the backend: ``sqlite``, ``memory``, ``postgres``."""
     cluster: ClusterBus | None = None
@@ -1473,6 +1478,31 @@ class StorageBackend(ABC):
             RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
         """
         return [self.node_id] if self.claims and self.node_id else []
+
+    def record_effects(self, names: Collection[str]) -> None:
+        """Record the qualified names of the effects this process runs (`effects`).
+
+        Called by the runtime once its effects are discovered, before it claims runs. On
+        a backend shared by several processes (PostgreSQL) they are written with the
+        membership lease: a node then leaves a due run of an effect it lacks, and the
+        fire of a recurring schedule of one, to a live claiming node that has it
+        (docs/scale-out.md, "Rolling deploys"). A backend one process uses at a time
+        only keeps them.
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        self.effects = tuple(sorted(set(names)))
+
+    def effect_known_elsewhere(self, name: str) -> bool:
+        """Whether another live claiming node runs the effect named ``name`` (qualified).
+
+        Always False on a backend one process uses at a time (SQLite, memory).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return False
 
     def take_turn_lease(self, thread_id: str, token: str) -> str | None:
         """Take the thread's turn lease for this node (``token``: this turn); None if taken.

@@ -309,6 +309,11 @@ class NodeRow(SQLModel, table=True):
     # Whether the node claims runs (``max_concurrent_runs`` > 0): only those rank for
     # wake-ups (version 4). Null: a row written before version 4, by a node that claims.
     claims: bool | None = None
+    # The effects the node runs: a JSON array of qualified names (version 5). A run of an
+    # effect the node lacks is left to a live node that has it (docs/scale-out.md,
+    # "Rolling deploys"). Null: not recorded (a row written before version 5, or a node
+    # still discovering its effects): the node knows none for others.
+    effects: str | None = None
 
 
 class TurnLeaseRow(SQLModel, table=True):
@@ -514,14 +519,14 @@ def _rebuild_ddl(table: Table, dialect: Dialect) -> list[str]:
 
 # ---------------------------------------------------------------- PostgreSQL
 
-POSTGRES_SCHEMA_VERSION = 4
+POSTGRES_SCHEMA_VERSION = 5
 """The schema version of a current PostgreSQL database (`runtime.storage.postgres`); its
 ``schema_version`` table holds it. Version 1 holds every table of the thread and runtime
 models above (as of thread schema 6 and runtime schema 5); version 2 adds the frames across
 nodes (`FrameRow`, `FrameCounterRow`) and an index of the alarms by due time; version 3
 the node that ran each run attempt (``run_attempts.node_id``), the node leases (`NodeRow`)
 and the turn leases (`TurnLeaseRow`); version 4 whether each node claims runs
-(``nodes.claims``)."""
+(``nodes.claims``); version 5 the effects each node runs (``nodes.effects``)."""
 
 POSTGRES_THREAD_MODELS: tuple[type[SQLModel], ...] = THREAD_MODELS
 """The tables of a thread's store, all threads in one table each, keyed by ``thread_id``
@@ -552,6 +557,7 @@ columns)`` (version 2: the alarms due within a node's horizon, `load_alarms`' ``
 POSTGRES_MIGRATION_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (("run_attempts", "node_id"),),
     3: (("nodes", "claims"),),
+    4: (("nodes", "effects"),),
 }
 """Columns a later PostgreSQL migration adds to a table an earlier step created (nullable,
 ``ALTER TABLE ... ADD COLUMN``): ``(table, column)``. The earlier step creates the table

@@ -7,7 +7,7 @@ SQLAlchemy are not imported at run time.
 """
 # ruff: noqa: E501 - one statement per line, as generated
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The version `MIGRATIONS` take a database to."""
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -251,6 +251,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     3: (
         "ALTER TABLE nodes ADD COLUMN claims BOOLEAN",
+    ),
+    4: (
+        "ALTER TABLE nodes ADD COLUMN effects VARCHAR",
     ),
 }
 """The statements that take schema version N to N + 1 (0: an empty schema)."""

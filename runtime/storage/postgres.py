@@ -361,7 +361,9 @@ _RUN_WIDTH = len(_RUN_COLUMNS.split(","))
 def _claim_sql(*, finishing: bool, named: bool) -> str:
     """`PostgresThreadStore.finish_and_claim`'s statement once the thread's row is locked.
 
-    Its one row: whether the thread is paused, whether another node runs a run of it;
+    Its one row: whether the thread is paused, whether another node runs a run of it,
+    whether its next due run is of an effect this node lacks (not in ``%(known)s``) and
+    another live claiming node runs (that node claims it: the thread waits for it);
     with ``finishing``, the finished run's columns (all null if it was not running in the
     given attempt) and the thread's finished runs as of before the statement; then the
     claimed run's columns (all null if none was claimed: nothing due, or a check said
@@ -371,19 +373,22 @@ def _claim_sql(*, finishing: bool, named: bool) -> str:
     """
     where = " AND name = ANY(%(names)s)" if named else ""
     ctes = [
+        f"nx AS (SELECT seq, name FROM effect_runs WHERE thread_id = %(t)s AND status = "
+        f"'pending' AND run_at <= %(now)s{where} ORDER BY run_at, seq LIMIT 1 "
+        f"FOR UPDATE SKIP LOCKED)",
         "chk AS (SELECT EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = %(t)s) "
         "AS paused, EXISTS (SELECT 1 FROM effect_runs r " + _ATTEMPT_JOIN + " WHERE "
         "r.thread_id = %(t)s AND r.status = 'running' AND a.node_id IS DISTINCT FROM "
-        "%(node)s) AS busy)",
+        "%(node)s) AS busy, EXISTS (SELECT 1 FROM nx WHERE NOT (nx.name = ANY(%(known)s)) "
+        "AND EXISTS (SELECT 1 FROM nodes n WHERE n.node_id <> %(node)s AND "
+        + _KNOWN_BY_LIVE_NODE.format(name="nx.name") + ")) AS foreign_)",
     ]
     if finishing:
         ctes.append(_FINISH_RUN.removeprefix("WITH ").split(" SELECT f.*, ")[0])
     ctes.append(
         f"c AS (UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
-        f"started_at = %(now)s WHERE thread_id = %(t)s AND seq = (SELECT seq FROM "
-        f"effect_runs WHERE thread_id = %(t)s AND status = 'pending' AND run_at <= %(now)s"
-        f"{where} ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) AND NOT (SELECT "
-        f"paused OR busy FROM chk) RETURNING {_RUN_COLUMNS})")
+        f"started_at = %(now)s WHERE thread_id = %(t)s AND seq = (SELECT seq FROM nx) "
+        f"AND NOT (SELECT paused OR busy OR foreign_ FROM chk) RETURNING {_RUN_COLUMNS})")
     ctes.append(
         "a AS (INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome, "
         "node_id) SELECT %(t)s, id, attempts, %(now)s, 'running', %(node)s FROM c "
@@ -402,7 +407,7 @@ def _claim_sql(*, finishing: bool, named: bool) -> str:
         "(SELECT min(next_fire_at) FROM schedules WHERE thread_id = %(t)s "
         "AND state = 'active')")
     return (
-        f"WITH {', '.join(ctes)} SELECT chk.paused, chk.busy, {finished}c.*, "
+        f"WITH {', '.join(ctes)} SELECT chk.paused, chk.busy, chk.foreign_, {finished}c.*, "
         f"(SELECT context FROM run_traces t WHERE t.thread_id = %(t)s AND t.run_id = c.id), "
         f"(SELECT min(run_at) FROM effect_runs WHERE thread_id = %(t)s AND status = "
         f"'pending'{where}), {fire} FROM chk{joins} LEFT JOIN c ON true"
@@ -498,6 +503,13 @@ _LIVE_NODE = (
     f"AND n.lease_expires_at > {_DB_NOW})"
 )
 """True when attempt ``a``'s node holds a live lease."""
+
+_KNOWN_BY_LIVE_NODE = (
+    f"n.lease_expires_at > {_DB_NOW} AND n.claims IS NOT FALSE "
+    "AND n.effects IS NOT NULL AND jsonb_exists(n.effects::jsonb, {name})"
+)
+"""True when node ``n`` holds a live lease, claims runs and runs the effect ``{name}`` (a
+SQL expression: format it in)."""
 
 _ATTEMPT_JOIN = (
     "LEFT JOIN run_attempts a ON a.thread_id = r.thread_id AND a.run_id = r.id "
@@ -1201,7 +1213,8 @@ class PostgresThreadStore(ThreadStore):
                 claim = False
             where = " AND name = ANY(%(names)s)"
         params: dict[str, Any] = {"t": self.thread_id, "now": now, "names": names,
-                                  "node": self._backend.node_id}
+                                  "node": self._backend.node_id,
+                                  "known": list(self._backend.effects or ())}
         # The earliest pending run, and (any name) the earliest active schedule's fire.
         nexts = (
             f"(SELECT min(run_at) FROM effect_runs WHERE thread_id = %(t)s "
@@ -1254,14 +1267,14 @@ class PostgresThreadStore(ThreadStore):
                 {**params, **(finish_params or {})},
             ).fetchone()
             assert out is not None
-            paused, busy = out[0], out[1]
+            paused, busy, foreign = out[0], out[1], out[2]
             finished = None
-            at = 2
+            at = 3
             if finish_params is not None:
                 finished = finished_row(c, out[at:at + _RUN_WIDTH + 1])
                 at += _RUN_WIDTH + 1
-            if paused or busy:
-                self.claim_blocked = "paused" if paused else "busy"
+            if paused or busy or foreign:
+                self.claim_blocked = "paused" if paused else "busy" if busy else "foreign"
                 return finished, None, None
             claim_row = out[at:at + _RUN_WIDTH]
             trace, run_due, fire = out[at + _RUN_WIDTH:]
@@ -2304,9 +2317,10 @@ class PostgresBackend(StorageBackend):
             row = conn.execute(
                 f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, "
                 f"heartbeat_at = {_DB_NOW}, "
-                f"token = %s, claims = %s WHERE node_id = %s AND (token = %s{expired}) "
-                f"RETURNING 1",
-                (self.lease_seconds, self._token, self.claims, self.node_id, self._token),
+                f"token = %s, claims = %s, effects = %s WHERE node_id = %s "
+                f"AND (token = %s{expired}) RETURNING 1",
+                (self.lease_seconds, self._token, self.claims, self._effects_json(),
+                 self.node_id, self._token),
             ).fetchone()
         if row is None:
             return False
@@ -2577,13 +2591,17 @@ class PostgresBackend(StorageBackend):
     def _upsert_node(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         conn.execute(
             f"INSERT INTO nodes (node_id, token, lease_expires_at, started_at, "
-            f"heartbeat_at, claims) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, {_DB_NOW}, "
-            f"%s) ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
+            f"heartbeat_at, claims, effects) VALUES (%s, %s, {_DB_NOW} + %s, {_DB_NOW}, "
+            f"{_DB_NOW}, %s, %s) ON CONFLICT (node_id) DO UPDATE SET token = excluded.token, "
             f"lease_expires_at = excluded.lease_expires_at, "
             f"started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, "
-            f"claims = excluded.claims",
-            (self.node_id, self._token, self.lease_seconds, self.claims),
+            f"claims = excluded.claims, effects = excluded.effects",
+            (self.node_id, self._token, self.lease_seconds, self.claims,
+             self._effects_json()),
         )
+
+    def _effects_json(self) -> str | None:
+        return None if self.effects is None else json.dumps(list(self.effects))
 
     def _try_lock(
         self, conn: psycopg.Connection[tuple[Any, ...]], wait: float = LOCK_WAIT_SECONDS
@@ -2871,6 +2889,20 @@ class PostgresBackend(StorageBackend):
                 f"SELECT node_id FROM nodes WHERE lease_expires_at > {_DB_NOW} "
                 f"AND claims IS NOT FALSE ORDER BY node_id").fetchall()
         return [r[0] for r in rows]
+
+    def record_effects(self, names: Collection[str]) -> None:  # noqa: D102 - contract in base
+        self.effects = tuple(sorted(set(names)))
+        with self.transaction() as c:
+            c.execute("UPDATE nodes SET effects = %s WHERE node_id = %s AND token = %s",
+                      (self._effects_json(), self.node_id, self._token))
+
+    def effect_known_elsewhere(self, name: str) -> bool:  # noqa: D102 - contract in base
+        with self.transaction() as c:
+            row = c.execute(
+                f"SELECT EXISTS (SELECT 1 FROM nodes n WHERE n.node_id <> %s AND "
+                f"{_KNOWN_BY_LIVE_NODE.format(name='%s')})",
+                (self.node_id, name)).fetchone()
+        return bool(row and row[0])
 
     def live_nodes(self) -> list[tuple[str, float]]:
         """The nodes holding a live lease: ``(node_id, lease_expires_at)``, by node id.
