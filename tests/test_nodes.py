@@ -22,7 +22,7 @@ import pytest
 from runtime import Runtime
 from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
 from runtime.effects import EffectRun, EffectStatus
-from runtime.errors import DataDirLocked
+from runtime.errors import DataDirLocked, RunStateError
 from runtime.storage.base import (
     Finish,
     FrameDraft,
@@ -976,3 +976,57 @@ async def test_bulk_replays_on_two_nodes_at_once_each_report_only_the_replays_th
             replays |= {r.id for r in page.runs if r.replay_of is not None}
         assert len(replays) == len(failed)  # each failure once
         assert sorted(reported) == sorted(replays)  # each reported once, by its maker
+
+
+async def test_a_bulk_cancel_on_node_b_cancels_the_runs_node_a_scheduled_just_before(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    # Node a indexes its runs in batches after their commits: node b's bulk cancel
+    # selects from the runs themselves, so it cancels a run committed a moment ago.
+    a, b = nodes
+    thread = await a.create_thread()
+    first = await thread.schedule_effect("record", {"key": "1"}, 600)
+    result = await b.cancel_runs(thread_id=thread.thread_id)
+    assert result.ids == [first]
+    assert (await thread.get_run(first)).status is EffectStatus.CANCELED
+    # A filter across threads too.
+    second = await thread.schedule_effect("record", {"key": "2"}, 600)
+    assert (await b.cancel_runs(name="record")).ids == [second]
+    # A listing naming the thread shows the change at once on either node.
+    third = await thread.schedule_effect("record", {"key": "3"}, 600)
+    for node in (b, a):
+        page = await node.list_runs(thread_id=thread.thread_id)
+        assert [(r.id, r.status) for r in page.runs] == [
+            (third, EffectStatus.PENDING), (second, EffectStatus.CANCELED),
+            (first, EffectStatus.CANCELED)]
+        assert page.counts[EffectStatus.CANCELED] == 2
+    assert await thread.remove_scheduled_effect(third) is True
+    page = await b.list_runs(thread_id=thread.thread_id, status="pending")
+    assert page.runs == []
+
+
+async def test_a_run_waiting_behind_a_run_on_another_node_says_so_on_every_node(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    thread_a, thread_b, running = await _start_on_b(a, b)
+    waiting = await thread_a.schedule_effect("record", {"key": "w"})
+    for thread in (thread_a, thread_b):
+        assert (await thread.get_run(waiting)).waiting_for == running
+        page = await thread.list_runs()
+        assert {r.id: r.waiting_for for r in page.runs} == {running: None, waiting: running}
+    for node in (a, b):
+        page = await node.list_runs(thread_id=thread_a.thread_id, status="pending")
+        assert [(r.id, r.waiting_for) for r in page.runs] == [(waiting, running)]
+
+    async def indexed() -> bool:
+        page = await a.list_runs(status="pending")
+        return [r.id for r in page.runs] == [waiting]
+
+    await wait_until(indexed)
+    page = await a.list_runs(status="pending")
+    assert page.runs[0].waiting_for == running
+    for thread in (thread_a, thread_b):
+        with pytest.raises(RunStateError, match=f"waitingFor: {running}"):
+            await thread.run_now(waiting)
+    assert (await thread_a.get_run(waiting)).status is EffectStatus.PENDING
