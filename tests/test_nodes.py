@@ -363,6 +363,34 @@ def test_a_late_index_batch_never_takes_a_finished_run_back_to_pending(
     sb.close()
 
 
+def test_stored_runs_show_another_nodes_commits_before_any_index_batch(
+    two_nodes: Any,
+) -> None:
+    # Nothing indexed: node b reads node a's runs from the runs table itself.
+    (a, ra), (b, rb) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    sa.insert_run(new_run("r2", run_at=T0 + 600, name="other"))
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 1)
+    assert claimed is not None and claimed.id == "r1"
+    assert _indexed(rb) == {}
+    runs, cursor = rb.list_stored_runs(RunQuery(thread_id="t"), T0 + 1, _keep(), 1)
+    assert [(r.id, r.status, r.args) for r in runs] == [("r2", EffectStatus.PENDING, None)]
+    assert cursor is not None
+    runs, cursor = rb.list_stored_runs(RunQuery(thread_id="t"), T0 + 1, _keep(), 1, cursor)
+    assert [(r.id, r.status) for r in runs] == [("r1", EffectStatus.RUNNING)] and cursor is None
+    runs, _ = rb.list_stored_runs(RunQuery(name="other", statuses=(EffectStatus.PENDING,)),
+                                  T0 + 1, _keep(), 10)
+    assert [r.id for r in runs] == ["r2"]
+    counts = rb.count_stored_runs(RunQuery(thread_id="t"), T0 + 1, _keep())
+    assert (counts[EffectStatus.PENDING], counts[EffectStatus.RUNNING]) == (1, 1)
+    assert [r.id for r in rb.running_runs(["t", "nope"], T0 + 1, _keep())] == ["r1"]
+    assert rb.running_runs([], T0 + 1, _keep()) == []
+    assert rb.list_stored_runs(RunQuery(user_id="u"), T0 + 1, _keep(), 10) == ([], None)
+    sa.close()
+    sb.close()
+
+
 def test_a_dead_nodes_stale_run_index_rows_are_rewritten_by_the_node_accounting_for_it(
     two_nodes: Any, pg_url: str,
 ) -> None:
