@@ -1058,3 +1058,20 @@ async def test_a_run_waiting_behind_a_run_on_another_node_says_so_on_every_node(
         with pytest.raises(RunStateError, match=f"waitingFor: {running}"):
             await thread.run_now(waiting)
     assert (await thread_a.get_run(waiting)).status is EffectStatus.PENDING
+
+
+async def test_a_bulk_replay_on_node_b_replays_a_failure_node_a_just_stored(
+    make_node: Callable[..., Runtime], pg_url: str, tmp_path: Path,
+) -> None:
+    # Node b claims no run: node a runs the failing run and indexes it after its commit.
+    a = make_node("node-a")
+    b = Runtime(app_dir=APP, data_dir=tmp_path / "node-b", load_packages=False,
+                max_concurrent_runs=0, storage=PostgresBackend(pg_url, node_id="node-b"))
+    async with a, b:
+        thread = await a.create_thread()
+        run_id = await thread.schedule_effect("boom", {})
+        while (await thread.get_run(run_id)).status is not EffectStatus.FAILED:
+            await asyncio.sleep(0.005)
+        result = await b.replay_runs(thread_id=thread.thread_id)
+        assert len(result.ids) == 1
+        assert (await thread.get_run(result.ids[0])).replay_of == run_id
