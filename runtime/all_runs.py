@@ -2,8 +2,10 @@
 
 A part of `runtime.supervisor.Runtime` (which delegates `Runtime.list_runs`,
 `Runtime.cancel_runs` and `Runtime.replay_runs` here): reads go to the run index in the
-runtime store (`runtime.run_index`), after its pending changes are written; bulk actions
-walk that index and act on each run in its own thread, through the run operations.
+runtime store (`runtime.run_index`), after its pending changes are written (a listing
+naming a thread reads that thread's runs themselves); bulk actions walk the runs
+themselves (`RuntimeStore.list_stored_runs`, every run committed on any node) and act on
+each run in its own thread, through the run operations.
 """
 
 from __future__ import annotations
@@ -126,9 +128,14 @@ class AllRuns:
         """Runs across every thread, newest first (by when they were scheduled), no args.
 
         Read from the cross-thread run index (`runtime.run_index`), after writing the
-        changes noted so far: a run changed before this call shows its change. A due
-        pending run of a thread that runs another run (not of a concurrent effect) has
-        ``waiting_for`` set to that run, as a thread's own listing has.
+        changes this node noted so far: a run changed on this node before this call shows
+        its change. With a backend shared by nodes (PostgreSQL), another node's changes
+        reach the index in that node's next batch (within about 0.2 s of their commit),
+        except with ``thread_id``: that listing reads the thread's own runs
+        (`RuntimeStore.list_stored_runs`) and shows every change committed before the
+        call, on any node. A due pending run of a thread that runs another run (not of a
+        concurrent effect; on any node) has ``waiting_for`` set to that run, as a
+        thread's own listing has.
 
         Args:
             status: One status or several.
@@ -148,6 +155,28 @@ class AllRuns:
                 `InvalidArgument` for a filter given as an empty string (None does not
                 filter).
         """
+        return await self._list(
+            thread_id is not None, status=status, name=name, thread_id=thread_id,
+            user_id=user_id, tag=tag, since=since, until=until, replayed=replayed,
+            limit=limit, cursor=cursor,
+        )
+
+    async def _list(
+        self,
+        stored: bool,
+        *,
+        status: EffectStatus | str | list[EffectStatus | str] | None = None,
+        name: str | None = None,
+        thread_id: str | None = None,
+        user_id: str | None = None,
+        tag: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        replayed: bool | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunsPage:
+        """`list_runs`, from the threads' own runs when ``stored`` (else the index)."""
         self._check_open()
         empty_filter(name=name, thread_id=thread_id, user_id=user_id, tag=tag)
         check_limit(limit)
@@ -164,21 +193,25 @@ class AllRuns:
         store = self._store()
 
         def read() -> tuple[list[EffectRun], tuple[float, str] | None, dict[EffectStatus, int]]:
+            if stored:
+                runs, nxt = store.list_stored_runs(query, now, retention, limit, before)
+                return runs, nxt, store.count_stored_runs(query, now, retention)
             runs, nxt = store.list_indexed_runs(query, now, retention, limit, before)
             return runs, nxt, store.count_indexed_runs(query, now, retention)
 
         runs, nxt, counts = await self._run_sync(read)
-        # The index does not know which run a thread runs now; its actor does.
-        runs = self._runs.mark_waiting(runs, self._now())
+        # Which run a thread runs now: its actor knows, or (another node's) the store.
+        runs = await self._runs.mark_waiting(store, runs, self._now())
         return RunsPage(
             runs, f"{nxt[0]!r}~{nxt[1]}" if nxt is not None else None, counts,
-            self._index.complete,
+            stored or self._index.complete,
         )
 
     async def cancel_runs(self, *, canceled_by: str = "code", **filters: Any) -> BulkResult:
         """Cancel every pending run that matches ``filters`` (those of `list_runs`).
 
-        Walks the run index (at most `MAX_BULK_RUNS` runs per call) and cancels each run
+        Walks the threads' own runs (`RuntimeStore.list_stored_runs`: every run committed
+        before the call, on any node; at most `MAX_BULK_RUNS` runs per call) and cancels each run
         in its thread as `ThreadState.remove_scheduled_effect` does, with ``canceled_by``
         (1 to 256 characters): a run that started meanwhile is canceled while running
         (counted); one that finished meanwhile is left alone (not counted).
@@ -243,7 +276,9 @@ class AllRuns:
         seen = 0
         cursor: str | None = None
         while True:
-            page = await self.list_runs(status=status, limit=500, cursor=cursor, **filters)
+            # The runs themselves, not the index: another node indexes its runs only
+            # after their commits, and a bulk action must not miss a run made before it.
+            page = await self._list(True, status=status, limit=500, cursor=cursor, **filters)
             for run in page.runs:
                 if seen >= MAX_BULK_RUNS:
                     return BulkResult(done, more=True)

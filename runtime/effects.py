@@ -229,7 +229,8 @@ class EffectRun:
             thread), or None.
         canceled_by: Who canceled the run (free text, such as ``"http"``), or None.
         waiting_for: Not stored: filled in by reads for a due pending run that waits
-            behind the thread's running run (that run's id), else None.
+            behind the thread's running run (that run's id; on a backend shared by
+            nodes, whichever node runs it, read from the database), else None.
         trace_context: The span context it was scheduled in, as W3C trace-context JSON
             text (`runtime.telemetry`), while it is pending or running; None without one
             and once it finished. Never part of `to_json`.

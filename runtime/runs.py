@@ -47,6 +47,7 @@ from runtime.events import RunChange
 from runtime.executor import CURRENT_RUN, IN_EFFECT, EffectExecutor, error_text
 from runtime.frames import ChangeHub
 from runtime.ids import new_id
+from runtime.storage.base import RuntimeStore, ThreadStore
 from runtime.telemetry import capture_context
 from runtime.thread import RunPage, Scheduled
 
@@ -144,8 +145,10 @@ class RunOperations:
         executor: EffectExecutor | None = None,
         run_short: RunSync | None = None,
         cancel_elsewhere: Callable[[ThreadActor, str, str], Awaitable[bool]] | None = None,
+        shared: bool = False,
     ) -> None:
         self._cancel_elsewhere = cancel_elsewhere
+        self._shared = shared
         self._settings = settings
         self._registry = registry
         self._actors = actors
@@ -283,12 +286,16 @@ class RunOperations:
                           seq)
         return Scheduled(run.id, created=True)
 
-    def _waiting(self, actor: ThreadActor, runs: list[EffectRun], now: float) -> list[EffectRun]:
+    def _waiting(
+        self, actor: ThreadActor, runs: list[EffectRun], now: float,
+        stored: EffectRun | None = None,
+    ) -> list[EffectRun]:
         """``runs``, each due pending one marked with the running run it waits behind.
 
-        Runs of concurrent effects wait for nothing.
+        That run is the one this node runs in the thread, else ``stored`` (`_stored_running`:
+        one another node runs). Runs of concurrent effects wait for nothing.
         """
-        current = actor.current_run
+        current = actor.current_run or stored
         if current is None:
             return runs
         out = []
@@ -302,21 +309,57 @@ class RunOperations:
             out.append(run)
         return out
 
-    def mark_waiting(self, runs: list[EffectRun], now: float) -> list[EffectRun]:
+    async def mark_waiting(
+        self, store: RuntimeStore, runs: list[EffectRun], now: float
+    ) -> list[EffectRun]:
         """``runs`` of any threads, each due pending one marked as `_waiting` marks it.
 
-        For listings across threads: a thread with a running run has its actor open
-        (`ActorTable.peek`), so this reads no store and costs a dictionary look-up per
-        due pending run of the page.
+        For listings across threads: a thread this node runs a run of has its actor open
+        (`ActorTable.peek`), a dictionary look-up per due pending run of the page. With a
+        backend shared by nodes, the other threads of due pending runs are looked up in
+        ``store`` (`RuntimeStore.running_runs`, one read): a run another node runs.
         """
-        out = []
+        waiting: dict[str, EffectRun] = {}
+        ask: list[str] = []
         for run in runs:
             if run.status is EffectStatus.PENDING and run.run_at_ts <= now:
                 actor = self._actors.peek(run.thread_id)
                 if actor is not None and actor.current_run is not None:
-                    run = self._waiting(actor, [run], now)[0]
+                    waiting[run.thread_id] = actor.current_run
+                elif self._shared and run.thread_id not in ask:
+                    ask.append(run.thread_id)
+        if ask:
+            found = await self._run_sync(
+                store.running_runs, ask, now, self._settings.retention
+            )
+            for running in found:
+                if not self._concurrent(running.name):
+                    waiting.setdefault(running.thread_id, running)
+        out = []
+        for run in runs:
+            current = waiting.get(run.thread_id)
+            if (
+                current is not None
+                and run.status is EffectStatus.PENDING
+                and run.run_at_ts <= now
+                and not self._concurrent(run.name)
+            ):
+                run = replace(run, waiting_for=current.id)
             out.append(run)
         return out
+
+    def _stored_running(self, store: ThreadStore, now: float) -> EffectRun | None:
+        """The thread's running run (not of a concurrent effect) as stored.
+
+        Whichever node runs it; None without a backend shared by nodes (there this
+        node's actor knows). Called in a worker thread.
+        """
+        if not self._shared:
+            return None
+        runs, _ = store.list_runs(
+            now, self._settings.retention, statuses=[EffectStatus.RUNNING], limit=50
+        )
+        return next((r for r in runs if not self._concurrent(r.name)), None)
 
     def _concurrent(self, name: str) -> bool:
         try:
@@ -408,12 +451,17 @@ class RunOperations:
         self._check_open()
         async with self._actors.use(thread_id) as actor:
             now = self._now()
-            run = await self._run_sync(
-                actor.store.get_run, str(run_id), now, self._settings.retention
-            )
+
+            def read(store: ThreadStore) -> tuple[EffectRun | None, EffectRun | None]:
+                run = store.get_run(str(run_id), now, self._settings.retention)
+                due = run is not None and run.status is EffectStatus.PENDING and (
+                    run.run_at_ts <= now)
+                return run, self._stored_running(store, now) if due else None
+
+            run, stored = await self._run_sync(read, actor.store)
             if run is None:
                 raise RunNotFound(thread_id, str(run_id))
-            return self._waiting(actor, [run], now)[0]
+            return self._waiting(actor, [run], now, stored)[0]
 
     async def attempts(self, thread_id: str, run_id: str) -> list[RunAttempt]:
         """See `ThreadState.get_run_attempts`."""
@@ -432,16 +480,20 @@ class RunOperations:
         self._check_open()
         async with self._actors.writing(thread_id) as actor:
             now = self._now()
-            current = await self._run_sync(
-                actor.store.get_run, run_id, now, self._settings.retention
-            )
+
+            def read(store: ThreadStore) -> tuple[EffectRun | None, EffectRun | None]:
+                run = store.get_run(run_id, now, self._settings.retention)
+                pending = run is not None and run.status is EffectStatus.PENDING
+                return run, self._stored_running(store, now) if pending else None
+
+            current, stored = await self._run_sync(read, actor.store)
             if current is None:
                 raise RunNotFound(thread_id, run_id)
             if current.status is not EffectStatus.PENDING:
                 raise RunStateError(
                     f"Run {run_id} is {current.status}; only a pending run can be run now"
                 )
-            running = actor.current_run
+            running = actor.current_run or stored
             if running is not None and not self._concurrent(current.name):
                 raise RunStateError(
                     f"Run {run_id} cannot run now: it waits for run {running.id} "
@@ -499,13 +551,15 @@ class RunOperations:
         now = self._now()
         retention = self._settings.retention
 
-        def read(store: Any) -> tuple[list[EffectRun], int | None, Any]:
+        def read(store: Any) -> tuple[list[EffectRun], int | None, Any, EffectRun | None]:
             runs, nxt = store.list_runs(
                 now, retention, statuses=statuses, name=name, limit=limit, before_seq=before
             )
-            return runs, nxt, store.count_runs(now, retention, name=name)
+            due = any(r.status is EffectStatus.PENDING and r.run_at_ts <= now for r in runs)
+            return (runs, nxt, store.count_runs(now, retention, name=name),
+                    self._stored_running(store, now) if due else None)
 
         async with self._actors.use(thread_id) as actor:
-            runs, nxt, counts = await self._run_sync(read, actor.store)
-            runs = self._waiting(actor, runs, now)
+            runs, nxt, counts, stored = await self._run_sync(read, actor.store)
+            runs = self._waiting(actor, runs, now, stored)
         return RunPage(runs, str(nxt) if nxt is not None else None, counts)

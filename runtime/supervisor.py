@@ -389,6 +389,7 @@ class Runtime:
             run_short=self.run_short,
             cancel_elsewhere=(self._cancel_elsewhere if self.storage.cluster is not None
                               else None),
+            shared=not self.storage.exclusive,
         )
         self.schedules = ScheduleOperations(
             lambda: self.registry, self.actors, self.alarms, self.hub, self.run_sync,

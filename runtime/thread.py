@@ -521,7 +521,9 @@ class ThreadState:
 
         Raises:
             RunNotFound: no such run.
-            RunStateError: the run is not pending.
+            RunStateError: the run is not pending, or it waits behind the thread's
+                running run (not of a concurrent effect; on a backend shared by nodes,
+                whichever node runs it): the message names that run (``waitingFor``).
         """
         return await self._rt.runs.run_now(self.thread_id, run_id)
 

@@ -743,3 +743,42 @@ def test_an_effect_only_one_node_has_runs_there_and_fails_once_no_live_node_has_
             assert time.monotonic() < deadline, f"never ended: {run}\n{cluster.logs()}"
             time.sleep(0.1)
         assert (run["status"], run["error"]) == ("failed", "Effect not found: only_b"), run
+
+
+def test_bulk_cancel_waiting_for_and_run_now_answer_the_same_on_every_node(
+    cluster: Cluster,
+) -> None:
+    a = cluster.start("a")
+    b = cluster.start("b", *NO_CLAIMS)  # serves the API, runs nothing
+    tid = httpx.post(f"{a.url}/api/threads", json={}).json()["id"]
+    runs_a = f"{a.url}/api/threads/{tid}/effects"
+    runs_b = f"{b.url}/api/threads/{tid}/effects"
+
+    # A run scheduled on a, canceled at once by a bulk cancel on b.
+    res = httpx.post(runs_a, json={"name": "work", "args": {"item": 1}, "delay_seconds": 600})
+    assert res.status_code == 201, res.text
+    later = res.json()["id"]
+    res = httpx.post(f"{b.url}/api/runs/cancel", json={"thread_id": tid})
+    assert res.status_code == 200 and res.json()["ids"] == [later], res.text
+    assert httpx.get(f"{runs_a}/{later}").json()["status"] == "canceled"
+
+    # A run running on a, and one due behind it: every node says what it waits for.
+    running = httpx.post(runs_a, json={"name": "work", "args": {"item": 2, "seconds": 60}}
+                         ).json()["id"]
+    deadline = time.monotonic() + GUARD_SECONDS
+    while httpx.get(f"{runs_a}/{running}").json()["status"] != "running":
+        assert time.monotonic() < deadline, cluster.logs()
+        time.sleep(0.05)
+    waiting = httpx.post(runs_a, json={"name": "work", "args": {"item": 3}}).json()["id"]
+    for node, runs_url in ((a, runs_a), (b, runs_b)):
+        assert httpx.get(f"{runs_url}/{waiting}").json()["waitingFor"] == running
+        listed = httpx.get(runs_url).json()["runs"]
+        assert {r["id"]: r["waitingFor"] for r in listed}[waiting] == running
+        page = httpx.get(f"{node.url}/api/runs", params={"thread_id": tid,
+                                                         "status": "pending"}).json()
+        assert [(r["id"], r["waitingFor"]) for r in page["runs"]] == [(waiting, running)]
+        res = httpx.post(f"{runs_url}/{waiting}/run", json={})
+        assert res.status_code == 409, res.text
+        assert res.json()["error"]["code"] == "run_state_conflict", res.text
+    res = httpx.post(f"{runs_b}/{running}/cancel", json={})
+    assert res.status_code == 200, res.text

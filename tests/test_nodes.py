@@ -22,7 +22,7 @@ import pytest
 from runtime import Runtime
 from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
 from runtime.effects import EffectRun, EffectStatus
-from runtime.errors import DataDirLocked
+from runtime.errors import DataDirLocked, RunStateError
 from runtime.storage.base import (
     Finish,
     FrameDraft,
@@ -393,6 +393,34 @@ def test_a_late_index_batch_never_takes_a_finished_run_back_to_pending(
     assert pending is not None
     ra.index_runs([pending])
     assert _indexed(rb)["r2"] == "pending"
+    sa.close()
+    sb.close()
+
+
+def test_stored_runs_show_another_nodes_commits_before_any_index_batch(
+    two_nodes: Any,
+) -> None:
+    # Nothing indexed: node b reads node a's runs from the runs table itself.
+    (a, ra), (b, rb) = two_nodes
+    sa, sb = thread_on_both(a, ra, b)
+    sa.insert_run(new_run("r1"))
+    sa.insert_run(new_run("r2", run_at=T0 + 600, name="other"))
+    _, claimed, _ = sa.finish_and_claim(None, T0 + 1)
+    assert claimed is not None and claimed.id == "r1"
+    assert _indexed(rb) == {}
+    runs, cursor = rb.list_stored_runs(RunQuery(thread_id="t"), T0 + 1, _keep(), 1)
+    assert [(r.id, r.status, r.args) for r in runs] == [("r2", EffectStatus.PENDING, None)]
+    assert cursor is not None
+    runs, cursor = rb.list_stored_runs(RunQuery(thread_id="t"), T0 + 1, _keep(), 1, cursor)
+    assert [(r.id, r.status) for r in runs] == [("r1", EffectStatus.RUNNING)] and cursor is None
+    runs, _ = rb.list_stored_runs(RunQuery(name="other", statuses=(EffectStatus.PENDING,)),
+                                  T0 + 1, _keep(), 10)
+    assert [r.id for r in runs] == ["r2"]
+    counts = rb.count_stored_runs(RunQuery(thread_id="t"), T0 + 1, _keep())
+    assert (counts[EffectStatus.PENDING], counts[EffectStatus.RUNNING]) == (1, 1)
+    assert [r.id for r in rb.running_runs(["t", "nope"], T0 + 1, _keep())] == ["r1"]
+    assert rb.running_runs([], T0 + 1, _keep()) == []
+    assert rb.list_stored_runs(RunQuery(user_id="u"), T0 + 1, _keep(), 10) == ([], None)
     sa.close()
     sb.close()
 
@@ -1010,3 +1038,74 @@ async def test_bulk_replays_on_two_nodes_at_once_each_report_only_the_replays_th
             replays |= {r.id for r in page.runs if r.replay_of is not None}
         assert len(replays) == len(failed)  # each failure once
         assert sorted(reported) == sorted(replays)  # each reported once, by its maker
+
+
+async def test_a_bulk_cancel_on_node_b_cancels_the_runs_node_a_scheduled_just_before(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    # Node a indexes its runs in batches after their commits: node b's bulk cancel
+    # selects from the runs themselves, so it cancels a run committed a moment ago.
+    a, b = nodes
+    thread = await a.create_thread()
+    first = await thread.schedule_effect("record", {"key": "1"}, 600)
+    result = await b.cancel_runs(thread_id=thread.thread_id)
+    assert result.ids == [first]
+    assert (await thread.get_run(first)).status is EffectStatus.CANCELED
+    # A filter across threads too.
+    second = await thread.schedule_effect("record", {"key": "2"}, 600)
+    assert (await b.cancel_runs(name="record")).ids == [second]
+    # A listing naming the thread shows the change at once on either node.
+    third = await thread.schedule_effect("record", {"key": "3"}, 600)
+    for node in (b, a):
+        page = await node.list_runs(thread_id=thread.thread_id)
+        assert [(r.id, r.status) for r in page.runs] == [
+            (third, EffectStatus.PENDING), (second, EffectStatus.CANCELED),
+            (first, EffectStatus.CANCELED)]
+        assert page.counts[EffectStatus.CANCELED] == 2
+    assert await thread.remove_scheduled_effect(third) is True
+    page = await b.list_runs(thread_id=thread.thread_id, status="pending")
+    assert page.runs == []
+
+
+async def test_a_run_waiting_behind_a_run_on_another_node_says_so_on_every_node(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    thread_a, thread_b, running = await _start_on_b(a, b)
+    waiting = await thread_a.schedule_effect("record", {"key": "w"})
+    for thread in (thread_a, thread_b):
+        assert (await thread.get_run(waiting)).waiting_for == running
+        page = await thread.list_runs()
+        assert {r.id: r.waiting_for for r in page.runs} == {running: None, waiting: running}
+    for node in (a, b):
+        page = await node.list_runs(thread_id=thread_a.thread_id, status="pending")
+        assert [(r.id, r.waiting_for) for r in page.runs] == [(waiting, running)]
+
+    async def indexed() -> bool:
+        page = await a.list_runs(status="pending")
+        return [r.id for r in page.runs] == [waiting]
+
+    await wait_until(indexed)
+    page = await a.list_runs(status="pending")
+    assert page.runs[0].waiting_for == running
+    for thread in (thread_a, thread_b):
+        with pytest.raises(RunStateError, match=f"waitingFor: {running}"):
+            await thread.run_now(waiting)
+    assert (await thread_a.get_run(waiting)).status is EffectStatus.PENDING
+
+
+async def test_a_bulk_replay_on_node_b_replays_a_failure_node_a_just_stored(
+    make_node: Callable[..., Runtime], pg_url: str, tmp_path: Path,
+) -> None:
+    # Node b claims no run: node a runs the failing run and indexes it after its commit.
+    a = make_node("node-a")
+    b = Runtime(app_dir=APP, data_dir=tmp_path / "node-b", load_packages=False,
+                max_concurrent_runs=0, storage=PostgresBackend(pg_url, node_id="node-b"))
+    async with a, b:
+        thread = await a.create_thread()
+        run_id = await thread.schedule_effect("boom", {})
+        while (await thread.get_run(run_id)).status is not EffectStatus.FAILED:
+            await asyncio.sleep(0.005)
+        result = await b.replay_runs(thread_id=thread.thread_id)
+        assert len(result.ids) == 1
+        assert (await thread.get_run(result.ids[0])).replay_of == run_id

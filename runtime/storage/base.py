@@ -897,6 +897,44 @@ class RuntimeStore(ABC):
         Every status is a key (0 when none).
         """
 
+    def list_stored_runs(
+        self,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        """`list_indexed_runs`, read from the threads' own runs rather than the index.
+
+        Sees every run committed before the call, by any process: a backend shared by
+        processes (`StorageBackend.exclusive` False) reads its runs table (PostgreSQL),
+        since another process indexes its runs only after their commits. A backend one
+        process uses answers from the index, which that process writes (flushed first by
+        the caller): this default.
+        """
+        return self.list_indexed_runs(query, now, retention, limit, before)
+
+    def count_stored_runs(
+        self, query: RunQuery, now: float, retention: RetentionPolicy
+    ) -> dict[EffectStatus, int]:
+        """`count_indexed_runs`, read as `list_stored_runs` reads."""
+        return self.count_indexed_runs(query, now, retention)
+
+    def running_runs(
+        self, thread_ids: Sequence[str], now: float, retention: RetentionPolicy
+    ) -> list[EffectRun]:
+        """The runs of ``thread_ids`` whose status is running, as stored (``args`` None).
+
+        Read as `list_stored_runs` reads: on a shared backend, whichever process runs them.
+        """
+        out: list[EffectRun] = []
+        for thread_id in thread_ids:
+            query = RunQuery(statuses=(EffectStatus.RUNNING,), thread_id=thread_id)
+            runs, _ = self.list_indexed_runs(query, now, retention, 100)
+            out.extend(runs)
+        return out
+
     @abstractmethod
     def prune_run_index(self, now: float, retention: RetentionPolicy) -> int:
         """Delete the entries of finished runs past their retention age; how many.

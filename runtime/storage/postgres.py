@@ -232,6 +232,16 @@ registered is skipped. An entry in a final status (completed, failed, canceled: 
 good, a replay is a new run) is never replaced by a pending or running one: nodes write
 their batches after their own commits, so a batch of the node that scheduled a run can
 arrive after the batch of the node that ran it to its end."""
+_STORED_RUNS = (
+    "(SELECT e.id AS run_id, e.thread_id, t.user_id, e.name, e.status, e.run_at, "
+    "e.created_at, e.started_at, e.finished_at, e.attempts, e.error, e.replay_of, e.key, "
+    "e.canceled_by, e.schedule_id FROM effect_runs e JOIN threads t ON t.id = e.thread_id) "
+    "AS run_index"
+)
+"""The runs table in the shape of the run index (registered threads' runs only), named as
+it so that the index's filters apply: read where a change committed by another node must
+show at once (`list_stored_runs`). A filter on ``thread_id`` walks that thread's part of
+the table; others scan it."""
 _SCHEDULE_COLUMNS = (
     "id, name, args, cron, timezone, every_seconds, state, next_fire_at, created_at, "
     "key, occurrences, skipped, last_run_id, last_fire_at"
@@ -1869,7 +1879,8 @@ class PostgresRuntimeStore(RuntimeStore):
 
     @staticmethod
     def _where(
-        query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool = True
+        query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool = True,
+        replays: str = "run_index",
     ) -> tuple[str, list[Any]]:
         parts = [f"NOT {_EXPIRED}"]
         params: list[Any] = [now - retention.completed_seconds, now - retention.failed_seconds]
@@ -1897,7 +1908,7 @@ class PostgresRuntimeStore(RuntimeStore):
             # A replay is a run of the same thread: the (thread_id, ...) key keeps it cheap.
             parts.append(
                 ("" if query.replayed else "NOT ")
-                + "EXISTS (SELECT 1 FROM run_index r WHERE r.thread_id = run_index.thread_id "
+                + f"EXISTS (SELECT 1 FROM {replays} r WHERE r.thread_id = run_index.thread_id "
                 "AND r.replay_of = run_index.run_id)"
             )
         return " AND ".join(parts), params
@@ -1910,33 +1921,79 @@ class PostgresRuntimeStore(RuntimeStore):
         limit: int,
         before: tuple[float, str] | None = None,
     ) -> tuple[list[EffectRun], tuple[float, str] | None]:
-        where, params = self._where(query, now, retention)
+        return self._list_runs("run_index", "run_index", query, now, retention, limit, before)
+
+    def list_stored_runs(  # noqa: D102
+        self,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None = None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        return self._list_runs(_STORED_RUNS, "effect_runs", query, now, retention, limit,
+                               before)
+
+    def count_stored_runs(  # noqa: D102
+        self, query: RunQuery, now: float, retention: RetentionPolicy
+    ) -> dict[EffectStatus, int]:
+        return self._count_runs(_STORED_RUNS, "effect_runs", query, now, retention)
+
+    def running_runs(  # noqa: D102
+        self, thread_ids: Sequence[str], now: float, retention: RetentionPolicy
+    ) -> list[EffectRun]:
+        if not thread_ids:
+            return []
+        rows = self._tx(lambda c: c.execute(
+            f"SELECT {_INDEX_COLUMNS} FROM {_STORED_RUNS} "
+            f"WHERE thread_id = ANY(%s) AND status = 'running'", (list(thread_ids),),
+        ).fetchall())
+        return [self._indexed(r) for r in rows]
+
+    @staticmethod
+    def _indexed(r: Sequence[Any]) -> EffectRun:
+        return EffectRun(
+            id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
+            run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
+            attempts=r[8], error=r[9], replay_of=r[10], key=r[11], canceled_by=r[12],
+            schedule_id=r[13],
+        )
+
+    def _list_runs(
+        self,
+        source: str,
+        replays: str,
+        query: RunQuery,
+        now: float,
+        retention: RetentionPolicy,
+        limit: int,
+        before: tuple[float, str] | None,
+    ) -> tuple[list[EffectRun], tuple[float, str] | None]:
+        where, params = self._where(query, now, retention, replays=replays)
         if before is not None:
             where += " AND (created_at, run_id) < (%s, %s)"
             params += [before[0], before[1]]
         sql = (
-            f"SELECT {_INDEX_COLUMNS} FROM run_index WHERE {where} "
+            f"SELECT {_INDEX_COLUMNS} FROM {source} WHERE {where} "
             f"ORDER BY created_at DESC, run_id DESC LIMIT %s"
         )
         rows = self._tx(lambda c: c.execute(sql, (*params, limit + 1)).fetchall())
-        runs = [
-            EffectRun(
-                id=r[0], thread_id=r[1], name=r[2], status=EffectStatus(r[3]), args=None,
-                run_at_ts=r[4], created_at_ts=r[5], started_at_ts=r[6], finished_at_ts=r[7],
-                attempts=r[8], error=r[9], replay_of=r[10], key=r[11], canceled_by=r[12],
-                schedule_id=r[13],
-            )
-            for r in rows[:limit]
-        ]
+        runs = [self._indexed(r) for r in rows[:limit]]
         cursor = (runs[-1].created_at_ts, runs[-1].id) if len(rows) > limit else None
         return runs, cursor
 
     def count_indexed_runs(  # noqa: D102
         self, query: RunQuery, now: float, retention: RetentionPolicy
     ) -> dict[EffectStatus, int]:
-        where, params = self._where(query, now, retention, statuses=False)
+        return self._count_runs("run_index", "run_index", query, now, retention)
+
+    def _count_runs(
+        self, source: str, replays: str, query: RunQuery, now: float,
+        retention: RetentionPolicy,
+    ) -> dict[EffectStatus, int]:
+        where, params = self._where(query, now, retention, statuses=False, replays=replays)
         rows = self._tx(lambda c: c.execute(
-            f"SELECT status, count(*) FROM run_index WHERE {where} GROUP BY status", params,
+            f"SELECT status, count(*) FROM {source} WHERE {where} GROUP BY status", params,
         ).fetchall())
         counts = dict.fromkeys(EffectStatus, 0)
         for status, n in rows:
