@@ -675,12 +675,27 @@ def _optional_str(body: dict[str, Any], key: str, what: str) -> str | None:
     return value
 
 
+def _from_iso(text: str) -> datetime:
+    """``datetime.fromisoformat`` of ``text``, which must hold no control character.
+
+    CPython's parser stops at a NUL and ignores what follows (``"...Z<NUL>x"`` parsed as
+    ``"...Z"``); such a text is refused instead. RFC 3339 allows a lowercase ``t`` and
+    ``z`` (section 5.6, NOTE), so they are read as ``T`` and ``Z``.
+
+    Raises:
+        ValueError: not an ISO 8601 date-time, or a control character in it.
+    """
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ValueError("a control character in a date-time")
+    return datetime.fromisoformat(text.replace("t", "T").replace("z", "Z"))
+
+
 def _rfc3339(text: str | None, name: str) -> datetime | None:
     """An RFC 3339 date-time with its offset (``2026-12-01T09:00:00Z``), or None."""
     if text is None:
         return None
     try:
-        value = datetime.fromisoformat(text)
+        value = _from_iso(text)
     except ValueError:
         raise ApiError(
             422, "invalid_delay",
@@ -932,7 +947,7 @@ def _filter_thread_id(value: str | None) -> str | None:
 
 def _parse_instant(key: str, raw: str) -> float:
     try:
-        when = datetime.fromisoformat(raw)
+        when = _from_iso(raw)
     except ValueError:
         raise ApiError(
             400, "invalid_parameter",

@@ -769,6 +769,29 @@ async def test_run_at_outside_the_storable_range_is_refused(api: Api) -> None:
         assert key in message and "0001-01-01T00:00:00Z" in message, message
 
 
+async def test_a_date_time_with_a_control_character_is_refused_and_lowercase_z_read(
+    api: Api,
+) -> None:
+    tid = await api.new_thread()
+    path = f"/api/threads/{tid}/effects"
+    # CPython's fromisoformat stops at a NUL: "...Z\x00x" must not be read as "...Z".
+    for bad in ("2026-12-01T09:00:00.5Z\u0000x", "2026-12-01T09:00:00+03:00\u0000",
+                "2026-12-01T09:00:00Z\u0001"):
+        message = error_of(
+            await api.client.post(path, json={"name": "ping", "run_at": bad}),
+            422, "invalid_delay",
+        )
+        assert "run_at must be an RFC 3339 date-time" in message, message
+        error_of(await api.client.get("/api/runs", params={"since": bad}),
+                 400, "invalid_parameter")
+    assert (await api.client.get(path)).json()["runs"] == []
+    # RFC 3339 (5.6, NOTE) allows a lowercase t and z.
+    res = await api.client.post(
+        path, json={"name": "ping", "run_at": "2027-12-01t09:00:00.5z"})
+    assert res.status_code == 201, res.text
+    assert (await api.run(tid, res.json()["id"]))["runAt"] == "2027-12-01T09:00:00.500000Z"
+
+
 @pytest.mark.every_backend
 async def test_runs_stored_before_year_one_still_list(
     api: Api, storage_kind: str, request: pytest.FixtureRequest
