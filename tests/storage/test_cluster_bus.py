@@ -193,12 +193,14 @@ def _as_version(pg_url: str, version: int) -> None:
     """A fresh schema left as ``version`` left it (what later steps add is dropped)."""
     from runtime.storage.pg_schema import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     backend = PostgresBackend(pg_url)
     backend.open().close()
     backend.close()
     base, schema = split_schema(pg_url)
     with psycopg.connect(base, autocommit=True) as conn:
+        if version < 5:  # step 4: the effects each node runs
+            conn.execute(f"ALTER TABLE {schema}.nodes DROP COLUMN effects")
         if version < 4:  # step 3: which nodes claim runs
             conn.execute(f"ALTER TABLE {schema}.nodes DROP COLUMN claims")
         if version < 3:  # step 2: node leases, turn leases, each attempt's node
@@ -210,7 +212,7 @@ def _as_version(pg_url: str, version: int) -> None:
         conn.execute(f"UPDATE {schema}.schema_version SET version = %s", (version,))
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_an_older_schema_is_migrated_step_by_step_to_hold_frames_and_node_leases(
     pg_url: str, version: int,
 ) -> None:
@@ -218,14 +220,14 @@ def test_an_older_schema_is_migrated_step_by_step_to_hold_frames_and_node_leases
     backend = PostgresBackend(pg_url)
     backend.open().close()
     try:
-        assert backend.schema_version() == 4
+        assert backend.schema_version() == 5
         with backend.transaction() as cur:
             assert cur.execute("SELECT count(*) FROM frames").fetchone() == (0,)
             assert cur.execute("SELECT to_regclass('ix_alarms_due') IS NOT NULL").fetchone() \
                 == (True,)
             assert cur.execute("SELECT count(*) FROM turn_leases").fetchone() == (0,)
-            assert cur.execute("SELECT node_id, claims FROM nodes").fetchall() == [
-                (backend.node_id, True)]
+            assert cur.execute("SELECT node_id, claims, effects FROM nodes").fetchall() == [
+                (backend.node_id, True, None)]  # recorded once the runtime knows its effects
             assert cur.execute("SELECT count(node_id) FROM run_attempts").fetchone() == (0,)
     finally:
         backend.close()
