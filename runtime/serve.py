@@ -120,6 +120,18 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
             )
         return value
 
+    def tool_lease(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= 86_400:  # NaN and inf fail too
+            raise argparse.ArgumentTypeError(
+                f"effect tool lease must be a number of seconds above 0, at most 86400, "
+                f"got {text!r}"
+            )
+        return value
+
     def runs(text: str) -> int:
         if not text.strip().isascii() or not text.strip().isdigit():
             raise argparse.ArgumentTypeError(
@@ -207,7 +219,7 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
                    default=env.get(f"{ENV}MAX_CONCURRENT_RUNS", "64"),
                    help="threads whose runs execute at once in this process (default 64); "
                         "0: this process runs no runs (other nodes of a shared database do)")
-    p.add_argument("--effect-tool-lease-seconds", type=float,
+    p.add_argument("--effect-tool-lease-seconds", type=tool_lease,
                    default=env.get(f"{ENV}EFFECT_TOOL_LEASE_SECONDS", "300"),
                    help="an effect tool's claim on its effect key lasts this long; a claim "
                         "left by a killed process is taken over after it")
@@ -261,7 +273,9 @@ def _env_flag(name: str, *, default: bool, prog: str) -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise SystemExit(f"{prog}: {name}={raw!r} is not a yes/no value (use 1 or 0)")
+    print(f"{prog}: error: {name}={raw!r} is not a yes/no value (use 1 or 0)",
+          file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _warn_of_sqlite_threads(data_dir: Path) -> None:

@@ -352,7 +352,7 @@ def test_an_exposed_address_without_a_token_is_refused(tmp_path: Path) -> None:
 
 
 def test_no_packages_and_its_variable_switch_package_effects_off(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     sys.path.insert(0, str(ROOT))
     try:
@@ -365,8 +365,10 @@ def test_no_packages_and_its_variable_switch_package_effects_off(
     monkeypatch.setenv("THREAD_EFFECTS_LOAD_PACKAGES", "0")
     assert server.parse_args([]).load_packages is False
     monkeypatch.setenv("THREAD_EFFECTS_LOAD_PACKAGES", "maybe")
-    with pytest.raises(SystemExit, match="THREAD_EFFECTS_LOAD_PACKAGES='maybe' is not a yes/no"):
+    with pytest.raises(SystemExit) as exited:
         server.parse_args([])
+    assert exited.value.code == 2
+    assert "THREAD_EFFECTS_LOAD_PACKAGES='maybe' is not a yes/no" in capsys.readouterr().err
 
 
 def test_a_bad_value_from_a_variable_is_reported_under_the_variable(
@@ -381,7 +383,8 @@ def test_a_bad_value_from_a_variable_is_reported_under_the_variable(
         ("THREAD_EFFECTS_PORT", "eighty", "port must be 1..65535, got 'eighty'"),
         ("THREAD_EFFECTS_LEASE_SECONDS", "0.1", "lease must be a number of seconds"),
         ("THREAD_EFFECTS_DATABASE_URL", "mysql://x", "database URL must begin with"),
-        ("THREAD_EFFECTS_EFFECT_TOOL_LEASE_SECONDS", "soon", "invalid float value: 'soon'"),
+        ("THREAD_EFFECTS_EFFECT_TOOL_LEASE_SECONDS", "soon",
+         "effect tool lease must be a number of seconds above 0, at most 86400, got 'soon'"),
     ]:
         monkeypatch.setenv(variable, value)
         with pytest.raises(SystemExit) as exited:
@@ -483,6 +486,12 @@ def test_a_busy_port_is_reported_before_the_data_dir_is_made(tmp_path: Path) -> 
         (["--log-format", "xml"], {}, "--log-format"),
         ([], {"THREAD_EFFECTS_LOG_FORMAT": "xml"}, "THREAD_EFFECTS_LOG_FORMAT:"),
         (["--port", "0"], {}, "--port"),
+        (["--effect-tool-lease-seconds", "-5"], {}, "--effect-tool-lease-seconds"),
+        (["--effect-tool-lease-seconds", "0"], {}, "--effect-tool-lease-seconds"),
+        (["--effect-tool-lease-seconds", "nan"], {}, "--effect-tool-lease-seconds"),
+        ([], {"THREAD_EFFECTS_EFFECT_TOOL_LEASE_SECONDS": "nan"},
+         "THREAD_EFFECTS_EFFECT_TOOL_LEASE_SECONDS:"),
+        ([], {"THREAD_EFFECTS_LOAD_PACKAGES": "maybe"}, "THREAD_EFFECTS_LOAD_PACKAGES="),
         (["--database-url", "mysql://u:secret@h/db"], {}, "--database-url"),
         ([], {"THREAD_EFFECTS_DATABASE_URL": "sqlite:///x.db"}, "THREAD_EFFECTS_DATABASE_URL:"),
         (["--port", "\u0665"], {}, "--port"),
