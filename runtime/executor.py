@@ -365,6 +365,9 @@ class EffectExecutor:
         time of a schedule, whichever comes first.
         """
         names = self._concurrent_names()
+        if self._shared:
+            # Another node may have added or changed the thread's schedules meanwhile.
+            actor.next_fire_known = False
         while not self._stopping():
             async with actor.lock:
                 # A paused thread starts nothing, beside a running run either.
