@@ -335,12 +335,10 @@ class EffectExecutor:
         thread_id = actor.thread_id
         poked = self._pokes[thread_id] = asyncio.Event()
         main = asyncio.create_task(self.execute(actor, run), name=f"run-{run.id}")
-        first = True
         try:
             while True:
                 poked.clear()
-                await self._start_due_side(actor, reread=not first)
-                first = False
+                await self._start_due_side(actor)
                 if main.done():
                     break
                 waiter = asyncio.create_task(poked.wait())
@@ -360,17 +358,13 @@ class EffectExecutor:
                 del self._pokes[thread_id]
         return main.result()
 
-    async def _start_due_side(self, actor: ThreadActor, *, reread: bool = False) -> None:
+    async def _start_due_side(self, actor: ThreadActor) -> None:
         """Fire due schedules, start every due run of a concurrent effect; arm the timer.
 
         The timer is armed for the next due run of a concurrent effect or the next fire
-        time of a schedule, whichever comes first. ``reread`` (on a poke): on a backend
-        shared by nodes the schedules' next fire is read again (another node may have
-        added or changed a schedule of the thread while this run went on).
+        time of a schedule, whichever comes first.
         """
         names = self._concurrent_names()
-        if reread and self._shared:
-            actor.next_fire_known = False
         while not self._stopping():
             async with actor.lock:
                 # A paused thread starts nothing, beside a running run either.
