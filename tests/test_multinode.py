@@ -32,6 +32,8 @@ from test_server_process import ROOT, ServerProcess
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from runtime.cluster import rank
+
 pytestmark = pytest.mark.slow
 
 APP = ROOT / "tests" / "apps" / "multinode"
@@ -865,3 +867,22 @@ def test_an_occurrence_of_a_concurrent_schedule_made_on_another_node_starts_besi
     assert second["at"] < fire + 3.0 + STARTED_WITHIN_SECONDS, (second, fire)
     assert first["node"] == slow["node"] == "a"
     assert not ends or ends[0]["at"] > second["at"]
+
+
+def test_a_concurrent_run_starts_beside_on_the_running_node_ranked_after_another(
+    cluster: Cluster,
+) -> None:
+    # Three nodes: the wake-up sent by b ranks c first among the others, yet a runs the
+    # thread and alone can start the run.
+    tid = next(t for t in (f"tr{k}" for k in range(100)) if rank(["a", "c"], t)[0] == "c")
+    nodes = {n: cluster.start(n, lease_seconds=6, app=CONCURRENT_APP) for n in "abc"}
+    slow = _long_run_on(cluster, nodes["a"], tid)
+    time.sleep(1.0)
+    with httpx.Client(timeout=30) as client:
+        asked = time.time()
+        res = client.post(f"{nodes['b'].url}/api/threads/{tid}/effects",
+                          json={"name": "conc_task", "args": {"seconds": 1}})
+        assert res.status_code == 201, res.text
+    first = _wait_for_start(cluster, "conc_task")[0]
+    assert first["at"] - asked < STARTED_WITHIN_SECONDS, (first, asked, cluster.logs())
+    assert first["node"] == slow["node"] == "a"
