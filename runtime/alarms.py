@@ -250,6 +250,9 @@ class AlarmIndex:
             row. A number (a backend several nodes share): `start` arms only the rows due
             within that many seconds; the others are found later by the node's poll
             (`runtime.cluster`), which calls `hint`.
+        on_busy: Called on the loop with a thread id when `hint` finds the thread drained
+            here now (this node runs it): the drain may start a run of a concurrent effect
+            beside its running run (`runtime.executor.EffectExecutor.poke`). None: nothing.
     """
 
     def __init__(
@@ -261,8 +264,10 @@ class AlarmIndex:
         *,
         keep_seconds: float = ALARM_KEEP_SECONDS,
         horizon_seconds: float | None = None,
+        on_busy: Callable[[str], None] | None = None,
     ) -> None:
         self._clock = clock
+        self._on_busy = on_busy
         self._run_sync = run_sync
         self._on_alarm = on_alarm
         self._is_draining = is_draining
@@ -382,7 +387,11 @@ class AlarmIndex:
         value, now known). Arms the timer at ``arm_at`` (at or after ``due_at``: a grace
         left to the nodes ranked first) unless this node's timer already wakes the thread
         at or before ``due_at`` (and later than now), or drains it now (unless that drain
-        found the thread run by another node: `yielded`). Writes no row.
+        found the thread run by another node: `yielded`). A thread drained here now is
+        handed to ``on_busy`` instead, at once: the drain starts the thread's due runs of
+        concurrent effects beside its running run and arms the timer for the later ones,
+        with no grace (this node runs the thread, as for a run scheduled here). Writes no
+        row.
 
         Returns:
             Whether the timer was armed.
@@ -396,7 +405,9 @@ class AlarmIndex:
             # or drained and left to another node), so it does not stand for this one.
             if current is not None and current <= due_at and current > self._clock.now():
                 return False
-            if self._is_draining(thread_id) and thread_id not in self._yielded:
+            if self.runs_here(thread_id):
+                if self._on_busy is not None:
+                    self._on_busy(thread_id)
                 return False
             self._yielded.discard(thread_id)
             self._due[thread_id] = due_at
@@ -405,6 +416,10 @@ class AlarmIndex:
                 arm_at = min(arm_at, current)
             self._timer.arm(thread_id, arm_at)
             return True
+
+    def runs_here(self, thread_id: str) -> bool:
+        """Whether a drain of this node runs the thread now (not one that yielded it)."""
+        return self._is_draining(thread_id) and thread_id not in self._yielded
 
     async def yielded(self, thread_id: str) -> None:
         """A drain found the thread run by another node (a shared store; with the actor lock).

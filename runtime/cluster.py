@@ -266,6 +266,11 @@ class ClusterNode:
             return
         if sender == self.node or not self.claims:
             return  # this node armed it when it scheduled the run, or runs nothing
+        if self.alarms.runs_here(thread_id):
+            # This node runs the thread: it alone can start the run now (a concurrent
+            # effect's, beside the running run), whatever the ranking; no grace.
+            self._spawn(self._hint(thread_id, due_at, due_at, None))
+            return
         live = self.live_nodes()
         others = [n for n in live if n != sender]
         if not others or rank(others, thread_id)[0] != self.node:
@@ -341,8 +346,10 @@ class ClusterNode:
                 continue
             order = rank(live, thread_id)
             place = order.index(self.node)
-            if place > 1:
-                continue  # the first two nodes of its ranking look after it
+            if place > 1 and not self.alarms.runs_here(thread_id):
+                # The first two nodes of its ranking look after it (and the node that
+                # runs it now, which alone can start a concurrent effect's run beside).
+                continue
             await self._hint(thread_id, due_at, due_at + (place + 1) * self.grace_seconds,
                              due_at)
         self._polled = seen

@@ -343,6 +343,7 @@ class Runtime:
             # Shared by several nodes: timers only for the alarms due within the horizon.
             horizon_seconds=(self.settings.alarm_horizon_seconds
                              if cluster_bus is not None else None),
+            on_busy=self._on_busy,
         )
         self.cluster: ClusterNode | None = None
         """Wake-ups and frames across the nodes of a shared backend (`runtime.cluster`)."""
@@ -1135,6 +1136,11 @@ class Runtime:
     def _on_alarm(self, thread_id: str) -> None:
         if not self._closing:
             self.dispatcher.wake(thread_id)
+            self.executor.poke(thread_id)
+
+    def _on_busy(self, thread_id: str) -> None:
+        # Another node's run for a thread this node drains now: start it beside, if due.
+        if not self._closing:
             self.executor.poke(thread_id)
 
     def _is_draining(self, thread_id: str) -> bool:

@@ -32,6 +32,8 @@ from test_server_process import ROOT, ServerProcess
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from runtime.cluster import rank
+
 pytestmark = pytest.mark.slow
 
 APP = ROOT / "tests" / "apps" / "multinode"
@@ -782,3 +784,105 @@ def test_bulk_cancel_waiting_for_and_run_now_answer_the_same_on_every_node(
         assert res.json()["error"]["code"] == "run_state_conflict", res.text
     res = httpx.post(f"{runs_b}/{running}/cancel", json={})
     assert res.status_code == 200, res.text
+
+
+CONCURRENT_APP = ROOT / "tests" / "apps" / "multinode_concurrent"
+LONG_RUN_SECONDS = 12.0
+STARTED_WITHIN_SECONDS = 3.0
+"""A generous bound on how long after its due time a concurrent run starts (against a
+12 s long run: waiting for the long run would take about 10 s more)."""
+
+
+def _starts(cluster: Cluster, effect: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.read_executions()
+            if e.get("effect") == effect and e["event"] == "start"]
+
+
+def _wait_for_start(cluster: Cluster, effect: str, count: int = 1) -> list[dict[str, Any]]:
+    deadline = time.time() + GUARD_SECONDS
+    while len(starts := _starts(cluster, effect)) < count:
+        assert time.time() < deadline, f"{effect} did not start\n{cluster.logs()}"
+        time.sleep(0.05)
+    return starts
+
+
+def _long_run_on(cluster: Cluster, runner: ServerProcess, thread_id: str) -> dict[str, Any]:
+    """Create the thread and start the long run through ``runner``; its start line."""
+    with httpx.Client(timeout=30) as client:
+        res = client.post(f"{runner.url}/api/threads", json={"id": thread_id})
+        assert res.status_code == 201, res.text
+        res = client.post(f"{runner.url}/api/threads/{thread_id}/effects",
+                          json={"name": "slow_task", "args": {"seconds": LONG_RUN_SECONDS}})
+        assert res.status_code == 201, res.text
+    return _wait_for_start(cluster, "slow_task")[0]
+
+
+@pytest.mark.parametrize("runner_name, other_name", [("a", "b"), ("b", "a")])
+def test_a_concurrent_run_scheduled_through_another_node_starts_beside_the_long_run(
+    cluster: Cluster, runner_name: str, other_name: str,
+) -> None:
+    names = sorted({runner_name, other_name})
+    nodes = {n: cluster.start(n, lease_seconds=6, app=CONCURRENT_APP) for n in names}
+    runner, other = nodes[runner_name], nodes[other_name]
+    slow = _long_run_on(cluster, runner, "tc5")
+    time.sleep(1.0)
+    with httpx.Client(timeout=30) as client:
+        # Due now, then due in 3 s: both through the node that does not run the thread.
+        asked = time.time()
+        res = client.post(f"{other.url}/api/threads/tc5/effects",
+                          json={"name": "conc_task", "args": {"seconds": 1}})
+        assert res.status_code == 201, res.text
+        later = time.time() + 3.0
+        res = client.post(f"{other.url}/api/threads/tc5/effects",
+                          json={"name": "conc_task", "args": {"seconds": 1},
+                                "run_at": _iso(later)})
+        assert res.status_code == 201, res.text
+    first, second = _wait_for_start(cluster, "conc_task", 2)[:2]
+    ends = [e for e in cluster.read_executions()
+            if e.get("effect") == "slow_task" and e["event"] == "end"]
+    assert first["at"] - asked < STARTED_WITHIN_SECONDS, (first, asked, cluster.logs())
+    assert later - 0.5 <= second["at"] < later + STARTED_WITHIN_SECONDS, (second, later)
+    assert first["node"] == second["node"] == slow["node"] == runner_name
+    assert not ends or ends[0]["at"] > second["at"]  # beside the long run, not after it
+
+
+def test_an_occurrence_of_a_concurrent_schedule_made_on_another_node_starts_beside(
+    cluster: Cluster,
+) -> None:
+    runner = cluster.start("a", lease_seconds=6, app=CONCURRENT_APP)
+    other = cluster.start("b", lease_seconds=6, app=CONCURRENT_APP)
+    slow = _long_run_on(cluster, runner, "tc6")
+    time.sleep(1.0)
+    with httpx.Client(timeout=30) as client:
+        res = client.post(f"{other.url}/api/threads/tc6/schedules",
+                          json={"name": "conc_task", "args": {"seconds": 0.5},
+                                "every_seconds": 3})
+        assert res.status_code == 201, res.text
+        fire = _ts(res.json()["nextFireAt"])
+    first, second = _wait_for_start(cluster, "conc_task", 2)[:2]
+    ends = [e for e in cluster.read_executions()
+            if e.get("effect") == "slow_task" and e["event"] == "end"]
+    assert fire - 0.5 <= first["at"] < fire + STARTED_WITHIN_SECONDS, (first, fire,
+                                                                       cluster.logs())
+    assert second["at"] < fire + 3.0 + STARTED_WITHIN_SECONDS, (second, fire)
+    assert first["node"] == slow["node"] == "a"
+    assert not ends or ends[0]["at"] > second["at"]
+
+
+def test_a_concurrent_run_starts_beside_on_the_running_node_ranked_after_another(
+    cluster: Cluster,
+) -> None:
+    # Three nodes: the wake-up sent by b ranks c first among the others, yet a runs the
+    # thread and alone can start the run.
+    tid = next(t for t in (f"tr{k}" for k in range(100)) if rank(["a", "c"], t)[0] == "c")
+    nodes = {n: cluster.start(n, lease_seconds=6, app=CONCURRENT_APP) for n in "abc"}
+    slow = _long_run_on(cluster, nodes["a"], tid)
+    time.sleep(1.0)
+    with httpx.Client(timeout=30) as client:
+        asked = time.time()
+        res = client.post(f"{nodes['b'].url}/api/threads/{tid}/effects",
+                          json={"name": "conc_task", "args": {"seconds": 1}})
+        assert res.status_code == 201, res.text
+    first = _wait_for_start(cluster, "conc_task")[0]
+    assert first["at"] - asked < STARTED_WITHIN_SECONDS, (first, asked, cluster.logs())
+    assert first["node"] == slow["node"] == "a"
