@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import psycopg
 import pytest
@@ -17,17 +16,20 @@ import pytest
 from runtime.storage.base import MAX_PAYLOAD_BYTES
 from runtime.storage.memory import MemoryBackend
 from runtime.storage.pg_bus import server_channel
-from runtime.storage.postgres import PostgresBackend, split_schema
+from runtime.storage.postgres import PostgresBackend, PostgresRuntimeStore, split_schema
 from runtime.storage.sqlite import SQLiteBackend
 
 _node_ids = itertools.count(1)
 
 
 async def _open(url: str) -> PostgresBackend:
+    return (await _open_with_store(url))[0]
+
+
+async def _open_with_store(url: str) -> tuple[PostgresBackend, PostgresRuntimeStore]:
     # Several nodes on one schema in this process: each with its own node id.
     backend = PostgresBackend(url, node_id=f"bus-node-{next(_node_ids)}")
-    await asyncio.to_thread(backend.open)
-    return backend
+    return backend, await asyncio.to_thread(backend.open)
 
 
 @pytest.fixture
@@ -272,15 +274,16 @@ async def test_a_threads_deletion_numbers_stores_and_announces_its_frame_in_its_
     inbox = Inbox()
     b.cluster.listen("frames", inbox)
     assert await asyncio.to_thread(b.cluster.flush, 10.0)
-    a = PostgresBackend(pg_url, node_id=f"bus-node-{next(_node_ids)}")
-    store = await asyncio.to_thread(a.open)
+    a, store = await _open_with_store(pg_url)
     try:
         await _delete_announced(a, store, inbox)
     finally:
         await asyncio.to_thread(a.close)
 
 
-async def _delete_announced(a: PostgresBackend, store: Any, inbox: Inbox) -> None:
+async def _delete_announced(
+    a: PostgresBackend, store: PostgresRuntimeStore, inbox: Inbox,
+) -> None:
     from runtime.storage.base import FrameDraft, ThreadInfo, decode_frames
 
     assert await asyncio.to_thread(store.add_thread, ThreadInfo(id="t1", created_at_ts=1.0))
@@ -318,8 +321,7 @@ async def test_a_threads_deletion_sends_its_notification_at_its_commit_only_if_i
     inbox = Inbox()
     b.cluster.listen("commands", inbox)
     assert await asyncio.to_thread(b.cluster.flush, 10.0)
-    a = PostgresBackend(pg_url, node_id=f"bus-node-{next(_node_ids)}")
-    store = await asyncio.to_thread(a.open)
+    a, store = await _open_with_store(pg_url)
     try:
         assert await asyncio.to_thread(store.add_thread, ThreadInfo(id="t1", created_at_ts=1.0))
         for _ in range(2):  # the second finds no thread: nothing is sent
