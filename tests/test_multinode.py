@@ -654,32 +654,20 @@ def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_strea
 
 ONLY_B = '''"""An effect only node b has (a rolling deploy adds it): records its start and end."""
 
-import json
-import os
-import time
-
 from pydantic import BaseModel
 
 from runtime import ThreadState, define_effect
+
+from ._log import note
 
 
 class Item(BaseModel):
     item: int
 
 
-def _note(state: ThreadState, args: Item, event: str) -> None:
-    line = json.dumps({"item": args.item, "thread": state.thread_id, "event": event,
-                       "node": os.environ["MULTINODE_NODE"], "at": time.time()})
-    fd = os.open(os.environ["MULTINODE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\\n").encode())
-    finally:
-        os.close(fd)
-
-
 async def only_b(state: ThreadState, args: Item) -> None:
-    _note(state, args, "start")
-    _note(state, args, "end")
+    note(state, "start", item=args.item)
+    note(state, "end", item=args.item)
 
 
 effect = define_effect("Records its start and end in $MULTINODE_LOG.", Item, only_b)

@@ -12,15 +12,15 @@ right after its deletion's commit.
 """
 
 import asyncio
-import json
 import os
-import time
 from typing import Any
 
 from pydantic import BaseModel
 
 from runtime import ThreadState, define_effect
 from runtime.alarms import AlarmIndex
+
+from ._log import note
 
 if os.environ.get("MULTINODE_EXIT_AFTER_DELETE"):
     _delete_with = AlarmIndex.delete_with
@@ -37,24 +37,14 @@ class Work(BaseModel):
     seconds: float = 0.0
 
 
-def _note(state: ThreadState, args: Work, event: str) -> None:
-    line = json.dumps({"item": args.item, "thread": state.thread_id, "event": event,
-                       "node": os.environ["MULTINODE_NODE"], "at": time.time()})
-    fd = os.open(os.environ["MULTINODE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
-
-
 async def work(state: ThreadState, args: Work) -> None:
-    _note(state, args, "start")
+    note(state, "start", item=args.item)
     try:
         await asyncio.sleep(args.seconds)
     except asyncio.CancelledError:
-        _note(state, args, "canceled")
+        note(state, "canceled", item=args.item)
         raise
-    _note(state, args, "end")
+    note(state, "end", item=args.item)
 
 
 effect = define_effect("Records its start and end (or its cancellation) in $MULTINODE_LOG.",
