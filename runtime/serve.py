@@ -30,6 +30,7 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -109,46 +110,34 @@ def parse_args(argv: list[str] | None = None, *, prog: str | None = None) -> arg
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    def lease(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not 0.5 <= value <= 86_400:  # NaN and inf fail too
-            raise argparse.ArgumentTypeError(
-                f"lease must be a number of seconds from 0.5 to 86400, got {text!r}"
-            )
-        return value
+    def seconds(
+        what: str, low: float, high: float, *, above: bool = False,
+    ) -> Callable[[str], float]:
+        """A parser of a number of seconds from ``low`` (excluded if ``above``) to ``high``."""
+        bounds = f"above {low:g}, at most {high:g}" if above else f"from {low:g} to {high:g}"
 
-    def tool_lease(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not 0 < value <= 86_400:  # NaN and inf fail too
-            raise argparse.ArgumentTypeError(
-                f"effect tool lease must be a number of seconds above 0, at most 86400, "
-                f"got {text!r}"
-            )
-        return value
+        def parse(text: str) -> float:
+            try:
+                value = float(text)
+            except ValueError:
+                value = math.nan
+            if not ((low < value) if above else (low <= value)) or not value <= high:
+                # NaN and inf fail too
+                raise argparse.ArgumentTypeError(
+                    f"{what} must be a number of seconds {bounds}, got {text!r}")
+            return value
+
+        return parse
+
+    lease = seconds("lease", 0.5, 86_400)
+    tool_lease = seconds("effect tool lease", 0, 86_400, above=True)
+    grace = seconds("shutdown grace", 0, MAX_SHUTDOWN_GRACE_SECONDS)
 
     def runs(text: str) -> int:
         if not text.strip().isascii() or not text.strip().isdigit():
             raise argparse.ArgumentTypeError(
                 f"max concurrent runs must be a whole number, 0 or more, got {text!r}")
         return int(text)
-
-    def grace(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not 0 <= value <= MAX_SHUTDOWN_GRACE_SECONDS:  # NaN and inf fail too
-            raise argparse.ArgumentTypeError(
-                f"shutdown grace must be a number of seconds from 0 to "
-                f"{MAX_SHUTDOWN_GRACE_SECONDS:.0f}, got {text!r}"
-            )
-        return value
 
     def token(text: str) -> str | None:
         if not text:
