@@ -525,6 +525,20 @@ class ChangeHub:
             for sub in list(feed.subs):
                 sub.close()
 
+    def subscribed_threads(self) -> list[str]:
+        """The threads this hub has subscribers of (not those of every thread's runs)."""
+        return [key for key in self._feeds if key != ALL_THREADS]
+
+    def end_thread(self, thread_id: str) -> None:
+        """End a deleted thread's subscriptions, delivering no event (with a relay only).
+
+        For a deletion this node learned of from the database rather than from the
+        thread's ``thread_deleted`` frame: the frame was numbered and announced by the node
+        that deleted it, and is not made again (the subscribers of every thread get it only
+        from the relay).
+        """
+        self._close_feed(thread_id)
+
     def subscribed(self, thread_id: str) -> bool:
         """Whether this hub has a subscriber of ``thread_id``'s events."""
         return thread_id in self._feeds

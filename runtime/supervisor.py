@@ -373,6 +373,9 @@ class Runtime:
         )
         self._orphans: asyncio.Task[None] | None = None
         self._command_tasks: set[asyncio.Task[None]] = set()
+        # While a resync reads the tables: the threads commands were heard for meanwhile
+        # (what they said is newer than what the read may return).
+        self._resyncs: list[set[str]] = []
         # thread id -> run ids this process gave up when its lease lapsed: still `running`
         # under this node's id, re-queued here once the lease is held again.
         self._lease_abandoned: dict[str, set[str]] = {}
@@ -501,7 +504,10 @@ class Runtime:
             await self.cluster.start(store)
         if self.storage.cluster is not None:
             # Cancels, deletions and pauses made on other nodes (`_on_command`).
-            self.storage.cluster.listen(COMMANDS_CHANNEL, self._on_command)
+            # Those sent while the listening connection was down are lost: what they said
+            # is read back from the tables when it listens again (`_resync_commands`).
+            self.storage.cluster.listen(COMMANDS_CHANNEL, self._on_command,
+                                        on_reconnect=self._on_commands_reconnect)
             # What other nodes and this one announce (frames, wake-ups, commands) before
             # the listening connection LISTENs is lost to this node, and a subscriber
             # with no frame of its thread yet could not tell: start() returns once the
@@ -1240,6 +1246,8 @@ class Runtime:
             return
         if command.get("from") == self.node_id or self._closing:
             return
+        for heard in self._resyncs:
+            heard.add(thread_id)
         task = asyncio.get_running_loop().create_task(
             self._apply_command(op, thread_id, command), name=f"thread-effects-{op}")
         self._command_tasks.add(task)
@@ -1283,6 +1291,59 @@ class Runtime:
         except Exception:
             log.exception("could not apply a command from node %s: %s", command.get("from"),
                           command)
+
+    def _on_commands_reconnect(self) -> None:
+        if self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._resync_commands(), name="thread-effects-resync")
+        self._command_tasks.add(task)
+        task.add_done_callback(self._command_tasks.discard)
+
+    async def _resync_commands(self) -> None:
+        """Apply the deletions and pauses this node may have missed while it was not listening.
+
+        Called each time the listening connection listens (again): the commands sent
+        meanwhile are gone, but what they changed is in the registry. One read for every
+        thread this node holds (an open actor) or streams: one no longer registered is
+        treated as its ``deleted`` command would be (its runs running here are canceled,
+        nothing of it is written, its streams end with 4404), and the paused flag of the
+        others is brought up to date (a resumed thread is drained). A command heard while
+        the read runs wins over what the read returned for its thread.
+        """
+        assert self._store is not None
+        threads = sorted({a.thread_id for a in self.actors.open_actors()}
+                         | set(self.hub.subscribed_threads()))
+        if not threads:
+            return
+        heard: set[str] = set()
+        self._resyncs.append(heard)
+        try:
+            flags = await self.run_sync(self._store.paused_flags, threads)
+        except Exception as exc:
+            log.warning("cluster: could not read back the commands other nodes may have sent "
+                        "while this node was not listening (%s)", exc)
+            return
+        finally:
+            self._resyncs.remove(heard)
+        # A thread being created or deleted here is left to that.
+        deleted = [t for t in threads if t not in flags and t not in heard
+                   and self.actors.lifecycle(t) in (ThreadLifecycle.OPEN,
+                                                    ThreadLifecycle.CLOSED)]
+        if deleted:
+            log.warning("cluster: %d thread(s) held here were deleted on another node while "
+                        "this node was not listening (%s); stopping their work here",
+                        len(deleted), ", ".join(deleted[:10]))
+        for thread_id in deleted:
+            await self._apply_command("deleted", thread_id, {"from": "resync"})
+            self.hub.end_thread(thread_id)
+        for thread_id, paused in flags.items():
+            actor = self.actors.peek(thread_id)
+            if thread_id in heard or actor is None or actor.info.paused is paused:
+                continue
+            actor.info = replace(actor.info, paused=paused)
+            if not paused:
+                self._on_alarm(thread_id)
 
     async def _cancel_in_store(self, actor: ThreadActor, run_id: str, canceled_by: str) -> bool:
         """Cancel a run ``running`` under this node's id that this process does not execute.

@@ -652,6 +652,59 @@ async def test_deleting_on_node_a_a_thread_running_on_node_b_cancels_its_run_the
     assert url_rows == 0  # node b wrote nothing back for the deleted thread
 
 
+def _cut_bus(rt: Runtime) -> None:
+    """End the node's listening connection on the server (``pg_terminate_backend``)."""
+    storage = rt.storage
+    assert isinstance(storage, PostgresBackend)
+    conn = storage.cluster._conn
+    assert conn is not None
+    url, _ = split_schema(storage.url)
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+
+
+async def test_a_node_whose_bus_was_down_applies_the_deletion_and_pause_it_missed(
+    make_node: Callable[..., Runtime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.errors import ThreadNotFound
+    from runtime.storage import pg_bus
+
+    # The listening connection comes back 3 s after it is lost (0.2 s by default): long
+    # enough for the deletion and the pause below to be announced while it is down.
+    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 3.0)
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        thread_a, _, _ = await _start_on_b(a, b)
+        tid = thread_a.thread_id
+        paused = await a.create_thread()
+        assert not (await b.get_thread(paused.thread_id)).info.paused  # cached on b
+        watched = (await b.get_thread(tid)).subscribe()  # on b; no frame of it seen yet
+        _cut_bus(b)
+        bus = b.storage.cluster
+        assert bus is not None
+
+        async def deaf() -> bool:
+            return not bus.connected
+
+        await wait_until(deaf, seconds=5)
+        assert await a.delete_thread(tid) is True
+        await a.pause_thread(paused.thread_id)
+        assert not bus.connected  # b heard neither command
+
+        async def resynced() -> bool:
+            return b.actors.peek(tid) is None and not b.executor.side_running
+
+        # Once it listens again, b reads what the lost commands said: the thread is gone
+        # (its run canceled, its stream ended), the other one paused.
+        await wait_until(resynced, seconds=10)
+        await asyncio.wait_for(watched.wait_closed(), 5)
+        with pytest.raises(ThreadNotFound):
+            await b.get_thread(tid)
+        assert (await b.get_thread(paused.thread_id)).info.paused
+        await asyncio.sleep(0.3)
+        assert not (tmp_path / "node-b" / "slow.done").exists()
+
+
 def _rows_of(rt: Runtime, thread_id: str) -> int:
     storage = rt.storage
     assert isinstance(storage, PostgresBackend)

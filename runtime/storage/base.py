@@ -791,6 +791,25 @@ class RuntimeStore(ABC):
             False (nothing written) if no such thread is registered.
         """
 
+    def paused_flags(self, thread_ids: Sequence[str]) -> dict[str, bool]:
+        """Which of ``thread_ids`` are registered, and whether each is paused.
+
+        Read as `get_thread` reads, for many threads at once: a node that may have missed
+        other nodes' deletions and pauses reads what they changed for the threads it holds
+        (PostgreSQL: one statement, however many threads). This default asks `get_thread`
+        for each.
+
+        Returns:
+            ``{thread_id: paused}`` for the registered ones; an unregistered (deleted)
+            thread is left out.
+        """
+        out: dict[str, bool] = {}
+        for thread_id in thread_ids:
+            info = self.get_thread(thread_id)
+            if info is not None:
+                out[thread_id] = info.paused
+        return out
+
     @abstractmethod
     def list_threads(
         self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None

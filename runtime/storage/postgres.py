@@ -1776,6 +1776,13 @@ class PostgresRuntimeStore(RuntimeStore):
         ).fetchone())
         return self._info(row) if row is not None else None
 
+    def paused_flags(self, thread_ids: Sequence[str]) -> dict[str, bool]:  # noqa: D102
+        rows = self._tx(lambda c: c.execute(
+            "SELECT t.id, EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id = t.id) "
+            "FROM threads t WHERE t.id = ANY(%s)", (list(thread_ids),)
+        ).fetchall(), single=True)
+        return {str(r[0]): bool(r[1]) for r in rows}
+
     def list_threads(  # noqa: D102
         self, limit: int, after: tuple[float, str] | None, query: ThreadQuery | None = None
     ) -> tuple[list[ThreadInfo], tuple[float, str] | None]:

@@ -396,6 +396,17 @@ def test_a_pause_mark_is_kept_listed_durable_and_goes_with_the_thread(
         again.close()
 
 
+def test_paused_flags_name_the_registered_threads_with_their_pause_marks(
+    rtdb: RuntimeStore,
+) -> None:
+    for tid in ("a", "b", "c"):
+        assert rtdb.add_thread(ThreadInfo(id=tid, created_at_ts=T0))
+    assert rtdb.set_paused("b", True)
+    assert rtdb.delete_thread("c")
+    assert rtdb.paused_flags(["a", "b", "c", "never"]) == {"a": False, "b": True}
+    assert rtdb.paused_flags([]) == {}
+
+
 def test_thread_pages_are_newest_first_with_ties_by_id(rtdb: RuntimeStore) -> None:
     # Five threads share one creation time: the id breaks the tie (descending).
     for tid, at in [("c", T0), ("a", T0), ("e", T0), ("b", T0), ("d", T0), ("old", T0 - 1),
