@@ -129,6 +129,16 @@ DELETE_FRAMES_WAIT_SECONDS = 5.0
 """With nodes sharing the backend, how long a thread's deletion waits for the frames this
 node queued before it to be written, so that they are numbered before its deletion's."""
 
+ORPHAN_SWEEP_SECONDS = 600.0
+"""With nodes sharing the backend, how often a node looks at every thread's store for rows
+no registry entry names (`StorageBackend.discard_orphaned_threads`; a scan: about 0.1 s
+with 100,000 threads). The deletions it hears of are looked up by id at every round of
+the dead-node look instead."""
+
+MAX_DELETIONS_HEARD = 10_000
+"""The most deletions heard of that a node keeps to look up (the oldest go first; the
+sweep of every `ORPHAN_SWEEP_SECONDS` finds what they left)."""
+
 
 def _default_backend(settings: Settings) -> StorageBackend:
     """The backend the settings name: PostgreSQL with a ``database_url``, else SQLite files."""
@@ -373,6 +383,10 @@ class Runtime:
         )
         self._orphans: asyncio.Task[None] | None = None
         self._command_tasks: set[asyncio.Task[None]] = set()
+        # Deleted threads whose rows the deleting node may have left (it stopped): thread
+        # id -> when the `deleted` command was heard (loop time); bounded.
+        self._deletions_heard: dict[str, float] = {}
+        self._orphan_sweep_at = 0.0
         # While a resync reads the tables: the threads commands were heard for meanwhile
         # (what they said is newer than what the read may return).
         self._resyncs: list[set[str]] = []
@@ -519,6 +533,8 @@ class Runtime:
         if not self.storage.exclusive:
             # Runs other nodes left running when they died: re-queued here (and by every
             # live node) once their lease expired, now and every third of the lease.
+            # `open` discarded the rows no registry entry named: the next sweep is later.
+            self._orphan_sweep_at = loop.time() + ORPHAN_SWEEP_SECONDS
             self._orphans = asyncio.create_task(self._requeue_orphans_forever(),
                                                 name="thread-effects-orphans")
         if rebuild:
@@ -1269,6 +1285,10 @@ class Runtime:
                 async with self.actors.writing(thread_id) as actor:
                     await self._cancel_in_store(actor, run_id, by)
             elif op == "deleted":
+                heard = self._deletions_heard
+                heard[thread_id] = asyncio.get_running_loop().time()
+                if len(heard) > MAX_DELETIONS_HEARD:  # the sweep looks after the oldest
+                    del heard[next(iter(heard))]
                 # The thread is gone: nothing of it runs here any more, nothing is written.
                 for extension in self.extensions:
                     await extension.thread_deleting(self, thread_id)
@@ -1405,7 +1425,7 @@ class Runtime:
                               extension.name)
 
     async def _requeue_orphans_forever(self) -> None:
-        period = getattr(self.storage, "lease_seconds", 30.0) / 3
+        period = self._lease_seconds() / 3
         while True:
             try:
                 await self.requeue_orphans()
@@ -1417,7 +1437,8 @@ class Runtime:
         """Re-queue the runs nodes whose lease expired left ``running``; how many changed.
 
         First the threads such nodes may have changed without relaying the frame skip a
-        ``seq`` (`StorageBackend.mark_dead_nodes_gaps`).
+        ``seq`` (`StorageBackend.mark_dead_nodes_gaps`); last, the rows of threads whose
+        deleting node stopped before removing them go (`StorageBackend.discard_orphaned_threads`).
 
         Each thread's runs are re-queued in its own transaction (the attempt rule applies:
         a third interrupted attempt fails the run), and the changes are published. Does
@@ -1439,7 +1460,36 @@ class Runtime:
         changed = 0
         for thread_id, run_ids in [*own.items(), *by_thread.items()]:
             changed += await self._requeue_thread(thread_id, run_ids, mine=thread_id in own)
+        await self._discard_orphaned_threads()
         return changed
+
+    async def _discard_orphaned_threads(self) -> None:
+        """Remove the rows of deleted threads that their deleting node left (it stopped).
+
+        The threads whose deletion this node heard of (the ``deleted`` command) between
+        one and three lease periods ago are looked up by id each round (the deleting node,
+        if alive, removed their rows right after its commit); every thread's store is
+        looked at every `ORPHAN_SWEEP_SECONDS` (a node deaf to the command then, a
+        removal that failed). A create's store is written a moment before its registry
+        entry: a thread created within two lease periods is left alone.
+        """
+        lease = self._lease_seconds()
+        now = self.clock.now()
+        loop_now = asyncio.get_running_loop().time()
+        heard = self._deletions_heard
+        due = [t for t, at in heard.items() if at <= loop_now - lease]
+        if due:
+            await self.run_sync(partial(self.storage.discard_orphaned_threads,
+                                        thread_ids=due, limit=len(due)), now - 2 * lease)
+            for thread_id in due:  # tried at each round until 3 lease periods have passed
+                if heard[thread_id] <= loop_now - 3 * lease:
+                    del heard[thread_id]
+        if loop_now >= self._orphan_sweep_at:
+            self._orphan_sweep_at = loop_now + ORPHAN_SWEEP_SECONDS
+            await self.run_sync(self.storage.discard_orphaned_threads, now - 2 * lease)
+
+    def _lease_seconds(self) -> float:
+        return float(getattr(self.storage, "lease_seconds", 30.0))
 
     async def _requeue_thread(self, thread_id: str, run_ids: list[str], *, mine: bool) -> int:
         """Re-queue ``run_ids`` of one thread left ``running``; how many changed.

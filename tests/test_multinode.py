@@ -606,7 +606,9 @@ def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_strea
     Its deletion reaches the other node all the same: the stream of the thread there ends
     with 4404, its server-wide stream gets the deletion once (before the next one), the
     thread and its runs answer 404 there, and the thread's run running there is canceled
-    mid-effect (its effect code sees the cancellation and never ends).
+    mid-effect (its effect code sees the cancellation and never ends). The rows the dead
+    node did not remove (the thread's runs, attempts, store meta) are removed by the live
+    node, which is not restarted.
     """
     x = cluster.start("x")
     y = cluster.start("y", *NO_CLAIMS, MULTINODE_EXIT_AFTER_DELETE="1")
@@ -650,6 +652,25 @@ def test_a_thread_deleted_by_a_node_killed_right_after_its_commit_ends_its_strea
             if frame["eventType"] == "thread_deleted":
                 deleted.append(frame["threadId"])
         assert deleted == [tid, other], deleted
+    # Created more than two lease periods ago by now: its rows go at x's next round.
+    deadline = time.monotonic() + 6 * LEASE_SECONDS
+    while (left := _thread_rows(cluster, tid)) != 0:
+        assert time.monotonic() < deadline, f"{left} rows of {tid} left\n{cluster.logs()}"
+        time.sleep(0.2)
+    assert x.proc is not None and x.proc.poll() is None  # x ran all along
+
+
+def _thread_rows(cluster: Cluster, thread_id: str) -> int:
+    """How many rows a thread's store holds in the cluster's schema (every table)."""
+    from runtime.storage.pg_schema import THREAD_TABLES
+    from runtime.storage.postgres import split_schema
+
+    url, schema = split_schema(cluster.database_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        return sum(
+            int(conn.execute(f"SELECT count(*) FROM {schema}.{table} WHERE thread_id = %s",
+                             (thread_id,)).fetchone()[0])  # type: ignore[index]
+            for table in THREAD_TABLES)
 
 
 ONLY_B = '''"""An effect only node b has (a rolling deploy adds it): records its start and end."""

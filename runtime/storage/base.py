@@ -1489,6 +1489,28 @@ class StorageBackend(ABC):
         """
         return []
 
+    def discard_orphaned_threads(
+        self, created_before: float, limit: int = 100,
+        thread_ids: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Remove the rows of threads no registry entry names any more; their ids.
+
+        A node that dies between a thread's deletion (its registry entry goes in one
+        transaction) and the removal of the thread's own rows (runs, messages, records)
+        leaves those rows behind, unreachable. `open` discards them; a backend shared by
+        several live processes (PostgreSQL) also does it here, on a live node: at most
+        ``limit`` threads per call, in one transaction, among ``thread_ids`` only when
+        given (an indexed look-up; None: every thread's store is looked at). Only threads
+        created before ``created_before`` (seconds since the epoch, UTC; their store's
+        ``created_at``) are taken: a thread being created has its store written a moment
+        before its registry entry, and is left alone. One process per backend (SQLite,
+        memory): always empty (what a crash left is discarded at the next `open`).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return []
+
     def mark_dead_nodes_gaps(self) -> list[tuple[str, int]]:
         """Advance, without a frame, the frame counter of threads dead nodes may have changed.
 

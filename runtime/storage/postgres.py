@@ -2756,6 +2756,32 @@ class PostgresBackend(StorageBackend):
                     f"(SELECT 1 FROM threads t WHERE t.id = x.thread_id)"
                 )
 
+    def discard_orphaned_threads(  # noqa: D102 - contract in base
+        self, created_before: float, limit: int = 100,
+        thread_ids: Sequence[str] | None = None,
+    ) -> list[str]:
+        # The store rows are locked (SKIP LOCKED: a create or delete of the same id at this
+        # moment is left to itself); a create of that id waits for this commit to write
+        # its own. A created_at that is not a number is never taken.
+        wanted = None if thread_ids is None else list(thread_ids)
+        with self.transaction() as c:
+            rows = c.execute(
+                "SELECT m.thread_id FROM thread_meta m WHERE m.key = 'created_at' "
+                "AND NOT EXISTS (SELECT 1 FROM threads t WHERE t.id = m.thread_id) "
+                "AND (CASE WHEN m.value ~ '^[0-9.eE+-]+$' THEN m.value::float8 END) < %s "
+                "AND (%s::text[] IS NULL OR m.thread_id = ANY(%s::text[])) "
+                "ORDER BY m.thread_id LIMIT %s FOR UPDATE OF m SKIP LOCKED",
+                (created_before, wanted, wanted, limit),
+            ).fetchall()
+            ids = [str(r[0]) for r in rows]
+            if ids:
+                for table in THREAD_TABLES:
+                    c.execute(f"DELETE FROM {table} WHERE thread_id = ANY(%s)", (ids,))
+        for thread_id in ids:
+            log.warning("removed the rows of thread %s: no registry entry names it (left "
+                        "by a node that stopped during its delete)", thread_id)
+        return ids
+
     def _remove_rows(self, c: Cursor, thread_id: str) -> None:
         for table in THREAD_TABLES:
             c.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))

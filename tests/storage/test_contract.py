@@ -362,6 +362,39 @@ def test_thread_registry(rtdb: RuntimeStore) -> None:
     assert rtdb.load_alarms() == []  # the alarm went with the thread
 
 
+def test_a_live_shared_backend_discards_the_rows_a_deletion_left_in_bounded_passes(
+    harness: Harness, rtdb: RuntimeStore,
+) -> None:
+    backend = harness.backend
+    for tid in ("gone1", "gone2", "gone3", "kept"):
+        info = ThreadInfo(id=tid, created_at_ts=T0)
+        assert rtdb.add_thread(info)
+        store = backend.create_thread_store(info)
+        store.insert_run(replace(run(), id="r1", thread_id=tid))
+        store.close()
+    # Deleted from the registry by a node that stopped before removing their rows.
+    for tid in ("gone1", "gone2", "gone3"):
+        assert rtdb.delete_thread(tid)
+    # Being created: its store is written, its registry entry not yet.
+    backend.create_thread_store(ThreadInfo(id="new", created_at_ts=T0 + 100)).close()
+    if backend.exclusive:  # one process: what a crash left goes at the next open
+        assert backend.discard_orphaned_threads(T0 + 50) == []
+        return
+    assert backend.discard_orphaned_threads(T0 + 50, thread_ids=["gone2", "kept"]) == [
+        "gone2"]
+    assert backend.discard_orphaned_threads(T0 + 50, limit=1) == ["gone1"]
+    assert backend.discard_orphaned_threads(T0 + 50) == ["gone3"]
+    assert backend.discard_orphaned_threads(T0 + 50) == []
+    for tid in ("gone1", "gone2", "gone3"):
+        with pytest.raises(ThreadStorageError, match=f"Thread {tid}"):
+            backend.open_thread_store(tid)
+    kept = backend.open_thread_store("kept")
+    assert [r.id for r in kept.pending_runs()] == ["r1"]
+    kept.close()
+    backend.open_thread_store("new").close()  # still there for its registry entry
+    assert rtdb.add_thread(ThreadInfo(id="new", created_at_ts=T0 + 100))
+
+
 def test_a_pause_mark_is_kept_listed_durable_and_goes_with_the_thread(
     harness: Harness,
 ) -> None:
