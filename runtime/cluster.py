@@ -43,7 +43,7 @@ import hashlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -192,6 +192,7 @@ class ClusterNode:
         self._taken = 0  # frames taken off the queue so far (written, or dropped)
         self.polls = 0
         self._wake_listening = False
+        self._frames_listening = False
         self.wakeups_armed = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -740,3 +741,35 @@ class ClusterNode:
             if not order.filling:
                 order.filling = True
                 self._spawn(self._fill(thread_id, order, None))
+        if not self._frames_listening:  # the first time: nothing was missed
+            self._frames_listening = True
+            return
+        # Taken now: one whose first frame comes after this may have missed some before.
+        self._spawn(self._drop_unnumbered(
+            [t for t in self.hub.subscribed_threads() if t not in self._order]))
+
+    async def _drop_unnumbered(self, threads: list[str]) -> None:
+        """Tell the subscribers with no frame number to fill from that they may have missed some.
+
+        After the bus reconnected: a subscriber of a thread that had no frame here since it
+        subscribed has no number to read the table from, nor has one of every thread's run
+        changes. Those of a thread still registered are dropped (`ChangeHub.drop_subscribers`:
+        a WebSocket client is closed with 1013, reloads and reconnects); a deleted thread's
+        end as its deletion ends them (4404).
+        """
+        assert self._store is not None
+        hub = self.hub
+        registered: Collection[str] = threads
+        if threads:
+            try:
+                registered = await self._run_sync(self._store.paused_flags, threads)
+            except Exception as exc:
+                log.warning("cluster: could not read which threads streamed here still "
+                            "exist (%s)", exc)
+        for thread_id in threads:
+            if thread_id not in registered:
+                hub.end_thread(thread_id)
+        hub.drop_subscribers(
+            [t for t in threads if t in registered],
+            every_thread=True,
+            reason="frames were missed while the server was not listening to the database")

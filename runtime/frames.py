@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import fields, replace
 from typing import Any, Protocol, TypeVar
 
@@ -179,6 +179,8 @@ class Subscription(AsyncIterator[ThreadEvent]):
         self.overflowed = False
         self.closed = False
         self.dropped = 0
+        self.lost: str | None = None
+        """Why it was dropped though it kept up (`ChangeHub.drop_subscribers`), or None."""
         self._hub = hub
         self._feed = feed
         self._cursor = feed.head
@@ -246,6 +248,10 @@ class Subscription(AsyncIterator[ThreadEvent]):
         return events
 
     def _raise_overflow(self) -> None:
+        if self.lost is not None:
+            raise SubscriptionOverflow(
+                f"Subscriber of thread {self.thread_id} was dropped: {self.lost}; reload "
+                f"over HTTP and subscribe again")
         raise SubscriptionOverflow(
             f"Subscriber of thread {self.thread_id} fell more than {self.maxsize} "
             f"events behind and was dropped; reload over HTTP and subscribe again"
@@ -528,6 +534,24 @@ class ChangeHub:
     def subscribed_threads(self) -> list[str]:
         """The threads this hub has subscribers of (not those of every thread's runs)."""
         return [key for key in self._feeds if key != ALL_THREADS]
+
+    def drop_subscribers(self, thread_ids: Sequence[str], every_thread: bool,
+                         reason: str) -> None:
+        """Drop the subscriptions of ``thread_ids`` (and of every thread's run changes).
+
+        For subscribers that may have missed events this hub cannot give them any more
+        (with a relay: frames announced while this node was not listening, with no
+        number to read them back from). Each ends as an overflow does: iterating it
+        raises `SubscriptionOverflow` naming ``reason``; a WebSocket client is closed
+        with 1013 and reloads.
+        """
+        keys = [*thread_ids, ALL_THREADS] if every_thread else list(thread_ids)
+        for key in keys:
+            feed = self._feeds.get(key)
+            if feed is not None:
+                for sub in list(feed.subs):
+                    sub.lost = reason
+                    sub._overflow()
 
     def end_thread(self, thread_id: str) -> None:
         """End a deleted thread's subscriptions, delivering no event (with a relay only).

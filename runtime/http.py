@@ -1464,6 +1464,11 @@ class FrameStream:
                 writer.cancel()
                 if self.metrics is not None:
                     self.metrics.frames_dropped.inc(sub.dropped)
+                if sub.lost is not None:
+                    log.info("closing a client of thread %s: %s", sub.thread_id, sub.lost)
+                    await self._close(CLOSE_TRY_AGAIN_LATER,
+                                      f"{sub.lost}; reload and reconnect")
+                    return
                 log.info(
                     "closing a slow client of thread %s: %d frames unsent",
                     sub.thread_id, sub.dropped,

@@ -705,6 +705,50 @@ async def test_a_node_whose_bus_was_down_applies_the_deletion_and_pause_it_misse
         assert not (tmp_path / "node-b" / "slow.done").exists()
 
 
+async def test_subscribers_on_a_node_whose_bus_was_down_get_the_missed_frames_or_reload(
+    make_node: Callable[..., Runtime], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.errors import SubscriptionOverflow
+    from runtime.storage import pg_bus
+
+    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 3.0)
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        seen, fresh = await a.create_thread(), await a.create_thread()
+        on_seen = (await b.get_thread(seen.thread_id)).subscribe()
+        first = await seen.schedule_effect("record", {"key": "first"})
+        frames = []
+        while len(frames) < 3:  # scheduled, started, completed: b numbers from here
+            frames.append(await asyncio.wait_for(anext(on_seen), 10))
+        on_fresh = (await b.get_thread(fresh.thread_id)).subscribe()  # no frame yet
+        everything = b.subscribe_runs()
+        _cut_bus(b)
+        bus = b.storage.cluster
+        assert bus is not None
+
+        async def deaf() -> bool:
+            return not bus.connected
+
+        await wait_until(deaf, seconds=5)
+        missed = await seen.schedule_effect("record", {"key": "missed"})
+        await fresh.schedule_effect("record", {"key": "missed"})
+        assert not bus.connected
+        # A subscriber with a frame number to go on from gets what was announced meanwhile
+        # from the table, in order.
+        while len(frames) < 6:
+            frames.append(await asyncio.wait_for(anext(on_seen), 10))
+        assert [f.seq for f in frames] == list(range(frames[0].seq, frames[0].seq + 6))
+        assert [json.loads(f.frame_text())["data"]["id"] for f in frames] == (
+            [first] * 3 + [missed] * 3)
+        # One without (none of its thread's frames came yet, or every thread's): told to
+        # reload, since what it missed cannot be told apart from what came before it.
+        for sub in (on_fresh, everything):
+            await asyncio.wait_for(sub.wait_closed(), 10)
+            with pytest.raises(SubscriptionOverflow, match="frames were missed"):
+                await anext(sub)
+        assert not on_seen.closed
+
+
 def _rows_of(rt: Runtime, thread_id: str) -> int:
     storage = rt.storage
     assert isinstance(storage, PostgresBackend)

@@ -330,6 +330,21 @@ async def test_deleting_the_thread_closes_its_stream(live: Live) -> None:
         assert await close_code(ws) == 4404
 
 
+async def test_clients_a_node_cannot_give_missed_frames_are_closed_with_1013_to_reload(
+    tmp_path: Path,
+) -> None:
+    # What a PostgreSQL node does when its listening connection comes back
+    # (tests/test_nodes.py): here the hub is told directly.
+    async with running(tmp_path) as server:
+        tid = await server.api.new_thread()
+        async with stream(server.url(tid)) as ws, stream(
+                f"ws://{server.host}/api/stream") as everything:
+            # Both subscribed before their handshakes completed.
+            server.api.rt.hub.drop_subscribers([tid], every_thread=True, reason="missed")
+            for client in (ws, everything):
+                assert await close_frame(client) == (1013, "missed; reload and reconnect")
+
+
 async def test_the_stream_needs_the_token_and_the_same_origin(tmp_path: Path) -> None:
     async with running(tmp_path, api_token="tok") as live:
         tid = await live.api.new_thread()
