@@ -156,37 +156,27 @@ class AllRuns:
                 filter).
         """
         return await self._list(
-            thread_id is not None, status=status, name=name, thread_id=thread_id,
-            user_id=user_id, tag=tag, since=since, until=until, replayed=replayed,
-            limit=limit, cursor=cursor,
+            thread_id is not None,
+            {"status": status, "name": name, "thread_id": thread_id, "user_id": user_id,
+             "tag": tag, "since": since, "until": until, "replayed": replayed},
+            limit, cursor,
         )
 
     async def _list(
-        self,
-        stored: bool,
-        *,
-        status: EffectStatus | str | list[EffectStatus | str] | None = None,
-        name: str | None = None,
-        thread_id: str | None = None,
-        user_id: str | None = None,
-        tag: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        replayed: bool | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
+        self, stored: bool, filters: dict[str, Any], limit: int, cursor: str | None,
     ) -> RunsPage:
-        """`list_runs`, from the threads' own runs when ``stored`` (else the index)."""
+        """`list_runs` with its ``filters`` (its arguments but ``limit`` and ``cursor``).
+
+        From the threads' own runs when ``stored`` (else the index). A filter `list_runs`
+        does not have raises TypeError.
+        """
         self._check_open()
-        empty_filter(name=name, thread_id=thread_id, user_id=user_id, tag=tag)
+        empty_filter(**{k: filters.get(k) for k in ("name", "thread_id", "user_id", "tag")})
         check_limit(limit)
-        statuses = parse_statuses(status)
+        statuses = parse_statuses(filters.get("status"))
+        query = RunQuery(statuses=tuple(statuses) if statuses is not None else None,
+                         **{k: v for k, v in filters.items() if k != "status"})
         before = parse_thread_cursor(cursor) if cursor is not None else None
-        query = RunQuery(
-            statuses=tuple(statuses) if statuses is not None else None, name=name,
-            thread_id=thread_id, user_id=user_id, tag=tag, since=since, until=until,
-            replayed=replayed,
-        )
         await self._index.flush()
         now = self._now()
         retention = self._retention
@@ -278,7 +268,7 @@ class AllRuns:
         while True:
             # The runs themselves, not the index: another node indexes its runs only
             # after their commits, and a bulk action must not miss a run made before it.
-            page = await self._list(True, status=status, limit=500, cursor=cursor, **filters)
+            page = await self._list(True, {**filters, "status": status}, 500, cursor)
             for run in page.runs:
                 if seen >= MAX_BULK_RUNS:
                     return BulkResult(done, more=True)
