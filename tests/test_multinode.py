@@ -679,7 +679,7 @@ from pydantic import BaseModel
 
 from runtime import ThreadState, define_effect
 
-from ._log import note
+from tests.apps._multinode_log import note
 
 
 class Item(BaseModel):

@@ -19,8 +19,7 @@ from pydantic import BaseModel
 
 from runtime import ThreadState, define_effect
 from runtime.alarms import AlarmIndex
-
-from ._log import note
+from tests.apps._multinode_log import note
 
 if os.environ.get("MULTINODE_EXIT_AFTER_DELETE"):
     _delete_with = AlarmIndex.delete_with

@@ -5,8 +5,7 @@ import asyncio
 from pydantic import BaseModel
 
 from runtime import ThreadState, define_effect
-
-from ._log import note
+from tests.apps._multinode_log import note
 
 
 class Sleep(BaseModel):

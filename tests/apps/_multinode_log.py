@@ -2,7 +2,9 @@
 
 Each line is written with one ``write`` on a file opened for appending, so the lines of
 concurrent processes do not mix; ``node`` is ``$MULTINODE_NODE`` (the name the test gave
-the process). Not an effect (its name begins with ``_``).
+the process). Shared by the effects of the multinode test apps (``multinode``,
+``multinode_concurrent``), which import it as ``tests.apps._multinode_log``: their server
+processes run ``server.py`` from the repository's root, so ``tests`` is importable there.
 """
 
 import json
