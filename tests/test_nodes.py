@@ -705,6 +705,32 @@ async def test_a_node_whose_bus_was_down_applies_the_deletion_and_pause_it_misse
         assert not (tmp_path / "node-b" / "slow.done").exists()
 
 
+async def test_a_cancel_asked_while_the_running_node_was_not_listening_reaches_it_in_the_wait(
+    make_node: Callable[..., Runtime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.storage import pg_bus
+
+    # Node b listens again 3 s after its listening connection is ended: within the about
+    # 6 s a cancel asked on node a waits for the run to be canceled.
+    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 3.0)
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        thread_a, _, run_id = await _start_on_b(a, b)
+        _cut_bus(b)
+        bus = b.storage.cluster
+        assert bus is not None
+
+        async def deaf() -> bool:
+            return not bus.connected
+
+        await wait_until(deaf, seconds=5)
+        assert await thread_a.remove_scheduled_effect(run_id) is True
+        assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
+        (attempt,) = await thread_a.get_run_attempts(run_id)
+        assert (attempt.outcome, attempt.node_id) == ("canceled", "node-b")
+        assert not (tmp_path / "node-b" / "slow.done").exists()
+
+
 async def test_subscribers_on_a_node_whose_bus_was_down_get_the_missed_frames_or_reload(
     make_node: Callable[..., Runtime], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
