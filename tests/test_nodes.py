@@ -24,6 +24,7 @@ from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import DataDirLocked, RunStateError
 from runtime.storage.base import (
+    ClusterBus,
     Finish,
     FrameDraft,
     RunQuery,
@@ -652,8 +653,25 @@ async def test_deleting_on_node_a_a_thread_running_on_node_b_cancels_its_run_the
     assert url_rows == 0  # node b wrote nothing back for the deleted thread
 
 
-def _cut_bus(rt: Runtime) -> None:
-    """End the node's listening connection on the server (``pg_terminate_backend``)."""
+@pytest.fixture
+async def slow_to_listen(
+    make_node: Callable[..., Runtime], monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[Runtime, Runtime]]:
+    """Two nodes whose listening connection comes back 3 s after it is lost (0.2 s by
+    default): long enough for what the tests announce while one of them is not listening."""
+    from runtime.storage import pg_bus
+
+    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 3.0)
+    a, b = make_node("node-a"), make_node("node-b")
+    async with a, b:
+        yield a, b
+
+
+async def _cut_bus(rt: Runtime) -> ClusterBus:
+    """End the node's listening connection on the server (``pg_terminate_backend``).
+
+    Returns once the node saw it lost: its bus (``connected`` False until it listens again).
+    """
     storage = rt.storage
     assert isinstance(storage, PostgresBackend)
     conn = storage.cluster._conn
@@ -661,118 +679,92 @@ def _cut_bus(rt: Runtime) -> None:
     url, _ = split_schema(storage.url)
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    bus = storage.cluster
+
+    async def deaf() -> bool:
+        return not bus.connected
+
+    await wait_until(deaf, seconds=5)
+    return bus
 
 
 async def test_a_node_whose_bus_was_down_applies_the_deletion_and_pause_it_missed(
-    make_node: Callable[..., Runtime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    slow_to_listen: tuple[Runtime, Runtime], tmp_path: Path,
 ) -> None:
     from runtime.errors import ThreadNotFound
-    from runtime.storage import pg_bus
 
-    # The listening connection comes back 3 s after it is lost (0.2 s by default): long
-    # enough for the deletion and the pause below to be announced while it is down.
-    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 3.0)
-    a, b = make_node("node-a"), make_node("node-b")
-    async with a, b:
-        thread_a, _, _ = await _start_on_b(a, b)
-        tid = thread_a.thread_id
-        paused = await a.create_thread()
-        assert not (await b.get_thread(paused.thread_id)).info.paused  # cached on b
-        watched = (await b.get_thread(tid)).subscribe()  # on b; no frame of it seen yet
-        _cut_bus(b)
-        bus = b.storage.cluster
-        assert bus is not None
+    a, b = slow_to_listen
+    thread_a, _, _ = await _start_on_b(a, b)
+    tid = thread_a.thread_id
+    paused = await a.create_thread()
+    assert not (await b.get_thread(paused.thread_id)).info.paused  # cached on b
+    watched = (await b.get_thread(tid)).subscribe()  # on b; no frame of it seen yet
+    bus = await _cut_bus(b)
+    assert await a.delete_thread(tid) is True
+    await a.pause_thread(paused.thread_id)
+    assert not bus.connected  # b heard neither command
 
-        async def deaf() -> bool:
-            return not bus.connected
+    async def resynced() -> bool:
+        return b.actors.peek(tid) is None and not b.executor.side_running
 
-        await wait_until(deaf, seconds=5)
-        assert await a.delete_thread(tid) is True
-        await a.pause_thread(paused.thread_id)
-        assert not bus.connected  # b heard neither command
-
-        async def resynced() -> bool:
-            return b.actors.peek(tid) is None and not b.executor.side_running
-
-        # Once it listens again, b reads what the lost commands said: the thread is gone
-        # (its run canceled, its stream ended), the other one paused.
-        await wait_until(resynced, seconds=10)
-        await asyncio.wait_for(watched.wait_closed(), 5)
-        with pytest.raises(ThreadNotFound):
-            await b.get_thread(tid)
-        assert (await b.get_thread(paused.thread_id)).info.paused
-        await asyncio.sleep(0.3)
-        assert not (tmp_path / "node-b" / "slow.done").exists()
+    # Once it listens again, b reads what the lost commands said: the thread is gone
+    # (its run canceled, its stream ended), the other one paused.
+    await wait_until(resynced, seconds=10)
+    await asyncio.wait_for(watched.wait_closed(), 5)
+    with pytest.raises(ThreadNotFound):
+        await b.get_thread(tid)
+    assert (await b.get_thread(paused.thread_id)).info.paused
+    await asyncio.sleep(0.3)
+    assert not (tmp_path / "node-b" / "slow.done").exists()
 
 
 async def test_a_cancel_asked_while_the_running_node_was_not_listening_reaches_it_in_the_wait(
-    make_node: Callable[..., Runtime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    slow_to_listen: tuple[Runtime, Runtime], tmp_path: Path,
 ) -> None:
-    from runtime.storage import pg_bus
-
     # Node b listens again 3 s after its listening connection is ended: within the about
     # 6 s a cancel asked on node a waits for the run to be canceled.
-    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 3.0)
-    a, b = make_node("node-a"), make_node("node-b")
-    async with a, b:
-        thread_a, _, run_id = await _start_on_b(a, b)
-        _cut_bus(b)
-        bus = b.storage.cluster
-        assert bus is not None
-
-        async def deaf() -> bool:
-            return not bus.connected
-
-        await wait_until(deaf, seconds=5)
-        assert await thread_a.remove_scheduled_effect(run_id) is True
-        assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
-        (attempt,) = await thread_a.get_run_attempts(run_id)
-        assert (attempt.outcome, attempt.node_id) == ("canceled", "node-b")
-        assert not (tmp_path / "node-b" / "slow.done").exists()
+    a, b = slow_to_listen
+    thread_a, _, run_id = await _start_on_b(a, b)
+    await _cut_bus(b)
+    assert await thread_a.remove_scheduled_effect(run_id) is True
+    assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert (attempt.outcome, attempt.node_id) == ("canceled", "node-b")
+    assert not (tmp_path / "node-b" / "slow.done").exists()
 
 
 async def test_subscribers_on_a_node_whose_bus_was_down_get_the_missed_frames_or_reload(
-    make_node: Callable[..., Runtime], monkeypatch: pytest.MonkeyPatch,
+    slow_to_listen: tuple[Runtime, Runtime],
 ) -> None:
     from runtime.errors import SubscriptionOverflow
-    from runtime.storage import pg_bus
 
-    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 3.0)
-    a, b = make_node("node-a"), make_node("node-b")
-    async with a, b:
-        seen, fresh = await a.create_thread(), await a.create_thread()
-        on_seen = (await b.get_thread(seen.thread_id)).subscribe()
-        first = await seen.schedule_effect("record", {"key": "first"})
-        frames = []
-        while len(frames) < 3:  # scheduled, started, completed: b numbers from here
-            frames.append(await asyncio.wait_for(anext(on_seen), 10))
-        on_fresh = (await b.get_thread(fresh.thread_id)).subscribe()  # no frame yet
-        everything = b.subscribe_runs()
-        _cut_bus(b)
-        bus = b.storage.cluster
-        assert bus is not None
-
-        async def deaf() -> bool:
-            return not bus.connected
-
-        await wait_until(deaf, seconds=5)
-        missed = await seen.schedule_effect("record", {"key": "missed"})
-        await fresh.schedule_effect("record", {"key": "missed"})
-        assert not bus.connected
-        # A subscriber with a frame number to go on from gets what was announced meanwhile
-        # from the table, in order.
-        while len(frames) < 6:
-            frames.append(await asyncio.wait_for(anext(on_seen), 10))
-        assert [f.seq for f in frames] == list(range(frames[0].seq, frames[0].seq + 6))
-        assert [json.loads(f.frame_text())["data"]["id"] for f in frames] == (
-            [first] * 3 + [missed] * 3)
-        # One without (none of its thread's frames came yet, or every thread's): told to
-        # reload, since what it missed cannot be told apart from what came before it.
-        for sub in (on_fresh, everything):
-            await asyncio.wait_for(sub.wait_closed(), 10)
-            with pytest.raises(SubscriptionOverflow, match="frames were missed"):
-                await anext(sub)
-        assert not on_seen.closed
+    a, b = slow_to_listen
+    seen, fresh = await a.create_thread(), await a.create_thread()
+    on_seen = (await b.get_thread(seen.thread_id)).subscribe()
+    first = await seen.schedule_effect("record", {"key": "first"})
+    frames = []
+    while len(frames) < 3:  # scheduled, started, completed: b numbers from here
+        frames.append(await asyncio.wait_for(anext(on_seen), 10))
+    on_fresh = (await b.get_thread(fresh.thread_id)).subscribe()  # no frame yet
+    everything = b.subscribe_runs()
+    bus = await _cut_bus(b)
+    missed = await seen.schedule_effect("record", {"key": "missed"})
+    await fresh.schedule_effect("record", {"key": "missed"})
+    assert not bus.connected
+    # A subscriber with a frame number to go on from gets what was announced meanwhile
+    # from the table, in order.
+    while len(frames) < 6:
+        frames.append(await asyncio.wait_for(anext(on_seen), 10))
+    assert [f.seq for f in frames] == list(range(frames[0].seq, frames[0].seq + 6))
+    assert [json.loads(f.frame_text())["data"]["id"] for f in frames] == (
+        [first] * 3 + [missed] * 3)
+    # One without (none of its thread's frames came yet, or every thread's): told to
+    # reload, since what it missed cannot be told apart from what came before it.
+    for sub in (on_fresh, everything):
+        await asyncio.wait_for(sub.wait_closed(), 10)
+        with pytest.raises(SubscriptionOverflow, match="frames were missed"):
+            await anext(sub)
+    assert not on_seen.closed
 
 
 def _rows_of(rt: Runtime, thread_id: str) -> int:
