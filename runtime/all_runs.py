@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runtime._limits import empty_filter, parse_thread_cursor
@@ -23,7 +23,9 @@ from runtime.actors import ActorTable
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import (
+    EffectNotFound,
     InvalidArgument,
+    InvalidEffectArgs,
     RunNotFound,
     RunStateError,
     ThreadNotFound,
@@ -57,6 +59,26 @@ class RunsPage:
 MAX_BULK_RUNS = 10_000
 """Most runs one bulk action (`Runtime.cancel_runs`, `Runtime.replay_runs`) goes through."""
 
+MAX_SKIPPED = 100
+"""Most skipped runs a bulk replay names (`BulkResult.skipped`); it counts them all."""
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedRun:
+    """A run a bulk replay left alone because it cannot be replayed here.
+
+    Attributes:
+        run_id: The failed run's id.
+        thread_id: Its thread.
+        error: Why: `EffectNotFound` (its effect is not registered in this process: removed
+            since, or, with several nodes, only some have it) or `InvalidEffectArgs` (its
+            args no longer pass the effect's schema).
+    """
+
+    run_id: str
+    thread_id: str
+    error: EffectNotFound | InvalidEffectArgs
+
 
 @dataclass(frozen=True, slots=True)
 class BulkResult:
@@ -65,10 +87,16 @@ class BulkResult:
     Attributes:
         ids: The canceled runs, or the new runs of the replays.
         more: True when it stopped at `MAX_BULK_RUNS` with matching runs left.
+        skipped: The first `MAX_SKIPPED` matching runs a replay could not replay, with
+            why; the others were replayed all the same. Empty for a cancel.
+        skipped_count: How many matching runs it could not replay (all of them, not
+            only those in ``skipped``).
     """
 
     ids: list[str]
     more: bool = False
+    skipped: list[SkippedRun] = field(default_factory=list)
+    skipped_count: int = 0
 
     @property
     def count(self) -> int:
@@ -233,26 +261,43 @@ class AllRuns:
         same filters replay each failure once, not five times. `list_runs` with
         ``status="failed", replayed=False`` counts the same runs.
 
+        A failed run that cannot be replayed here is skipped, not an error of the call:
+        its effect is not registered in this process (removed since it ran, or, with
+        several nodes on one database, not deployed on this one) or its args no longer
+        pass the effect's schema. The call replays the others and says which it skipped.
+
         Returns:
-            The new runs' ids, and whether matching runs remain.
+            The new runs' ids, whether matching runs remain, and the skipped runs with
+            why (`BulkResult.skipped`, `BulkResult.skipped_count`).
 
         Raises:
             ValueError: a bad filter (as `list_runs`).
         """
+        skipped: list[SkippedRun] = []
+        skipped_count = 0
+
         async def replay(run: EffectRun) -> str | None:
+            nonlocal skipped_count
             if run.id in self._made:
                 return None  # made by a bulk replay that overlapped this call
             state = await self._get_thread(run.thread_id)
             # Once per failure, across nodes too: checked in the thread's transaction. A
             # replay another node's bulk call stored meanwhile is its work, not this one's.
-            scheduled = await self._runs.replay_scheduled(state, run.id, once=True)
+            try:
+                scheduled = await self._runs.replay_scheduled(state, run.id, once=True)
+            except (EffectNotFound, InvalidEffectArgs) as exc:
+                skipped_count += 1
+                if len(skipped) < MAX_SKIPPED:
+                    skipped.append(SkippedRun(run.id, run.thread_id, exc))
+                return None
             self._made.add(scheduled.run_id)
             return scheduled.run_id if scheduled.created else None
 
         self._replay_calls += 1
         try:
             async with self._replay_lock:
-                return await self._bulk("failed", {**filters, "replayed": False}, replay)
+                result = await self._bulk("failed", {**filters, "replayed": False}, replay)
+                return replace(result, skipped=skipped, skipped_count=skipped_count)
         finally:
             self._replay_calls -= 1
             if self._replay_calls == 0:

@@ -34,8 +34,9 @@ from types import ModuleType
 from typing import TypeVar
 
 from runtime._limits import quoted
+from runtime._text import NUL, no_nul_message
 from runtime.effects import EFFECT_NAME_RE, EffectDefinition
-from runtime.errors import EffectDefinitionError, EffectNotFound
+from runtime.errors import EffectDefinitionError, EffectNotFound, InvalidArgument
 
 D = TypeVar("D")
 E = TypeVar("E", bound=Exception)
@@ -269,7 +270,10 @@ class EffectRegistry:
 
         Raises:
             EffectNotFound: naming what was asked for, and which package lacks it.
+            InvalidArgument: the name holds NUL (no name may: docs/http-api.md).
         """
+        if NUL in name:
+            raise InvalidArgument(no_nul_message("name"))
         if "/" in name:
             pkg, _, short = name.partition("/")
             effects = self.packages.get(pkg)

@@ -1770,8 +1770,17 @@ async def _bulk(request: Request, action: str) -> Response:
         raise
     except ValueError as exc:
         raise ApiError(400, "invalid_parameter", str(exc)) from None
-    key = "canceled" if action == "cancel" else "replayed"
-    return JSONResponse({key: result.count, "ids": result.ids, "more": result.more})
+    if action == "cancel":
+        return JSONResponse({"canceled": result.count, "ids": result.ids, "more": result.more})
+    return JSONResponse({
+        "replayed": result.count, "ids": result.ids, "more": result.more,
+        "skipped": result.skipped_count,
+        "skippedRuns": [
+            {"id": s.run_id, "threadId": s.thread_id,
+             "error": runtime_error_status(s.error)[1], "message": str(s.error)}
+            for s in result.skipped
+        ],
+    })
 
 
 async def _cancel_all(request: Request) -> Response:

@@ -9,12 +9,14 @@ from the index at most once a minute.
 
 Because entries are written in batches, a crash can lose the last ones: the runtime
 store's *complete* flag is set to False while a runtime runs and back to True after the
-final flush of a clean close. A start that finds it False (after a crash, or an upgrade
-from a version without the index) rebuilds the index in the background from every
-thread's store (`RunIndexer.rebuild`); until that ends, listings may miss runs, and say so
+final flush of a clean close (on a store shared by several nodes, the node that finds a
+dead node rewrites what its lost batch left stale instead, and the flag stays True). A
+start that finds it False (after a crash, or an upgrade from a version without the
+index) rebuilds the index in the background from every thread's store
+(`RunIndexer.rebuild`); until that ends, listings may miss runs, and say so
 (``complete`` False). That mark is written durably before any batch; the batches
-themselves may be committed less durably (SQLite: without an fsync of their own), since a
-power cut that loses one leaves the mark False and the index is rebuilt.
+themselves may be committed less durably (SQLite: without an fsync of their own), since
+a power cut that loses one leaves the mark False and the index is rebuilt.
 
 The same flush moves each thread's *last activity* in the registry forward (the store
 does it for every indexed run, `RuntimeStore.index_runs`, and for the threads whose
@@ -83,12 +85,21 @@ class RunIndexer:
             self._touched[event.thread_id] = max(ts, self._touched.get(event.thread_id, ts))
             self._wake.set()
 
-    async def start(self, store: RuntimeStore) -> bool:
-        """Start the flusher; True if the index must be rebuilt (see the module docstring)."""
+    async def start(self, store: RuntimeStore, *, shared: bool = False) -> bool:
+        """Start the flusher; True if the index must be rebuilt (see the module docstring).
+
+        ``shared``: the store is shared by several processes (PostgreSQL nodes). The mark
+        is then left as it is: other live nodes write their own batches, and a dead node's
+        lost last batch is rewritten by the node that finds it dead
+        (`StorageBackend.mark_dead_nodes_gaps`), so a node starting beside others has
+        nothing to rebuild; only a mark False from an upgrade (or a rebuild that did not
+        end) makes it rebuild.
+        """
         self._store = store
         self.complete = await self._run_sync(store.run_index_complete)
-        # Until a clean close says otherwise: a crash may lose the last batch.
-        await self._run_sync(store.set_run_index_complete, False)
+        if not shared:
+            # Until a clean close says otherwise: a crash may lose the last batch.
+            await self._run_sync(store.set_run_index_complete, False)
         self._flusher = asyncio.create_task(self._flush_loop(), name="thread-effects-run-index")
         return not self.complete
 

@@ -511,7 +511,7 @@ class Runtime:
         if self.watchdog is not None:
             self.watchdog.start()
         self.dispatcher.start()
-        rebuild = await self.run_index.start(store)
+        rebuild = await self.run_index.start(store, shared=not self.storage.exclusive)
         # Last: from here alarms go off, and due runs start as soon as start() yields.
         armed = await self.alarms.start(store)
         if self.cluster is not None:

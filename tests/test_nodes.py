@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -1224,3 +1225,27 @@ async def test_a_bulk_replay_on_node_b_replays_a_failure_node_a_just_stored(
         result = await b.replay_runs(thread_id=thread.thread_id)
         assert len(result.ids) == 1
         assert (await thread.get_run(result.ids[0])).replay_of == run_id
+
+
+async def test_a_node_started_beside_a_live_one_does_not_rebuild_the_run_index(
+    make_node: Callable[..., Runtime], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run index is the database's: a live node's batches are its own to write, and a
+    dead node's last batch is rewritten by the node that finds it dead; a node that starts
+    meanwhile (a second node, a rolling deploy) has nothing to rebuild."""
+    a = make_node("node-a")
+    async with a:
+        thread = await a.create_thread()
+        await thread.schedule_effect("record", {"key": "k"}, delay=3600)
+        await a.list_runs()  # its batch written (node-b reads the index)
+        with caplog.at_level(logging.INFO, logger="runtime"):
+            async with make_node("node-b") as b:
+                page = await b.list_runs()
+                assert page.complete and [r.thread_id for r in page.runs] == [thread.thread_id]
+            assert (await a.list_runs()).complete
+        assert "rebuilding" not in caplog.text
+    # Both stopped cleanly: a node starting now finds the index complete too.
+    with caplog.at_level(logging.INFO, logger="runtime"):
+        async with make_node("node-c") as c:
+            assert (await c.list_runs()).complete
+    assert "rebuilding" not in caplog.text

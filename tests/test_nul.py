@@ -50,6 +50,11 @@ async def test_identifiers_with_nul_are_refused_over_http(api: Api) -> None:
     res = await post(f"/api/threads/{tid}/effects",
                      json={"name": "note", "args": {"text": "x"}, "key": "k\u0000"})
     assert "key" in error_of(res, 400, "invalid_argument")
+    res = await post(f"/api/threads/{tid}/effects", json={"name": "no\u0000te", "args": {}})
+    assert "name" in error_of(res, 400, "invalid_argument")
+    res = await post(f"/api/threads/{tid}/schedules",
+                     json={"name": "no\u0000te", "every_seconds": 60})
+    assert "name" in error_of(res, 400, "invalid_argument")
     run_id = await api.schedule(tid, "note", {"text": "x"}, delay_seconds=60)
     res = await post(f"/api/threads/{tid}/effects/{run_id}/cancel", json={"by": "me\u0000"})
     assert "canceled_by" in error_of(res, 400, "invalid_argument")
@@ -80,6 +85,8 @@ async def test_identifiers_with_nul_are_refused_by_the_python_api(api: Api) -> N
     state = await rt.get_thread(await api.new_thread())
     with pytest.raises(InvalidArgument, match="key"):
         await state.schedule("note", {"text": "x"}, key="k\u0000")
+    with pytest.raises(InvalidArgument, match="name"):
+        await state.schedule("no\u0000te", {"text": "x"})
     with pytest.raises(InvalidArgument, match="name"):
         await state.list_runs(name="no\u0000te")
     with pytest.raises(InvalidArgument, match="name"):

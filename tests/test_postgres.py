@@ -13,6 +13,7 @@ import psycopg
 import pydantic
 import pytest
 from conftest import serve_api
+from pg import query
 
 from runtime import Runtime
 from runtime.errors import RuntimeStorageError
@@ -254,6 +255,62 @@ def test_a_claim_that_skips_its_probe_still_sees_what_another_node_did(pg_url: s
         assert here.claim_blocked is None
         _, claimed, _ = here.finish_and_claim(None, 9.0)
         assert claimed is not None and claimed.id == "r2"
+        here.close()
+        there.close()
+    finally:
+        rtdb2.close()
+        rtdb.close()
+        two.close()
+        one.close()
+
+
+def test_the_same_key_scheduled_at_once_through_two_nodes_gives_the_one_run(
+    pg_url: str,
+) -> None:
+    """Two nodes schedule a run with the same key at the same moment: each statement's
+    key check sees no live run, one insert waits on the other's at the pending-key index;
+    once that commits, the waiting one answers with the stored run, not an error."""
+    import threading
+
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.storage.base import ThreadInfo
+
+    def keyed(run_id: str) -> EffectRun:
+        return EffectRun(id=run_id, thread_id="a", name="note", status=EffectStatus.PENDING,
+                         args={"text": "x"}, run_at_ts=2.0, created_at_ts=1.0, key="same")
+
+    one, two = PostgresBackend(pg_url, node_id="n1"), PostgresBackend(pg_url, node_id="n2")
+    rtdb = one.open()
+    rtdb2 = two.open()
+    try:
+        info = ThreadInfo(id="a", created_at_ts=1.0)
+        assert rtdb.add_thread(info)
+        here, there = one.create_thread_store(info), two.create_thread_store(info)
+        answers: list[object] = []
+
+        def schedule_here() -> None:
+            try:
+                answers.append(here.insert_run(keyed("r2")))
+            except Exception as exc:  # the answer is what the test checks
+                answers.append(exc)
+
+        with two.transaction() as cur:
+            there._insert_run_in(cur, keyed("r1"))  # not committed yet
+            waiter = threading.Thread(target=schedule_here)
+            waiter.start()
+            # Until the other insert waits for this transaction at the unique index.
+            for _ in range(200):
+                waiting = query(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                                "datname = current_database() AND wait_event_type = 'Lock'")
+                if waiting[0][0]:
+                    break
+                time.sleep(0.02)
+            else:
+                pytest.fail("the second insert never waited for the first")
+        waiter.join(10)
+        [answer] = answers
+        assert isinstance(answer, EffectRun) and answer.id == "r1", answer
+        assert [r.id for r in here.pending_runs()] == ["r1"]
         here.close()
         there.close()
     finally:

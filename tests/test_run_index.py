@@ -4,6 +4,7 @@ and its rebuild after a crash (the API's ``GET /api/runs`` reads the same)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -417,6 +418,48 @@ async def test_replay_all_failed_acts_on_failures_not_replayed_yet(tmp_path: Pat
         assert res.status_code == 201
         res = await api.client.get("/api/runs", params={"replayed": "maybe"})
         assert res.status_code == 400 and "replayed must be true or false" in res.text
+
+
+async def test_replay_all_failed_skips_runs_whose_effect_is_gone_and_says_so(
+    tmp_path: Path,
+) -> None:
+    # An app whose effect "boom2" fails its runs, then is removed (a deploy dropped the
+    # file): "replay all failed" replays the other failures and names the ones it skipped.
+    app = tmp_path / "app"
+
+    def make_app() -> None:
+        shutil.copytree(APP, app)
+        (app / "effects" / "boom2.py").write_text(
+            (APP / "effects" / "boom.py").read_text()
+            .replace("async def boom(", "async def boom2(").replace(", boom)", ", boom2)"))
+
+    await anyio.to_thread.run_sync(make_app)
+    data = tmp_path / "data"
+    async with serve_api(data, clock=FakeClock(), app_dir=app) as api:
+        tid = await api.new_thread(user_id="kim")
+        failed = [await api.schedule(tid, "boom", {}) for _ in range(2)]
+        gone = await api.schedule(tid, "boom2", {})
+        await api.rt.wait_idle()
+    await anyio.to_thread.run_sync((app / "effects" / "boom2.py").unlink)
+    async with serve_api(data, clock=FakeClock(), app_dir=app) as api:
+        res = await api.client.post("/api/runs/replay", json={"user_id": "kim"})
+        assert res.status_code == 200, res.text
+        body = res.json()
+        assert body["replayed"] == 2 and body["more"] is False
+        assert {(await api.run(tid, r))["replayOf"] for r in body["ids"]} == set(failed)
+        assert body["skipped"] == 1
+        [skip] = body["skippedRuns"]
+        assert skip["id"] == gone and skip["threadId"] == tid
+        assert skip["error"] == "effect_not_found" and "boom2" in skip["message"]
+        # Nothing replays the skipped run: it is still a failure not replayed yet (beside
+        # the replays, which failed in turn).
+        await api.rt.wait_idle()
+        res = await api.client.get("/api/runs", params={
+            "user_id": "kim", "status": "failed", "replayed": "false"})
+        assert {r["id"] for r in res.json()["runs"]} == {gone, *body["ids"]}
+        # A cancel-all answer is unchanged.
+        res = await api.client.post("/api/runs/cancel", json={"user_id": "kim"})
+        assert res.json() == {"canceled": 0, "ids": [], "more": False}
 
 
 async def test_an_empty_filter_is_refused_not_taken_as_no_filter(tmp_path: Path) -> None:

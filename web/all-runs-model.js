@@ -90,7 +90,15 @@ export function bulkQuestion(action, count, filters, fmtTime) {
 /** What a bulk action's answer says, for the notice above the list. */
 export function bulkOutcome(action, answer) {
   const n = Number(action === "cancel" ? answer?.canceled : answer?.replayed) || 0;
-  const done = action === "cancel" ? `Canceled ${plural(n, "run")}.` : `Replayed ${plural(n, "failed run")}.`;
+  let done = action === "cancel" ? `Canceled ${plural(n, "run")}.` : `Replayed ${plural(n, "failed run")}.`;
+  const skipped = Number(answer?.skipped) || 0;
+  if (action === "replay" && skipped > 0) {
+    // Runs this server cannot replay (their effect is gone here, or their args no longer
+    // pass its schema): the first one's reason stands for them.
+    const first = answer?.skippedRuns?.[0]?.message;
+    done += ` Skipped ${plural(skipped, "failed run")} that cannot be replayed here` +
+      (first ? ` (${first}).` : ".");
+  }
   return answer?.more ? `${done} More match: run it again for the rest.` : done;
 }
 

@@ -189,6 +189,23 @@ def _command(conn: psycopg.Connection[tuple[Any, ...]], command: bytes) -> None:
         raise errors.error_from_result(result, encoding=conn.info.encoding)
 
 
+_KEY_RACE_TRIES = 3
+"""How many times `PostgresThreadStore.insert_run` makes a keyed insert that lost a race
+for its key to another node's insert of the same moment (each try then sees that run)."""
+
+
+def _pending_key_taken(exc: BaseException) -> bool:
+    """Whether ``exc`` (a `ThreadStorageError`) comes from the pending-key unique index.
+
+    That index keeps one pending run per key: another transaction stored one first.
+    """
+    from psycopg import errors
+
+    cause = exc.__cause__
+    return isinstance(cause, errors.UniqueViolation) and \
+        cause.diag.constraint_name == "ix_effect_runs_pending_key"
+
+
 def _db_error() -> type[Exception]:
     """`psycopg.Error`, imported when first needed (in a storage thread, never at import).
 
@@ -987,6 +1004,22 @@ class PostgresThreadStore(ThreadStore):
 
     def insert_run(  # noqa: D102 - contract in base
         self, run: EffectRun, *, hand_off_from: str | None = None, replay_once: bool = False
+    ) -> EffectRun | None:
+        # Two nodes storing a run under one key at the same moment: each statement's key
+        # check sees no live run (READ COMMITTED: the other row is not committed yet), and
+        # the later insert waits at the pending-key index, then fails once the first
+        # commits. Made again, the check sees the committed run and answers with it.
+        for tries_left in range(_KEY_RACE_TRIES - 1, -1, -1):
+            try:
+                return self._insert_run(run, hand_off_from=hand_off_from,
+                                         replay_once=replay_once)
+            except ThreadStorageError as exc:
+                if run.key is None or not tries_left or not _pending_key_taken(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _insert_run(
+        self, run: EffectRun, *, hand_off_from: str | None, replay_once: bool
     ) -> EffectRun | None:
         self.frame_seq = None
         if replay_once and run.replay_of is not None:

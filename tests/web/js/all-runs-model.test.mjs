@@ -70,6 +70,13 @@ test("the bulk questions say how many runs and which", () => {
 
 test("a bulk answer becomes a notice, saying when more runs remain", () => {
   assert.equal(bulkOutcome("cancel", { canceled: 3, ids: [], more: false }), "Canceled 3 runs.");
+  assert.equal(
+    bulkOutcome("replay", {
+      replayed: 2, ids: ["x", "y"], more: false, skipped: 1,
+      skippedRuns: [{ id: "r", threadId: "t", error: "effect_not_found", message: "No effect named 'gone'" }],
+    }),
+    "Replayed 2 failed runs. Skipped 1 failed run that cannot be replayed here (No effect named 'gone').",
+  );
   assert.equal(bulkOutcome("replay", { replayed: 1, ids: ["x"], more: true }),
     "Replayed 1 failed run. More match: run it again for the rest.");
 });
