@@ -267,6 +267,39 @@ async def test_frames_are_numbered_per_thread_stored_announced_and_pruned(
     assert [s for s, _, _ in await asyncio.to_thread(a.cluster.read_frames, "t1", 0)] == [4]
 
 
+async def test_frames_numbered_in_their_changes_keep_their_numbers_and_are_stored_once(
+    nodes: tuple[PostgresBackend, PostgresBackend],
+) -> None:
+    from runtime.storage.base import FrameDraft, decode_frames
+
+    a, b = nodes
+    inbox = Inbox()
+    b.cluster.listen("frames", inbox)
+    assert await asyncio.to_thread(b.cluster.flush, 10.0)
+
+    def numbered(thread_id: str, seq: int, text: str) -> FrameDraft:
+        # As a run's ``scheduled`` frame, numbered by the statement that stored the run.
+        return FrameDraft(thread_id, "effect_changed", lambda s: f'{{"seq":{s},"x":"{text}"}}',
+                          seq)
+
+    batch = [numbered("t1", 7, "a"), numbered("t2", 3, "b"), numbered("t1", 8, "c")]
+    assert await asyncio.to_thread(a.cluster.append_frames, batch, 1000.0) == [7, 3, 8]
+    # The same batch again (its commit's answer lost, retried): stored once, kept as it was.
+    retried = [numbered("t1", 7, "other")]
+    assert await asyncio.to_thread(a.cluster.append_frames, retried, 1001.0) == [7]
+    await inbox.until(lambda: len(inbox.payloads) == 2)
+    sender, frames = decode_frames(inbox.payloads[0])
+    assert sender == a.cluster.sender
+    assert [(f.thread_id, f.seq, f.text) for f in frames] == [
+        ("t1", 7, '{"seq":7,"x":"a"}'), ("t2", 3, '{"seq":3,"x":"b"}'),
+        ("t1", 8, '{"seq":8,"x":"c"}')]
+    assert await asyncio.to_thread(a.cluster.read_frames, "t1", 0) == [
+        (7, "effect_changed", '{"seq":7,"x":"a"}'), (8, "effect_changed", '{"seq":8,"x":"c"}')]
+    # They took no number: the thread's next unnumbered frame follows its counter (none yet).
+    plain = FrameDraft("t2", "effect_changed", lambda s: f'{{"seq":{s}}}')
+    assert await asyncio.to_thread(a.cluster.append_frames, [plain], 1002.0) == [1]
+
+
 async def test_a_threads_deletion_numbers_stores_and_announces_its_frame_in_its_own_transaction(
     nodes: tuple[PostgresBackend, PostgresBackend], pg_url: str,
 ) -> None:
