@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pydantic
@@ -24,7 +25,12 @@ from runtime import Runtime
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import RuntimeStorageError, ThreadStorageError
 from runtime.storage.base import Finish, ThreadInfo
-from runtime.storage.postgres import PostgresBackend, redact_url, split_schema
+from runtime.storage.postgres import (
+    CLAIM_TRANSACTIONS_IN_FLIGHT,
+    PostgresBackend,
+    redact_url,
+    split_schema,
+)
 from runtime.testing import FakeClock
 
 
@@ -294,14 +300,27 @@ def _wait_queued(backend: PostgresBackend, count: int) -> None:
 
 
 @contextmanager
-def _row_held(url: str, thread_id: str) -> Iterator[Callable[[], None]]:
-    """Hold thread ``thread_id``'s registry row locked from another connection until the
-    yielded function (or the block's end) releases it."""
+def _rows_held(url: str, *thread_ids: str) -> Iterator[Callable[[], None]]:
+    """Hold these threads' registry rows locked from another connection until the yielded
+    function (or the block's end) releases them."""
     base, schema = split_schema(url)
     with psycopg.connect(base, options=f"-c search_path={schema}") as conn:
-        conn.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE", (thread_id,))
+        conn.execute("SELECT 1 FROM threads WHERE id = ANY(%s) FOR UPDATE", (list(thread_ids),))
         yield conn.commit
         conn.commit()
+
+
+# Claims kept in flight (their rows held) so that the next ones queue for a group.
+_LEADERS = tuple(f"x{i}" for i in range(CLAIM_TRANSACTIONS_IN_FLIGHT))
+
+
+def _lead(stores: dict[str, Any]) -> dict[str, concurrent.futures.Future[object]]:
+    """Start the claims of the `_LEADERS` threads (their rows held: they wait in flight)."""
+    first = _in_threads({x: partial(stores[x].finish_and_claim, None, 5.0)
+                         for x in _LEADERS})
+    time.sleep(0.2)
+    assert not any(f.done() for f in first.values())
+    return first
 
 
 def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_answer(
@@ -315,7 +334,7 @@ def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_ans
     rtdb, rtdb2 = one.open(), two.open()
     try:
         stores = {}
-        for t in ("x", "a", "b", "f", "p", "u", "d", "y"):
+        for t in (*_LEADERS, "a", "b", "f", "p", "u", "d", "y"):
             info = ThreadInfo(id=t, created_at_ts=1.0)
             assert rtdb.add_thread(info)
             stores[t] = one.create_thread_store(info)
@@ -328,10 +347,8 @@ def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_ans
         assert elsewhere is not None and elsewhere.id == "u1"
         assert rtdb2.delete_thread("d")
         done = Finish("f1", EffectStatus.COMPLETED, None, 4.0)
-        with _row_held(pg_url, "x") as release_x, _row_held(pg_url, "y") as release_y:
-            first = _in_threads({"x": lambda: stores["x"].finish_and_claim(None, 5.0)})
-            time.sleep(0.2)  # x's claim waits for its row: it is the one in flight
-            assert not first["x"].done()
+        with _rows_held(pg_url, *_LEADERS) as release_x, _rows_held(pg_url, "y") as release_y:
+            first = _lead(stores)
             calls: dict[str, Callable[[], object]] = {
                 t: partial(stores[t].finish_and_claim, None, 5.0) for t in "abpudy"}
             calls["f"] = partial(stores["f"].finish_and_claim, done, 5.0)
@@ -343,7 +360,7 @@ def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_ans
             assert futures["y"].done() is False  # its row is held: it waits alone
             release_y()
             answers = {t: f.result(timeout=10) for t, f in {**first, **futures}.items()}
-        for t in "xaby":
+        for t in (*_LEADERS, "a", "b", "y"):
             _, claimed, _ = answers[t]
             assert claimed is not None and claimed.id == f"{t}1"
             assert stores[t].claim_blocked is None
@@ -355,9 +372,9 @@ def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_ans
         assert (answers["d"], stores["d"].claim_blocked) == ((None, None, None), "paused")
         # Committed together: the rows a, b and f's claims wrote share one transaction id.
         writers = dict(pg_query(pg_url, "SELECT id, xmin::text FROM effect_runs "
-                                        "WHERE id IN ('a1', 'b1', 'f1', 'f2', 'x1', 'y1')"))
+                                        "WHERE id IN ('a1', 'b1', 'f1', 'f2', 'x01', 'y1')"))
         assert writers["a1"] == writers["b1"] == writers["f1"] == writers["f2"]
-        assert len({writers["a1"], writers["x1"], writers["y1"]}) == 3
+        assert len({writers["a1"], writers["x01"], writers["y1"]}) == 3
         attempts = dict(pg_query(pg_url, "SELECT run_id, xmin::text FROM run_attempts "
                                          "WHERE run_id IN ('a1', 'b1', 'f2')"))
         assert set(attempts.values()) == {writers["a1"]}
@@ -377,7 +394,7 @@ def test_one_threads_failing_claim_in_a_group_fails_only_that_thread(pg_url: str
     rtdb = backend.open()
     try:
         stores = {}
-        for t in ("x", "a", "bad", "b"):
+        for t in (*_LEADERS, "a", "bad", "b"):
             info = ThreadInfo(id=t, created_at_ts=1.0)
             assert rtdb.add_thread(info)
             stores[t] = backend.create_thread_store(info)
@@ -390,14 +407,13 @@ def test_one_threads_failing_claim_in_a_group_fails_only_that_thread(pg_url: str
                          "'refused by the test'; END IF; RETURN NEW; END $$")
             conn.execute("CREATE TRIGGER refuse_bad BEFORE UPDATE ON effect_runs "
                          "FOR EACH ROW EXECUTE FUNCTION refuse_bad()")
-        with _row_held(pg_url, "x") as release_x:
-            first = _in_threads({"x": lambda: stores["x"].finish_and_claim(None, 5.0)})
-            time.sleep(0.2)
+        with _rows_held(pg_url, *_LEADERS) as release_x:
+            first = _lead(stores)
             futures = _in_threads({t: partial(stores[t].finish_and_claim, None, 5.0)
                                    for t in ("a", "bad", "b")})
             _wait_queued(backend, 3)
             release_x()
-            for t in ("x", "a", "b"):
+            for t in (*_LEADERS, "a", "b"):
                 _, claimed, _ = {**first, **futures}[t].result(timeout=10)
                 assert claimed is not None and claimed.id == f"{t}1"
             with pytest.raises(ThreadStorageError, match=r"Thread bad: .*refused by the test"):

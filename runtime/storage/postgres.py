@@ -843,6 +843,10 @@ CLAIM_GROUP_MAX = 32
 """The most `PostgresThreadStore.finish_and_claim` calls committed in one transaction
 (`_ClaimGroup`); the runtime's 16 storage threads make at most 16 at once."""
 
+CLAIM_TRANSACTIONS_IN_FLIGHT = 4
+"""How many claim transactions (alone or grouped) a backend runs at once before later
+calls queue for a group (`_ClaimGroup`)."""
+
 _LOCK_THREADS = (
     "SELECT id FROM threads WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED"
 )
@@ -894,13 +898,14 @@ class _ClaimCall:
 class _ClaimGroup:
     """Group commit of a backend's `PostgresThreadStore.finish_and_claim` transactions.
 
-    A call that comes while no claim transaction of this backend is in flight runs at
-    once, alone (no added latency). Calls that come while one is in flight queue up; when
-    it ends, the first queued caller takes every queued call (of distinct threads, up to
-    `CLAIM_GROUP_MAX`) and runs them in ONE transaction: ``BEGIN``, the claiming threads'
-    rows locked in one statement (`_LOCK_THREADS`: id order, skipping rows another
-    transaction holds), then each call's own statement(s) (the check, the finish, the
-    claim, pruning) in order, ``COMMIT``. Each caller gets its own result and its store
+    A call that comes while fewer than `CLAIM_TRANSACTIONS_IN_FLIGHT` claim transactions of
+    this backend are in flight runs at once, alone (no added latency). Calls that come
+    while that many are in flight queue up; when one ends, the first queued caller takes
+    every queued call (of distinct threads, up to `CLAIM_GROUP_MAX`) and runs them in ONE
+    transaction: ``BEGIN``, the claiming threads' rows locked in one statement
+    (`_LOCK_THREADS`: id order, skipping rows another transaction holds), then each
+    call's own statement(s) (the check, the finish, the claim, pruning) in order,
+    ``COMMIT``. Each caller gets its own result and its store
     its own state (`ThreadStore.claim_blocked`, the due hint).
 
     What each call guarantees alone still holds: its check is read by a statement after
@@ -916,7 +921,7 @@ class _ClaimGroup:
     def __init__(self, backend: PostgresBackend) -> None:
         self._backend = backend
         self._guard = threading.Lock()
-        self._busy = False
+        self._in_flight = 0
         self._queue: list[_ClaimCall] = []
 
     def run(self, call: _ClaimCall) -> _Claimed:
@@ -926,11 +931,11 @@ class _ClaimGroup:
             ThreadStorageError: the call's transaction failed (nothing of it written).
         """
         with self._guard:
-            queued = self._busy
+            queued = self._in_flight >= CLAIM_TRANSACTIONS_IN_FLIGHT
             if queued:
                 self._queue.append(call)
             else:
-                self._busy = True
+                self._in_flight += 1
         if queued:
             call.ready.wait()
             if call.lead is None:
@@ -976,7 +981,7 @@ class _ClaimGroup:
                     rest.append(queued)
             self._queue = rest
             if not group:
-                self._busy = False
+                self._in_flight -= 1
                 return
         group[0].lead = group
         group[0].ready.set()
