@@ -909,8 +909,8 @@ class _ClaimGroup:
     transaction: ``BEGIN``, the claiming threads' rows locked in one statement
     (`_LOCK_THREADS`: id order, skipping rows another transaction holds), then each
     call's own statement(s) (the check, the finish, the claim, pruning) in order,
-    ``COMMIT``. Each caller gets its own result and its store
-    its own state (`ThreadStore.claim_blocked`, the due hint).
+    ``COMMIT``. Each caller gets its own result and its store its own state
+    (`ThreadStore.claim_blocked`, the due hint).
 
     What each call guarantees alone still holds: its check is read by a statement after
     the one that locked its thread's row; its attempt row commits with its claim before
