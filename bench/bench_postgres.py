@@ -219,12 +219,24 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
             await rt.close()
 
 
+def _commits(url: str) -> int:
+    """The committed transactions of ``url``'s database so far (`pg_stat_database`)."""
+    from runtime.storage.postgres import split_schema
+
+    base, _ = split_schema(url)
+    with psycopg.connect(base, autocommit=True) as conn:
+        row = conn.execute("SELECT xact_commit FROM pg_stat_database "
+                           "WHERE datname = current_database()").fetchone()
+    return int(row[0]) if row else 0
+
+
 def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
              lead: float) -> dict[str, Any]:
     """Start ``processes`` product processes on a fresh schema of ``url`` and measure."""
     spec = {"url": url, "processes": processes, "runs": runs, "threads": threads,
             "spread": spread}
     procs: list[subprocess.Popen[str]] = []
+    commits_before = _commits(url)
     try:
         for index in range(processes):
             proc = subprocess.Popen(
@@ -254,6 +266,9 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    # Every transaction of the database while the case ran (the processes have exited, so
+    # their counts are flushed): its own, the completion polls' (10/s), autovacuum's.
+    commits = _commits(url) - commits_before
     lags = [lag for r in results for lag in r["lags"]]
     starts = [s for r in results for s in r["starts"]]
     sched_end = max(r["schedule_ended"] for r in results)
@@ -271,6 +286,7 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
         # CPU seconds of the product processes (every thread: loop, storage, bus), per run.
         "schedule_cpu_per_run": sum(r["schedule_cpu"] for r in results) / runs,
         "cpu_per_run": sum(r["cpu"] for r in results) / runs,
+        "commits_per_run": commits / runs,
         "per_process_executed": [len(r["lags"]) for r in results],
         "leftovers": next((r["leftovers"] for r in results if r["leftovers"]), None),
     }
@@ -417,6 +433,8 @@ def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int
               f"{case['schedule_cpu_per_run'] * 1e6:,.0f} µs | - | - | - | - |")
         print(f"| CPU per run, whole case | {p} | {case['cpu_per_run'] * 1e6:,.0f} µs | - | - "
               f"| - | - |")
+        print(f"| database commits per run, whole case | {p} | "
+              f"{case['commits_per_run']:.2f} | - | - | - | - |")
     for p, why in skipped.items():
         print(f"| (not run) | {p} | {why} | - | - | - | - |")
     notes = []

@@ -137,8 +137,25 @@ def test_bench_postgres_small_runs_and_prints_the_table() -> None:
     assert figures["raw"]["autocommit"] > 0
     [one] = [case for case in figures["cases"] if case["processes"] == 1]
     assert one["executed"] == 60  # every run ran, once
+    assert one["commits_per_run"] >= 1  # at least each run's own schedule
     assert "| lag due→start p99 | 1 |" in result.stdout
+    assert "| database commits per run, whole case | 1 |" in result.stdout
     assert figures["peers"] == []
+
+
+def test_bench_pg_claims_small_runs_every_run_and_counts_its_commits() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_pg_claims.py"), "--runs", "60",
+         "--threads", "3", "--workers", "4", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "60 runs over 3 threads, 4 workers:" in result.stdout
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["runs_per_second"] > 0 and figures["cpu_per_run"] > 0
+    # A call per run and per thread, at most a commit each (fewer when grouped), and the
+    # backend's own opening and closing (about 20).
+    assert 0 < figures["commits_per_run"] < 2
 
 
 def test_bench_postgres_skips_a_peer_without_its_venv_and_says_how_to_make_it(

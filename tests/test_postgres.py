@@ -6,8 +6,14 @@ tests marked ``every_backend`` (HTTP, stream, SIGKILL recovery) run on it too.
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pydantic
@@ -16,8 +22,15 @@ from conftest import serve_api
 from pg import query
 
 from runtime import Runtime
-from runtime.errors import RuntimeStorageError
-from runtime.storage.postgres import PostgresBackend, redact_url, split_schema
+from runtime.effects import EffectRun, EffectStatus
+from runtime.errors import RuntimeStorageError, ThreadStorageError
+from runtime.storage.base import Finish, ThreadInfo
+from runtime.storage.postgres import (
+    CLAIM_TRANSACTIONS_IN_FLIGHT,
+    PostgresBackend,
+    redact_url,
+    split_schema,
+)
 from runtime.testing import FakeClock
 
 
@@ -262,6 +275,220 @@ def test_a_claim_that_skips_its_probe_still_sees_what_another_node_did(pg_url: s
         rtdb.close()
         two.close()
         one.close()
+
+
+def _due_run(thread_id: str, run_id: str, due: float) -> EffectRun:
+    return EffectRun(id=run_id, thread_id=thread_id, name="note", status=EffectStatus.PENDING,
+                     args={"text": "x"}, run_at_ts=due, created_at_ts=1.0)
+
+
+def _in_threads(
+    calls: dict[str, Callable[[], object]],
+) -> dict[str, concurrent.futures.Future[object]]:
+    pool = concurrent.futures.ThreadPoolExecutor(len(calls))
+    futures = {name: pool.submit(fn) for name, fn in calls.items()}
+    pool.shutdown(wait=False)
+    return futures
+
+
+def _wait_queued(backend: PostgresBackend, count: int) -> None:
+    """Wait until ``count`` claims wait behind the one in flight on ``backend``."""
+    deadline = time.monotonic() + 10
+    while len(backend._claims._queue) < count:
+        assert time.monotonic() < deadline, "the claims never queued"
+        time.sleep(0.01)
+
+
+@contextmanager
+def _rows_held(url: str, *thread_ids: str) -> Iterator[Callable[[], None]]:
+    """Hold these threads' registry rows locked from another connection until the yielded
+    function (or the block's end) releases them."""
+    base, schema = split_schema(url)
+    with psycopg.connect(base, options=f"-c search_path={schema}") as conn:
+        conn.execute("SELECT 1 FROM threads WHERE id = ANY(%s) FOR UPDATE", (list(thread_ids),))
+        yield conn.commit
+        conn.commit()
+
+
+# Claims kept in flight (their rows held) so that the next ones queue for a group.
+_LEADERS = tuple(f"x{i}" for i in range(CLAIM_TRANSACTIONS_IN_FLIGHT))
+
+
+def _lead(stores: dict[str, Any]) -> dict[str, concurrent.futures.Future[object]]:
+    """Start the claims of the `_LEADERS` threads (their rows held: they wait in flight)."""
+    first = _in_threads({x: partial(stores[x].finish_and_claim, None, 5.0)
+                         for x in _LEADERS})
+    time.sleep(0.2)
+    assert not any(f.done() for f in first.values())
+    return first
+
+
+def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_answer(
+    pg_url: str,
+) -> None:
+    """Claims of several threads made while one is in flight go in one transaction; each
+    call gets what it would alone: a run, a finish and the next run, paused, busy on
+    another node, deleted; a thread whose row another transaction holds runs alone and
+    holds up nobody."""
+    one, two = PostgresBackend(pg_url, node_id="n1"), PostgresBackend(pg_url, node_id="n2")
+    rtdb, rtdb2 = one.open(), two.open()
+    try:
+        stores = {}
+        for t in (*_LEADERS, "a", "b", "f", "p", "u", "d", "y"):
+            info = ThreadInfo(id=t, created_at_ts=1.0)
+            assert rtdb.add_thread(info)
+            stores[t] = one.create_thread_store(info)
+            assert stores[t].insert_run(_due_run(t, f"{t}1", 2.0)) is None
+        assert stores["f"].insert_run(_due_run("f", "f2", 2.5)) is None
+        _, running, _ = stores["f"].finish_and_claim(None, 3.0)
+        assert running is not None and running.id == "f1"
+        assert rtdb.set_paused("p", True)
+        _, elsewhere, _ = two.open_thread_store("u").finish_and_claim(None, 3.0)
+        assert elsewhere is not None and elsewhere.id == "u1"
+        assert rtdb2.delete_thread("d")
+        done = Finish("f1", EffectStatus.COMPLETED, None, 4.0)
+        with _rows_held(pg_url, *_LEADERS) as release_x, _rows_held(pg_url, "y") as release_y:
+            first = _lead(stores)
+            calls: dict[str, Callable[[], object]] = {
+                t: partial(stores[t].finish_and_claim, None, 5.0) for t in "abpudy"}
+            calls["f"] = partial(stores["f"].finish_and_claim, done, 5.0)
+            futures = _in_threads(calls)
+            _wait_queued(one, len(calls))
+            release_x()
+            for t in "abfpud":
+                futures[t].result(timeout=10)
+            assert futures["y"].done() is False  # its row is held: it waits alone
+            release_y()
+            answers = {t: f.result(timeout=10) for t, f in {**first, **futures}.items()}
+        for t in (*_LEADERS, "a", "b", "y"):
+            _, claimed, _ = answers[t]
+            assert claimed is not None and claimed.id == f"{t}1"
+            assert stores[t].claim_blocked is None
+        finished, claimed, _ = answers["f"]
+        assert finished is not None and finished.status is EffectStatus.COMPLETED
+        assert claimed is not None and claimed.id == "f2"
+        assert (answers["p"], stores["p"].claim_blocked) == ((None, None, None), "paused")
+        assert (answers["u"], stores["u"].claim_blocked) == ((None, None, None), "busy")
+        assert (answers["d"], stores["d"].claim_blocked) == ((None, None, None), "paused")
+        # Committed together: the rows a, b and f's claims wrote share one transaction id.
+        writers = dict(query(pg_url, "SELECT id, xmin::text FROM effect_runs "
+                                        "WHERE id IN ('a1', 'b1', 'f1', 'f2', 'x01', 'y1')"))
+        assert writers["a1"] == writers["b1"] == writers["f1"] == writers["f2"]
+        assert len({writers["a1"], writers["x01"], writers["y1"]}) == 3
+        attempts = dict(query(pg_url, "SELECT run_id, xmin::text FROM run_attempts "
+                                         "WHERE run_id IN ('a1', 'b1', 'f2')"))
+        assert set(attempts.values()) == {writers["a1"]}
+        for store in stores.values():
+            store.close()
+    finally:
+        rtdb2.close()
+        rtdb.close()
+        two.close()
+        one.close()
+
+
+def test_one_threads_failing_claim_in_a_group_fails_only_that_thread(pg_url: str) -> None:
+    """A group's transaction that fails for one thread's statement is run again call by
+    call: the others claim their runs; only that thread's call raises, naming it."""
+    backend = PostgresBackend(pg_url, node_id="n1")
+    rtdb = backend.open()
+    try:
+        stores = {}
+        for t in (*_LEADERS, "a", "bad", "b"):
+            info = ThreadInfo(id=t, created_at_ts=1.0)
+            assert rtdb.add_thread(info)
+            stores[t] = backend.create_thread_store(info)
+            assert stores[t].insert_run(_due_run(t, f"{t}1", 2.0)) is None
+        base, schema = split_schema(pg_url)
+        with psycopg.connect(base, autocommit=True,
+                             options=f"-c search_path={schema}") as conn:
+            conn.execute("CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS "
+                         "$$ BEGIN IF NEW.thread_id = 'bad' THEN RAISE EXCEPTION "
+                         "'refused by the test'; END IF; RETURN NEW; END $$")
+            conn.execute("CREATE TRIGGER refuse_bad BEFORE UPDATE ON effect_runs "
+                         "FOR EACH ROW EXECUTE FUNCTION refuse_bad()")
+        with _rows_held(pg_url, *_LEADERS) as release_x:
+            first = _lead(stores)
+            futures = _in_threads({t: partial(stores[t].finish_and_claim, None, 5.0)
+                                   for t in ("a", "bad", "b")})
+            _wait_queued(backend, 3)
+            release_x()
+            for t in (*_LEADERS, "a", "b"):
+                _, claimed, _ = {**first, **futures}[t].result(timeout=10)
+                assert claimed is not None and claimed.id == f"{t}1"
+            with pytest.raises(ThreadStorageError, match=r"Thread bad: .*refused by the test"):
+                futures["bad"].result(timeout=10)
+        assert query(pg_url, "SELECT status FROM effect_runs WHERE id = 'bad1'") == [
+            ("pending",)]
+        for store in stores.values():
+            store.close()
+    finally:
+        rtdb.close()
+        backend.close()
+
+
+def test_two_nodes_claiming_the_same_threads_in_groups_run_each_run_once_one_at_a_time(
+    pg_url: str,
+) -> None:
+    """Two nodes, eight callers each, over the same eight threads: their claims group on
+    each node and race across nodes; every run runs once, and never two of a thread at
+    once."""
+    nodes = [PostgresBackend(pg_url, node_id=f"n{i}") for i in (1, 2)]
+    rtdbs = [node.open() for node in nodes]
+    threads = [f"t{i}" for i in range(8)]
+    runs_per_thread = 12
+    try:
+        for t in threads:
+            info = ThreadInfo(id=t, created_at_ts=1.0)
+            assert rtdbs[0].add_thread(info)
+            store = nodes[0].create_thread_store(info)
+            for k in range(runs_per_thread):
+                assert store.insert_run(_due_run(t, f"{t}-{k:02}", 2.0 + k * 0.01)) is None
+            store.close()
+        holder: dict[str, str] = {}
+        guard = threading.Lock()
+        overlaps: list[str] = []
+        ran: list[str] = []
+
+        def work(node: PostgresBackend, t: str) -> None:
+            store = node.open_thread_store(t)
+            finish: Finish | None = None
+            deadline = time.monotonic() + 30
+            try:
+                while time.monotonic() < deadline:
+                    _, claimed, next_due = store.finish_and_claim(finish, 5.0)
+                    finish = None
+                    if claimed is None:
+                        if next_due is None and store.claim_blocked is None:
+                            return  # nothing left
+                        time.sleep(0.001)
+                        continue
+                    with guard:
+                        if t in holder:
+                            overlaps.append(f"{claimed.id} began while {holder[t]} ran")
+                        holder[t] = claimed.id
+                        ran.append(claimed.id)
+                    time.sleep(0.001)
+                    with guard:
+                        del holder[t]  # its effect is over; the finish follows
+                    finish = Finish(claimed.id, EffectStatus.COMPLETED, None, 5.0)
+            finally:
+                store.close()
+
+        futures = _in_threads({f"{node.node_id}:{t}": partial(work, node, t)
+                               for node in nodes for t in threads})
+        for future in futures.values():
+            future.result(timeout=60)
+        assert overlaps == []
+        assert sorted(ran) == sorted(f"{t}-{k:02}" for t in threads
+                                     for k in range(runs_per_thread))
+        assert query(pg_url, "SELECT status, max(attempts), count(*) FROM effect_runs "
+                                "GROUP BY status") == [("completed", 1, len(ran))]
+    finally:
+        for rtdb in rtdbs:
+            rtdb.close()
+        for node in nodes:
+            node.close()
 
 
 def test_the_same_key_scheduled_at_once_through_two_nodes_gives_the_one_run(
