@@ -66,6 +66,10 @@ MAX_CANCELED_BY_CHARS = 256
 CANCEL_WAIT_SECONDS = 5.0
 """How long canceling a running run waits for its effect to stop before answering."""
 
+CANCEL_RESEND_SECONDS = 1.0
+"""While a cancel waits for a run running on another node to end, it asks that node again
+this often: a request sent while that node's listening connection was down is lost."""
+
 def check_limit(limit: int) -> None:
     """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
@@ -421,7 +425,7 @@ class RunOperations:
         if elsewhere:
             # True only once the run is canceled in the store (the node running it may
             # no longer execute it, or let it finish).
-            return await self._canceled_in_store(thread_id, run_id)
+            return await self._canceled_in_store(thread_id, run_id, canceled_by)
         if task is None:
             return asked  # asked before its code started: it never will
         if task is not asyncio.current_task():  # an effect canceling itself goes on
@@ -430,10 +434,17 @@ class RunOperations:
             await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return True
 
-    async def _canceled_in_store(self, thread_id: str, run_id: str) -> bool:
-        """Wait up to `CANCEL_WAIT_SECONDS` (plus a second) for ``run_id`` to end; canceled?"""
+    async def _canceled_in_store(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
+        """Wait up to `CANCEL_WAIT_SECONDS` (plus a second) for ``run_id`` to end; canceled?
+
+        The node running it is asked again every `CANCEL_RESEND_SECONDS` meanwhile (the
+        bus delivers at most once, and nothing while that node reconnects its listening
+        connection); asking twice is harmless.
+        """
+        assert self._cancel_elsewhere is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CANCEL_WAIT_SECONDS + 1.0
+        resend_at = loop.time() + CANCEL_RESEND_SECONDS
         delay = 0.01
         while True:
             async with self._actors.use(thread_id) as actor:
@@ -443,6 +454,10 @@ class RunOperations:
                 return run is not None and run.status is EffectStatus.CANCELED
             if loop.time() >= deadline:
                 return False
+            if loop.time() >= resend_at:
+                resend_at = loop.time() + CANCEL_RESEND_SECONDS
+                async with self._actors.writing(thread_id) as actor:
+                    await self._cancel_elsewhere(actor, run_id, canceled_by)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
