@@ -2577,12 +2577,14 @@ class PostgresBackend(StorageBackend):
         known_down = self._lock_problem is not None or self._pool_refused
         wait = min(self.connect_timeout, UNAVAILABLE_WAIT_SECONDS) if known_down else (
             self.connect_timeout)
+        started = time.monotonic()
         try:
             conn = self._take(pool, wait)
         except PoolTimeout as exc:
+            waited = time.monotonic() - started  # less than ``wait`` once a check failed
             raise DatabaseUnavailable(
                 f"PostgreSQL database {redact_url(self.url)} cannot be reached (no "
-                f"connection within {wait:g} s); try again later") from exc
+                f"connection within {waited:.0f} s); try again later") from exc
         try:
             # Aborted by the lease watch if it waits on a database known unreachable.
             with (self._bounded(conn),
