@@ -475,6 +475,10 @@ class EffectExecutor:
             task.cancel()
         await asyncio.gather(*self._side, return_exceptions=True)
 
+    def cancel_asked(self, run_id: str) -> bool:
+        """Whether `cancel_running` asked ``run_id`` to stop and it has not ended yet."""
+        return run_id in self._cancels
+
     def cancel_running(
         self, actor: ThreadActor, run_id: str, canceled_by: str
     ) -> tuple[bool, asyncio.Task[None] | None]:

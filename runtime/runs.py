@@ -67,8 +67,10 @@ CANCEL_WAIT_SECONDS = 5.0
 """How long canceling a running run waits for its effect to stop before answering."""
 
 CANCEL_RESEND_SECONDS = 1.0
-"""While a cancel waits for a run running on another node to end, it asks that node again
-this often: a request sent while that node's listening connection was down is lost."""
+"""While a cancel waits for another node to cancel a run it runs, the request is sent again
+this often: a node whose listening connection was down when it was first sent gets it once
+it listens again (within the wait)."""
+
 
 def check_limit(limit: int) -> None:
     """Raise ValueError unless ``limit`` is an integer from 1 to `MAX_PAGE`."""
@@ -437,11 +439,8 @@ class RunOperations:
     async def _canceled_in_store(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
         """Wait up to `CANCEL_WAIT_SECONDS` (plus a second) for ``run_id`` to end; canceled?
 
-        The node running it is asked again every `CANCEL_RESEND_SECONDS` meanwhile (the
-        bus delivers at most once, and nothing while that node reconnects its listening
-        connection); asking twice is harmless.
+        The node running it is asked again every `CANCEL_RESEND_SECONDS` meanwhile.
         """
-        assert self._cancel_elsewhere is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CANCEL_WAIT_SECONDS + 1.0
         resend_at = loop.time() + CANCEL_RESEND_SECONDS
@@ -454,7 +453,7 @@ class RunOperations:
                 return run is not None and run.status is EffectStatus.CANCELED
             if loop.time() >= deadline:
                 return False
-            if loop.time() >= resend_at:
+            if loop.time() >= resend_at and self._cancel_elsewhere is not None:
                 resend_at = loop.time() + CANCEL_RESEND_SECONDS
                 async with self._actors.writing(thread_id) as actor:
                     await self._cancel_elsewhere(actor, run_id, canceled_by)

@@ -1252,6 +1252,8 @@ class Runtime:
                 actor = self.actors.peek(thread_id)
                 if actor is not None:
                     async with actor.lock:
+                        if self.executor.cancel_asked(run_id):
+                            return  # asked again while it stops: it is not interrupted twice
                         if self.executor.cancel_running(actor, run_id, by)[0]:
                             return
                 if command.get("node") != self.node_id:

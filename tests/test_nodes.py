@@ -658,6 +658,27 @@ async def test_a_cancel_sent_while_the_running_nodes_bus_reconnects_still_reache
     assert not (tmp_path / "node-b" / "slow.done").exists()
 
 
+async def test_a_cancel_asked_again_while_the_effect_cleans_up_does_not_cut_its_cleanup(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    # A cancel waiting on node a asks node b again every second; b acts on the first
+    # request only: an effect that takes a while to stop is not interrupted twice.
+    def make(node_id: str) -> Runtime:
+        storage = PostgresBackend(pg_url, node_id=node_id)
+        return Runtime(app_dir=Path(__file__).parent / "apps" / "slow_stop",
+                       data_dir=tmp_path / node_id, load_packages=False, storage=storage)
+
+    a, b = make("node-a"), make("node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        thread_b = await b.get_thread(thread_a.thread_id)
+        run_id = await thread_b.schedule_effect("slow_stop", {})
+        await wait_until(lambda: _status(thread_a, run_id, EffectStatus.RUNNING))
+        assert await thread_a.remove_scheduled_effect(run_id) is True
+        assert (tmp_path / "node-b" / "slow_stop.cleaned").exists()
+        assert not (tmp_path / "node-b" / "slow_stop.cut").exists()
+
+
 async def test_deleting_on_node_a_a_thread_running_on_node_b_cancels_its_run_there(
     nodes: tuple[Runtime, Runtime], tmp_path: Path,
 ) -> None:
