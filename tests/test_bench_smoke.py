@@ -198,3 +198,34 @@ def test_bench_commits_prints_a_line_per_thread_count_and_a_drain_writes_four_pa
         # wrote 6 (the attempt's rowid table and key index, the pending-key index).
         assert line["drain"]["written_kib"] < 20, line
         assert line["insert"]["written_kib"] < 24, line
+
+
+def _two_free_ports() -> int:
+    """A port that is free, and so is the next one."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        with socket.socket() as first, socket.socket() as second:
+            try:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports in a row")
+
+
+def test_bench_blink_small_runs_two_nodes_and_prints_the_table() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_blink.py"), "--blinks", "1",
+         "--outage", "1", "--port", str(_two_free_ports())],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for row in ("| slowest call after a blink (schedule, thread, ready) |",
+                "| cancel through node 2 right after node 1's bus cut |",
+                "| /api/ready 200 after the database opened |"):
+        assert row in result.stdout

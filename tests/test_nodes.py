@@ -24,6 +24,7 @@ from runtime import Runtime
 from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import DataDirLocked, RunStateError
+from runtime.storage import pg_bus
 from runtime.storage.base import (
     ClusterBus,
     Finish,
@@ -633,6 +634,51 @@ async def test_canceling_on_node_a_a_run_running_on_node_b_stops_it_there(
     assert not (tmp_path / "node-b" / "slow.done").exists()
     (attempt,) = await thread_a.get_run_attempts(run_id)
     assert (attempt.outcome, attempt.node_id) == ("canceled", "node-b")
+
+
+async def test_a_cancel_sent_while_the_running_nodes_bus_reconnects_still_reaches_it(
+    nodes: tuple[Runtime, Runtime], pg_url: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The tester's cut: node b's listening connection ended, the cancel asked on node a
+    # meanwhile; b never heard it, a answered false twice and the run went on to its end.
+    a, b = nodes
+    thread_a, _, run_id = await _start_on_b(a, b)
+    monkeypatch.setattr(pg_bus, "RETRY_FIRST_SECONDS", 1.5)  # b stays deaf 1.5 s
+    bus = b.storage.cluster
+    assert isinstance(bus, pg_bus.PostgresClusterBus) and bus._conn is not None
+    with psycopg.connect(split_schema(pg_url)[0], autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (bus._conn.info.backend_pid,))
+
+    async def deaf() -> bool:
+        return not bus.connected
+
+    await wait_until(deaf, seconds=10)
+    assert await thread_a.remove_scheduled_effect(run_id) is True
+    run = await thread_a.get_run(run_id)
+    assert run.status is EffectStatus.CANCELED
+    assert not (tmp_path / "node-b" / "slow.done").exists()
+
+
+async def test_a_cancel_asked_again_while_the_effect_cleans_up_does_not_cut_its_cleanup(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    # A cancel waiting on node a asks node b again every second; b acts on the first
+    # request only: an effect that takes a while to stop is not interrupted twice.
+    def make(node_id: str) -> Runtime:
+        storage = PostgresBackend(pg_url, node_id=node_id)
+        return Runtime(app_dir=Path(__file__).parent / "apps" / "slow_stop",
+                       data_dir=tmp_path / node_id, load_packages=False, storage=storage)
+
+    a, b = make("node-a"), make("node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        thread_b = await b.get_thread(thread_a.thread_id)
+        run_id = await thread_b.schedule_effect("slow_stop", {})
+        await wait_until(lambda: _status(thread_a, run_id, EffectStatus.RUNNING))
+        assert await thread_a.remove_scheduled_effect(run_id) is True
+        assert (tmp_path / "node-b" / "slow_stop.cleaned").exists()
+        assert not (tmp_path / "node-b" / "slow_stop.cut").exists()
 
 
 async def test_deleting_on_node_a_a_thread_running_on_node_b_cancels_its_run_there(

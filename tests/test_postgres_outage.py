@@ -11,6 +11,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -371,3 +372,99 @@ async def silent_cut_checks(api: Any, tid: str, run_id: str, node: str, direct: 
     assert 'thread_effects_runs_scheduled_total{effect="hold"} 1.0' in res.text
     assert "thread_effects_pending_runs" not in res.text
     assert "cut canceled" in log_file.read_text()
+
+
+def _pooled(url: str, schema: str) -> int:
+    """How many connections the node's pool holds on the server."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                           (f"thread-effects:{schema}",)).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _fill_pool(api: Any, tid: str, url: str, schema: str, at_least: int) -> None:
+    """Make the node's pool hold ``at_least`` connections (concurrent calls)."""
+    for _ in range(100):  # a hang guard
+        await asyncio.gather(*[api.client.get(f"/api/threads/{tid}") for _ in range(40)])
+        if await asyncio.to_thread(_pooled, url, schema) >= at_least:
+            return
+    raise AssertionError("the pool never held enough connections")
+
+
+async def _timed(api: Any, method: str, path: str, **kwargs: Any) -> tuple[int, float]:
+    started = time.monotonic()
+    async with asyncio.timeout(30):  # a hang guard
+        response = await api.client.request(method, path, **kwargs)
+    return response.status_code, time.monotonic() - started
+
+
+async def test_after_a_blink_the_next_calls_work_at_once(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    # The tester's blink: every connection of the database ended, the server up. Before,
+    # each call took the pool's ended connections one by one, sleeping 1, 2, 4 s between
+    # them: 503 after 10 s, or an answer after 3 to 7 s.
+    from runtime.storage.postgres import split_schema
+
+    url, schema = split_schema(pg_url)
+    assert schema is not None
+    async with serve_api(tmp_path / "data", app_dir=APP, database_url=pg_url,
+                         lease_seconds=6) as api:
+        tid = await api.new_thread()
+        await _fill_pool(api, tid, url, schema, at_least=6)
+        with psycopg.connect(url, autocommit=True) as conn:
+            ended = [pid for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s "
+                "AND pg_terminate_backend(pid)", (f"thread-effects%:{schema}",)).fetchall()]
+            assert len(ended) >= 8  # the pool's, the node's lock and the bus
+            while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                               (ended,)).fetchone() != (0,):
+                await asyncio.sleep(0.01)
+        answers = [
+            await _timed(api, "POST", f"/api/threads/{tid}/effects",
+                         json={"name": "ping", "args": {}}),
+            await _timed(api, "GET", f"/api/threads/{tid}"),
+            await _timed(api, "GET", f"/api/threads/{tid}/effects"),
+            await _timed(api, "GET", "/api/threads"),
+        ]
+        assert [status for status, _ in answers] == [201, 200, 200, 200], answers
+        # At most a failed check and a new connection each (milliseconds).
+        assert max(seconds for _, seconds in answers) < 1.5, answers
+
+
+async def test_ready_answers_503_within_seconds_of_an_outage_and_200_soon_after_it(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    # The tester's outage (connections ended, new ones refused): before, /api/ready took
+    # 10 s to answer 503, and 6 to 8 s after the database came back to answer 200.
+    from runtime.storage.postgres import split_schema
+
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    base, schema = split_schema(pg_url)
+    assert schema is not None
+    try:
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url,
+                             lease_seconds=6) as api:
+            tid = await api.new_thread()
+            await _fill_pool(api, tid, base, schema, at_least=4)
+            proxy.stop()
+            during = [await _timed(api, "GET", "/api/ready") for _ in range(4)]
+            await asyncio.sleep(6)  # the pool's attempts to connect back off meanwhile
+            during.append(await _timed(api, "GET", "/api/ready"))
+            assert {status for status, _ in during} == {503}, during
+            # "About 2 s once the outage is noticed"; before, 10 s.
+            assert max(seconds for _, seconds in during) < 5.0, during
+            proxy.start()
+            reopened = time.monotonic()
+            for _ in range(600):  # a hang guard
+                if (await _timed(api, "GET", "/api/ready"))[0] == 200:
+                    break
+                await asyncio.sleep(0.1)
+            back = time.monotonic() - reopened
+            assert back < 4.5, back  # the node reconnects within 2 s, the pool within 1 s
+            status, _ = await _timed(api, "GET", f"/api/threads/{tid}")
+            assert status == 200
+    finally:
+        proxy.stop()

@@ -5,7 +5,8 @@ own: it waits on the connection's socket and on a wake-up pipe, hands each notif
 its callbacks on their event loop (``call_soon_threadsafe``, so in arrival order), runs the
 ``LISTEN`` of channels added meanwhile, and checks an idle connection every
 `CHECK_SECONDS`. When the connection is lost it reconnects with backoff (`RETRY_FIRST_SECONDS`
-doubling to `RETRY_MAX_SECONDS`) and then calls every channel's ``on_reconnect``:
+doubling to `RETRY_MAX_SECONDS` while attempts fail, from the start again after a connection
+that listened) and then calls every channel's ``on_reconnect``:
 notifications sent while it was down are lost, so listeners resync from the tables.
 
 Channel names on the server are ``<schema>:<channel>`` (so apps sharing a database on
@@ -54,7 +55,8 @@ no error until something is sent."""
 RETRY_FIRST_SECONDS = 0.2
 RETRY_MAX_SECONDS = 10.0
 """After the listening connection is lost, reconnecting is tried after 0.2 s, doubling
-to 10 s."""
+to 10 s while the attempts fail; once a connection listens again, the next loss starts
+over at 0.2 s."""
 
 _MAX_NAME_BYTES = 63  # PostgreSQL's identifier limit (NAMEDATALEN - 1)
 
@@ -392,7 +394,6 @@ class PostgresClusterBus(ClusterBus):
                 with self._lock:
                     self._listening.clear()
                 self._serve(conn, stop, wake_r, reconnected=lost_before)
-                delay = RETRY_FIRST_SECONDS
             except Exception as exc:
                 if stop.is_set():
                     break
@@ -401,6 +402,8 @@ class PostgresClusterBus(ClusterBus):
                 lost_before = True
             finally:
                 with self._lock:
+                    if self._connected:  # it listened: the next loss starts over
+                        delay = RETRY_FIRST_SECONDS
                     self._connected = False
                     self._listening.clear()
                     self._changed.notify_all()

@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 from urllib.parse import urlsplit
 
 from runtime._text import replace_lone_surrogates
@@ -508,15 +508,21 @@ client cut off mid-call): its row locks would otherwise keep other nodes from cl
 thread's runs until the server noticed the client gone. A contract call runs its
 statements back to back, so no working call comes near it."""
 
-POOL_RECONNECT_SECONDS = 30.0
-"""The pool gives up a connection attempt that keeps failing after this long (its retries
-back off from 1 s, doubling); the next call that finds no connection starts a new one, so
-that a long outage does not leave the pool waiting out a long backoff once it ends."""
+POOL_RECONNECT_SECONDS = UNAVAILABLE_WAIT_SECONDS
+"""The pool gives up a connection attempt that keeps failing after this long (tried again
+after 1 s, then at this bound); the next call that finds no connection starts a new one at
+once, so that the first call after an outage waits at most a second for the pool's next
+attempt, not out a long backoff (30 s before: 7.5 s after a 23 s outage)."""
 
 LOCK_RETRY_FIRST_SECONDS = 1.0
+RECONNECT_MAX_SECONDS = UNAVAILABLE_WAIT_SECONDS
+"""After the node's connection is lost, reconnecting is tried at once, then after 1 s,
+then every 2 s (and at least every third of the lease period): the node is ready again
+(`GET /api/ready`) within about 2 s of the database's return (30 s apart before)."""
+
 LOCK_RETRY_MAX_SECONDS = 30.0
-"""After the node's connection is lost, reconnecting is tried after 1 s, doubling to 30 s
-(and at least every third of the lease period)."""
+"""While another live process holds this node's id, taking it is tried again after 1 s,
+doubling to 30 s (and at least every third of the lease period)."""
 
 LEASE_SECONDS = 30.0
 """The default node lease period (`runtime.config.Settings.lease_seconds`)."""
@@ -2454,6 +2460,8 @@ class PostgresBackend(StorageBackend):
         self._in_flight_next = 0
         # Set while a renewal failed for want of the database (not for a lost race).
         self._unreachable = False
+        # Set while the pool's last attempt to open a connection failed (`_pool_class`).
+        self._pool_refused = False
         # The server process of the node's lock connection (ended on reconnect, see
         # `_heartbeat`).
         self._lock_pid: int | None = None
@@ -2674,13 +2682,14 @@ class PostgresBackend(StorageBackend):
                         f"lost ({exc}); this process starts no runs until it renews it"
                     )
                     log.error("%s", self._lock_problem)
-                    delay = min(LOCK_RETRY_FIRST_SECONDS, period)
-                    continue
+                    # Reconnected at once (a blink: the server ended the connection but
+                    # answers), and if that fails after 1 s, doubling.
+                    delay = min(LOCK_RETRY_FIRST_SECONDS, period) / 2
             try:
                 new = psycopg.connect(self.url, **self._connect_kwargs("thread-effects-node"))
             except _db_error():
                 self._unreachable = True
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
+                delay = min(delay * 2, RECONNECT_MAX_SECONDS, period)
                 continue
             self._unreachable = False  # the server answered
             try:
@@ -2708,7 +2717,7 @@ class PostgresBackend(StorageBackend):
             except _db_error():
                 new.close()
                 self._unreachable = True
-                delay = min(delay * 2, LOCK_RETRY_MAX_SECONDS, period)
+                delay = min(delay * 2, RECONNECT_MAX_SECONDS, period)
                 continue
             if not renewed:
                 new.close()
@@ -2734,6 +2743,30 @@ class PostgresBackend(StorageBackend):
             delay = min(LOCK_RETRY_FIRST_SECONDS, period)
             log.warning("%s: node %s holds its lease again; starting runs again", where,
                         self.node_id)
+
+    def _pool_class(self) -> type[psycopg.Connection[tuple[Any, ...]]]:
+        """The pool's connection class: it tells this backend whether connecting works.
+
+        While the pool's last attempt to connect failed, calls wait at most
+        `UNAVAILABLE_WAIT_SECONDS` for a connection (`transaction`): the pool's next
+        attempt may be seconds away.
+        """
+        import psycopg
+
+        backend = self
+
+        class PoolConnection(psycopg.Connection[tuple[Any, ...]]):
+            @classmethod
+            def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+                try:
+                    conn = super().connect(conninfo, **kwargs)
+                except Exception:
+                    backend._pool_refused = True
+                    raise
+                backend._pool_refused = False
+                return conn
+
+        return PoolConnection
 
     def _check(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         """Raise if ``conn``, about to be taken from the pool, is not fit to use.
@@ -2777,29 +2810,62 @@ class PostgresBackend(StorageBackend):
             raise RuntimeClosed(f"PostgreSQL backend {redact_url(self.url)} is not open")
         from psycopg_pool import PoolTimeout
 
-        # While the lock's connection is known lost, a call waits briefly for a connection.
-        wait = self.connect_timeout if self._lock_problem is None else min(
-            self.connect_timeout, UNAVAILABLE_WAIT_SECONDS)
+        # While the lock's connection is known lost, or the pool's last attempt to connect
+        # failed, a call waits briefly for a connection.
+        known_down = self._lock_problem is not None or self._pool_refused
+        wait = min(self.connect_timeout, UNAVAILABLE_WAIT_SECONDS) if known_down else (
+            self.connect_timeout)
+        started = time.monotonic()
         try:
-            with pool.connection(timeout=wait) as conn:
-                try:
-                    # Aborted by the lease watch if it waits on a database known unreachable.
-                    with (self._bounded(conn),
-                          contextlib.nullcontext() if single else _plain_transaction(conn),
-                          conn.cursor() as cur):
-                        yield cur
-                except _db_error() as exc:
-                    if conn.broken:
-                        raise DatabaseUnavailable(
-                            f"PostgreSQL database {redact_url(self.url)} cannot be reached: "
-                            f"{exc}") from exc
-                    raise
-                finally:
-                    self._returned_at[id(conn)] = time.monotonic()
+            conn = self._take(pool, wait)
         except PoolTimeout as exc:
+            waited = time.monotonic() - started  # less than ``wait`` once a check failed
             raise DatabaseUnavailable(
                 f"PostgreSQL database {redact_url(self.url)} cannot be reached (no "
-                f"connection within {wait:g} s); try again later") from exc
+                f"connection within {waited:.0f} s); try again later") from exc
+        try:
+            # Aborted by the lease watch if it waits on a database known unreachable.
+            with (self._bounded(conn),
+                  contextlib.nullcontext() if single else _plain_transaction(conn),
+                  conn.cursor() as cur):
+                yield cur
+        except _db_error() as exc:
+            if conn.broken:
+                raise DatabaseUnavailable(
+                    f"PostgreSQL database {redact_url(self.url)} cannot be reached: "
+                    f"{exc}") from exc
+            raise
+        finally:
+            self._returned_at[id(conn)] = time.monotonic()
+            pool.putconn(conn)
+
+    def _take(
+        self, pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]], wait: float
+    ) -> psycopg.Connection[tuple[Any, ...]]:
+        """A checked connection from ``pool`` within ``wait`` seconds (`_check`).
+
+        One that fails its check is closed (the pool opens a replacement) and the next is
+        taken at once: after a blink (the server ended every connection) the call takes
+        the pool's ended connections one after another, each failing without a round
+        trip, then a new one, instead of the pool's own check loop, which sleeps 1 s,
+        2 s, 4 s... between failed checks. Once one failed, the rest of the wait is at
+        most `UNAVAILABLE_WAIT_SECONDS`: a server that ended the connection and takes
+        no new one is an outage.
+
+        Raises:
+            psycopg_pool.PoolTimeout: no connection within the wait.
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            conn = pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+            try:
+                self._check(conn)
+            except Exception:
+                conn.close()
+                pool.putconn(conn)  # closed: the pool replaces it
+                deadline = min(deadline, time.monotonic() + UNAVAILABLE_WAIT_SECONDS)
+                continue
+            return conn
 
     def open(self) -> PostgresRuntimeStore:  # noqa: D102 - contract in base
         import psycopg
@@ -2833,11 +2899,13 @@ class PostgresBackend(StorageBackend):
             self._lock_conn = lock_conn
             self._lock_pid = lock_conn.info.backend_pid
             self._pool = ConnectionPool(
-                self.url, min_size=1, max_size=self.pool_size, kwargs=self._connect_kwargs(),
+                self.url, connection_class=self._pool_class(), min_size=1,
+                max_size=self.pool_size, kwargs=self._connect_kwargs(),
                 timeout=self.connect_timeout, name=f"thread-effects:{self.schema}",
-                # Checked when taken from the pool: a connection the server ended (a
+                # Checked as a call takes it (`_take`, not the pool's `check`, whose
+                # loop sleeps between failed checks): a connection the server ended (a
                 # restart, a failover, a proxy's cut) is replaced, not handed to a call.
-                check=self._check, open=False, reconnect_timeout=POOL_RECONNECT_SECONDS,
+                open=False, reconnect_timeout=POOL_RECONNECT_SECONDS,
             )
         try:
             self._pool.open(wait=True, timeout=self.connect_timeout)
