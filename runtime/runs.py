@@ -40,6 +40,7 @@ from runtime.errors import (
     InvalidEffectArgs,
     RunNotFound,
     RunStateError,
+    ThreadNotFound,
     TooManyImmediateRuns,
     short_repr,
 )
@@ -152,8 +153,10 @@ class RunOperations:
         run_short: RunSync | None = None,
         cancel_elsewhere: Callable[[ThreadActor, str, str], Awaitable[bool]] | None = None,
         shared: bool = False,
+        deleted_elsewhere: Callable[[str], None] | None = None,
     ) -> None:
         self._cancel_elsewhere = cancel_elsewhere
+        self._deleted_elsewhere = deleted_elsewhere
         self._shared = shared
         self._settings = settings
         self._registry = registry
@@ -276,10 +279,17 @@ class RunOperations:
             await self._alarms.lower(state.thread_id, run.run_at_ts)
             current = CURRENT_RUN.get()
             hand_off = current[1] if current and current[0] == state.thread_id else None
-            existing = await self._run_short(
-                partial(actor.store.insert_run, hand_off_from=hand_off,
-                        replay_once=replay_once), run
-            )
+            try:
+                existing = await self._run_short(
+                    partial(actor.store.insert_run, hand_off_from=hand_off,
+                            replay_once=replay_once), run
+                )
+            except ThreadNotFound:
+                # Deleted by another node, whose command this one missed: applied here
+                # now (once this lock is free), as the command would have been.
+                if self._deleted_elsewhere is not None:
+                    self._deleted_elsewhere(state.thread_id)
+                raise
             # The number its frame took in the same transaction (PostgreSQL), read before
             # the lock lets another call use the store.
             seq = actor.store.frame_seq

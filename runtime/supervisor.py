@@ -408,6 +408,8 @@ class Runtime:
             cancel_elsewhere=(self._cancel_elsewhere if self.storage.cluster is not None
                               else None),
             shared=not self.storage.exclusive,
+            deleted_elsewhere=(self._deleted_elsewhere if self.storage.cluster is not None
+                               else None),
         )
         self.schedules = ScheduleOperations(
             lambda: self.registry, self.actors, self.alarms, self.hub, self.run_sync,
@@ -1266,6 +1268,21 @@ class Runtime:
             heard.add(thread_id)
         task = asyncio.get_running_loop().create_task(
             self._apply_command(op, thread_id, command), name=f"thread-effects-{op}")
+        self._command_tasks.add(task)
+        task.add_done_callback(self._command_tasks.discard)
+
+    def _deleted_elsewhere(self, thread_id: str) -> None:
+        """Apply the deletion of a thread the store found unregistered.
+
+        Another node deleted it, and this one missed its ``deleted`` command (its
+        listening connection was down): applied now, as that command would have been,
+        once the caller's lock on the thread is free.
+        """
+        if self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._apply_command("deleted", thread_id, {"from": "store"}),
+            name="thread-effects-deleted")
         self._command_tasks.add(task)
         task.add_done_callback(self._command_tasks.discard)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pg import query
 
 from runtime import Runtime
 from runtime.config import MAX_ATTEMPTS, default_node_id, validate_node_id
@@ -1295,3 +1296,38 @@ async def test_a_node_started_beside_a_live_one_does_not_rebuild_the_run_index(
         async with make_node("node-c") as c:
             assert (await c.list_runs()).complete
     assert "rebuilding" not in caplog.text
+
+
+async def test_a_node_that_missed_a_deletion_refuses_runs_for_the_thread_and_forgets_it(
+    make_node: Callable[..., Runtime], pg_url: str,
+) -> None:
+    """Another node deleted the thread while this one was not listening (its `deleted`
+    command lost): a schedule through this node is refused as the thread not found,
+    nothing is stored, and this node then forgets the thread as the command would have."""
+    from runtime.errors import ThreadNotFound
+    from runtime.storage.postgres import split_schema
+
+    async with make_node("node-a") as a:
+        thread = await a.create_thread()
+        tid = thread.thread_id
+        await thread.schedule_effect("record", {"key": "before"}, delay=3600)
+        # The deletion another node committed, as this node's store sees it: no registry row.
+        base, schema = split_schema(pg_url)
+        with psycopg.connect(base, autocommit=True,
+                             options=f"-c search_path={schema}") as conn:
+            conn.execute("DELETE FROM threads WHERE id = %s", (tid,))
+        with pytest.raises(ThreadNotFound):
+            await thread.schedule_effect("record", {"key": "after"}, delay=3600)
+        with pytest.raises(ThreadNotFound):
+            await thread.schedule_effect("record", {"key": "keyed"}, delay=3600, key="k")
+        rows = query(pg_url, "SELECT args::text FROM effect_runs WHERE thread_id = %s", (tid,))
+        assert [json.loads(str(r[0]))["key"] for r in rows] == ["before"]
+
+        async def forgotten() -> bool:
+            try:
+                await a.get_thread(tid)
+            except ThreadNotFound:
+                return True
+            return False
+
+        await wait_until(forgotten, 10)

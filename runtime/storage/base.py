@@ -204,6 +204,9 @@ class ThreadStore(ABC):
         Raises:
             ThreadStorageError: the write failed, or a run with that id exists (nothing
                 is written).
+            ThreadNotFound: on a backend shared by several processes, the thread is no
+                longer registered (another process deleted it; this one may not have
+                heard yet): nothing is written. Never on SQLite and memory (one process).
         """
 
     @abstractmethod

@@ -49,6 +49,7 @@ from runtime.errors import (
     DataDirLocked,
     RuntimeClosed,
     RuntimeStorageError,
+    ThreadNotFound,
     ThreadStorageError,
     TurnLeaseLost,
 )
@@ -297,22 +298,28 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
     It answers one row: with ``keyed``, the live run holding the key (the first pending
     one, else a running one other than ``%(hand_off)s``; 'pending' sorts first, so a
     successor wins over the running run it hands off from), which is then returned
-    instead of inserting the run (all columns null if none); with ``trace``, the run's
+    instead of inserting the run (all columns null if none); nothing is inserted either
+    when the thread has no registry row (deleted); with ``trace``, the run's
     trace context is inserted too; with ``wake``, the wake-up `PostgresClusterBus.wake_in`
     would send is sent (``%(channel)s``, ``%(payload)s``) if the run was inserted. Its
     last column is the frame number the run's ``scheduled`` frame takes (the thread's
     ``frame_counters`` row raised by one in the same statement: `ThreadStore.frame_seq`),
     null when nothing was inserted.
     """
-    ctes = []
+    # Only into a registered thread: a node that missed another's deletion of the thread
+    # (its listening connection down) must not acknowledge a run that nothing would run.
+    # (A CTE, read first, so that the server types %(t)s as the column it is compared to.)
+    ctes = ["reg AS (SELECT 1 FROM threads WHERE id = %(t)s)"]
+    registered = "EXISTS (SELECT 1 FROM reg)"
     if keyed:
         ctes.append(
             f"live AS (SELECT {_RUN_COLUMNS} FROM effect_runs WHERE thread_id = %(t)s "
             f"AND key = %(key)s AND status IN ('pending', 'running') AND (status = "
             f"'pending' OR id IS DISTINCT FROM %(hand_off)s) ORDER BY status, seq LIMIT 1)")
-        values = f"SELECT {_NEW_RUN_VALUES} WHERE NOT EXISTS (SELECT 1 FROM live)"
+        values = (f"SELECT {_NEW_RUN_VALUES} WHERE NOT EXISTS (SELECT 1 FROM live) "
+                  f"AND {registered}")
     else:
-        values = f"VALUES ({_NEW_RUN_VALUES})"
+        values = f"SELECT {_NEW_RUN_VALUES} WHERE {registered}"
     ctes.append(f"ins AS (INSERT INTO effect_runs ({_NEW_RUN_COLUMNS}) {values} "
                 f"RETURNING id, thread_id)")
     ctes.append(f"fc AS ({_TAKE_FRAME_SEQ})")
@@ -1220,6 +1227,9 @@ class PostgresThreadStore(ThreadStore):
             # A replay made once across nodes: its checks need the original's row
             # lock, so it is a transaction of its own (not the one statement below).
             def tx(c: Cursor) -> EffectRun | None:
+                if c.execute("SELECT 1 FROM threads WHERE id = %s",
+                             (self.thread_id,)).fetchone() is None:
+                    raise ThreadNotFound(self.thread_id)  # deleted by another node
                 # The original's row serializes the replays of it across nodes.
                 c.execute("SELECT 1 FROM effect_runs WHERE thread_id = %s AND id = %s "
                           "FOR UPDATE", (self.thread_id, run.replay_of))
@@ -1263,6 +1273,8 @@ class PostgresThreadStore(ThreadStore):
             self.frame_seq = int(row[-1])
             self._saw_due(run.run_at_ts)
         if run.key is None or row[0] is None:
+            if row[-1] is None:  # not inserted, and no run holds its key: no thread
+                raise ThreadNotFound(self.thread_id)
             return None
         return _row_to_run(self.thread_id, row[:-2])
 

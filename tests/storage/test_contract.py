@@ -311,10 +311,13 @@ def test_create_discards_leftovers_and_writes_meta(
 ) -> None:
     info = ThreadInfo(id="t", created_at_ts=T0)
     first = harness.backend.create_thread_store(info)
+    assert rtdb.add_thread(info)  # (a backend shared by nodes stores runs of registered threads)
     first.insert_run(run())
     first.insert_messages([message(1)])
     first.close()
-    # No registry row was written (a crash during create): the next create starts empty.
+    # The registry row is gone and the store's rows are left (a crash between a create's or
+    # a deletion's two writes): the next create starts empty.
+    assert rtdb.delete_thread("t")
     again = harness.backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0 + 1))
     try:
         assert again.list_runs(T0, KEEP) == ([], None)
