@@ -989,10 +989,12 @@ class _ClaimGroup:
     while that many are in flight queue up; when one ends, the first queued caller takes
     every queued call (of distinct threads, up to `CLAIM_GROUP_MAX`) and runs them in ONE
     transaction: ``BEGIN``, the claiming threads' rows locked in one statement
-    (`_LOCK_THREADS`: id order, skipping rows another transaction holds), then each
-    call's own statement(s) (the check, the finish, the claim, pruning) in order,
-    ``COMMIT``. Each caller gets its own result and its store its own state
-    (`ThreadStore.claim_blocked`, the due hint).
+    (`_LOCK_THREADS`: id order, skipping rows another transaction holds), then every
+    call's check, finish and claim in ONE statement over arrays (`_CLAIM_GROUP`),
+    ``COMMIT``: four round trips at any size. Pruning stays per call (a statement only
+    when due); a call with ``only_names`` (names differ per call) or that does not claim
+    runs its own statement(s) in the transaction. Each caller gets its own result and its
+    store its own state (`ThreadStore.claim_blocked`, the due hint).
 
     What each call guarantees alone still holds: its check is read by a statement after
     the one that locked its thread's row; its attempt row commits with its claim before
