@@ -27,6 +27,7 @@ from runtime import Runtime
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import RuntimeStorageError, ThreadStorageError
+from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage.base import Finish, ThreadInfo
 from runtime.storage.postgres import (
     CLAIM_TRANSACTIONS_IN_FLIGHT,
@@ -462,7 +463,11 @@ def _claims_scene(one: PostgresBackend, two: PostgresBackend, rtdb: Any,
         finishes[i] = start(i, "a")
     add(5, "b", 4.5)  # finish, then claim the next due run
     add(6, "b", 9.0)  # finish; the next run is not due yet
-    # 7: finish; nothing left
+    # 7: finish; no run left, a schedule's fire next
+    assert stores[f"{prefix}07"].insert_schedule(Schedule(
+        id=f"{prefix}07-sch", thread_id=f"{prefix}07", name="note", args=None,
+        recurrence=Recurrence(every_seconds=60.0), state=ScheduleState.ACTIVE,
+        next_fire_at_ts=7.5, created_at_ts=1.0)) is None
     finishes[8] = replace(finishes[8], attempt=7)  # a stale attempt: not finished
     add(8, "b", 4.0)
     add(9, "a", 2.0)  # paused
@@ -527,13 +532,14 @@ def _claims_seen(url: str, stores: dict[str, Any], answers: dict[str, Any],
     return seen
 
 
-def test_a_group_of_twenty_claims_answers_each_as_alone_in_one_finish_and_one_claim(
+def test_a_group_of_twenty_claims_answers_each_as_alone_and_writes_in_one_statement(
     pg_url: str,
 ) -> None:
     """Twenty claims that queue behind those in flight commit as one group, and each gets
     exactly what the same call gets alone on the same data (finishes, stale attempts,
-    paused, busy on another node, a run only another node has, nothing due, retention
-    pruning, trace context, due order); one statement of the group writes all its runs."""
+    paused, busy on another node, a run only another node has, nothing due, a schedule's
+    fire, retention pruning, trace context, due order); one statement of the group writes
+    all its runs."""
     one, two = PostgresBackend(pg_url, node_id="n1"), PostgresBackend(pg_url, node_id="n2")
     rtdb, _ = one.open(), two.open()
     try:
@@ -572,7 +578,7 @@ def test_a_group_of_twenty_claims_answers_each_as_alone_in_one_finish_and_one_cl
         assert (blocked["s09"], blocked["s10"], blocked["s11"], blocked["s12"]) == (
             "paused", "paused", "busy", "foreign")
         assert alone["s06"][2] == 9.0 and alone["s07"][0] is not None
-        assert alone["s07"][1:] == (None, None)
+        assert alone["s07"][1:] == (None, 7.5)
         assert alone["s08"][0] is None and alone["s08"][1].id == "s08-b"
         assert alone["s14"][1].trace_context == '{"traceparent": "00-ab-cd-01"}'
         assert alone["s15"][1].id == "s15-b"
