@@ -7,10 +7,12 @@ tests marked ``every_backend`` (HTTP, stream, SIGKILL recovery) run on it too.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,10 @@ from conftest import serve_api
 from pg import query
 
 from runtime import Runtime
+from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import RuntimeStorageError, ThreadStorageError
+from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage.base import Finish, ThreadInfo
 from runtime.storage.postgres import (
     CLAIM_TRANSACTIONS_IN_FLIGHT,
@@ -425,6 +429,172 @@ def test_one_threads_failing_claim_in_a_group_fails_only_that_thread(pg_url: str
     finally:
         rtdb.close()
         backend.close()
+
+
+def _claims_scene(one: PostgresBackend, two: PostgresBackend, rtdb: Any,
+                  prefix: str) -> tuple[dict[str, Any], dict[str, Callable[[], object]]]:
+    """Twenty threads ``{prefix}00``..``{prefix}19``, each in a state a claim meets, and
+    the claim each thread's caller then makes (at 5.0); their stores are node one's."""
+    stores: dict[str, Any] = {}
+    for i in range(20):
+        t = f"{prefix}{i:02}"
+        info = ThreadInfo(id=t, created_at_ts=1.0)
+        assert rtdb.add_thread(info)
+        stores[t] = one.create_thread_store(info)
+
+    def add(i: int, run_id: str, due: float, **fields: Any) -> None:
+        t = f"{prefix}{i:02}"
+        run = replace(_due_run(t, f"{t}-{run_id}", due), **fields)
+        assert stores[t].insert_run(run) is None
+
+    def start(i: int, run_id: str) -> Finish:
+        _, running, _ = stores[f"{prefix}{i:02}"].finish_and_claim(None, 3.0)
+        assert running is not None and running.id == f"{prefix}{i:02}-{run_id}"
+        return Finish(running.id, EffectStatus.COMPLETED, None, 4.0, attempt=running.attempts)
+
+    finishes: dict[int, Finish] = {}
+    keep = RetentionPolicy(max_finished=10)
+    for i in range(4):  # a due run
+        add(i, "a", 2.0)
+    add(4, "a", 2.0)  # a due run and one more due: the earlier is claimed
+    add(4, "b", 2.5)
+    for i in range(5, 9):
+        add(i, "a", 2.0)
+        finishes[i] = start(i, "a")
+    add(5, "b", 4.5)  # finish, then claim the next due run
+    add(6, "b", 9.0)  # finish; the next run is not due yet
+    # 7: finish; no run left, a schedule's fire next
+    assert stores[f"{prefix}07"].insert_schedule(Schedule(
+        id=f"{prefix}07-sch", thread_id=f"{prefix}07", name="note", args=None,
+        recurrence=Recurrence(every_seconds=60.0), state=ScheduleState.ACTIVE,
+        next_fire_at_ts=7.5, created_at_ts=1.0)) is None
+    finishes[8] = replace(finishes[8], attempt=7)  # a stale attempt: not finished
+    add(8, "b", 4.0)
+    add(9, "a", 2.0)  # paused
+    add(10, "a", 2.0)  # paused, with a finish
+    finishes[10] = start(10, "a")
+    add(10, "b", 2.5)
+    for i in (9, 10):
+        assert rtdb.set_paused(f"{prefix}{i:02}", True)
+    add(11, "a", 2.0)  # busy: node two runs its first run
+    add(11, "b", 2.5)
+    _, elsewhere, _ = two.open_thread_store(f"{prefix}11").finish_and_claim(None, 3.0)
+    assert elsewhere is not None and elsewhere.id == f"{prefix}11-a"
+    add(12, "a", 2.0, name="only_two")  # foreign: the first due is only node two's
+    add(12, "b", 2.5)
+    for k in range(14):  # retention: 14 finished runs, at most 10 kept
+        add(13, f"old{k:02}", 1.0 + k * 0.01)
+        finishes[13] = start(13, f"old{k:02}")
+        if k < 13:
+            assert stores[f"{prefix}13"].finish_and_claim(finishes[13], 3.0, claim=False)[0]
+    add(13, "a", 4.0)
+    add(14, "a", 2.0, trace_context='{"traceparent": "00-ab-cd-01"}')  # trace context
+    add(15, "b", 2.0)  # two due at one time: the one scheduled first
+    add(15, "a", 2.0)
+    add(16, "a", 5.0)  # due exactly now
+    add(17, "a", 2.0)  # canceled
+    finishes[17] = replace(start(17, "a"), status=EffectStatus.CANCELED, canceled_by="http")
+    add(18, "a", 2.0)  # failed
+    finishes[18] = replace(start(18, "a"), status=EffectStatus.FAILED, error="boom")
+    add(18, "b", 3.0)
+    add(19, "a", 2.0)  # finished elsewhere already: a finish of a run not running
+    finishes[19] = start(19, "a")
+    assert stores[f"{prefix}19"].finish_and_claim(finishes[19], 3.5, claim=False)[0]
+    calls: dict[str, Callable[[], object]] = {}
+    for i in range(20):
+        t = f"{prefix}{i:02}"
+        calls[t] = partial(stores[t].finish_and_claim, finishes.get(i), 5.0,
+                           retention=keep if i in (7, 13) else None)
+    return stores, calls
+
+
+def _claims_seen(url: str, stores: dict[str, Any], answers: dict[str, Any],
+                 prefix: str) -> list[object]:
+    """What the calls answered and wrote, with ``prefix`` left out of the ids."""
+    def bare(value: object) -> object:
+        return None if value is None else re.sub(rf"\b{prefix}(?=\d\d)", "", str(value))
+
+    seen: list[object] = []
+    for t, (finished, claimed, next_due) in sorted(answers.items()):
+        seen.append((bare(t), bare(finished), bare(claimed), next_due,
+                     stores[t].claim_blocked))
+    for table, columns in (
+        ("effect_runs", "thread_id, id, status, attempts, started_at, finished_at, error, "
+                        "canceled_by"),
+        ("run_attempts", "thread_id, run_id, attempt, started_at, ended_at, outcome, error, "
+                         "node_id"),
+        ("run_traces", "thread_id, run_id, context"),
+    ):
+        rows = query(url, f"SELECT {columns} FROM {table} WHERE thread_id LIKE %s "
+                          f"ORDER BY 1, 2, 3", (f"{prefix}%",))
+        seen.append([tuple(bare(x) if isinstance(x, str) else x for x in row)
+                     for row in rows])
+    return seen
+
+
+def test_a_group_of_twenty_claims_answers_each_as_alone_and_writes_in_one_statement(
+    pg_url: str,
+) -> None:
+    """Twenty claims that queue behind those in flight commit as one group, and each gets
+    exactly what the same call gets alone on the same data (finishes, stale attempts,
+    paused, busy on another node, a run only another node has, nothing due, a schedule's
+    fire, retention pruning, trace context, due order); one statement of the group writes
+    all its runs."""
+    one, two = PostgresBackend(pg_url, node_id="n1"), PostgresBackend(pg_url, node_id="n2")
+    rtdb, _ = one.open(), two.open()
+    try:
+        one.record_effects(["note"])
+        two.record_effects(["note", "only_two"])
+        alone_stores, alone_calls = _claims_scene(one, two, rtdb, "s")
+        # One at a time: each runs alone.
+        alone: dict[str, Any] = {t: call() for t, call in alone_calls.items()}
+        stores, calls = _claims_scene(one, two, rtdb, "g")
+        for x in _LEADERS:
+            info = ThreadInfo(id=x, created_at_ts=1.0)
+            assert rtdb.add_thread(info)
+            stores[x] = one.create_thread_store(info)
+            assert stores[x].insert_run(_due_run(x, f"{x}1", 2.0)) is None
+        base, schema = split_schema(pg_url)
+        with psycopg.connect(base, autocommit=True,
+                             options=f"-c search_path={schema}") as conn:
+            conn.execute("CREATE TABLE run_writes (at bigint)")
+            conn.execute("CREATE FUNCTION count_writes() RETURNS trigger LANGUAGE plpgsql "
+                         "AS $$ BEGIN INSERT INTO run_writes VALUES (txid_current()); "
+                         "RETURN NULL; END $$")
+            conn.execute("CREATE TRIGGER count_writes AFTER UPDATE ON effect_runs "
+                         "FOR EACH STATEMENT EXECUTE FUNCTION count_writes()")
+        with _rows_held(pg_url, *_LEADERS) as release_x:
+            first = _lead(stores)
+            futures = _in_threads(calls)
+            _wait_queued(one, len(calls))
+            release_x()
+            grouped = {t: f.result(timeout=10) for t, f in futures.items()}
+            for f in first.values():
+                f.result(timeout=10)
+        assert _claims_seen(pg_url, stores, grouped, "g") == _claims_seen(
+            pg_url, alone_stores, alone, "s")
+        # The scene meets what it is meant to (the answers alone, known).
+        blocked = {t: alone_stores[t].claim_blocked for t in alone}
+        assert (blocked["s09"], blocked["s10"], blocked["s11"], blocked["s12"]) == (
+            "paused", "paused", "busy", "foreign")
+        assert alone["s06"][2] == 9.0 and alone["s07"][0] is not None
+        assert alone["s07"][1:] == (None, 7.5)
+        assert alone["s08"][0] is None and alone["s08"][1].id == "s08-b"
+        assert alone["s14"][1].trace_context == '{"traceparent": "00-ab-cd-01"}'
+        assert alone["s15"][1].id == "s15-b"
+        assert query(pg_url, "SELECT count(*) FROM effect_runs WHERE thread_id = 's13' "
+                             "AND status = 'completed'") == [(10,)]
+        # One transaction, whose runs one statement wrote (finishes and claims; a
+        # statement's triggers fire once per table however many of its parts write it).
+        group_tx = query(pg_url, "SELECT xmin::text FROM effect_runs WHERE id = 'g00-a'")[0][0]
+        assert query(pg_url, "SELECT count(*) FROM run_writes WHERE at::text = %s",
+                     (group_tx,)) == [(1,)]
+        for store in (*stores.values(), *alone_stores.values()):
+            store.close()
+    finally:
+        rtdb.close()
+        two.close()
+        one.close()
 
 
 def test_two_nodes_claiming_the_same_threads_in_groups_run_each_run_once_one_at_a_time(

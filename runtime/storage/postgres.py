@@ -884,6 +884,63 @@ _LOCK_THREADS = (
 ids of the rows locked. It never waits: a row another transaction holds (another node's
 claim, an activity update) or a deleted thread is left out, and its call runs alone."""
 
+_GROUP_RUN_COLUMNS = ", ".join(f"r.{col.strip()}" for col in _RUN_COLUMNS.split(","))
+
+_CLAIM_GROUP = (
+    "WITH g AS (SELECT * FROM unnest(%(t)s::text[], %(now)s::float8[], %(id)s::text[], "
+    "%(attempt)s::bigint[], %(status)s::text[], %(error)s::text[], %(at)s::float8[], "
+    "%(by)s::text[]) WITH ORDINALITY AS g(g_t, g_now, g_id, g_attempt, g_status, g_error, "
+    "g_at, g_by, g_i)), "
+    "nx AS (SELECT g.g_t AS nx_t, x.seq AS nx_seq, x.name AS nx_name FROM g CROSS JOIN "
+    "LATERAL (SELECT seq, name FROM effect_runs WHERE thread_id = g.g_t AND status = "
+    "'pending' AND run_at <= g.g_now ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) x), "
+    "chk AS (SELECT g.g_t AS k_t, EXISTS (SELECT 1 FROM paused_threads p WHERE p.thread_id "
+    "= g.g_t) AS paused, EXISTS (SELECT 1 FROM effect_runs r " + _ATTEMPT_JOIN + " WHERE "
+    "r.thread_id = g.g_t AND r.status = 'running' AND a.node_id IS DISTINCT FROM "
+    "%(node)s) AS busy, EXISTS (SELECT 1 FROM nx WHERE nx.nx_t = g.g_t AND NOT "
+    "(nx.nx_name = ANY(%(known)s)) AND EXISTS (SELECT 1 FROM nodes n WHERE n.node_id <> "
+    "%(node)s AND " + _KNOWN_BY_LIVE_NODE.format(name="nx.nx_name") + ")) AS foreign_ "
+    "FROM g), "
+    "f AS (UPDATE effect_runs r SET status = g.g_status, error = g.g_error, finished_at = "
+    "g.g_at, canceled_by = g.g_by FROM g WHERE r.thread_id = g.g_t AND r.id = g.g_id AND "
+    "r.status = 'running' AND r.attempts = coalesce(g.g_attempt, r.attempts) RETURNING "
+    f"r.thread_id AS f_t, {_GROUP_RUN_COLUMNS}), "
+    "ft AS (DELETE FROM run_traces t USING f WHERE t.thread_id = f.f_t AND t.run_id = f.id), "
+    "fa AS (UPDATE run_attempts a SET ended_at = f.finished_at, outcome = f.status, "
+    "error = f.error FROM f WHERE a.thread_id = f.f_t AND a.run_id = f.id "
+    "AND a.attempt = f.attempts), "
+    "c AS (UPDATE effect_runs r SET status = 'running', attempts = r.attempts + 1, "
+    "started_at = g.g_now FROM g JOIN nx ON nx.nx_t = g.g_t JOIN chk ON chk.k_t = g.g_t "
+    "WHERE r.thread_id = g.g_t AND r.seq = nx.nx_seq AND NOT (chk.paused OR chk.busy OR "
+    f"chk.foreign_) RETURNING r.thread_id AS c_t, {_GROUP_RUN_COLUMNS}), "
+    "a AS (INSERT INTO run_attempts (thread_id, run_id, attempt, started_at, outcome, "
+    "node_id) SELECT c_t, id, attempts, started_at, 'running', %(node)s FROM c "
+    "ON CONFLICT (thread_id, run_id, attempt) DO UPDATE SET started_at = "
+    "excluded.started_at, ended_at = NULL, outcome = 'running', error = NULL, "
+    "node_id = excluded.node_id) "
+    "SELECT chk.paused, chk.busy, chk.foreign_, "
+    + ", ".join(f"f.{col.strip()}" for col in _RUN_COLUMNS.split(","))
+    + ", CASE WHEN f.id IS NOT NULL THEN (SELECT count(*) FROM effect_runs WHERE "
+    "thread_id = g.g_t AND status IN (" + ", ".join(repr(x) for x in _FINISHED) + ")) END, "
+    + ", ".join(f"c.{col.strip()}" for col in _RUN_COLUMNS.split(","))
+    + ", (SELECT context FROM run_traces t WHERE t.thread_id = g.g_t AND t.run_id = c.id), "
+    "(SELECT min(run_at) FROM effect_runs WHERE thread_id = g.g_t AND status = 'pending'), "
+    "(SELECT min(next_fire_at) FROM schedules WHERE thread_id = g.g_t AND state = 'active') "
+    "FROM g JOIN chk ON chk.k_t = g.g_t LEFT JOIN f ON f.f_t = g.g_t "
+    "LEFT JOIN c ON c.c_t = g.g_t ORDER BY g.g_i"
+)
+"""The check, finish and claim of several threads (`_claim_sql` without ``named``, for
+each element of the arrays: ``t`` the thread ids, ``now`` each call's time, then each
+call's finish, all null for none), in ONE statement; it runs after the statement that
+locked the threads' rows (`_LOCK_THREADS`), as `_claim_sql` runs after the row lock. A
+row per thread in the arrays' order, each as `_claim_sql` (``finishing``) answers: the
+checks; the finished run's columns and the thread's finished runs as of before the
+statement; the claimed run's columns, its trace context, the earliest pending run's due
+time and the earliest active schedule's fire. Data-modifying ``WITH`` parts cannot sit
+in a ``LATERAL`` subquery, so the finish and the claim are each one ``UPDATE`` joined
+to the arrays; only the pick of each thread's due run is ``LATERAL`` (its
+``LIMIT 1 ... SKIP LOCKED`` per thread)."""
+
 _Claimed = tuple[EffectRun | None, EffectRun | None, float | None]
 
 
@@ -898,23 +955,31 @@ class _ClaimCall:
         alone: Run the whole call in a transaction of its own (locks the row itself).
         together: Run the call's statements in a transaction that already holds the
             thread's row lock (True) or that is not to claim (False).
+        row: The call's elements of `_CLAIM_GROUP`'s arrays (``t``, ``now``, the finish),
+            or None when the call runs its own statements in a group (``only_names``).
+        settle: What the call returns from its `_CLAIM_GROUP` row (the row in
+            `_claim_sql`'s shape for the call's ``finishing``), its pruning done.
         result: What the call returned when run in a group.
         error: What the call raises, when its group failed for want of the database.
         lead: Set on the call whose caller is to run the next group (the group's calls).
         by_itself: Set when the caller is to run its call alone after all.
     """
 
-    __slots__ = ("alone", "by_itself", "claim", "error", "lead", "ready", "result",
-                 "store", "together")
+    __slots__ = ("alone", "by_itself", "claim", "error", "lead", "ready", "result", "row",
+                 "settle", "store", "together")
 
     def __init__(
         self, store: PostgresThreadStore, claim: bool,
         alone: Callable[[Cursor], _Claimed], together: Callable[[Cursor, bool], _Claimed],
+        row: dict[str, Any] | None = None,
+        settle: Callable[[Cursor, Sequence[Any]], _Claimed] | None = None,
     ) -> None:
         self.store = store
         self.claim = claim
         self.alone = alone
         self.together = together
+        self.row = row
+        self.settle = settle
         self.result: _Claimed | None = None
         self.error: BaseException | None = None
         self.lead: list[_ClaimCall] | None = None
@@ -937,10 +1002,12 @@ class _ClaimGroup:
     while that many are in flight queue up; when one ends, the first queued caller takes
     every queued call (of distinct threads, up to `CLAIM_GROUP_MAX`) and runs them in ONE
     transaction: ``BEGIN``, the claiming threads' rows locked in one statement
-    (`_LOCK_THREADS`: id order, skipping rows another transaction holds), then each
-    call's own statement(s) (the check, the finish, the claim, pruning) in order,
-    ``COMMIT``. Each caller gets its own result and its store its own state
-    (`ThreadStore.claim_blocked`, the due hint).
+    (`_LOCK_THREADS`: id order, skipping rows another transaction holds), then every
+    call's check, finish and claim in ONE statement over arrays (`_CLAIM_GROUP`),
+    ``COMMIT``: four round trips at any size. Pruning stays per call (a statement only
+    when due); a call with ``only_names`` (names differ per call) or that does not claim
+    runs its own statement(s) in the transaction. Each caller gets its own result and its
+    store its own state (`ThreadStore.claim_blocked`, the due hint).
 
     What each call guarantees alone still holds: its check is read by a statement after
     the one that locked its thread's row; its attempt row commits with its claim before
@@ -1020,6 +1087,21 @@ class _ClaimGroup:
         group[0].lead = group
         group[0].ready.release()
 
+    def _claim_arrayed(self, c: Cursor, calls: list[_ClaimCall]) -> None:
+        """Run ``calls`` (their rows locked by an earlier statement) as one `_CLAIM_GROUP`."""
+        params: dict[str, Any] = {
+            key: [call.row[key] for call in calls if call.row is not None]
+            for key in ("t", "now", "id", "attempt", "status", "error", "at", "by")}
+        params["node"] = self._backend.node_id
+        params["known"] = list(self._backend.effects or ())
+        rows = c.execute(_CLAIM_GROUP, params).fetchall()
+        assert len(rows) == len(calls)
+        for call, out in zip(calls, rows, strict=True):
+            assert call.row is not None and call.settle is not None
+            if call.row["id"] is None:  # no finish: `_claim_sql`'s shape without its columns
+                out = (*out[:3], *out[3 + _RUN_WIDTH + 1:])
+            call.result = call.settle(c, out)
+
     def _run_group(self, group: list[_ClaimCall]) -> None:
         """Run ``group``'s calls in one transaction; mark those to run alone."""
         try:
@@ -1027,13 +1109,18 @@ class _ClaimGroup:
                 claiming = sorted(call.store.thread_id for call in group
                                   if call.claim and not call.store._closed)
                 locked = {row[0] for row in c.execute(_LOCK_THREADS, (claiming,))}
+                arrayed: list[_ClaimCall] = []
                 for call in group:
                     call.result = None
                     if call.store._closed or (call.claim
                                               and call.store.thread_id not in locked):
                         call.by_itself = True
+                    elif call.claim and call.row is not None:
+                        arrayed.append(call)
                     else:
                         call.result = call.together(c, call.claim)
+                if arrayed:
+                    self._claim_arrayed(c, arrayed)
         except (RuntimeClosed, DatabaseUnavailable) as exc:
             # Running each alone would only wait out the same outage once per call.
             for call in group:
@@ -1525,6 +1612,13 @@ class PostgresThreadStore(ThreadStore):
                 {**params, **(finish_params or {})},
             ).fetchone()
             assert out is not None
+            return settle(c, out)
+
+        def settle(
+            c: Cursor, out: Sequence[Any]
+        ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+            # The claim statement's row (`_claim_sql`'s shape): the call's answer.
+            self.claim_blocked = None
             paused, busy, foreign = out[0], out[1], out[2]
             finished = None
             at = 3
@@ -1556,7 +1650,13 @@ class PostgresThreadStore(ThreadStore):
                 self._due_seen = run_due
             if run_due is None or run_due > now:
                 return None, None, next_due(run_due, fire)
-        result = self._backend._claims.run(_ClaimCall(self, claim, tx, locked_tx))
+        # In a group, a claim of any name runs in the group's one statement (`_CLAIM_GROUP`);
+        # one with ``only_names`` runs its own (the names differ per call).
+        row = None if only_names is not None else {
+            "t": self.thread_id, "now": now, **(finish_params or dict.fromkeys(
+                ("id", "attempt", "status", "error", "at", "by")))}
+        result = self._backend._claims.run(
+            _ClaimCall(self, claim, tx, locked_tx, row, settle))
         if only_names is None and claim:
             # What is due next as the claim read it when it found nothing; after a claim,
             # unknown (the drain finishes the run with another claim, which reads it).
