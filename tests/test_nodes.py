@@ -1295,3 +1295,46 @@ async def test_a_node_started_beside_a_live_one_does_not_rebuild_the_run_index(
         async with make_node("node-c") as c:
             assert (await c.list_runs()).complete
     assert "rebuilding" not in caplog.text
+
+
+# ------------------------------------------------------------------ races between nodes
+
+
+def test_a_store_create_of_an_id_another_node_registered_meanwhile_leaves_its_thread(
+    two_nodes: Any,
+) -> None:
+    from runtime.errors import ThreadExists
+
+    (a, ra), (b, rb) = two_nodes
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    # Node b found no thread "t" in the registry; node a then made and registered it.
+    sa = a.create_thread_store(info)
+    assert ra.add_thread(info)
+    sa.insert_run(new_run("r1"))
+    with pytest.raises(ThreadExists):
+        b.create_thread_store(replace(info, created_at_ts=T0 + 1))
+    assert rb.add_thread(info) is False
+    sb = b.open_thread_store("t")
+    assert [r.id for r in sb.pending_runs()] == ["r1"]
+    sa.close()
+    sb.close()
+
+
+async def test_creating_one_thread_id_on_two_nodes_at_once_makes_it_once(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    from runtime.errors import ThreadExists
+
+    a, b = nodes
+    for n in range(8):
+        tid = f"race{n}"
+        results = await asyncio.gather(
+            *(rt.create_thread(tid) for rt in (a, b, a, b, a, b)), return_exceptions=True
+        )
+        made = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, ThreadExists)]
+        assert (len(made), len(refused)) == (1, 5), results
+        run_id = await made[0].schedule_effect("record", {"key": tid}, 3600)
+        for rt in (a, b):
+            assert (await (await rt.get_thread(tid)).get_run(run_id)).id == run_id
+
