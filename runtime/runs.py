@@ -516,7 +516,17 @@ class RunOperations:
                 )
             await self._alarms.lower(thread_id, now)
             run = await self._run_sync(actor.store.run_now, run_id, now)
-        assert run is not None  # pending under the lock
+            if run is None:
+                # No longer pending: another node (or this node's executor) started,
+                # canceled or deleted it since the read above.
+                current = await self._run_sync(
+                    actor.store.get_run, run_id, self._now(), self._settings.retention
+                )
+                if current is None:
+                    raise RunNotFound(thread_id, run_id)
+                raise RunStateError(
+                    f"Run {run_id} is {current.status}; only a pending run can be run now"
+                )
         if self._executor is not None and self._concurrent(run.name):
             self._executor.poke(thread_id)
         self._hub.publish(RunChange.RESCHEDULED, run)

@@ -1338,3 +1338,23 @@ async def test_creating_one_thread_id_on_two_nodes_at_once_makes_it_once(
         for rt in (a, b):
             assert (await (await rt.get_thread(tid)).get_run(run_id)).id == run_id
 
+
+async def test_run_now_of_a_run_another_node_changed_meanwhile_says_its_state(
+    nodes: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = nodes
+    thread_a = await a.create_thread()
+    run_id = await thread_a.schedule_effect("record", {"key": "k"}, 3600)
+    thread_b = await b.get_thread(thread_a.thread_id)
+    alarms = a.runs._alarms
+    lower = alarms.lower
+
+    async def canceled_on_b_meanwhile(thread_id: str, at: float) -> None:
+        # Node a read the run pending; node b cancels it before a's update.
+        assert await thread_b.remove_scheduled_effect(run_id) is True
+        await lower(thread_id, at)
+
+    monkeypatch.setattr(alarms, "lower", canceled_on_b_meanwhile)
+    with pytest.raises(RunStateError, match=f"Run {run_id} is canceled"):
+        await thread_a.run_now(run_id)
+    assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
