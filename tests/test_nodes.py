@@ -1358,3 +1358,33 @@ async def test_run_now_of_a_run_another_node_changed_meanwhile_says_its_state(
     with pytest.raises(RunStateError, match=f"Run {run_id} is canceled"):
         await thread_a.run_now(run_id)
     assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
+
+
+async def test_a_resync_whose_read_fails_is_tried_again_until_the_missed_pause_applies(
+    slow_to_listen: tuple[Runtime, Runtime], pg_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, b = slow_to_listen
+    thread_a = await a.create_thread()
+    tid = thread_a.thread_id
+    await (await b.get_thread(tid)).schedule_effect("record", {"key": "later"}, 3600)
+    actor = b.actors.peek(tid)  # open on b
+    assert actor is not None and not actor.info.paused
+    bus = await _cut_bus(b)
+    await a.pause_thread(tid)
+    assert not bus.connected  # b did not hear it
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as admin:
+        # The read-back fails (a real error of the server) when b listens again ...
+        admin.execute(f"ALTER TABLE {schema}.paused_threads RENAME TO paused_threads_away")
+        try:
+            async def failed() -> bool:
+                return "could not read back the commands" in caplog.text
+
+            await wait_until(failed, seconds=10)
+        finally:
+            admin.execute(f"ALTER TABLE {schema}.paused_threads_away RENAME TO paused_threads")
+
+    async def paused_on_b() -> bool:  # ... and is tried again once the server answers it
+        return actor.info.paused
+
+    await wait_until(paused_on_b, seconds=10)
