@@ -403,6 +403,7 @@ class RunOperations:
         self._check_open()
         check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
         run_id = str(run_id)
+        asked_at = self._now()
         task = None
         asked = False
         async with self._actors.writing(thread_id) as actor:
@@ -421,6 +422,10 @@ class RunOperations:
             if run is None and not asked and self._cancel_elsewhere is not None:
                 # Running on another node, maybe: that node is told to cancel it.
                 asked = elsewhere = await self._cancel_elsewhere(actor, run_id, canceled_by)
+            if run is None and not asked:
+                # A concurrent cancel (on this node or another) may have ended it since
+                # this one was asked: that answers True as well.
+                asked = await self._canceled_since(actor, run_id, asked_at)
         if run is not None:
             self._hub.publish(RunChange.CANCELED, run)
             return True
@@ -435,6 +440,13 @@ class RunOperations:
             # is not waited for longer.
             await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return True
+
+    async def _canceled_since(self, actor: ThreadActor, run_id: str, asked_at: float) -> bool:
+        """Whether ``run_id`` ended ``canceled`` after ``asked_at`` (seconds, UTC)."""
+        run = await self._run_sync(actor.store.get_run, run_id, self._now(),
+                                   self._settings.retention)
+        return (run is not None and run.status is EffectStatus.CANCELED
+                and run.finished_at_ts is not None and run.finished_at_ts > asked_at)
 
     async def _canceled_in_store(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
         """Wait up to `CANCEL_WAIT_SECONDS` (plus a second) for ``run_id`` to end; canceled?

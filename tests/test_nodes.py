@@ -1388,3 +1388,32 @@ async def test_a_resync_whose_read_fails_is_tried_again_until_the_missed_pause_a
         return actor.info.paused
 
     await wait_until(paused_on_b, seconds=10)
+
+
+async def test_concurrent_cancels_of_a_running_run_on_two_nodes_all_answer_true(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    for _ in range(3):
+        thread_a, thread_b, run_id = await _start_on_b(a, b)
+        answers = await asyncio.gather(*(
+            thread.remove_scheduled_effect(run_id)
+            for thread in (thread_a, thread_b, thread_a, thread_b, thread_a, thread_b)
+        ))
+        assert answers == [True] * 6
+        assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
+        # Asked once the run has ended: nothing is canceled by it.
+        assert await thread_a.remove_scheduled_effect(run_id) is False
+        assert await thread_b.remove_scheduled_effect(run_id) is False
+
+
+async def test_concurrent_cancels_of_a_running_run_on_its_node_all_answer_true(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    for _ in range(3):
+        _, thread_b, run_id = await _start_on_b(a, b)
+        answers = await asyncio.gather(*(thread_b.remove_scheduled_effect(run_id)
+                                         for _ in range(6)))
+        assert answers == [True] * 6
+        assert await thread_b.remove_scheduled_effect(run_id) is False
