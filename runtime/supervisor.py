@@ -1317,6 +1317,10 @@ class Runtime:
                     actor.info = replace(actor.info, paused=paused)
                 if not paused:
                     self._on_alarm(thread_id)
+        except ThreadNotFound:
+            # Deleted meanwhile (a deletion racing the command): nothing of it is left here.
+            log.debug("a command from node %s found its thread deleted: %s",
+                      command.get("from"), command)
         except Exception:
             log.exception("could not apply a command from node %s: %s", command.get("from"),
                           command)

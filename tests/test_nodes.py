@@ -1417,3 +1417,22 @@ async def test_concurrent_cancels_of_a_running_run_on_its_node_all_answer_true(
                                          for _ in range(6)))
         assert answers == [True] * 6
         assert await thread_b.remove_scheduled_effect(run_id) is False
+
+
+async def test_cancels_racing_a_deletion_on_another_node_answer_not_found_or_canceled(
+    nodes: tuple[Runtime, Runtime], caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.errors import ThreadNotFound
+
+    a, b = nodes
+    for _ in range(6):
+        thread_a, thread_b, run_id = await _start_on_b(a, b)
+        answers = await asyncio.gather(
+            *(thread.remove_scheduled_effect(run_id)
+              for thread in (thread_a, thread_b, thread_a, thread_b, thread_a, thread_b)),
+            a.delete_thread(thread_a.thread_id), return_exceptions=True,
+        )
+        assert answers[-1] is True
+        for answer in answers[:-1]:
+            assert answer is True or isinstance(answer, ThreadNotFound), answers
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
