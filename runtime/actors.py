@@ -30,7 +30,7 @@ from functools import partial
 from runtime.abc import RunSync
 from runtime.config import MAX_ATTEMPTS, RetentionPolicy
 from runtime.effects import EffectRun
-from runtime.errors import ThreadExists, ThreadNotFound
+from runtime.errors import ThreadExists, ThreadNotFound, ThreadStorageError
 from runtime.ids import validate_thread_id
 from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadStore
 from runtime.storage.records import process_owner_prefix
@@ -482,6 +482,16 @@ _Release = Callable[[ThreadActor], Awaitable[None]]
 """`ActorTable._release`: one user fewer."""
 
 
+def _deleted_meanwhile(actor: ThreadActor, exc: object) -> None:
+    """Raise `ThreadNotFound` for a store call failed by a deletion meanwhile.
+
+    The thread's store was closed under the block (by a delete here or one heard from
+    another node): the caller gets what a call made after the deletion gets.
+    """
+    if isinstance(exc, ThreadStorageError) and actor.deleted:
+        raise ThreadNotFound(actor.thread_id) from exc
+
+
 class _Use:
     """`ActorTable.use`'s block."""
 
@@ -500,6 +510,7 @@ class _Use:
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._actor is not None
         await self._release(self._actor)
+        _deleted_meanwhile(self._actor, exc_info[1])
 
 
 class _Writing:
@@ -536,3 +547,4 @@ class _Writing:
         assert actor is not None
         actor.lock.release()
         await self._release(actor)
+        _deleted_meanwhile(actor, exc_info[1])

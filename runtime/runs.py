@@ -413,6 +413,7 @@ class RunOperations:
         self._check_open()
         check_text(canceled_by, "canceled_by", max_chars=MAX_CANCELED_BY_CHARS)
         run_id = str(run_id)
+        asked_at = self._now()
         task = None
         asked = False
         async with self._actors.writing(thread_id) as actor:
@@ -431,6 +432,10 @@ class RunOperations:
             if run is None and not asked and self._cancel_elsewhere is not None:
                 # Running on another node, maybe: that node is told to cancel it.
                 asked = elsewhere = await self._cancel_elsewhere(actor, run_id, canceled_by)
+            if run is None and not asked:
+                # A concurrent cancel (on this node or another) may have ended it since
+                # this one was asked: that answers True as well.
+                asked = await self._canceled_since(actor, run_id, asked_at)
         if run is not None:
             self._hub.publish(RunChange.CANCELED, run)
             return True
@@ -445,6 +450,13 @@ class RunOperations:
             # is not waited for longer.
             await asyncio.wait({task}, timeout=CANCEL_WAIT_SECONDS)
         return True
+
+    async def _canceled_since(self, actor: ThreadActor, run_id: str, asked_at: float) -> bool:
+        """Whether ``run_id`` ended ``canceled`` after ``asked_at`` (seconds, UTC)."""
+        run = await self._run_sync(actor.store.get_run, run_id, self._now(),
+                                   self._settings.retention)
+        return (run is not None and run.status is EffectStatus.CANCELED
+                and run.finished_at_ts is not None and run.finished_at_ts > asked_at)
 
     async def _canceled_in_store(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
         """Wait up to `CANCEL_WAIT_SECONDS` (plus a second) for ``run_id`` to end; canceled?
@@ -526,7 +538,17 @@ class RunOperations:
                 )
             await self._alarms.lower(thread_id, now)
             run = await self._run_sync(actor.store.run_now, run_id, now)
-        assert run is not None  # pending under the lock
+            if run is None:
+                # No longer pending: another node (or this node's executor) started,
+                # canceled or deleted it since the read above.
+                current = await self._run_sync(
+                    actor.store.get_run, run_id, self._now(), self._settings.retention
+                )
+                if current is None:
+                    raise RunNotFound(thread_id, run_id)
+                raise RunStateError(
+                    f"Run {run_id} is {current.status}; only a pending run can be run now"
+                )
         if self._executor is not None and self._concurrent(run.name):
             self._executor.poke(thread_id)
         self._hub.publish(RunChange.RESCHEDULED, run)

@@ -135,6 +135,12 @@ no registry entry names (`StorageBackend.discard_orphaned_threads`; a scan: abou
 with 100,000 threads). The deletions it hears of are looked up by id at every round of
 the dead-node look instead."""
 
+RESYNC_RETRY_FIRST_SECONDS = 0.5
+RESYNC_RETRY_MAX_SECONDS = 10.0
+"""A resync of the commands missed while the bus was down whose read fails is tried again
+after this long, doubling up to the maximum, until it succeeds, the bus is lost again (the
+next connection starts a new resync) or the runtime closes."""
+
 MAX_DELETIONS_HEARD = 10_000
 """The most deletions heard of that a node keeps to look up (the oldest go first; the
 sweep of every `ORPHAN_SWEEP_SECONDS` finds what they left)."""
@@ -390,6 +396,7 @@ class Runtime:
         # While a resync reads the tables: the threads commands were heard for meanwhile
         # (what they said is newer than what the read may return).
         self._resyncs: list[set[str]] = []
+        self._resync_generation = 0  # one more each time the commands channel listens
         # thread id -> run ids this process gave up when its lease lapsed: still `running`
         # under this node's id, re-queued here once the lease is held again.
         self._lease_abandoned: dict[str, set[str]] = {}
@@ -1327,6 +1334,10 @@ class Runtime:
                     actor.info = replace(actor.info, paused=paused)
                 if not paused:
                     self._on_alarm(thread_id)
+        except ThreadNotFound:
+            # Deleted meanwhile (a deletion racing the command): nothing of it is left here.
+            log.debug("a command from node %s found its thread deleted: %s",
+                      command.get("from"), command)
         except Exception:
             log.exception("could not apply a command from node %s: %s", command.get("from"),
                           command)
@@ -1334,6 +1345,7 @@ class Runtime:
     def _on_commands_reconnect(self) -> None:
         if self._closing:
             return
+        self._resync_generation += 1
         task = asyncio.get_running_loop().create_task(
             self._resync_commands(), name="thread-effects-resync")
         self._command_tasks.add(task)
@@ -1348,21 +1360,32 @@ class Runtime:
         treated as its ``deleted`` command would be (its runs running here are canceled,
         nothing of it is written, its streams end with 4404), and the paused flag of the
         others is brought up to date (a resumed thread is drained). A command heard while
-        the read runs wins over what the read returned for its thread.
+        the read runs wins over what the read returned for its thread. A failed read is
+        tried again (`RESYNC_RETRY_FIRST_SECONDS`, doubling) until it succeeds, the
+        connection is lost again (its next listen starts a new resync) or the runtime closes.
         """
         assert self._store is not None
-        threads = sorted({a.thread_id for a in self.actors.open_actors()}
-                         | set(self.hub.subscribed_threads()))
-        if not threads:
-            return
+        generation = self._resync_generation
+        delay = RESYNC_RETRY_FIRST_SECONDS
         heard: set[str] = set()
         self._resyncs.append(heard)
         try:
-            flags = await self.run_sync(self._store.paused_flags, threads)
-        except Exception as exc:
-            log.warning("cluster: could not read back the commands other nodes may have sent "
-                        "while this node was not listening (%s)", exc)
-            return
+            while True:
+                threads = sorted({a.thread_id for a in self.actors.open_actors()}
+                                 | set(self.hub.subscribed_threads()))
+                if not threads:
+                    return
+                try:
+                    flags = await self.run_sync(self._store.paused_flags, threads)
+                    break
+                except Exception as exc:
+                    log.warning("cluster: could not read back the commands other nodes may "
+                                "have sent while this node was not listening (%s); trying "
+                                "again in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESYNC_RETRY_MAX_SECONDS)
+                if self._closing or generation != self._resync_generation:
+                    return
         finally:
             self._resyncs.remove(heard)
         # A thread being created or deleted here is left to that.

@@ -421,9 +421,10 @@ class ThreadState:
                 characters.
 
         Returns:
-            True if the run was canceled (or, running, was asked to stop); False for an
-            unknown id, a finished run, or a second cancel. A canceled run stays in the
-            history with status ``canceled``.
+            True if the run was canceled (or, running, was asked to stop), by this call or
+            by a concurrent one (on any node) that canceled it after this call was made;
+            False for an unknown id, a run finished before this call, or a second cancel.
+            A canceled run stays in the history with status ``canceled``.
 
         Raises:
             RunStateError: the run is running a sync effect (a worker thread cannot be

@@ -1331,3 +1331,144 @@ async def test_a_node_that_missed_a_deletion_refuses_runs_for_the_thread_and_for
             return False
 
         await wait_until(forgotten, 10)
+
+
+# ------------------------------------------------------------------ races between nodes
+
+
+def test_a_store_create_of_an_id_another_node_registered_meanwhile_leaves_its_thread(
+    two_nodes: Any,
+) -> None:
+    from runtime.errors import ThreadExists
+
+    (a, ra), (b, rb) = two_nodes
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    # Node b found no thread "t" in the registry; node a then made and registered it.
+    sa = a.create_thread_store(info)
+    assert ra.add_thread(info)
+    sa.insert_run(new_run("r1"))
+    with pytest.raises(ThreadExists):
+        b.create_thread_store(replace(info, created_at_ts=T0 + 1))
+    assert rb.add_thread(info) is False
+    sb = b.open_thread_store("t")
+    assert [r.id for r in sb.pending_runs()] == ["r1"]
+    sa.close()
+    sb.close()
+
+
+async def test_creating_one_thread_id_on_two_nodes_at_once_makes_it_once(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    from runtime.errors import ThreadExists
+
+    a, b = nodes
+    for n in range(8):
+        tid = f"race{n}"
+        results = await asyncio.gather(
+            *(rt.create_thread(tid) for rt in (a, b, a, b, a, b)), return_exceptions=True
+        )
+        made = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, ThreadExists)]
+        assert (len(made), len(refused)) == (1, 5), results
+        run_id = await made[0].schedule_effect("record", {"key": tid}, 3600)
+        for rt in (a, b):
+            assert (await (await rt.get_thread(tid)).get_run(run_id)).id == run_id
+
+
+async def test_run_now_of_a_run_another_node_changed_meanwhile_says_its_state(
+    nodes: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = nodes
+    thread_a = await a.create_thread()
+    run_id = await thread_a.schedule_effect("record", {"key": "k"}, 3600)
+    thread_b = await b.get_thread(thread_a.thread_id)
+    alarms = a.runs._alarms
+    lower = alarms.lower
+
+    async def canceled_on_b_meanwhile(thread_id: str, at: float) -> None:
+        # Node a read the run pending; node b cancels it before a's update.
+        assert await thread_b.remove_scheduled_effect(run_id) is True
+        await lower(thread_id, at)
+
+    monkeypatch.setattr(alarms, "lower", canceled_on_b_meanwhile)
+    with pytest.raises(RunStateError, match=f"Run {run_id} is canceled"):
+        await thread_a.run_now(run_id)
+    assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
+
+
+async def test_a_resync_whose_read_fails_is_tried_again_until_the_missed_pause_applies(
+    slow_to_listen: tuple[Runtime, Runtime], pg_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, b = slow_to_listen
+    thread_a = await a.create_thread()
+    tid = thread_a.thread_id
+    await (await b.get_thread(tid)).schedule_effect("record", {"key": "later"}, 3600)
+    actor = b.actors.peek(tid)  # open on b
+    assert actor is not None and not actor.info.paused
+    bus = await _cut_bus(b)
+    await a.pause_thread(tid)
+    assert not bus.connected  # b did not hear it
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, autocommit=True) as admin:
+        # The read-back fails (a real error of the server) when b listens again ...
+        admin.execute(f"ALTER TABLE {schema}.paused_threads RENAME TO paused_threads_away")
+        try:
+            async def failed() -> bool:
+                return "could not read back the commands" in caplog.text
+
+            await wait_until(failed, seconds=10)
+        finally:
+            admin.execute(f"ALTER TABLE {schema}.paused_threads_away RENAME TO paused_threads")
+
+    async def paused_on_b() -> bool:  # ... and is tried again once the server answers it
+        return actor.info.paused
+
+    await wait_until(paused_on_b, seconds=10)
+
+
+async def test_concurrent_cancels_of_a_running_run_on_two_nodes_all_answer_true(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    for _ in range(3):
+        thread_a, thread_b, run_id = await _start_on_b(a, b)
+        answers = await asyncio.gather(*(
+            thread.remove_scheduled_effect(run_id)
+            for thread in (thread_a, thread_b, thread_a, thread_b, thread_a, thread_b)
+        ))
+        assert answers == [True] * 6
+        assert (await thread_a.get_run(run_id)).status is EffectStatus.CANCELED
+        # Asked once the run has ended: nothing is canceled by it.
+        assert await thread_a.remove_scheduled_effect(run_id) is False
+        assert await thread_b.remove_scheduled_effect(run_id) is False
+
+
+async def test_concurrent_cancels_of_a_running_run_on_its_node_all_answer_true(
+    nodes: tuple[Runtime, Runtime],
+) -> None:
+    a, b = nodes
+    for _ in range(3):
+        _, thread_b, run_id = await _start_on_b(a, b)
+        answers = await asyncio.gather(*(thread_b.remove_scheduled_effect(run_id)
+                                         for _ in range(6)))
+        assert answers == [True] * 6
+        assert await thread_b.remove_scheduled_effect(run_id) is False
+
+
+async def test_cancels_racing_a_deletion_on_another_node_answer_not_found_or_canceled(
+    nodes: tuple[Runtime, Runtime], caplog: pytest.LogCaptureFixture,
+) -> None:
+    from runtime.errors import ThreadNotFound
+
+    a, b = nodes
+    for _ in range(6):
+        thread_a, thread_b, run_id = await _start_on_b(a, b)
+        answers = await asyncio.gather(
+            *(thread.remove_scheduled_effect(run_id)
+              for thread in (thread_a, thread_b, thread_a, thread_b, thread_a, thread_b)),
+            a.delete_thread(thread_a.thread_id), return_exceptions=True,
+        )
+        assert answers[-1] is True
+        for answer in answers[:-1]:
+            assert answer is True or isinstance(answer, ThreadNotFound), answers
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -249,7 +249,7 @@ def test_a_claim_that_skips_its_probe_still_sees_what_another_node_did(pg_url: s
     try:
         info = ThreadInfo(id="a", created_at_ts=1.0)
         assert rtdb.add_thread(info)
-        here, there = one.create_thread_store(info), two.create_thread_store(info)
+        here, there = one.create_thread_store(info), two.open_thread_store(info.id)
         assert here.insert_run(run("r1", 2.0)) is None  # this store knows r1 is due at 2
         _, claimed, _ = there.finish_and_claim(None, 3.0)
         assert claimed is not None and claimed.id == "r1"
@@ -682,7 +682,7 @@ def test_the_same_key_scheduled_at_once_through_two_nodes_gives_the_one_run(
     try:
         info = ThreadInfo(id="a", created_at_ts=1.0)
         assert rtdb.add_thread(info)
-        here, there = one.create_thread_store(info), two.create_thread_store(info)
+        here, there = one.create_thread_store(info), two.open_thread_store(info.id)
         answers: list[object] = []
 
         def schedule_here() -> None:

@@ -1454,6 +1454,9 @@ class StorageBackend(ABC):
         Raises:
             InvalidThreadId: a malformed id.
             ThreadStorageError: the store cannot be made (nothing is left behind).
+            ThreadExists: a backend shared by several nodes holds a registered thread
+                of that id with its store (made by another node since this one looked
+                at the registry); that thread is left untouched.
         """
 
     @abstractmethod

@@ -49,6 +49,7 @@ from runtime.errors import (
     DataDirLocked,
     RuntimeClosed,
     RuntimeStorageError,
+    ThreadExists,
     ThreadNotFound,
     ThreadStorageError,
     TurnLeaseLost,
@@ -2102,6 +2103,7 @@ class PostgresRuntimeStore(RuntimeStore):
         self, info: ThreadInfo, *, alarm_at: float | None = None
     ) -> bool:
         def tx(c: Cursor) -> bool:
+            self._backend.lock_thread_id(c, info.id)
             added = c.execute(
                 "INSERT INTO threads (id, created_at, agent_id, user_id, tags, "
                 "last_activity_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
@@ -3193,6 +3195,17 @@ class PostgresBackend(StorageBackend):
                         "by a node that stopped during its delete)", thread_id)
         return ids
 
+    def lock_thread_id(self, c: Cursor, thread_id: str) -> None:
+        """Take the transaction's advisory lock on ``thread_id`` in this schema.
+
+        Held by a store's create and a registry add, so a create of an id registered by
+        another node meanwhile sees the registration (two-int keys: their own key space).
+        """
+        schema_key = zlib.crc32(f"thread-effects:{self.schema}:thread".encode())
+        c.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                  (schema_key - (1 << 32) if schema_key >= 1 << 31 else schema_key,
+                   thread_id))
+
     def _remove_rows(self, c: Cursor, thread_id: str) -> None:
         for table in THREAD_TABLES:
             c.execute(f"DELETE FROM {table} WHERE thread_id = %s", (thread_id,))
@@ -3201,6 +3214,14 @@ class PostgresBackend(StorageBackend):
         thread_id = validate_thread_id(info.id)
         try:
             with self.transaction() as c:
+                # Nodes create the same id at once: one at a time, and never over the
+                # store of a thread another node registered meanwhile (no leftovers).
+                self.lock_thread_id(c, thread_id)
+                if c.execute(
+                    "SELECT 1 FROM threads t JOIN thread_meta m ON m.thread_id = t.id "
+                    "AND m.key = 'thread_id' WHERE t.id = %s", (thread_id,)
+                ).fetchone() is not None:
+                    raise ThreadExists(thread_id)
                 # Rows left by a crashed create or delete belong to no thread.
                 self._remove_rows(c, thread_id)
                 c.executemany(
