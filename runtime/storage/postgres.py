@@ -994,6 +994,15 @@ class _ClaimCall:
     def run_alone(self) -> _Claimed:
         return self.store._tx(self.alone)
 
+    def answer(self) -> _Claimed:
+        """What the caller returns once its call ran: alone after all, or in a group."""
+        if self.by_itself:
+            return self.run_alone()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
 
 class _ClaimGroup:
     """Group commit of a backend's `PostgresThreadStore.finish_and_claim` transactions.
@@ -1041,12 +1050,7 @@ class _ClaimGroup:
         if queued:
             call.ready.acquire()
             if call.lead is None:
-                if call.by_itself:
-                    return call.run_alone()
-                if call.error is not None:
-                    raise call.error
-                assert call.result is not None
-                return call.result
+                return call.answer()
         group = call.lead or [call]
         try:
             if len(group) == 1:
@@ -1062,12 +1066,7 @@ class _ClaimGroup:
                     other.by_itself = True  # the group was interrupted
                 other.ready.release()
             self._hand_off()
-        if call.by_itself:
-            return call.run_alone()
-        if call.error is not None:
-            raise call.error
-        assert call.result is not None
-        return call.result
+        return call.answer()
 
     def _hand_off(self) -> None:
         """Give the queued calls (distinct threads, up to the cap) to the first of them."""
