@@ -314,16 +314,22 @@ class RunOperations:
         current = actor.current_run or stored
         if current is None:
             return runs
-        out = []
-        for run in runs:
-            if (
-                run.status is EffectStatus.PENDING
-                and run.run_at_ts <= now
-                and not self._concurrent(run.name)
-            ):
-                run = replace(run, waiting_for=current.id)
-            out.append(run)
-        return out
+        return [self._behind(run, current, now) for run in runs]
+
+    def _behind(self, run: EffectRun, current: EffectRun | None, now: float) -> EffectRun:
+        """``run`` marked as waiting behind ``current``, or ``run`` as it is.
+
+        Marked when it is due and pending, and not of a concurrent effect (which waits for
+        nothing).
+        """
+        if (
+            current is not None
+            and run.status is EffectStatus.PENDING
+            and run.run_at_ts <= now
+            and not self._concurrent(run.name)
+        ):
+            return replace(run, waiting_for=current.id)
+        return run
 
     async def mark_waiting(
         self, store: RuntimeStore, runs: list[EffectRun], now: float
@@ -351,18 +357,7 @@ class RunOperations:
             for running in found:
                 if not self._concurrent(running.name):
                     waiting.setdefault(running.thread_id, running)
-        out = []
-        for run in runs:
-            current = waiting.get(run.thread_id)
-            if (
-                current is not None
-                and run.status is EffectStatus.PENDING
-                and run.run_at_ts <= now
-                and not self._concurrent(run.name)
-            ):
-                run = replace(run, waiting_for=current.id)
-            out.append(run)
-        return out
+        return [self._behind(run, waiting.get(run.thread_id), now) for run in runs]
 
     def _stored_running(self, store: ThreadStore, now: float) -> EffectRun | None:
         """The thread's running run (not of a concurrent effect) as stored.
