@@ -37,7 +37,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -1273,10 +1273,7 @@ class Runtime:
             return
         for heard in self._resyncs:
             heard.add(thread_id)
-        task = asyncio.get_running_loop().create_task(
-            self._apply_command(op, thread_id, command), name=f"thread-effects-{op}")
-        self._command_tasks.add(task)
-        task.add_done_callback(self._command_tasks.discard)
+        self._command_task(self._apply_command(op, thread_id, command), f"thread-effects-{op}")
 
     def _deleted_elsewhere(self, thread_id: str) -> None:
         """Apply the deletion of a thread the store found unregistered.
@@ -1287,9 +1284,12 @@ class Runtime:
         """
         if self._closing:
             return
-        task = asyncio.get_running_loop().create_task(
-            self._apply_command("deleted", thread_id, {"from": "store"}),
-            name="thread-effects-deleted")
+        self._command_task(self._apply_command("deleted", thread_id, {"from": "store"}),
+                           "thread-effects-deleted")
+
+    def _command_task(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` (a command's application, a resync) as a task that shutdown cancels."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
         self._command_tasks.add(task)
         task.add_done_callback(self._command_tasks.discard)
 
@@ -1346,10 +1346,7 @@ class Runtime:
         if self._closing:
             return
         self._resync_generation += 1
-        task = asyncio.get_running_loop().create_task(
-            self._resync_commands(), name="thread-effects-resync")
-        self._command_tasks.add(task)
-        task.add_done_callback(self._command_tasks.discard)
+        self._command_task(self._resync_commands(), "thread-effects-resync")
 
     async def _resync_commands(self) -> None:
         """Apply the deletions and pauses this node may have missed while it was not listening.
