@@ -28,7 +28,7 @@ from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
 from runtime.errors import RuntimeStorageError, ThreadStorageError
 from runtime.recurrence import Recurrence, Schedule, ScheduleState
-from runtime.storage.base import Finish, ThreadInfo
+from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
 from runtime.storage.postgres import (
     CLAIM_TRANSACTIONS_IN_FLIGHT,
     PostgresBackend,
@@ -286,6 +286,17 @@ def _due_run(thread_id: str, run_id: str, due: float) -> EffectRun:
                      args={"text": "x"}, run_at_ts=due, created_at_ts=1.0)
 
 
+def _thread_with_a_due_run(
+    rtdb: RuntimeStore, backend: PostgresBackend, thread_id: str
+) -> ThreadStore:
+    """A registered thread's new store holding one run ``<thread_id>1`` due at 2.0."""
+    info = ThreadInfo(id=thread_id, created_at_ts=1.0)
+    assert rtdb.add_thread(info)
+    store = backend.create_thread_store(info)
+    assert store.insert_run(_due_run(thread_id, f"{thread_id}1", 2.0)) is None
+    return store
+
+
 def _in_threads(
     calls: dict[str, Callable[[], object]],
 ) -> dict[str, concurrent.futures.Future[object]]:
@@ -339,10 +350,7 @@ def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_ans
     try:
         stores = {}
         for t in (*_LEADERS, "a", "b", "f", "p", "u", "d", "y"):
-            info = ThreadInfo(id=t, created_at_ts=1.0)
-            assert rtdb.add_thread(info)
-            stores[t] = one.create_thread_store(info)
-            assert stores[t].insert_run(_due_run(t, f"{t}1", 2.0)) is None
+            stores[t] = _thread_with_a_due_run(rtdb, one, t)
         assert stores["f"].insert_run(_due_run("f", "f2", 2.5)) is None
         _, running, _ = stores["f"].finish_and_claim(None, 3.0)
         assert running is not None and running.id == "f1"
@@ -399,10 +407,7 @@ def test_one_threads_failing_claim_in_a_group_fails_only_that_thread(pg_url: str
     try:
         stores = {}
         for t in (*_LEADERS, "a", "bad", "b"):
-            info = ThreadInfo(id=t, created_at_ts=1.0)
-            assert rtdb.add_thread(info)
-            stores[t] = backend.create_thread_store(info)
-            assert stores[t].insert_run(_due_run(t, f"{t}1", 2.0)) is None
+            stores[t] = _thread_with_a_due_run(rtdb, backend, t)
         base, schema = split_schema(pg_url)
         with psycopg.connect(base, autocommit=True,
                              options=f"-c search_path={schema}") as conn:
@@ -550,10 +555,7 @@ def test_a_group_of_twenty_claims_answers_each_as_alone_and_writes_in_one_statem
         alone: dict[str, Any] = {t: call() for t, call in alone_calls.items()}
         stores, calls = _claims_scene(one, two, rtdb, "g")
         for x in _LEADERS:
-            info = ThreadInfo(id=x, created_at_ts=1.0)
-            assert rtdb.add_thread(info)
-            stores[x] = one.create_thread_store(info)
-            assert stores[x].insert_run(_due_run(x, f"{x}1", 2.0)) is None
+            stores[x] = _thread_with_a_due_run(rtdb, one, x)
         base, schema = split_schema(pg_url)
         with psycopg.connect(base, autocommit=True,
                              options=f"-c search_path={schema}") as conn:

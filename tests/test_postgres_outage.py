@@ -401,7 +401,7 @@ async def _timed(api: Any, method: str, path: str, **kwargs: Any) -> tuple[int, 
 async def test_after_a_blink_the_next_calls_work_at_once(
     pg_url: str, tmp_path: Path,
 ) -> None:
-    # The tester's blink: every connection of the database ended, the server up. Before,
+    # A blink: every connection of the database ended, the server up. Before,
     # each call took the pool's ended connections one by one, sleeping 1, 2, 4 s between
     # them: 503 after 10 s, or an answer after 3 to 7 s.
     from runtime.storage.postgres import split_schema
@@ -435,7 +435,7 @@ async def test_after_a_blink_the_next_calls_work_at_once(
 async def test_ready_answers_503_within_seconds_of_an_outage_and_200_soon_after_it(
     pg_url: str, tmp_path: Path,
 ) -> None:
-    # The tester's outage (connections ended, new ones refused): before, /api/ready took
+    # An outage (connections ended, new ones refused): before, /api/ready took
     # 10 s to answer 503, and 6 to 8 s after the database came back to answer 200.
     from runtime.storage.postgres import split_schema
 

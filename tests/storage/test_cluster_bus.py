@@ -162,7 +162,7 @@ async def test_after_the_listening_connection_is_terminated_it_reconnects_and_sa
 async def test_each_loss_of_the_listening_connection_is_retried_after_the_first_delay(
     nodes: tuple[PostgresBackend, PostgresBackend], pg_url: str,
 ) -> None:
-    # The tester's nodes: every cut doubled the gap (0.2, 0.4, ... 10 s) for the
+    # Before, every cut doubled the gap (0.2, 0.4, ... 10 s) for the
     # process's life, although each reconnect had worked.
     _, b = nodes
     inbox = Inbox()
