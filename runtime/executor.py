@@ -194,15 +194,23 @@ class EffectExecutor:
                         finish = await self._fire_schedules(actor, finish)
                         if actor.deleted:
                             return False
-                    finished, claimed, next_due = await self._run_sync(
-                        partial(
-                            actor.store.finish_and_claim,
-                            claim=not stop,
-                            retention=self._retention,
-                        ),
-                        finish,
-                        self._now(),
+                    now = self._now()
+                    # A claim alone is often cheap enough for the loop itself (SQLite:
+                    # no fsync of its own); else, and with an outcome, a storage thread.
+                    answer = (
+                        actor.store.claim_inline(now) if finish is None and not stop else None
                     )
+                    if answer is None:
+                        answer = await self._run_sync(
+                            partial(
+                                actor.store.finish_and_claim,
+                                claim=not stop,
+                                retention=self._retention,
+                            ),
+                            finish,
+                            now,
+                        )
+                    finished, claimed, next_due = answer
                 except ThreadStorageError:
                     # Kept in memory: recorded by the next drain, never run again.
                     actor.unrecorded = finish

@@ -256,6 +256,26 @@ class ThreadStore(ABC):
             ThreadStorageError: the transaction failed; nothing was written.
         """
 
+    def claim_inline(
+        self, now: float
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:
+        """Claim the next due run here, on the caller's thread, if that is cheap right now.
+
+        The event loop calls this before sending `finish_and_claim` (``finish=None``) to a
+        storage thread, to save the hand-off there and back when the claim needs no disk
+        wait. A backend answers only if it can without blocking (no lock held by another
+        thread, no network round trip, no fsync); otherwise it returns None at once and
+        the caller makes the usual call.
+
+        Returns:
+            None (not cheap now: nothing was done), or exactly what
+            ``finish_and_claim(None, now)`` would have returned.
+
+        Raises:
+            ThreadStorageError: the transaction failed; nothing was written.
+        """
+        return None
+
     # ------------------------------------------------------ recurring schedules
     # A schedule (`runtime.recurrence.Schedule`) is stored with its fire state; the
     # runtime computes fire times and `fire_schedule` records one fire in one transaction

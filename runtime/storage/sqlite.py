@@ -388,31 +388,52 @@ class SQLiteThreadStore(ThreadStore):
                 thread_id, f"Thread {thread_id}: database {path} cannot be used: {exc}"
             ) from exc
 
-    def _tx(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True) -> T:
+    def _tx(
+        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, sync: bool = True
+    ) -> T:
         with self._lock:
-            conn = self._conn
-            if conn is None:
-                raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
-            try:
+            return self._tx_held(fn, write=write, sync=sync)
+
+    def _tx_held(
+        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, sync: bool = True
+    ) -> T:
+        """`_tx` with ``self._lock`` already held by the caller.
+
+        ``sync=False`` commits a write without an fsync of its own when the store is
+        ``FULL`` (``PRAGMA synchronous=NORMAL`` around it): the WAL frames reach the file
+        (a process crash keeps them) and the next ``FULL`` commit of this file syncs them
+        with its own (WAL is append-only, so a power cut loses a suffix, never a middle).
+        """
+        conn = self._conn
+        if conn is None:
+            raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
+        try:
+            if sync or self._synchronous != "FULL":
                 result = _transaction(conn, fn, write)
-            except BaseException as exc:
-                # Rolled back: what the transaction counted is unknown again.
-                self._finished = None
-                self._swept_at = None
-                self._next_fire = _UNKNOWN
-                self._traces = None
-                if not isinstance(exc, sqlite3.DatabaseError):
-                    raise
-                raise ThreadStorageError(
-                    self.thread_id,
-                    f"Thread {self.thread_id}: database {self.path} failed: {exc}",
-                ) from exc
-            if write and self._checkpointer is not None:
-                self._writes += 1
-                if self._writes >= _CHECKPOINT_CHECK_EVERY:
-                    self._writes = 0
-                    self._check_wal()
-            return result
+            else:
+                conn.execute("PRAGMA synchronous=NORMAL")
+                try:
+                    result = _transaction(conn, fn, write)
+                finally:
+                    conn.execute("PRAGMA synchronous=FULL")
+        except BaseException as exc:
+            # Rolled back: what the transaction counted is unknown again.
+            self._finished = None
+            self._swept_at = None
+            self._next_fire = _UNKNOWN
+            self._traces = None
+            if not isinstance(exc, sqlite3.DatabaseError):
+                raise
+            raise ThreadStorageError(
+                self.thread_id,
+                f"Thread {self.thread_id}: database {self.path} failed: {exc}",
+            ) from exc
+        if write and self._checkpointer is not None:
+            self._writes += 1
+            if self._writes >= _CHECKPOINT_CHECK_EVERY:
+                self._writes = 0
+                self._check_wal()
+        return result
 
     def _check_wal(self) -> None:
         try:
@@ -726,6 +747,38 @@ class SQLiteThreadStore(ThreadStore):
         retention: RetentionPolicy | None = None,
         only_names: Collection[str] | None = None,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        with self._lock:
+            return self._finish_and_claim(finish, now, claim, retention, only_names)
+
+    def claim_inline(  # noqa: D102 - contract in base
+        self, now: float
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:
+        # Cheap whenever the store is free: the claim commits without an fsync (see
+        # `_tx_held`), and a probe that finds nothing due writes nothing. A storage thread
+        # holding the lock (a listing, a schedule's fsync) would make the loop wait: no.
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._finish_and_claim(None, now, True, None, None)
+        finally:
+            self._lock.release()
+
+    def _finish_and_claim(
+        self,
+        finish: Finish | None,
+        now: float,
+        claim: bool,
+        retention: RetentionPolicy | None,
+        only_names: Collection[str] | None,
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
+        """`finish_and_claim` with ``self._lock`` held.
+
+        A claim alone (no finish) commits without an fsync of its own under ``FULL``: a
+        process crash keeps it; a power cut may lose it together with everything after it
+        (the next ``FULL`` commit of the file, at the latest the run's finish, syncs it),
+        and then the run is pending again with that attempt uncounted. The finish, and with
+        it the outcome every frame and caller saw, is synced before it is published.
+        """
         names: tuple[str, ...] = ()
         where = ""
         if only_names is not None:
@@ -784,7 +837,7 @@ class SQLiteThreadStore(ThreadStore):
         if finish is None and claim:
             # Nothing to write unless something is due: probe first without taking the
             # write lock (and without a commit, hence no fsync).
-            row = self._tx(
+            row = self._tx_held(
                 lambda c: c.execute(
                     f"SELECT min(run_at) FROM effect_runs WHERE status = 'pending'{where}",
                     names,
@@ -794,12 +847,12 @@ class SQLiteThreadStore(ThreadStore):
             if row[0] is None or row[0] > now:
                 if only_names is None:
                     if self._next_fire is _UNKNOWN:
-                        self._tx(self._refresh_next_fire, write=False)
+                        self._tx_held(self._refresh_next_fire, write=False)
                     fire = self._next_fire
                     if isinstance(fire, float | int):
                         return None, None, fire if row[0] is None else min(row[0], fire)
                 return None, None, row[0]
-        return self._tx(tx)
+        return self._tx_held(tx, sync=finish is not None)
 
     def recover_interrupted(  # noqa: D102 - contract in base
         self,

@@ -665,6 +665,30 @@ def test_claims_go_by_due_time_then_scheduling_order(store: ThreadStore) -> None
     assert store.pending_runs() == [late]
 
 
+def test_a_claim_on_the_callers_thread_is_declined_or_is_the_same_claim(
+    store: ThreadStore,
+) -> None:
+    """`claim_inline` either does nothing (None) or claims as `finish_and_claim` would."""
+    late, a, b = run(run_at=T0 + 10), run(run_at=T0), run(run_at=T0)
+    for r in (late, a, b):
+        store.insert_run(r)
+    order = []
+    for _ in range(2):
+        answer = store.claim_inline(T0)
+        if answer is None:
+            assert [r.id for r in store.pending_runs()] == [x for x in ids([a, b, late])
+                                                             if x not in order]
+            answer = store.finish_and_claim(None, T0)
+        _, claimed, next_due = answer
+        assert claimed is not None and claimed.status is EffectStatus.RUNNING
+        assert claimed.attempts == 1 and claimed.started_at_ts == T0 and next_due is None
+        order.append(claimed.id)
+    assert order == [a.id, b.id]
+    answer = store.claim_inline(T0)
+    assert answer in (None, (None, None, T0 + 10))
+    assert store.pending_runs() == [late]
+
+
 def test_two_stores_of_one_thread_claiming_at_once_never_claim_a_run_twice(
     harness: Harness, store: ThreadStore
 ) -> None:

@@ -235,3 +235,103 @@ def test_run_index_writes_skip_the_fsync_and_every_other_write_keeps_it(
     finally:
         rtdb.close()
         backend.close()
+
+
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+def test_a_claim_alone_skips_the_fsync_and_every_outcome_and_schedule_keeps_it(
+    tmp_path: Path, synchronous: str
+) -> None:
+    # Under FULL a claim with no outcome commits at NORMAL: a process crash keeps it, and
+    # the next FULL commit of the file (the run's outcome at the latest) syncs it. The
+    # schedule, the outcome and an outcome with the next claim stay at the store's level.
+    backend = SQLiteBackend(tmp_path, synchronous)
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    conn = store._conn  # type: ignore[attr-defined]
+    level = {"FULL": 2, "NORMAL": 1}[synchronous]
+    level_now = [level]
+    commits: list[int] = []
+
+    def trace(sql: str) -> None:
+        if sql.startswith("PRAGMA synchronous="):
+            level_now[0] = {"FULL": 2, "NORMAL": 1}[sql.split("=")[1]]
+        elif sql == "COMMIT":
+            commits.append(level_now[0])
+
+    try:
+        conn.set_trace_callback(trace)
+        a = EffectRun("a", "t", "record", EffectStatus.PENDING, None, T0, T0)
+        b = EffectRun("b", "t", "record", EffectStatus.PENDING, None, T0, T0)
+        for r in (a, b):
+            store.insert_run(r)
+        assert commits == [level, level]
+        commits.clear()
+        _, claimed, _ = store.finish_and_claim(None, T0)
+        assert claimed is not None and claimed.id == "a"
+        assert commits == [1]
+        commits.clear()
+        # The outcome and the next claim in one transaction: synced.
+        finished, claimed, _ = store.finish_and_claim(Finish("a", EffectStatus.COMPLETED,
+                                                             None, T0 + 1), T0 + 1)
+        assert finished is not None and claimed is not None and claimed.id == "b"
+        assert commits == [level]
+        commits.clear()
+        store.finish_and_claim(Finish("b", EffectStatus.COMPLETED, None, T0 + 2), T0 + 2,
+                               claim=False)
+        assert commits == [level]
+        commits.clear()
+        # Nothing due: a probe that writes nothing, and the connection is back at its level.
+        assert store.claim_inline(T0 + 3) == (None, None, None)
+        assert commits == []
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == level
+    finally:
+        conn.set_trace_callback(None)
+        store.close()
+        rtdb.close()
+        backend.close()
+    # What the claim committed without its own fsync is in the file for the next process.
+    reader = sqlite3.connect(backend.thread_path("t"))
+    try:
+        assert reader.execute(
+            "SELECT id, status, attempts FROM effect_runs ORDER BY id").fetchall() == [
+            ("a", "completed", 1), ("b", "completed", 1)]
+    finally:
+        reader.close()
+
+
+def test_a_claim_on_the_loop_never_waits_for_a_store_another_thread_holds(
+    tmp_path: Path,
+) -> None:
+    # `claim_inline` is called on the event loop: while a storage thread holds the store
+    # (a listing, a schedule waiting for its fsync) it answers None at once, claims
+    # nothing, and the caller sends `finish_and_claim` to a storage thread instead.
+    backend = SQLiteBackend(tmp_path)
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    try:
+        store.insert_run(EffectRun("a", "t", "record", EffectStatus.PENDING, None, T0, T0))
+        held = threading.Event()
+        release = threading.Event()
+
+        def hold() -> None:
+            def tx(c: sqlite3.Connection) -> None:
+                held.set()
+                release.wait(10)
+            store._tx(tx, write=False)  # type: ignore[attr-defined]
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(10)
+        started = time.monotonic()
+        assert store.claim_inline(T0) is None
+        assert time.monotonic() - started < 0.5
+        release.set()
+        holder.join(10)
+        assert [r.id for r in store.pending_runs()] == ["a"]
+        _, claimed, next_due = store.claim_inline(T0) or (None, None, None)
+        assert claimed is not None and claimed.id == "a" and claimed.attempts == 1
+        assert next_due is None
+    finally:
+        store.close()
+        rtdb.close()
+        backend.close()
