@@ -230,6 +230,30 @@ def _commits(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _server_cpu_seconds() -> float | None:
+    """User + system seconds of every ``postgres`` process on this machine (``/proc``).
+
+    The whole server: this database's backends, the WAL writer, the checkpointer, and any
+    other database's work at the same time (read it on a quiet machine). None when no
+    server process is readable here (a server on another host).
+    """
+    total, seen = 0, False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                name, _, rest = f.read().partition(" (")[2].rpartition(") ")
+        except OSError:
+            continue
+        if name != "postgres" and not name.startswith("postgres"):
+            continue
+        fields = rest.split()
+        total += int(fields[11]) + int(fields[12])
+        seen = True
+    return total / os.sysconf("SC_CLK_TCK") if seen else None
+
+
 def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
              lead: float) -> dict[str, Any]:
     """Start ``processes`` product processes on a fresh schema of ``url`` and measure."""
@@ -237,6 +261,7 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
             "spread": spread}
     procs: list[subprocess.Popen[str]] = []
     commits_before = _commits(url)
+    server_before = _server_cpu_seconds()
     try:
         for index in range(processes):
             proc = subprocess.Popen(
@@ -269,6 +294,7 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
     # Every transaction of the database while the case ran (the processes have exited, so
     # their counts are flushed): its own, the completion polls' (10/s), autovacuum's.
     commits = _commits(url) - commits_before
+    server_after = _server_cpu_seconds()
     lags = [lag for r in results for lag in r["lags"]]
     starts = [s for r in results for s in r["starts"]]
     sched_end = max(r["schedule_ended"] for r in results)
@@ -287,6 +313,9 @@ def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
         "schedule_cpu_per_run": sum(r["schedule_cpu"] for r in results) / runs,
         "cpu_per_run": sum(r["cpu"] for r in results) / runs,
         "commits_per_run": commits / runs,
+        # CPU seconds of the whole PostgreSQL server on this machine over the case, per run.
+        "server_cpu_per_run": (None if server_before is None or server_after is None
+                               else (server_after - server_before) / runs),
         "per_process_executed": [len(r["lags"]) for r in results],
         "leftovers": next((r["leftovers"] for r in results if r["leftovers"]), None),
     }
@@ -433,6 +462,9 @@ def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int
               f"{case['schedule_cpu_per_run'] * 1e6:,.0f} µs | - | - | - | - |")
         print(f"| CPU per run, whole case | {p} | {case['cpu_per_run'] * 1e6:,.0f} µs | - | - "
               f"| - | - |")
+        server = case.get("server_cpu_per_run")
+        print(f"| PostgreSQL server CPU per run, whole case | {p} | "
+              f"{'-' if server is None else f'{server * 1e6:,.0f} µs'} | - | - | - | - |")
         print(f"| database commits per run, whole case | {p} | "
               f"{case['commits_per_run']:.2f} | - | - | - | - |")
     for p, why in skipped.items():

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pg import SERVER_URL as PG_SERVER
+
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "| figure | threads | thread-effects | raw sqlite3 | ratio | target | result |"
 
@@ -156,6 +158,30 @@ def test_bench_pg_claims_small_runs_every_run_and_counts_its_commits() -> None:
     # A call per run and per thread, at most a commit each (fewer when grouped), and the
     # backend's own opening and closing (about 20).
     assert 0 < figures["commits_per_run"] < 2
+    # The raw two-statement baseline ran every run too; the server's CPU is read from /proc
+    # (the test server runs on this machine).
+    assert "raw claim + finish, same table and workers:" in result.stdout
+    assert figures["raw"]["runs_per_second"] > 0 and figures["raw"]["cpu_per_run"] > 0
+    assert figures["server_cpu_per_run"] is not None and figures["server_cpu_per_run"] >= 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_bench_schedule_floor_small_prints_every_way_against_the_floor(backend: str) -> None:
+    extra = ["--postgres", PG_SERVER] if backend == "postgres" else []
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_schedule_floor.py"), "--rounds", "2",
+         "--chunk", "20", "--threads", "4", "--json", *extra],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    ways = figures["ways"]
+    expected = {"floor", "asyncio-inline", "asyncio-hop", "product"}
+    if backend == "postgres":
+        expected.add("asyncio-async")
+    assert set(ways) == expected and figures["backend"] == backend
+    assert ways["floor"]["ratio"] == 1.0
+    assert all(w["rate"] > 0 and w["cpu_us_per_call"] > 0 for w in ways.values())
 
 
 def test_bench_postgres_skips_a_peer_without_its_venv_and_says_how_to_make_it(
