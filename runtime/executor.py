@@ -44,9 +44,12 @@ from runtime.errors import (
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
 from runtime.schedules import fire_due, publish_fires
-from runtime.storage.base import Finish, ThreadInfo
+from runtime.storage.base import Finish, ThreadInfo, ThreadStore
 from runtime.telemetry import end_run_span, run_span
 from runtime.watchdog import describe_tool
+
+_Claimed = tuple[EffectRun | None, EffectRun | None, float | None]
+"""What `ThreadStore.finish_and_claim` answers: (finished, claimed, next due)."""
 
 log = logging.getLogger("runtime")
 
@@ -97,6 +100,8 @@ class EffectExecutor:
         shared: The storage is shared by several processes (`StorageBackend.exclusive`
             False): a thread's paused state may change elsewhere, so the claim's own
             check decides (`ThreadStore.claim_blocked`), not the actor's cached one.
+        claim_inline: Tries a claim on the loop (`Runtime.claim_inline`): None when it
+            is not cheap now; by default the store's `ThreadStore.claim_inline`.
     """
 
     def __init__(
@@ -113,8 +118,10 @@ class EffectExecutor:
         wake: Callable[[str], None] | None = None,
         shared: bool = False,
         known_elsewhere: Callable[[str], bool] | None = None,
+        claim_inline: Callable[[ThreadStore, float], _Claimed | None] | None = None,
     ) -> None:
         self._registry = registry
+        self._claim_inline = claim_inline or (lambda store, now: store.claim_inline(now))
         self._known_elsewhere = known_elsewhere
         self._now = now
         self._hub = hub
@@ -198,7 +205,8 @@ class EffectExecutor:
                     # A claim alone is often cheap enough for the loop itself (SQLite:
                     # no fsync of its own); else, and with an outcome, a storage thread.
                     answer = (
-                        actor.store.claim_inline(now) if finish is None and not stop else None
+                        self._claim_inline(actor.store, now)
+                        if finish is None and not stop else None
                     )
                     if answer is None:
                         answer = await self._run_sync(

@@ -81,9 +81,13 @@ class RunIndexer:
             self._dirty[event.run.id] = event.run
             self._wake.set()
         elif isinstance(event, MessageCreated) and event.thread_id not in self.creating:
-            ts = event.message.created_at_ts
-            self._touched[event.thread_id] = max(ts, self._touched.get(event.thread_id, ts))
+            self._note_touched({event.thread_id: event.message.created_at_ts})
             self._wake.set()
+
+    def _note_touched(self, activity: dict[str, float]) -> None:
+        """Keep threads' activity to write with the next batch (the latest time wins)."""
+        for tid, ts in activity.items():
+            self._touched[tid] = max(ts, self._touched.get(tid, ts))
 
     async def start(self, store: RuntimeStore, *, shared: bool = False) -> bool:
         """Start the flusher; True if the index must be rebuilt (see the module docstring).
@@ -122,19 +126,25 @@ class RunIndexer:
             batch, self._dirty = self._dirty, {}
             touched, self._touched = self._touched, {}
             try:
+                # What the store answers is activity it left for later (a thread's row
+                # was busy): kept for the next batch.
                 if batch:
-                    await self._run_sync(store.index_runs, list(batch.values()))
+                    self._note_touched(
+                        await self._run_sync(store.index_runs, list(batch.values())))
                     batch = {}
                 if touched:
-                    await self._run_sync(store.touch_threads, touched)
+                    left = await self._run_sync(store.touch_threads, touched)
+                    touched = {}
+                    self._note_touched(left)
             except BaseException:
                 # Not written: keep them, unless a newer change of the run came meanwhile.
                 for run_id, run in batch.items():
                     self._dirty.setdefault(run_id, run)
-                for tid, ts in touched.items():
-                    self._touched[tid] = max(ts, self._touched.get(tid, ts))
+                self._note_touched(touched)
                 self._wake.set()
                 raise
+            if self._touched:
+                self._wake.set()
             now = self._now()
             if self._pruned_at is None or now - self._pruned_at >= PRUNE_SECONDS:
                 self._pruned_at = now

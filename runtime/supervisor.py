@@ -84,7 +84,14 @@ from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.schedules import ScheduleOperations
-from runtime.storage.base import Finish, RuntimeStore, StorageBackend, ThreadInfo, ThreadQuery
+from runtime.storage.base import (
+    Finish,
+    RuntimeStore,
+    StorageBackend,
+    ThreadInfo,
+    ThreadQuery,
+    ThreadStore,
+)
 from runtime.storage.sqlite import SQLiteBackend
 from runtime.telemetry import log_run_change
 from runtime.thread import ThreadState
@@ -381,7 +388,7 @@ class Runtime:
         )
         self.executor = EffectExecutor(
             lambda: self.registry, self.clock.now, self.hub, self.alarms, self.run_short,
-            self._state_for_effect, lambda: self._closing,
+            self._state_for_effect, lambda: self._closing, claim_inline=self.claim_inline,
             retention=self.settings.retention,
             wake=lambda thread_id: self.dispatcher.wake(thread_id),
             shared=not self.storage.exclusive,
@@ -780,6 +787,31 @@ class Runtime:
             self._inline_calls = 0
             await asyncio.sleep(0)
         return result
+
+    def claim_inline(
+        self, store: ThreadStore, now: float
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:
+        """`ThreadStore.claim_inline` here, on the event loop: a claim that needs no wait.
+
+        The drain calls it before sending a claim to a storage thread (see the method's
+        contract). SQLite answers whenever the thread's store is free: the claim commits
+        without an fsync of its own, a probe that finds nothing due writes nothing.
+
+        Returns:
+            None (not cheap now), or what ``store.finish_and_claim(None, now)`` returns.
+
+        Raises:
+            ThreadStorageError: the store failed.
+            RuntimeClosed: the runtime's stores are closing.
+        """
+        try:
+            return store.claim_inline(now)
+        except ThreadStorageError as exc:
+            if self._stores_closing:
+                raise RuntimeClosed(
+                    "The runtime was shut down while this call was in flight"
+                ) from exc
+            raise
 
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).

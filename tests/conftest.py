@@ -186,13 +186,15 @@ def release(rt: Runtime, key: str) -> None:
 def no_blocking() -> Iterator[None]:
     """Fail the test if a blocking call (file, socket, sqlite3, sleep) runs on the loop.
 
-    Except SQLite calls made by `runtime.Runtime.run_short`: with ``synchronous=NORMAL``
-    a run's short store calls are made on the loop on purpose.
+    Except SQLite calls made by `runtime.Runtime.run_short` and `Runtime.claim_inline`:
+    with ``synchronous=NORMAL`` a run's short store calls are made on the loop on purpose,
+    and a claim alone (no fsync of its own) with either setting.
     """
     with blockbuster_ctx() as bb:
         for name, function in bb.functions.items():
             if name.startswith("sqlite3."):
                 function.can_block_in("runtime/supervisor.py", "run_short")
+                function.can_block_in("runtime/supervisor.py", "claim_inline")
         yield
 
 

@@ -6,6 +6,7 @@ tests marked ``every_backend`` (HTTP, stream, SIGKILL recovery) run on it too.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import re
 import threading
@@ -231,6 +232,77 @@ def test_a_failed_transaction_commits_nothing_and_its_connection_serves_the_next
     finally:
         rtdb.close()
         backend.close()
+
+
+def test_activity_of_a_thread_whose_row_is_held_is_left_for_later_not_waited_for(
+    pg_url: str,
+) -> None:
+    # A claim holds its thread's registry row for its transaction; an activity update
+    # that waited for it made the next claims wait behind it in turn. It now skips that
+    # row and answers what it left, which the runtime gives again with its next batch.
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    url, schema = split_schema(pg_url)
+    holder = psycopg.connect(url)
+    try:
+        for tid in ("a", "b"):
+            assert rtdb.add_thread(ThreadInfo(id=tid, created_at_ts=1.0))
+        holder.execute(f"SELECT 1 FROM {schema}.threads WHERE id = 'a' FOR UPDATE")
+        started = time.monotonic()
+        left = rtdb.touch_threads({"a": 50.0, "b": 60.0, "gone": 70.0})
+        run = EffectRun("r1", "b", "note", EffectStatus.COMPLETED, None, 80.0, 80.0,
+                        finished_at_ts=90.0)
+        left_by_index = rtdb.index_runs([run, replace(run, id="r2", thread_id="a")])
+        assert time.monotonic() - started < 5  # neither waited for the held row
+        assert left == {"a": 50.0}  # an unknown thread is skipped, not left for later
+        assert left_by_index == {"a": 90.0}
+        activity = {i.id: i.last_activity_ts for i in (rtdb.get_thread("a"),
+                                                       rtdb.get_thread("b")) if i}
+        assert activity == {"a": 1.0, "b": 90.0}
+        holder.rollback()  # the row is free again: the later batch writes it
+        assert rtdb.touch_threads({"a": 90.0}) == {}
+        info = rtdb.get_thread("a")
+        assert info is not None and info.last_activity_ts == 90.0
+    finally:
+        holder.close()
+        rtdb.close()
+        backend.close()
+
+
+async def test_a_threads_activity_left_for_later_reaches_the_listing_once_its_row_is_free(
+    pg_url: str, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    async with serve_api(tmp_path / "data", clock=clock, database_url=pg_url) as api:
+        older = await api.new_thread()
+        clock.advance(1)
+        newer = await api.new_thread()
+        clock.advance(1)
+        url, schema = split_schema(pg_url)
+        holder = await psycopg.AsyncConnection.connect(url)
+        try:
+            # Another transaction (a claim of another node, say) holds the older thread's row.
+            await holder.execute(
+                f"SELECT 1 FROM {schema}.threads WHERE id = %s FOR UPDATE", (older,))
+            state = await api.rt.get_thread(older)
+            message = await state.inject_message("a notice")
+
+            async def by_activity() -> list[str]:
+                res = await api.client.get("/api/threads")
+                assert res.status_code == 200, res.text
+                return [t["id"] for t in res.json()["threads"]]
+
+            assert await by_activity() == [newer, older]  # not written yet, not waited for
+            await holder.rollback()
+            deadline = time.monotonic() + 10
+            while await by_activity() != [older, newer]:
+                assert time.monotonic() < deadline, "the activity was never written"
+                await asyncio.sleep(0.05)
+            res = await api.client.get("/api/threads", params={"limit": "1"})
+            assert res.json()["threads"][0]["lastActivityAt"] == \
+                message.to_json()["createdAt"]
+        finally:
+            await holder.close()
 
 
 def test_a_claim_that_skips_its_probe_still_sees_what_another_node_did(pg_url: str) -> None:

@@ -854,12 +854,18 @@ class RuntimeStore(ABC):
         """
 
     @abstractmethod
-    def touch_threads(self, activity: Mapping[str, float]) -> None:
+    def touch_threads(self, activity: Mapping[str, float]) -> dict[str, float]:
         """Move threads' ``last_activity_ts`` forward: ``{thread id: seconds since the epoch}``.
 
         One transaction. A time earlier than the thread's current one changes nothing (it
         never moves back); an unknown thread is skipped. `add_thread` starts it at the
         creation time, and `index_runs` moves it to each run's latest time.
+
+        Returns:
+            The part of ``activity`` not written because the thread's registry entry was
+            busy (a backend shared by several nodes never waits for a row another
+            transaction holds, such as a claim's); the caller gives it again later. Empty
+            for a backend that writes all.
         """
 
     @abstractmethod
@@ -894,13 +900,15 @@ class RuntimeStore(ABC):
         """
 
     @abstractmethod
-    def index_runs(self, runs: Sequence[EffectRun]) -> None:
+    def index_runs(self, runs: Sequence[EffectRun]) -> dict[str, float]:
         """Write the index entries of ``runs`` (their state as given, never the args).
 
-        One transaction. An entry replaces the run's previous one; a run of a thread
-        that is not registered (deleted meanwhile) is skipped. Each run's thread's
-        ``last_activity_ts`` moves forward to the run's latest time (created, started or
-        finished), as `touch_threads` would.
+        One transaction for the entries. An entry replaces the run's previous one; a run
+        of a thread that is not registered (deleted meanwhile) is skipped. Each run's
+        thread's ``last_activity_ts`` moves forward to the run's latest time (created,
+        started or finished), as `touch_threads` would (in the same transaction or, on
+        PostgreSQL, in one of its own right after), and what that did not write is
+        returned as `touch_threads` returns it (the entries themselves are all written).
 
         Derived data: a backend may commit it less durably than its other writes (a
         power cut may lose the last batches; SQLite commits them without an fsync of

@@ -773,9 +773,10 @@ class MemoryRuntimeStore(RuntimeStore):
         cursor = key(page[-1]) if len(infos) > limit else None
         return page, cursor
 
-    def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
+    def touch_threads(self, activity: Mapping[str, float]) -> dict[str, float]:  # noqa: D102
         with self._backend.lock:
             self._touch(self._check().threads, activity)
+        return {}
 
     @staticmethod
     def _touch(threads: dict[str, ThreadInfo], activity: Mapping[str, float]) -> None:
@@ -807,7 +808,7 @@ class MemoryRuntimeStore(RuntimeStore):
 
     # ------------------------------------------------------------ run index
 
-    def index_runs(self, runs: Sequence[EffectRun]) -> None:  # noqa: D102
+    def index_runs(self, runs: Sequence[EffectRun]) -> dict[str, float]:  # noqa: D102
         with self._backend.lock:
             backend = self._check()
             for run in runs:
@@ -824,6 +825,7 @@ class MemoryRuntimeStore(RuntimeStore):
                 ts = max(r.created_at_ts, r.started_at_ts or 0.0, r.finished_at_ts or 0.0)
                 latest[r.thread_id] = max(ts, latest.get(r.thread_id, ts))
             self._touch(backend.threads, latest)
+        return {}
 
     def _matching(
         self, query: RunQuery, now: float, retention: RetentionPolicy, *, statuses: bool

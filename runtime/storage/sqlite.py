@@ -1437,10 +1437,11 @@ class SQLiteRuntimeStore(RuntimeStore):
             cursor = (ts if ts is not None else last.created_at_ts, last.id)
         return infos, cursor
 
-    def touch_threads(self, activity: Mapping[str, float]) -> None:  # noqa: D102
+    def touch_threads(self, activity: Mapping[str, float]) -> dict[str, float]:  # noqa: D102
         if activity:
             rows = [(ts, tid) for tid, ts in activity.items()]
             self._tx(lambda c: c.executemany(_TOUCH, rows))
+        return {}  # one process holds the file: nothing is ever busy
 
     def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
         def tx(c: sqlite3.Connection) -> bool:
@@ -1473,9 +1474,9 @@ class SQLiteRuntimeStore(RuntimeStore):
 
     # ------------------------------------------------------------ run index
 
-    def index_runs(self, runs: Sequence[EffectRun]) -> None:  # noqa: D102
+    def index_runs(self, runs: Sequence[EffectRun]) -> dict[str, float]:  # noqa: D102
         if not runs:
-            return
+            return {}
         rows = [
             (r.id, r.thread_id, r.name, str(r.status), r.run_at_ts, r.created_at_ts,
              r.started_at_ts, r.finished_at_ts, r.attempts, r.error, r.replay_of, r.key,
@@ -1501,6 +1502,7 @@ class SQLiteRuntimeStore(RuntimeStore):
             c.executemany(_TOUCH, [(ts, tid) for tid, ts in latest.items()])
 
         self._derived_tx(tx)
+        return {}
 
     @staticmethod
     def _where(
