@@ -393,12 +393,13 @@ _FINISH_RUN = (
     f"fa AS (UPDATE run_attempts a SET ended_at = %(at)s, outcome = %(status)s, "
     f"error = %(error)s FROM f WHERE a.thread_id = %(t)s AND a.run_id = f.id "
     f"AND a.attempt = f.attempts) "
-    f"SELECT f.*, (SELECT count(*) FROM effect_runs WHERE thread_id = %(t)s "
-    f"AND status IN ({', '.join(repr(x) for x in _FINISHED)})) FROM f"
+    f"SELECT f.*, CASE WHEN %(count)s THEN (SELECT count(*) FROM effect_runs WHERE "
+    f"thread_id = %(t)s AND status IN ({', '.join(repr(x) for x in _FINISHED)})) END FROM f"
 )
 """A run's outcome in one statement: the run row (only if it is still ``running`` in the
 given attempt), its trace context dropped, its attempt ended; answers the run's columns
-(no row if it was not running) and the thread's finished runs as of before the statement."""
+(no row if it was not running) and the thread's finished runs as of before the statement
+(null unless ``%(count)s``)."""
 
 _RUN_WIDTH = len(_RUN_COLUMNS.split(","))
 """How many columns `_RUN_COLUMNS` are."""
@@ -412,7 +413,8 @@ def _claim_sql(*, finishing: bool, named: bool) -> str:
     whether its next due run is of an effect this node lacks (not in ``%(known)s``) and
     another live claiming node runs (that node claims it: the thread waits for it);
     with ``finishing``, the finished run's columns (all null if it was not running in the
-    given attempt) and the thread's finished runs as of before the statement; then the
+    given attempt) and the thread's finished runs as of before the statement (null unless
+    ``%(count)s``: counting costs an index scan over up to ``max_finished`` rows); then the
     claimed run's columns (all null if none was claimed: nothing due, or a check said
     no), its trace context, the earliest pending run's due time and (unless ``named``)
     the earliest active schedule's fire. With ``named`` only runs whose name is in
@@ -446,9 +448,9 @@ def _claim_sql(*, finishing: bool, named: bool) -> str:
     joins = ""
     if finishing:
         finished = (
-            "f.*, CASE WHEN f.id IS NOT NULL THEN (SELECT count(*) FROM effect_runs WHERE "
-            "thread_id = %(t)s AND status IN (" + ", ".join(repr(x) for x in _FINISHED)
-            + ")) END, ")
+            "f.*, CASE WHEN f.id IS NOT NULL AND %(count)s THEN (SELECT count(*) FROM "
+            "effect_runs WHERE thread_id = %(t)s AND status IN ("
+            + ", ".join(repr(x) for x in _FINISHED) + ")) END, ")
         joins = " LEFT JOIN f ON true"
     fire = "NULL::float8" if named else (
         "(SELECT min(next_fire_at) FROM schedules WHERE thread_id = %(t)s "
@@ -902,8 +904,8 @@ _GROUP_RUN_COLUMNS = ", ".join(f"r.{col.strip()}" for col in _RUN_COLUMNS.split(
 _CLAIM_GROUP = (
     "WITH g AS (SELECT * FROM unnest(%(t)s::text[], %(now)s::float8[], %(id)s::text[], "
     "%(attempt)s::bigint[], %(status)s::text[], %(error)s::text[], %(at)s::float8[], "
-    "%(by)s::text[]) WITH ORDINALITY AS g(g_t, g_now, g_id, g_attempt, g_status, g_error, "
-    "g_at, g_by, g_i)), "
+    "%(by)s::text[], %(count)s::bool[]) WITH ORDINALITY AS g(g_t, g_now, g_id, g_attempt, "
+    "g_status, g_error, g_at, g_by, g_count, g_i)), "
     "nx AS (SELECT g.g_t AS nx_t, x.seq AS nx_seq, x.name AS nx_name FROM g CROSS JOIN "
     "LATERAL (SELECT seq, name FROM effect_runs WHERE thread_id = g.g_t AND status = "
     "'pending' AND run_at <= g.g_now ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) x), "
@@ -933,8 +935,9 @@ _CLAIM_GROUP = (
     "node_id = excluded.node_id) "
     "SELECT chk.paused, chk.busy, chk.foreign_, "
     + ", ".join(f"f.{col.strip()}" for col in _RUN_COLUMNS.split(","))
-    + ", CASE WHEN f.id IS NOT NULL THEN (SELECT count(*) FROM effect_runs WHERE "
-    "thread_id = g.g_t AND status IN (" + ", ".join(repr(x) for x in _FINISHED) + ")) END, "
+    + ", CASE WHEN f.id IS NOT NULL AND g.g_count THEN (SELECT count(*) FROM effect_runs "
+    "WHERE thread_id = g.g_t AND status IN (" + ", ".join(repr(x) for x in _FINISHED)
+    + ")) END, "
     + ", ".join(f"c.{col.strip()}" for col in _RUN_COLUMNS.split(","))
     + ", (SELECT context FROM run_traces t WHERE t.thread_id = g.g_t AND t.run_id = c.id), "
     "(SELECT min(run_at) FROM effect_runs WHERE thread_id = g.g_t AND status = 'pending'), "
@@ -944,7 +947,8 @@ _CLAIM_GROUP = (
 )
 """The check, finish and claim of several threads (`_claim_sql` without ``named``, for
 each element of the arrays: ``t`` the thread ids, ``now`` each call's time, then each
-call's finish, all null for none), in ONE statement; it runs after the statement that
+call's finish, all null for none, and ``count`` whether to count its thread's finished
+runs), in ONE statement; it runs after the statement that
 locked the threads' rows (`_LOCK_THREADS`), as `_claim_sql` runs after the row lock. A
 row per thread in the arrays' order, each as `_claim_sql` (``finishing``) answers: the
 checks; the finished run's columns and the thread's finished runs as of before the
@@ -1103,7 +1107,7 @@ class _ClaimGroup:
         """Run ``calls`` (their rows locked by an earlier statement) as one `_CLAIM_GROUP`."""
         params: dict[str, Any] = {
             key: [call.row[key] for call in calls if call.row is not None]
-            for key in ("t", "now", "id", "attempt", "status", "error", "at", "by")}
+            for key in ("t", "now", "id", "attempt", "status", "error", "at", "by", "count")}
         params["node"] = self._backend.node_id
         params["known"] = list(self._backend.effects or ())
         rows = c.execute(_CLAIM_GROUP, params).fetchall()
@@ -1165,6 +1169,12 @@ class PostgresThreadStore(ThreadStore):
         self._closed = False
         self._swept_at: float | None = None
         self._records_swept_at: float | None = None
+        # The thread's finished runs as this store last counted them, plus the finishes it
+        # wrote since (None: unknown). A finish counts them again (an index scan over up to
+        # `RetentionPolicy.max_finished` rows) only when this says pruning may be due: a
+        # hint for when to look, never what is deleted (another node's finishes make it
+        # low, which only delays a prune that node makes itself).
+        self._finished_seen: int | None = None
         # The earliest due time this store knows of a pending run of the thread: a run it
         # inserted, or what a claim that found nothing read as due next (None: unknown).
         # A claim with nothing to finish skips its probe when this is due (see
@@ -1184,6 +1194,7 @@ class PostgresThreadStore(ThreadStore):
                 return fn(c)
         except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             self._swept_at = None
+            self._finished_seen = None
             raise ThreadStorageError(
                 self.thread_id, f"Thread {self.thread_id}: PostgreSQL failed: {exc}",
                 unavailable=isinstance(exc, DatabaseUnavailable),
@@ -1264,10 +1275,13 @@ class PostgresThreadStore(ThreadStore):
             finished_count = self._count_finished(c)
         excess = finished_count - retention.max_finished
         # Deleted in batches (a tenth of the limit); reads hide the excess meanwhile.
+        oldest = 0
         if excess > retention.max_finished // 10:
-            deleted += c.execute(
+            oldest = c.execute(
                 _DELETE_OLDEST_FINISHED, {"t": self.thread_id, "n": excess}
             ).rowcount
+            deleted += oldest
+        self._finished_seen = finished_count - oldest
         if deleted:
             self._drop_orphan_attempts(c)
         return deleted
@@ -1581,13 +1595,23 @@ class PostgresThreadStore(ThreadStore):
             if row is None or row[0] is None:
                 return None
             if retention is not None:
-                self._prune_in(c, now, retention, finished_count=int(row[-1]) + 1)
+                counted = row[-1]
+                tally = self._finished_seen
+                self._prune_in(c, now, retention, finished_count=(
+                    int(counted) + 1 if counted is not None
+                    else None if tally is None else tally + 1))
             return _row_to_run(self.thread_id, row[:-1])
 
+        # Count the thread's finished runs with the finish only when pruning may be due
+        # (see `_finished_seen`); else `_prune_in` goes by this store's own tally.
+        seen = self._finished_seen
+        count = retention is not None and (
+            seen is None or _sweep_due(self._swept_at, now)
+            or seen + 1 - retention.max_finished > retention.max_finished // 10)
         finish_params = None if finish is None else {
             "id": finish.run_id, "attempt": finish.attempt,
             "status": str(finish.status), "error": finish.error,
-            "at": finish.finished_at, "by": finish.canceled_by,
+            "at": finish.finished_at, "by": finish.canceled_by, "count": count,
         }
 
         def tx(c: Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
@@ -1666,7 +1690,7 @@ class PostgresThreadStore(ThreadStore):
         # one with ``only_names`` runs its own (the names differ per call).
         row = None if only_names is not None else {
             "t": self.thread_id, "now": now, **(finish_params or dict.fromkeys(
-                ("id", "attempt", "status", "error", "at", "by")))}
+                ("id", "attempt", "status", "error", "at", "by", "count")))}
         result = self._backend._claims.run(
             _ClaimCall(self, claim, tx, locked_tx, row, settle))
         if only_names is None and claim:
