@@ -1446,3 +1446,43 @@ async def test_cancels_racing_a_deletion_on_another_node_answer_not_found_or_can
         for answer in answers[:-1]:
             assert answer is True or isinstance(answer, ThreadNotFound), answers
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_node_that_finds_a_newer_schema_stops_claiming_and_is_not_ready(
+    make_node: Callable[..., Runtime], pg_url: str,
+) -> None:
+    # A rolling upgrade: a node of a newer version migrated the shared schema while this
+    # one runs. It notices with its next lease renewal: it starts no runs and its
+    # readiness check fails naming both versions (so /api/ready takes it out of
+    # rotation), and it claims again if the version goes back.
+    from runtime.storage.pg_schema import SCHEMA_VERSION
+
+    url, schema = split_schema(pg_url)
+    node = make_node("node-old", lease_seconds=1.5)
+    async with node:
+        thread = await node.create_thread()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {schema}.schema_version SET version = %s",
+                         (SCHEMA_VERSION + 1,))
+
+        async def refused() -> bool:
+            return node.storage.lock_problem() is not None
+
+        await wait_until(refused, 10)
+        with pytest.raises(Exception, match=rf"schema version {SCHEMA_VERSION + 1}, newer "
+                                             rf"than this runtime's {SCHEMA_VERSION}"):
+            await node.check_ready()
+        run_id = await thread.schedule_effect("record", {"key": "after"})
+        await asyncio.sleep(1.0)  # due at once: a node that claimed would have run it
+        assert (await thread.get_run(run_id)).status is EffectStatus.PENDING
+        assert node.storage.connection_held()  # its connection and lease are fine
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"UPDATE {schema}.schema_version SET version = %s",
+                         (SCHEMA_VERSION,))
+
+        async def ran() -> bool:
+            return (await thread.get_run(run_id)).status is EffectStatus.COMPLETED
+
+        await wait_until(ran, 15)
+        await node.check_ready()

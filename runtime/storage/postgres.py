@@ -2598,6 +2598,9 @@ class PostgresBackend(StorageBackend):
         self._guard = threading.Lock()
         # Set while this process does not hold the schema's lock after holding it.
         self._lock_problem: str | None = None
+        # Set while the database holds a newer schema than this code knows (read with
+        # each lease renewal): another node was upgraded and migrated it.
+        self._schema_problem: str | None = None
         self._watch_stop = threading.Event()
         # id(connection) -> time.monotonic() it went back to the pool (see `_check`).
         self._returned_at: dict[int, float] = {}
@@ -2664,12 +2667,15 @@ class PostgresBackend(StorageBackend):
         """Whether the backend is open, its node's connection alive and its lease held."""
         conn = self._lock_conn
         return (conn is not None and not conn.closed and not conn.broken
-                and self.lock_problem() is None)
+                and self._lock_problem is None
+                and not (self._lock_conn is not None and self._lease_lapsed()))
 
     def lock_problem(self) -> str | None:
         """Why this process must not start runs now (its node lease is not held), or None."""
         if self._lock_problem is not None:
             return self._lock_problem
+        if self._schema_problem is not None:
+            return self._schema_problem
         if self._lock_conn is not None and self._lease_lapsed():
             return (f"the lease of node {self.node_id} was not renewed within its period "
                     f"({self.lease_seconds:g} s); this process starts no runs until it is")
@@ -2769,14 +2775,37 @@ class PostgresBackend(StorageBackend):
                 f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, "
                 f"heartbeat_at = {_DB_NOW}, "
                 f"token = %s, claims = %s, effects = %s WHERE node_id = %s "
-                f"AND (token = %s{expired}) RETURNING 1",
+                f"AND (token = %s{expired}) "
+                f"RETURNING (SELECT max(version) FROM schema_version)",
                 (self.lease_seconds, self._token, self.claims, self._effects_json(),
                  self.node_id, self._token),
             ).fetchone()
         if row is None:
             return False
         self._lease_valid_until = started + self.lease_seconds
+        self._check_schema(row[0])
         return True
+
+    def _check_schema(self, version: int | None) -> None:
+        """Stop claiming (and say why) while the database's schema is newer than this code.
+
+        A rolling upgrade: a node of a newer version migrated the shared schema while this
+        one runs. This node keeps its lease (its running runs end normally) but claims
+        nothing, `lock_problem` names both versions (so `/api/ready` answers 503 and takes
+        it out of rotation), until it is upgraded or the version goes back.
+        """
+        if version is not None and int(version) > SCHEMA_VERSION:
+            problem = (f"the database {redact_url(self.url)} (schema {self.schema}) now has "
+                       f"schema version {int(version)}, newer than this runtime's "
+                       f"{SCHEMA_VERSION} (another node was upgraded); this node starts no "
+                       f"runs: upgrade thread-effects here")
+            if self._schema_problem != problem:
+                log.error("%s", problem)
+            self._schema_problem = problem
+        elif self._schema_problem is not None:
+            log.warning("the database's schema version is %s again: this node claims runs",
+                        version)
+            self._schema_problem = None
 
     def _lease_lost(self, why: str) -> None:
         """The lease may have expired: stop claiming (`lock_problem`), cancel running effects."""
