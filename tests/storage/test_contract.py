@@ -689,6 +689,37 @@ def test_a_claim_on_the_callers_thread_is_declined_or_is_the_same_claim(
     assert store.pending_runs() == [late]
 
 
+def test_outcomes_committed_without_waiting_for_the_disk_read_back_as_written(
+    store: ThreadStore,
+) -> None:
+    """``durable=False`` changes when the disk is flushed, never what is stored or read."""
+    a, b, c = run(), run(), run()
+    for r in (a, b, c):
+        store.insert_run(r)
+    _, claimed, _ = store.finish_and_claim(None, T0)
+    assert claimed is not None and claimed.id == a.id
+    finished, claimed, _ = store.finish_and_claim(
+        Finish(a.id, EffectStatus.COMPLETED, None, T0 + 1), T0 + 1, durable=False)
+    assert finished is not None and finished.status is EffectStatus.COMPLETED
+    assert claimed is not None and claimed.id == b.id
+    # A read sees the outcome (a group commit store flushes before it answers).
+    got = store.get_run(a.id, T0 + 1, RetentionPolicy())
+    assert got is not None and got.status is EffectStatus.COMPLETED
+    finished, claimed, _ = store.finish_and_claim(
+        Finish(b.id, EffectStatus.FAILED, "boom", T0 + 2), T0 + 2, durable=False)
+    assert finished is not None and claimed is not None and claimed.id == c.id
+    store.sync()
+    store.sync()  # nothing left to flush: no error, no change
+    # The last outcome claims nothing: the group ends there.
+    finished, claimed, next_due = store.finish_and_claim(
+        Finish(c.id, EffectStatus.COMPLETED, None, T0 + 3), T0 + 3, durable=False)
+    assert finished is not None and claimed is None and next_due is None
+    assert [(r.id, r.status, r.error) for r in store.list_runs(T0 + 3, RetentionPolicy())[0]] == [
+        (c.id, EffectStatus.COMPLETED, None), (b.id, EffectStatus.FAILED, "boom"),
+        (a.id, EffectStatus.COMPLETED, None)]
+    assert store.pending_runs() == []
+
+
 def test_two_stores_of_one_thread_claiming_at_once_never_claim_a_run_twice(
     harness: Harness, store: ThreadStore
 ) -> None:
