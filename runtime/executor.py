@@ -56,9 +56,14 @@ DRAIN_BATCH = 100
 GROUP_COMMIT_RUNS = 32
 """Outcomes a drain commits without a disk flush of their own at most (a group commit on a
 `ThreadStore.group_commit` store): the 32nd commit of a group waits for the disk."""
-GROUP_COMMIT_SECONDS = 0.01
+GROUP_COMMIT_SECONDS = 0.1
 """How long the frames of a group commit are held at most (seconds since its first
-outcome): a slow run in the group does not delay the outcomes before it longer."""
+outcome). In a burst on many threads a thread's next run comes tens of ms after its
+last (the other threads' runs go between): a bound of 10 ms would end every group at
+its first outcome."""
+GROUP_COMMIT_SLOW_RUN_SECONDS = 0.01
+"""A run in line that runs longer than this (seconds) has the frames held before it
+flushed and delivered meanwhile: a slow run does not hold back the outcome before it."""
 
 # A drain (or the recording of a concurrent run's outcome) that failed on a storage error
 # is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
@@ -290,6 +295,7 @@ class EffectExecutor:
                 finish = None
                 done += 1
                 continue
+            slow = self._watch_slow_run(actor)
             try:
                 if beside:
                     finish = await self._execute_beside(actor, claimed)
@@ -300,6 +306,9 @@ class EffectExecutor:
                 finish = Finish(claimed.id, EffectStatus.FAILED,
                                 f"Internal error running the effect: {error_text(exc)}",
                                 self._now())
+            finally:
+                if slow is not None:
+                    slow.cancel()
             if finish is None:  # interrupted: deletion, shutdown, or the lease was lost
                 actor.current_run = None
                 await self._flush_held(actor)
@@ -359,9 +368,10 @@ class EffectExecutor:
     # run's `started`, anything else of the thread) are held by the hub, in order, and
     # delivered after the flush that makes them durable: a durable commit (the group's
     # `GROUP_COMMIT_RUNS`th outcome, a commit that claims nothing or stops the drain), a
-    # `ThreadStore.sync` when the drain ends otherwise, or the timer when the first held
-    # outcome waited `GROUP_COMMIT_SECONDS` (a slow run). Nothing is seen before it is
-    # durable: a power cut loses held outcomes only, whose runs run again.
+    # `ThreadStore.sync` when the drain ends otherwise, or a timer: the first held outcome
+    # waited `GROUP_COMMIT_SECONDS`, or a run in line ran `GROUP_COMMIT_SLOW_RUN_SECONDS`.
+    # Nothing is seen before it is durable: a power cut loses held outcomes only, whose
+    # runs run again.
 
     def _may_hold(self, thread_id: str) -> bool:
         """Whether the next outcome of the thread may join its group (not end it)."""
@@ -383,6 +393,13 @@ class EffectExecutor:
             )
         held.runs += 1
 
+    def _watch_slow_run(self, actor: ThreadActor) -> asyncio.TimerHandle | None:
+        """Before a run in line: flush what is held if the run is still going in 10 ms."""
+        if actor.thread_id not in self._held:
+            return None
+        return asyncio.get_running_loop().call_later(
+            GROUP_COMMIT_SLOW_RUN_SECONDS, self._flush_soon, actor)
+
     def _release_held(self, thread_id: str) -> None:
         """Every commit of the thread so far is durable: deliver its held frames."""
         held = self._held.pop(thread_id, None)
@@ -399,8 +416,9 @@ class EffectExecutor:
     async def _flush_held(self, actor: ThreadActor) -> None:
         """Sync the thread's store and deliver the frames held before the flush began.
 
-        A failed flush leaves them held (logged): the next durable commit or flush
-        delivers them, and a power cut meanwhile may lose their outcomes, never shown.
+        A failed flush leaves them held (logged) and is tried again in
+        `RETRY_FIRST_SECONDS` (or by the next durable commit): a power cut meanwhile may
+        lose their outcomes, never shown. At shutdown they are dropped.
         """
         thread_id = actor.thread_id
         held = self._held.get(thread_id)
@@ -410,8 +428,16 @@ class EffectExecutor:
         try:
             await self._run_sync(actor.store.sync)
         except (ThreadStorageError, RuntimeClosed) as exc:
-            log.error("thread %s: outcomes not synced yet, their frames held: %s",
-                      thread_id, exc)
+            if self._held.get(thread_id) is not held:
+                return
+            if isinstance(exc, RuntimeClosed) or actor.deleted or self._stopping():
+                self._drop_held(thread_id)
+                return
+            log.error("thread %s: outcomes not synced yet, their frames held (retrying in "
+                      "%.0f s): %s", thread_id, RETRY_FIRST_SECONDS, exc)
+            held.timer.cancel()
+            held.timer = asyncio.get_running_loop().call_later(
+                RETRY_FIRST_SECONDS, self._flush_soon, actor)
             return
         if self._held.get(thread_id) is not held:
             return  # released (or dropped) meanwhile
@@ -427,7 +453,7 @@ class EffectExecutor:
             del self._held[thread_id]
 
     def _flush_soon(self, actor: ThreadActor) -> None:
-        # The timer of a group whose run is slow: flush in a task of its own.
+        # A group's timer: flush in a task of its own.
         if actor.deleted:
             self._drop_held(actor.thread_id)
             return
