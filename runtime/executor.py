@@ -29,7 +29,7 @@ import anyio.to_thread
 from pydantic import ValidationError
 
 from runtime.abc import RunSync
-from runtime.actors import ThreadActor
+from runtime.actors import ActorState, ThreadActor
 from runtime.alarms import AlarmIndex
 from runtime.config import RetentionPolicy
 from runtime.discovery import EffectRegistry
@@ -430,7 +430,10 @@ class EffectExecutor:
         except (ThreadStorageError, RuntimeClosed) as exc:
             if self._held.get(thread_id) is not held:
                 return
-            if isinstance(exc, RuntimeClosed) or actor.deleted or self._stopping():
+            if (isinstance(exc, RuntimeClosed) or actor.state is not ActorState.OPEN
+                    or self._stopping()):
+                # Shut down, deleted, or evicted (its close flushed, or could not): the
+                # frames would only ever show what a crash might take back.
                 self._drop_held(thread_id)
                 return
             log.error("thread %s: outcomes not synced yet, their frames held (retrying in "
@@ -454,7 +457,7 @@ class EffectExecutor:
 
     def _flush_soon(self, actor: ThreadActor) -> None:
         # A group's timer: flush in a task of its own.
-        if actor.deleted:
+        if actor.state is not ActorState.OPEN:
             self._drop_held(actor.thread_id)
             return
         task = asyncio.create_task(self._flush_held(actor),
