@@ -233,6 +233,12 @@ class EffectExecutor:
                     # disk; its frames (and every later one) are held until a flush.
                     durable = not (group and finish is not None and not stop
                                    and self._may_hold(thread_id))
+                    inline = False
+                    if answer is None and finish is not None and not durable:
+                        # No fsync in it: on the loop when the store is free.
+                        answer = actor.store.finish_inline(finish, now,
+                                                           retention=self._retention)
+                        inline = answer is not None
                     if answer is None:
                         answer = await self._run_sync(
                             partial(
@@ -257,7 +263,7 @@ class EffectExecutor:
                     self._drop_held(thread_id)
                     return False
                 if finish is not None:
-                    if durable or claimed is None:
+                    if durable or (claimed is None and not inline):
                         # Synced (an outcome that claims nothing is, `finish_and_claim`),
                         # and with it every commit before: what was held may be seen now.
                         self._release_held(thread_id)

@@ -286,6 +286,26 @@ class ThreadStore(ABC):
         """
         return None
 
+    def finish_inline(
+        self, finish: Finish, now: float, *, retention: RetentionPolicy | None = None
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:
+        """Record an outcome and claim the next due run here, without waiting for the disk.
+
+        For a `group_commit` store, on the caller's thread (the event loop) when that is
+        cheap right now (no lock held by another thread): what
+        ``finish_and_claim(finish, now, retention=retention, durable=False)`` does, except
+        that it never flushes, not even when it claims nothing; the caller calls `sync`
+        (off the loop) before anything of it is shown.
+
+        Returns:
+            None (not cheap now, or not a `group_commit` store: nothing was done), or
+            what ``finish_and_claim`` returns.
+
+        Raises:
+            ThreadStorageError: the transaction failed; nothing was written.
+        """
+        return None
+
     def claim_inline(
         self, now: float
     ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:

@@ -822,6 +822,20 @@ class SQLiteThreadStore(ThreadStore):
         finally:
             self._lock.release()
 
+    def finish_inline(  # noqa: D102 - contract in base
+        self, finish: Finish, now: float, *, retention: RetentionPolicy | None = None
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:
+        # Under FULL the commit goes at NORMAL and nothing here waits for the disk: cheap
+        # when the store is free, as under NORMAL (where the runtime makes such calls on
+        # the loop anyway, `Runtime.run_short`).
+        if not self.group_commit or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._finish_and_claim(finish, now, True, retention, None,
+                                          durable=False, flush=False)
+        finally:
+            self._lock.release()
+
     def _finish_and_claim(
         self,
         finish: Finish | None,
@@ -830,8 +844,9 @@ class SQLiteThreadStore(ThreadStore):
         retention: RetentionPolicy | None,
         only_names: Collection[str] | None,
         durable: bool = True,
+        flush: bool = True,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
-        """`finish_and_claim` with ``self._lock`` held.
+        """`finish_and_claim` with ``self._lock`` held (``flush=False``: `finish_inline`).
 
         A claim alone (no finish) commits without an fsync of its own under ``FULL``: a
         process crash keeps it; a power cut may lose it together with everything after it
@@ -920,7 +935,7 @@ class SQLiteThreadStore(ThreadStore):
         else:
             answer = self._tx_held(tx, sync=False)
             self._unsynced = True
-        if self._unsynced and finish is not None and (durable or answer[1] is None):
+        if self._unsynced and flush and finish is not None and (durable or answer[1] is None):
             # Durable, or the caller's group ends here (nothing claimed): sync it all now.
             self._flush_wal()
         return answer

@@ -720,6 +720,29 @@ def test_outcomes_committed_without_waiting_for_the_disk_read_back_as_written(
     assert store.pending_runs() == []
 
 
+def test_an_outcome_recorded_on_the_callers_thread_is_declined_or_is_the_same_write(
+    store: ThreadStore,
+) -> None:
+    """`finish_inline` does nothing (None) or what ``finish_and_claim`` does; `sync` after."""
+    a, b = run(), run()
+    for r in (a, b):
+        store.insert_run(r)
+    store.finish_and_claim(None, T0)
+    for done, nxt in ((a, b), (b, None)):
+        outcome = Finish(done.id, EffectStatus.COMPLETED, None, T0 + 1)
+        answer = store.finish_inline(outcome, T0 + 1)
+        if answer is None:
+            assert not store.group_commit
+            answer = store.finish_and_claim(outcome, T0 + 1, durable=False)
+        finished, claimed, next_due = answer
+        assert finished is not None and finished.status is EffectStatus.COMPLETED
+        assert (claimed.id if claimed is not None else None) == (nxt.id if nxt else None)
+        assert next_due is None
+    store.sync()
+    assert {r.status for r in store.list_runs(T0 + 1, RetentionPolicy())[0]} == {
+        EffectStatus.COMPLETED}
+
+
 def test_two_stores_of_one_thread_claiming_at_once_never_claim_a_run_twice(
     harness: Harness, store: ThreadStore
 ) -> None:

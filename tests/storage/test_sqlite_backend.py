@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -408,12 +409,28 @@ def test_a_group_commit_flushes_the_wal_once_before_anything_is_read_or_closed(
         taken()
         finish("r9", T0 + 100, durable=False)
         assert taken() == ["NORMAL", "COMMIT", "flush"]
+        # On the caller's thread: never a flush, not even when it claims nothing (the
+        # caller syncs off the loop), and declined while another thread holds the store.
+        for rid in ("rc", "rd"):
+            store.insert_run(EffectRun(rid, "t", "record", EffectStatus.PENDING, None,
+                                       T0 + 99, T0))
+        store.finish_and_claim(None, T0 + 100)
+        taken()
+        assert store.finish_inline(Finish("rc", EffectStatus.COMPLETED, None, T0 + 100),
+                                   T0 + 100) is not None
+        assert store.finish_inline(Finish("rd", EffectStatus.COMPLETED, None, T0 + 100),
+                                   T0 + 100) == (ANY, None, None)
+        assert taken() == ["NORMAL", "COMMIT", "NORMAL", "COMMIT"]
+        with store._lock:  # type: ignore[attr-defined]
+            assert store.finish_inline(Finish("rd", EffectStatus.FAILED, None, T0), T0) is None
+        store.sync()
+        assert taken() == ["flush"]
         # What is committed without a flush is in the file for a crash's next process.
         store.finish_and_claim(None, T0 + 100)
         reader = sqlite3.connect(backend.thread_path("t"))
         try:
             assert reader.execute("SELECT count(*) FROM effect_runs WHERE status = "
-                                  "'completed'").fetchone()[0] == 7
+                                  "'completed'").fetchone()[0] == 9
         finally:
             reader.close()
         # Closed with an outcome still unsynced: flushed first.
