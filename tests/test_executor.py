@@ -166,3 +166,35 @@ async def test_a_read_during_a_group_flushes_first_and_a_slow_run_does_not_hold_
         assert (await thread.get_run(slow)).status is EffectStatus.COMPLETED
         assert seen.seen_early == [] and seen.recorded == []
 
+
+
+async def test_a_concurrent_run_in_a_burst_keeps_the_in_line_order_and_the_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A due run of a concurrent effect starts beside the in-line runs (its claim without
+    # a finish, its outcome durable on its own, `_run_side`): its frames wait behind the
+    # held ones, the in-line runs keep their order, nothing is seen early.
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=FakeClock(),
+                       synchronous="FULL", load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        await thread.pause()
+        before = [(await thread.schedule("ping")).run_id for _ in range(20)]
+        beside = (await thread.schedule("long_work", {"key": "w"})).run_id
+        after = [(await thread.schedule("ping")).run_id for _ in range(20)]
+        gates: dict[str, asyncio.Event] = rt.registry.app["long_work"].fn.__globals__["GATES"]
+        gates.setdefault("w", asyncio.Event()).set()  # it ends as soon as it starts
+        sub = thread.subscribe()
+        with watched(rt, "t", monkeypatch) as seen:
+            await thread.resume()
+            await rt.wait_idle()
+        page = await thread.list_runs(limit=500)
+        assert {r.status for r in page.runs} == {EffectStatus.COMPLETED}
+        assert seen.seen_early == [] and seen.recorded == []
+        in_line = [f for f in seen.frames if f[0] != beside]
+        assert in_line == [(i, c) for i in before + after for c in ("started", "completed")]
+        assert [c for i, c in seen.frames if i == beside] == ["started", "completed"]
+        events = [e for e in sub.take() if isinstance(e, EffectChanged)]
+        sub.close()
+        assert [(e.run.id, str(e.change)) for e in events] == seen.frames
+        assert [e.seq for e in events] == list(range(events[0].seq,
+                                                     events[0].seq + len(events)))
