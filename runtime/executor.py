@@ -29,7 +29,7 @@ import anyio.to_thread
 from pydantic import ValidationError
 
 from runtime.abc import RunSync
-from runtime.actors import ThreadActor
+from runtime.actors import ActorState, ThreadActor
 from runtime.alarms import AlarmIndex
 from runtime.config import RetentionPolicy
 from runtime.discovery import EffectRegistry
@@ -54,14 +54,38 @@ _Claimed = tuple[EffectRun | None, EffectRun | None, float | None]
 log = logging.getLogger("runtime")
 
 DRAIN_BATCH = 100
+"""Runs a worker executes for one thread before letting other due threads go first."""
+
+GROUP_COMMIT_RUNS = 32
+"""Outcomes a drain commits without a disk flush of their own at most (a group commit on a
+`ThreadStore.group_commit` store): the 32nd commit of a group waits for the disk."""
+GROUP_COMMIT_SECONDS = 0.1
+"""How long the frames of a group commit are held at most (seconds since its first
+outcome). In a burst on many threads a thread's next run comes tens of ms after its
+last (the other threads' runs go between): a bound of 10 ms would end every group at
+its first outcome."""
+GROUP_COMMIT_SLOW_RUN_SECONDS = 0.01
+"""A run in line that runs longer than this (seconds) has the frames held before it
+flushed and delivered meanwhile: a slow run does not hold back the outcome before it."""
+
 # A drain (or the recording of a concurrent run's outcome) that failed on a storage error
 # is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS.
 RETRY_FIRST_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
-"""Runs a worker executes for one thread before letting other due threads go first."""
 
 MAX_ERROR_CHARS = 8192
 """A failed run's stored error is cut to this many UTF-8 bytes (it travels in every frame)."""
+
+
+class _Held:
+    """A thread's group commit in progress: frames held since ``since`` (loop time)."""
+
+    __slots__ = ("runs", "since", "timer")
+
+    def __init__(self, since: float, timer: asyncio.TimerHandle) -> None:
+        self.since = since
+        self.runs = 0  # outcomes committed in the group without a flush
+        self.timer = timer
 
 
 class _EffectTimeout(Exception):
@@ -148,6 +172,8 @@ class EffectExecutor:
         self._side_idle = asyncio.Event()
         self._side_idle.set()
         self._pokes: dict[str, asyncio.Event] = {}  # threads running a run in line
+        self._held: dict[str, _Held] = {}  # threads whose frames wait for a flush
+        self._flushes: set[asyncio.Task[None]] = set()  # flushes the timer started
         # The tasks running effect code now, for `describe_task` (the loop watchdog).
         self._running: dict[asyncio.Task[None], tuple[str, str, str]] = {}
 
@@ -186,9 +212,11 @@ class EffectExecutor:
         finish: Finish | None = actor.unrecorded
         done = 0
         beside = bool(self._concurrent_names())  # the app has concurrent effects
+        group = actor.store.group_commit
         while True:
             async with actor.lock:
                 if actor.deleted:
+                    self._drop_held(thread_id)
                     return False
                 stopping = self._stopping()
                 # A paused thread starts nothing; its alarm row stays, and resuming
@@ -200,6 +228,7 @@ class EffectExecutor:
                     if not stop:
                         finish = await self._fire_schedules(actor, finish)
                         if actor.deleted:
+                            self._drop_held(thread_id)
                             return False
                     now = self._now()
                     # A claim alone is often cheap enough for the loop itself (SQLite:
@@ -208,12 +237,23 @@ class EffectExecutor:
                         self._claim_inline(actor.store, now)
                         if finish is None and not stop else None
                     )
+                    # Group commit: an outcome followed by a claim need not wait for the
+                    # disk; its frames (and every later one) are held until a flush.
+                    durable = not (group and finish is not None and not stop
+                                   and self._may_hold(thread_id))
+                    inline = False
+                    if answer is None and finish is not None and not durable:
+                        # No fsync in it: on the loop when the store is free.
+                        answer = actor.store.finish_inline(finish, now,
+                                                           retention=self._retention)
+                        inline = answer is not None
                     if answer is None:
                         answer = await self._run_sync(
                             partial(
                                 actor.store.finish_and_claim,
                                 claim=not stop,
                                 retention=self._retention,
+                                durable=durable,
                             ),
                             finish,
                             now,
@@ -222,14 +262,25 @@ class EffectExecutor:
                 except ThreadStorageError:
                     # Kept in memory: recorded by the next drain, never run again.
                     actor.unrecorded = finish
+                    await self._flush_held(actor)
                     raise
                 actor.unrecorded = None
                 actor.current_run = claimed
                 if actor.deleted:
                     actor.current_run = None
+                    self._drop_held(thread_id)
                     return False
+                if finish is not None:
+                    if durable or (claimed is None and not inline):
+                        # Synced (an outcome that claims nothing is, `finish_and_claim`),
+                        # and with it every commit before: what was held may be seen now.
+                        self._release_held(thread_id)
+                    else:
+                        self._hold(actor)
                 if finished is not None:
                     self._hub.publish(_change_of(finished), finished)
+                if stop or claimed is None:
+                    await self._flush_held(actor)  # the drain ends: nothing stays held
                 if stop:
                     # Let other due threads go first; come back to this one.
                     return not (stopping or paused)
@@ -258,6 +309,7 @@ class EffectExecutor:
                 finish = None
                 done += 1
                 continue
+            slow = self._watch_slow_run(actor)
             try:
                 if beside:
                     finish = await self._execute_beside(actor, claimed)
@@ -268,8 +320,12 @@ class EffectExecutor:
                 finish = Finish(claimed.id, EffectStatus.FAILED,
                                 f"Internal error running the effect: {error_text(exc)}",
                                 self._now())
+            finally:
+                if slow is not None:
+                    slow.cancel()
             if finish is None:  # interrupted: deletion, shutdown, or the lease was lost
                 actor.current_run = None
+                await self._flush_held(actor)
                 return False
             actor.current_run = None
             done += 1
@@ -300,6 +356,7 @@ class EffectExecutor:
                 finish,
                 now,
             )
+            self._release_held(actor.thread_id)  # a durable commit: synced, all before it
             if finished is not None:
                 self._hub.publish(_change_of(finished), finished)
         actor.next_fire_known = False  # unknown if the fire fails
@@ -318,6 +375,109 @@ class EffectExecutor:
                 )
         publish_fires(self._hub, fired)
         return None
+
+    # -------------------------------------------------------------- group commit
+    # A drain on a `ThreadStore.group_commit` store records an outcome and claims the next
+    # run without waiting for the disk; the frames from then on (that outcome, the next
+    # run's `started`, anything else of the thread) are held by the hub, in order, and
+    # delivered after the flush that makes them durable: a durable commit (the group's
+    # `GROUP_COMMIT_RUNS`th outcome, a commit that claims nothing or stops the drain), a
+    # `ThreadStore.sync` when the drain ends otherwise, or a timer: the first held outcome
+    # waited `GROUP_COMMIT_SECONDS`, or a run in line ran `GROUP_COMMIT_SLOW_RUN_SECONDS`.
+    # Nothing is seen before it is durable: a power cut loses held outcomes only, whose
+    # runs run again.
+
+    def _may_hold(self, thread_id: str) -> bool:
+        """Whether the next outcome of the thread may join its group (not end it)."""
+        held = self._held.get(thread_id)
+        if held is None:
+            return True
+        return (held.runs + 1 < GROUP_COMMIT_RUNS
+                and asyncio.get_running_loop().time() - held.since < GROUP_COMMIT_SECONDS)
+
+    def _hold(self, actor: ThreadActor) -> None:
+        """An outcome was committed without a flush: hold the thread's frames from now on."""
+        thread_id = actor.thread_id
+        held = self._held.get(thread_id)
+        if held is None:
+            loop = asyncio.get_running_loop()
+            self._hub.hold(thread_id)
+            held = self._held[thread_id] = _Held(
+                loop.time(), loop.call_later(GROUP_COMMIT_SECONDS, self._flush_soon, actor)
+            )
+        held.runs += 1
+
+    def _watch_slow_run(self, actor: ThreadActor) -> asyncio.TimerHandle | None:
+        """Before a run in line: flush what is held if the run is still going in 10 ms."""
+        if actor.thread_id not in self._held:
+            return None
+        return asyncio.get_running_loop().call_later(
+            GROUP_COMMIT_SLOW_RUN_SECONDS, self._flush_soon, actor)
+
+    def _release_held(self, thread_id: str) -> None:
+        """Every commit of the thread so far is durable: deliver its held frames."""
+        held = self._held.pop(thread_id, None)
+        if held is not None:
+            held.timer.cancel()
+            self._hub.release(thread_id)
+
+    def _drop_held(self, thread_id: str) -> None:
+        """The thread was deleted: its held frames are never delivered."""
+        held = self._held.pop(thread_id, None)
+        if held is not None:
+            held.timer.cancel()
+
+    async def _flush_held(self, actor: ThreadActor) -> None:
+        """Sync the thread's store and deliver the frames held before the flush began.
+
+        A failed flush leaves them held (logged) and is tried again in
+        `RETRY_FIRST_SECONDS` (or by the next durable commit): a power cut meanwhile may
+        lose their outcomes, never shown. At shutdown they are dropped.
+        """
+        thread_id = actor.thread_id
+        held = self._held.get(thread_id)
+        if held is None:
+            return
+        mark = self._hub.hold_mark(thread_id)
+        try:
+            await self._run_sync(actor.store.sync)
+        except (ThreadStorageError, RuntimeClosed) as exc:
+            if self._held.get(thread_id) is not held:
+                return
+            if (isinstance(exc, RuntimeClosed) or actor.state is not ActorState.OPEN
+                    or self._stopping()):
+                # Shut down, deleted, or evicted (its close flushed, or could not): the
+                # frames would only ever show what a crash might take back.
+                self._drop_held(thread_id)
+                return
+            log.error("thread %s: outcomes not synced yet, their frames held (retrying in "
+                      "%.0f s): %s", thread_id, RETRY_FIRST_SECONDS, exc)
+            held.timer.cancel()
+            held.timer = asyncio.get_running_loop().call_later(
+                RETRY_FIRST_SECONDS, self._flush_soon, actor)
+            return
+        if self._held.get(thread_id) is not held:
+            return  # released (or dropped) meanwhile
+        self._hub.release(thread_id, mark)
+        if self._hub.held(thread_id):
+            # Frames of commits that may have come after the flush: a group of their own.
+            loop = asyncio.get_running_loop()
+            held.timer.cancel()
+            held.since, held.runs = loop.time(), 0
+            held.timer = loop.call_later(GROUP_COMMIT_SECONDS, self._flush_soon, actor)
+        else:
+            held.timer.cancel()
+            del self._held[thread_id]
+
+    def _flush_soon(self, actor: ThreadActor) -> None:
+        # A group's timer: flush in a task of its own.
+        if actor.state is not ActorState.OPEN:
+            self._drop_held(actor.thread_id)
+            return
+        task = asyncio.create_task(self._flush_held(actor),
+                                   name=f"group-flush-{actor.thread_id}")
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     def _known_effect(self, name: str) -> bool:
         # Run in a worker thread (`fire_due`). An effect another live node runs is known:

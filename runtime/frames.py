@@ -376,6 +376,16 @@ class Subscription(AsyncIterator[ThreadEvent]):
         self.close()
 
 
+class _Kept:
+    """A held thread's events not delivered yet (`ChangeHub.hold`)."""
+
+    __slots__ = ("events", "taken")
+
+    def __init__(self) -> None:
+        self.events: deque[ThreadEvent] = deque()
+        self.taken = 0  # events kept since the hold, released ones included
+
+
 class ChangeHub:
     """Per-thread sequence numbers and subscriber sets. Event-loop only (not thread-safe)."""
 
@@ -384,6 +394,7 @@ class ChangeHub:
         self._seq: dict[str, int] = {}
         self._feeds: dict[str, _Feed] = {}  # thread id (or ALL_THREADS) → its subscriptions' log
         self._listeners: list[Listener] = []
+        self._kept: dict[str, _Kept] = {}  # thread id → its events held back (`hold`)
         self.relay: FrameRelay | None = None
         """None: this hub numbers and delivers events itself (one process per backend).
         Set (a backend several nodes share, `runtime.cluster`): events go to the relay,
@@ -474,22 +485,78 @@ class ChangeHub:
             ),
         )
 
+    def hold(self, thread_id: str) -> None:
+        """Keep the thread's events from now on instead of delivering them, until `release`.
+
+        They are numbered as they are published (``seq`` follows the publishing order) and
+        delivered later, in that order, to the listeners and subscribers alike. For events
+        whose change is committed but not durable yet (a group commit,
+        `ThreadStore.group_commit`): nobody sees them before the disk flush. Holding a
+        thread already held changes nothing.
+        """
+        if thread_id not in self._kept:
+            self._kept[thread_id] = _Kept()
+
+    def hold_mark(self, thread_id: str) -> int:
+        """How many events of the thread were kept since its `hold` (0 when not held).
+
+        Taken before a disk flush, passed to `release` after it: the events kept by then
+        were committed before the flush began.
+        """
+        kept = self._kept.get(thread_id)
+        return 0 if kept is None else kept.taken
+
+    def release(self, thread_id: str, upto: int | None = None) -> None:
+        """Deliver the thread's kept events, in order: all, or the first ``upto`` of them.
+
+        ``upto`` is a `hold_mark` (counted since the `hold`; events already released count
+        too). Once none is kept any more, the thread's events are delivered at once again.
+        No effect on a thread not held.
+        """
+        kept = self._kept.get(thread_id)
+        if kept is None:
+            return
+        events = kept.events
+        if upto is None:
+            upto = kept.taken
+        while events and kept.taken - len(events) < upto:
+            self._hand(thread_id, events.popleft())
+        if not events:
+            del self._kept[thread_id]
+
+    def held(self, thread_id: str) -> bool:
+        """Whether the thread's events are being kept (`hold`)."""
+        return thread_id in self._kept
+
     def _deliver(self, thread_id: str, make: Callable[[int], _E], given: int | None = None,
                  ) -> _E:
+        if self.relay is not None:
+            event = make(given or 0)  # 0: the relay numbers it
+        else:
+            # One counter per thread for every kind of event: a gap means "missed
+            # something".
+            seq = self._seq.get(thread_id, 0) + 1
+            self._seq[thread_id] = seq
+            event = make(seq)
+        kept = self._kept.get(thread_id)
+        if kept is not None:
+            kept.events.append(event)
+            kept.taken += 1
+        else:
+            self._hand(thread_id, event)
+        return event
+
+    def _hand(self, thread_id: str, event: ThreadEvent) -> None:
+        """Give a numbered event to the listeners and subscribers (or to the relay)."""
         relay = self.relay
         if relay is not None:
-            event = make(given or 0)  # 0: the relay numbers it
             for listener in self._listeners:
                 try:
                     listener(event)
                 except Exception:
                     log.exception("a listener of the change hub failed on %r", event)
             relay.send(event)
-            return event
-        # One counter per thread for every kind of event: a gap means "missed something".
-        seq = self._seq.get(thread_id, 0) + 1
-        self._seq[thread_id] = seq
-        event = make(seq)
+            return
         feeds = self._feeds
         if isinstance(event, EffectChanged) and ALL_THREADS in feeds:
             feeds[ALL_THREADS].append(event)
@@ -502,7 +569,6 @@ class ChangeHub:
         feed = feeds.get(thread_id)
         if feed is not None:
             feed.append(event)
-        return event
 
     def close_thread(self, thread_id: str) -> None:
         """End every subscription of a thread (it was deleted) and forget its counter.
@@ -511,7 +577,9 @@ class ChangeHub:
         first, numbered after the thread's last one; listeners do not (the stores forget
         the thread themselves). With a relay, the event goes through it and the
         subscriptions end when it comes back (after every event numbered before it).
+        Events of the thread kept by `hold` are dropped: nobody may see them now.
         """
+        self._kept.pop(thread_id, None)
         if self.relay is not None:
             self.relay.send(ThreadDeleted(thread_id=thread_id, seq=0))
             return

@@ -186,16 +186,23 @@ def release(rt: Runtime, key: str) -> None:
 def no_blocking() -> Iterator[None]:
     """Fail the test if a blocking call (file, socket, sqlite3, sleep) runs on the loop.
 
-    Except SQLite calls made by `runtime.Runtime.run_short` and `Runtime.claim_inline`:
-    with ``synchronous=NORMAL`` a run's short store calls are made on the loop on purpose,
-    and a claim alone (no fsync of its own) with either setting.
+    Except SQLite calls made on the loop on purpose: by `runtime.Runtime.run_short` (with
+    ``synchronous=NORMAL``, a run's short store calls) and by a thread store's
+    ``claim_inline`` and ``finish_inline`` (commits without an fsync, when the store is
+    free).
     """
     with blockbuster_ctx() as bb:
-        for name, function in bb.functions.items():
-            if name.startswith("sqlite3."):
-                function.can_block_in("runtime/supervisor.py", "run_short")
-                function.can_block_in("runtime/supervisor.py", "claim_inline")
+        allow_inline_sqlite(bb)
         yield
+
+
+def allow_inline_sqlite(bb: Any) -> None:
+    """Let a blockbuster context accept the SQLite calls the runtime makes on the loop."""
+    for name, function in bb.functions.items():
+        if name.startswith("sqlite3."):
+            function.can_block_in("runtime/supervisor.py", "run_short")
+            function.can_block_in("runtime/storage/sqlite.py", "claim_inline")
+            function.can_block_in("runtime/storage/sqlite.py", "finish_inline")
 
 
 _SPANS: InMemorySpanExporter | None = None

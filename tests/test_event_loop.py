@@ -1,9 +1,8 @@
 """The runtime never blocks the event loop: SQLite and file work run in worker threads.
 
 blockbuster raises inside any coroutine that makes a blocking call (file I/O, sqlite3,
-time.sleep, os.stat, ...) on the loop, as pydantic-ai's test suite does. One exception by
-design: a claim alone commits without an fsync of its own and is tried on the loop
-(`runtime.Runtime.claim_inline`), only when the thread's store is free.
+time.sleep, os.stat, ...) on the loop, as pydantic-ai's test suite does; the SQLite
+commits without an fsync that a thread store makes on the loop on purpose are allowed.
 """
 
 from __future__ import annotations
@@ -14,15 +13,14 @@ import anyio
 from blockbuster import blockbuster_ctx
 
 from runtime import EffectStatus, Runtime
+from tests.conftest import allow_inline_sqlite
 
 APP = Path(__file__).parent / "apps" / "core"
 
 
 async def test_a_full_workload_makes_no_blocking_call_on_the_loop(tmp_path: Path) -> None:
     with blockbuster_ctx() as bb:
-        for name, function in bb.functions.items():
-            if name.startswith("sqlite3."):
-                function.can_block_in("runtime/supervisor.py", "claim_inline")
+        allow_inline_sqlite(bb)
         async with Runtime(
             app_dir=APP, data_dir=tmp_path, load_packages=False, max_open_threads=2
         ) as rt:

@@ -159,6 +159,57 @@ def test_runs_survive_sigkill(servers: Callable[..., ServerProcess], tmp_path: P
 
 
 @pytest.mark.every_backend
+def test_sigkill_in_a_burst_keeps_every_outcome_a_client_saw(
+    servers: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    # SQLite FULL (the server's default) commits a drain's outcomes in groups and holds
+    # their frames until the group's flush: a client never sees an outcome that a crash
+    # could take back, and every run still ends completed, at most once re-run.
+    first = servers("--app-dir", CORE_APP, "--no-packages")
+    tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]
+    assert httpx.post(f"{first.url}/api/threads/{tid}/pause").status_code == 200
+    ids = [schedule(first.url, tid, "record", {"key": f"k{i}"}) for i in range(400)]
+    seen: dict[str, tuple[str, int]] = {}  # run id -> (its last change received, attempts)
+    url = f"ws://127.0.0.1:{first.port}/api/threads/{tid}/stream"
+    with ws_connect(url, origin=None, open_timeout=GUARD_SECONDS) as ws:
+        assert httpx.post(f"{first.url}/api/threads/{tid}/resume").status_code == 200
+        while sum(change == "completed" for change, _ in seen.values()) < 50:
+            frame = json.loads(ws.recv(timeout=GUARD_SECONDS))
+            if frame["eventType"] == "effect_changed":
+                seen[frame["data"]["id"]] = (frame["data"]["change"], frame["data"]["attempts"])
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGKILL)
+        # What was on its way to this client before the kill is received too.
+        with pytest.raises((ConnectionClosed, TimeoutError, OSError)):
+            while True:
+                frame = json.loads(ws.recv(timeout=GUARD_SECONDS))
+                if frame["eventType"] == "effect_changed":
+                    seen[frame["data"]["id"]] = (frame["data"]["change"],
+                                                 frame["data"]["attempts"])
+    assert first.proc.wait(timeout=GUARD_SECONDS) == -signal.SIGKILL
+    completed_seen = {rid: a for rid, (change, a) in seen.items() if change == "completed"}
+    assert len(completed_seen) >= 50
+
+    second = servers("--app-dir", CORE_APP, "--no-packages")
+    deadline = time.monotonic() + GUARD_SECONDS
+    while True:
+        runs = httpx.get(f"{second.url}/api/threads/{tid}/effects?limit=500").json()["runs"]
+        if all(r["status"] == "completed" for r in runs):
+            break
+        assert time.monotonic() < deadline, [r for r in runs if r["status"] != "completed"]
+        time.sleep(0.1)
+    by_id = {r["id"]: r for r in runs}
+    assert set(by_id) == set(ids)
+    for rid, attempts in completed_seen.items():
+        # Seen completed: completed in the store in that attempt, never run again.
+        assert (by_id[rid]["status"], by_id[rid]["attempts"]) == ("completed", attempts)
+    # A run interrupted by the kill ran once more; none reached the attempt limit.
+    assert all(r["attempts"] in (1, 2) and r["error"] is None for r in runs)
+    keys = [json.loads(line)["key"] for line in
+            (tmp_path / "data" / "record.jsonl").read_text().splitlines()]
+    assert set(keys) == {f"k{i}" for i in range(400)}
+
+
 def test_sigterm_requeues_a_running_run(servers: Callable[..., ServerProcess]) -> None:
     first = servers("--shutdown-grace-seconds", "0.1")
     tid = httpx.post(f"{first.url}/api/threads", json={}).json()["id"]

@@ -585,6 +585,74 @@ async def test_subscribers_share_one_log_and_each_is_cut_off_by_its_own_lag() ->
     assert not hub.subscribed("t1")  # the log went with its last subscriber
 
 
+@pytest.mark.every_backend
+async def test_a_burst_streams_each_run_started_then_ended_in_seq_order(live: Live) -> None:
+    # 150 runs due at once on one thread (SQLite FULL commits their outcomes in groups and
+    # holds the frames until each group's flush): one frame per change, numbered without
+    # a gap, and no run starts on the stream before the one before it ended.
+    tid = await live.api.new_thread()
+    assert (await live.api.client.post(f"/api/threads/{tid}/pause")).status_code == 200
+    ids = [await live.api.schedule(tid, "ping") for _ in range(150)]
+    async with stream(live.url(tid)) as ws:
+        assert (await live.api.client.post(f"/api/threads/{tid}/resume")).status_code == 200
+        frames = await frames_until(ws, change_is(ids[-1], "completed"))
+    # (With a relay the last schedules' frames may come after the stream opened.)
+    runs = [f for f in frames if f["eventType"] == "effect_changed"
+            and f["data"]["change"] != "scheduled"]
+    assert [(f["data"]["id"], f["data"]["change"]) for f in runs] == [
+        (i, c) for i in ids for c in ("started", "completed")]
+    first = frames[0]["seq"]
+    assert [f["seq"] for f in frames] == list(range(first, first + len(frames)))
+
+
+def test_a_held_thread_s_events_are_numbered_at_once_and_delivered_in_order_on_release(
+) -> None:
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.events import EffectChanged, RunChange, ThreadEvent
+    from runtime.frames import ChangeHub
+
+    hub = ChangeHub(queue_size=100)
+    sub, other, every = hub.subscribe("t1"), hub.subscribe("t2"), hub.subscribe_runs()
+    heard: list[tuple[str, int]] = []
+
+    def listen(event: ThreadEvent) -> None:
+        heard.append((event.thread_id, event.seq))
+
+    hub.add_listener(listen)
+
+    def publish(tid: str, run_id: str) -> int:
+        run = EffectRun(id=run_id, thread_id=tid, name="noop", status=EffectStatus.PENDING,
+                        args=None, run_at_ts=0.0, created_at_ts=0.0)
+        return hub.publish(RunChange.SCHEDULED, run).seq
+
+    assert publish("t1", "a") == 1 and [e.seq for e in sub.take()] == [1]
+    hub.hold("t1")
+    assert [publish("t1", r) for r in ("b", "c")] == [2, 3]
+    mark = hub.hold_mark("t1")
+    assert publish("t1", "d") == 4
+    assert publish("t2", "x") == 1  # another thread is not held
+    assert sub.take() == [] and [e.seq for e in other.take()] == [1]
+    assert heard == [("t1", 1), ("t2", 1)]
+    # Up to the mark, then the rest; listeners, the thread's and every thread's
+    # subscribers get them in the order they were numbered.
+    hub.release("t1", mark)
+    assert [e.seq for e in sub.take()] == [2, 3] and hub.held("t1")
+    hub.release("t1", mark)  # released already: nothing more
+    assert sub.take() == []
+    hub.release("t1")
+    assert [e.seq for e in sub.take()] == [4] and not hub.held("t1")
+    assert heard[2:] == [("t1", 2), ("t1", 3), ("t1", 4)]
+    assert [(e.thread_id, e.seq) for e in every.take() if isinstance(e, EffectChanged)] == [
+        ("t1", 1), ("t2", 1), ("t1", 2), ("t1", 3), ("t1", 4)]
+    assert publish("t1", "e") == 5 and [e.seq for e in sub.take()] == [5]
+    # A deleted thread's held events are never delivered.
+    hub.hold("t1")
+    publish("t1", "f")
+    hub.close_thread("t1")
+    hub.release("t1")
+    assert sub.take() == [] and sub.closed and heard[-1] == ("t1", 5)
+
+
 async def test_many_clients_of_one_thread_get_the_same_frames_from_when_they_joined(
     tmp_path: Path,
 ) -> None:

@@ -163,10 +163,15 @@ class ThreadStore(ABC):
             The caller reads it right after the call, before another call on the store,
             and publishes the frame with that ``seq`` (docs/scale-out.md, "Frames across
             nodes"). Always None on SQLite and memory (the change hub numbers frames).
+        group_commit: Whether ``finish_and_claim(..., durable=False)`` may commit without
+            waiting for the disk, leaving the outcome to a later `sync` (SQLite with
+            ``synchronous=FULL``). False: every commit is as durable as the backend makes
+            it (memory; PostgreSQL), ``durable`` is ignored and `sync` does nothing.
     """
 
     claim_blocked: str | None = None
     frame_seq: int | None = None
+    group_commit: bool = False
 
     @abstractmethod
     def insert_run(
@@ -218,6 +223,7 @@ class ThreadStore(ABC):
         claim: bool = True,
         retention: RetentionPolicy | None = None,
         only_names: Collection[str] | None = None,
+        durable: bool = True,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         """Record one outcome and claim the next due run, in one transaction.
 
@@ -238,6 +244,15 @@ class ThreadStore(ABC):
             retention: The policy to prune by; None prunes nothing.
             only_names: Claim only runs of these effect names (the runs that may start
                 beside a running one), and ``next_due`` counts only them; None: any.
+            durable: False lets a `group_commit` store commit without waiting for the
+                disk when the call claims a run: the transaction survives a process
+                crash, and a power cut may lose it with everything committed after it,
+                until the store syncs (`sync`, a durable call, a read). Every read of
+                this store syncs first, so nothing it returns is undone by a power cut; a
+                caller that shows the outcome elsewhere (a frame) syncs first. A call
+                with a finish that is durable, or that claims nothing, returns with every
+                commit of this store so far durable (a call without a finish leaves them
+                as they were). Ignored where `group_commit` is False.
 
         Returns:
             ``(finished, claimed, next_due)``: the finished run as written (or None), the
@@ -255,6 +270,41 @@ class ThreadStore(ABC):
         Raises:
             ThreadStorageError: the transaction failed; nothing was written.
         """
+
+    def sync(self) -> None:
+        """Make every transaction this store committed so far durable (blocking).
+
+        After a ``finish_and_claim(..., durable=False)`` on a `group_commit` store: one
+        disk flush for all of them, none when nothing is waiting for one (a later durable
+        commit or a read already synced them). Does nothing where `group_commit` is
+        False.
+
+        Raises:
+            ThreadStorageError: the flush failed (or the store is closed with
+                transactions still to sync); they may be lost to a power cut, not to a
+                process crash.
+        """
+        return None
+
+    def finish_inline(
+        self, finish: Finish, now: float, *, retention: RetentionPolicy | None = None
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:
+        """Record an outcome and claim the next due run here, without waiting for the disk.
+
+        For a `group_commit` store, on the caller's thread (the event loop) when that is
+        cheap right now (no lock held by another thread): what
+        ``finish_and_claim(finish, now, retention=retention, durable=False)`` does, except
+        that it never flushes, not even when it claims nothing; the caller calls `sync`
+        (off the loop) before anything of it is shown.
+
+        Returns:
+            None (not cheap now, or not a `group_commit` store: nothing was done), or
+            what ``finish_and_claim`` returns.
+
+        Raises:
+            ThreadStorageError: the transaction failed; nothing was written.
+        """
+        return None
 
     def claim_inline(
         self, now: float

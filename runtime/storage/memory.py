@@ -246,6 +246,7 @@ class MemoryThreadStore(ThreadStore):
         claim: bool = True,
         retention: RetentionPolicy | None = None,
         only_names: Collection[str] | None = None,
+        durable: bool = True,  # every commit is durable here (no group commit)
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         wanted = None if only_names is None else set(only_names)
         with self._data.lock:

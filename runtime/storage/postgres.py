@@ -1564,6 +1564,7 @@ class PostgresThreadStore(ThreadStore):
         claim: bool = True,
         retention: RetentionPolicy | None = None,
         only_names: Collection[str] | None = None,
+        durable: bool = True,  # every commit is durable here (no group commit)
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         names: list[str] | None = None
         where = ""

@@ -364,6 +364,12 @@ class SQLiteThreadStore(ThreadStore):
         # The earliest next fire of an active schedule (None: none), as this store wrote
         # it; _UNKNOWN until read. Lets `due_schedules` answer most drains without a query.
         self._next_fire: object = _UNKNOWN
+        # Group commit (`finish_and_claim(..., durable=False)`): outcomes committed without
+        # an fsync of their own, synced by `sync` (one fdatasync of the WAL for all of
+        # them) or by the next FULL commit that writes; every read syncs them first.
+        self.group_commit = synchronous == "FULL"
+        self._unsynced = False
+        self._wal_fd: int | None = None  # the -wal file, opened at the first `sync`
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
                 thread_id,
@@ -395,7 +401,8 @@ class SQLiteThreadStore(ThreadStore):
             return self._tx_held(fn, write=write, sync=sync)
 
     def _tx_held(
-        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, sync: bool = True
+        self, fn: Callable[[sqlite3.Connection], T], *, write: bool = True, sync: bool = True,
+        shown: bool = True,
     ) -> T:
         """`_tx` with ``self._lock`` already held by the caller.
 
@@ -403,13 +410,29 @@ class SQLiteThreadStore(ThreadStore):
         ``FULL`` (``PRAGMA synchronous=NORMAL`` around it): the WAL frames reach the file
         (a process crash keeps them) and the next ``FULL`` commit of this file syncs them
         with its own (WAL is append-only, so a power cut loses a suffix, never a middle).
+
+        A read (``write=False``) flushes outcomes a group commit left unsynced first,
+        unless ``shown`` is False: a look-up of the store's own that no caller sees (the
+        due time of the next pending run before a claim).
         """
         conn = self._conn
         if conn is None:
             raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
+        unsynced = self._unsynced
+        if unsynced and not write and shown:
+            # No reader sees an outcome a power cut could still take back.
+            self._flush_wal()
+            unsynced = False
         try:
             if sync or self._synchronous != "FULL":
+                changes = conn.total_changes
                 result = _transaction(conn, fn, write)
+                if unsynced and write:
+                    # A FULL commit that wrote synced the WAL, everything before it too;
+                    # one that wrote nothing did not, and a durable write promises both.
+                    if conn.total_changes == changes:
+                        self._flush_wal()
+                    self._unsynced = False
             else:
                 conn.execute("PRAGMA synchronous=NORMAL")
                 try:
@@ -434,6 +457,40 @@ class SQLiteThreadStore(ThreadStore):
                 self._writes = 0
                 self._check_wal()
         return result
+
+    def _flush_wal(self) -> None:
+        """Flush the file's WAL (fdatasync ; ``self._lock`` held): commits so far are durable.
+
+        WAL is append-only and every frame carries a checksum, so one flush of the file
+        makes every commit before it survive a power cut, as their own fsyncs would have.
+
+        Raises:
+            ThreadStorageError: the flush (or opening the WAL) failed.
+        """
+        wal = f"{self.path}-wal"
+        try:
+            fd = self._wal_fd
+            # SQLite removes the WAL when its last connection closes, and a new one may
+            # have another inode: flush the file the connection writes now.
+            if fd is None or os.fstat(fd).st_ino != os.stat(wal).st_ino:
+                if fd is not None:
+                    self._wal_fd = None
+                    os.close(fd)
+                fd = self._wal_fd = os.open(wal, os.O_RDONLY)
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise ThreadStorageError(
+                self.thread_id, f"Thread {self.thread_id}: syncing {wal} failed: {exc}"
+            ) from exc
+        self._unsynced = False
+
+    def sync(self) -> None:  # noqa: D102 - contract in base
+        with self._lock:
+            if not self._unsynced:
+                return
+            if self._conn is None:
+                raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
+            self._flush_wal()
 
     def _check_wal(self) -> None:
         try:
@@ -746,9 +803,11 @@ class SQLiteThreadStore(ThreadStore):
         claim: bool = True,
         retention: RetentionPolicy | None = None,
         only_names: Collection[str] | None = None,
+        durable: bool = True,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
         with self._lock:
-            return self._finish_and_claim(finish, now, claim, retention, only_names)
+            return self._finish_and_claim(finish, now, claim, retention, only_names,
+                                          durable)
 
     def claim_inline(  # noqa: D102 - contract in base
         self, now: float
@@ -763,6 +822,20 @@ class SQLiteThreadStore(ThreadStore):
         finally:
             self._lock.release()
 
+    def finish_inline(  # noqa: D102 - contract in base
+        self, finish: Finish, now: float, *, retention: RetentionPolicy | None = None
+    ) -> tuple[EffectRun | None, EffectRun | None, float | None] | None:
+        # Under FULL the commit goes at NORMAL and nothing here waits for the disk: cheap
+        # when the store is free, as under NORMAL (where the runtime makes such calls on
+        # the loop anyway, `Runtime.run_short`).
+        if not self.group_commit or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._finish_and_claim(finish, now, True, retention, None,
+                                          durable=False, flush=False)
+        finally:
+            self._lock.release()
+
     def _finish_and_claim(
         self,
         finish: Finish | None,
@@ -770,14 +843,18 @@ class SQLiteThreadStore(ThreadStore):
         claim: bool,
         retention: RetentionPolicy | None,
         only_names: Collection[str] | None,
+        durable: bool = True,
+        flush: bool = True,
     ) -> tuple[EffectRun | None, EffectRun | None, float | None]:
-        """`finish_and_claim` with ``self._lock`` held.
+        """`finish_and_claim` with ``self._lock`` held (``flush=False``: `finish_inline`).
 
         A claim alone (no finish) commits without an fsync of its own under ``FULL``: a
         process crash keeps it; a power cut may lose it together with everything after it
         (the next ``FULL`` commit of the file, at the latest the run's finish, syncs it),
         and then the run is pending again with that attempt uncounted. The finish, and with
-        it the outcome every frame and caller saw, is synced before it is published.
+        it the outcome every frame and caller saw, is synced before it is published:
+        in this commit, or (``durable=False`` under ``FULL``) by `sync`, a later commit
+        that writes, or the next read.
         """
         names: tuple[str, ...] = ()
         where = ""
@@ -843,16 +920,25 @@ class SQLiteThreadStore(ThreadStore):
                     names,
                 ).fetchone(),
                 write=False,
+                shown=False,
             )
             if row[0] is None or row[0] > now:
                 if only_names is None:
                     if self._next_fire is _UNKNOWN:
-                        self._tx_held(self._refresh_next_fire, write=False)
+                        self._tx_held(self._refresh_next_fire, write=False, shown=False)
                     fire = self._next_fire
                     if isinstance(fire, float | int):
                         return None, None, fire if row[0] is None else min(row[0], fire)
                 return None, None, row[0]
-        return self._tx_held(tx, sync=finish is not None)
+        if finish is None or durable or not self.group_commit:
+            answer = self._tx_held(tx, sync=finish is not None)
+        else:
+            answer = self._tx_held(tx, sync=False)
+            self._unsynced = True
+        if self._unsynced and flush and finish is not None and (durable or answer[1] is None):
+            # Durable, or the caller's group ends here (nothing claimed): sync it all now.
+            self._flush_wal()
+        return answer
 
     def recover_interrupted(  # noqa: D102 - contract in base
         self,
@@ -1099,8 +1185,16 @@ class SQLiteThreadStore(ThreadStore):
         # A checkpoint running aside ends first: its connection must not be the last.
         with self._checkpointing, self._lock:
             if self._conn is not None:
+                if self._unsynced:
+                    # Closing the file's last connection checkpoints it (with its own
+                    # syncs); flush first anyway, so that no close leaves one behind.
+                    with contextlib.suppress(ThreadStorageError):
+                        self._flush_wal()
                 self._conn.close()
                 self._conn = None
+            if self._wal_fd is not None:
+                os.close(self._wal_fd)
+                self._wal_fd = None
 
     def remove_files(self) -> None:
         """Close and delete the file with its WAL and shared-memory companions."""

@@ -689,6 +689,60 @@ def test_a_claim_on_the_callers_thread_is_declined_or_is_the_same_claim(
     assert store.pending_runs() == [late]
 
 
+def test_outcomes_committed_without_waiting_for_the_disk_read_back_as_written(
+    store: ThreadStore,
+) -> None:
+    """``durable=False`` changes when the disk is flushed, never what is stored or read."""
+    a, b, c = run(), run(), run()
+    for r in (a, b, c):
+        store.insert_run(r)
+    _, claimed, _ = store.finish_and_claim(None, T0)
+    assert claimed is not None and claimed.id == a.id
+    finished, claimed, _ = store.finish_and_claim(
+        Finish(a.id, EffectStatus.COMPLETED, None, T0 + 1), T0 + 1, durable=False)
+    assert finished is not None and finished.status is EffectStatus.COMPLETED
+    assert claimed is not None and claimed.id == b.id
+    # A read sees the outcome (a group commit store flushes before it answers).
+    got = store.get_run(a.id, T0 + 1, RetentionPolicy())
+    assert got is not None and got.status is EffectStatus.COMPLETED
+    finished, claimed, _ = store.finish_and_claim(
+        Finish(b.id, EffectStatus.FAILED, "boom", T0 + 2), T0 + 2, durable=False)
+    assert finished is not None and claimed is not None and claimed.id == c.id
+    store.sync()
+    store.sync()  # nothing left to flush: no error, no change
+    # The last outcome claims nothing: the group ends there.
+    finished, claimed, next_due = store.finish_and_claim(
+        Finish(c.id, EffectStatus.COMPLETED, None, T0 + 3), T0 + 3, durable=False)
+    assert finished is not None and claimed is None and next_due is None
+    assert [(r.id, r.status, r.error) for r in store.list_runs(T0 + 3, RetentionPolicy())[0]] == [
+        (c.id, EffectStatus.COMPLETED, None), (b.id, EffectStatus.FAILED, "boom"),
+        (a.id, EffectStatus.COMPLETED, None)]
+    assert store.pending_runs() == []
+
+
+def test_an_outcome_recorded_on_the_callers_thread_is_declined_or_is_the_same_write(
+    store: ThreadStore,
+) -> None:
+    """`finish_inline` does nothing (None) or what ``finish_and_claim`` does; `sync` after."""
+    a, b = run(), run()
+    for r in (a, b):
+        store.insert_run(r)
+    store.finish_and_claim(None, T0)
+    for done, nxt in ((a, b), (b, None)):
+        outcome = Finish(done.id, EffectStatus.COMPLETED, None, T0 + 1)
+        answer = store.finish_inline(outcome, T0 + 1)
+        if answer is None:
+            assert not store.group_commit
+            answer = store.finish_and_claim(outcome, T0 + 1, durable=False)
+        finished, claimed, next_due = answer
+        assert finished is not None and finished.status is EffectStatus.COMPLETED
+        assert (claimed.id if claimed is not None else None) == (nxt.id if nxt else None)
+        assert next_due is None
+    store.sync()
+    assert {r.status for r in store.list_runs(T0 + 1, RetentionPolicy())[0]} == {
+        EffectStatus.COMPLETED}
+
+
 def test_two_stores_of_one_thread_claiming_at_once_never_claim_a_run_twice(
     harness: Harness, store: ThreadStore
 ) -> None:

@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -331,6 +332,139 @@ def test_a_claim_on_the_loop_never_waits_for_a_store_another_thread_holds(
         _, claimed, next_due = store.claim_inline(T0) or (None, None, None)
         assert claimed is not None and claimed.id == "a" and claimed.attempts == 1
         assert next_due is None
+    finally:
+        store.close()
+        rtdb.close()
+        backend.close()
+
+
+def test_a_group_commit_flushes_the_wal_once_before_anything_is_read_or_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FULL: an outcome with the next claim and ``durable=False`` commits at NORMAL; one
+    # fdatasync of the WAL (or the next FULL commit that writes) makes it durable, and
+    # every read, a commit that claims nothing and the close come after such a flush.
+    backend = SQLiteBackend(tmp_path, "FULL")
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    conn = store._conn  # type: ignore[attr-defined]
+    assert store.group_commit
+    log: list[str] = []
+    fdatasync = os.fdatasync
+
+    def counted(fd: int) -> None:
+        fdatasync(fd)
+        log.append("flush")
+
+    def trace(sql: str) -> None:
+        if sql.startswith("PRAGMA synchronous="):
+            log.append(sql.split("=")[1])
+        elif sql == "COMMIT":
+            log.append("COMMIT")
+
+    def taken() -> list[str]:
+        # "NORMAL" then "COMMIT" then "FULL": a commit without its own fsync.
+        got = [x for x in log if x != "FULL"]
+        log.clear()
+        return got
+
+    def finish(run_id: str, at: float, **kw: object) -> tuple[object, ...]:
+        return store.finish_and_claim(Finish(run_id, EffectStatus.COMPLETED, None, at), at,
+                                      **kw)  # type: ignore[arg-type]
+
+    try:
+        for i in range(6):
+            store.insert_run(EffectRun(f"r{i}", "t", "record", EffectStatus.PENDING, None,
+                                       T0, T0))
+        monkeypatch.setattr(os, "fdatasync", counted)
+        conn.set_trace_callback(trace)
+        store.finish_and_claim(None, T0)
+        assert taken() == ["NORMAL", "COMMIT"]
+        finish("r0", T0 + 1, durable=False)
+        assert taken() == ["NORMAL", "COMMIT"]
+        # A read flushes first, once.
+        got = store.get_run("r0", T0 + 1, RetentionPolicy())
+        assert got is not None and got.status is EffectStatus.COMPLETED
+        store.get_run("r1", T0 + 1, RetentionPolicy())
+        assert taken() == ["flush"]
+        # A FULL commit that writes syncs what came before it: no flush of its own.
+        finish("r1", T0 + 2, durable=False)
+        store.insert_run(EffectRun("r9", "t", "record", EffectStatus.PENDING, None,
+                                   T0 + 99, T0))
+        assert taken() == ["NORMAL", "COMMIT", "COMMIT"]
+        store.sync()
+        assert taken() == []
+        # `sync`: one flush for several outcomes, then nothing to do.
+        finish("r2", T0 + 3, durable=False)
+        finish("r3", T0 + 4, durable=False)
+        store.sync()
+        store.sync()
+        assert taken() == ["NORMAL", "COMMIT", "NORMAL", "COMMIT", "flush"]
+        # A durable outcome after an unsynced one: its FULL commit syncs both.
+        finish("r4", T0 + 5, durable=False)
+        finish("r5", T0 + 6)
+        assert taken() == ["NORMAL", "COMMIT", "COMMIT"]
+        # The last outcome of a group claims nothing: flushed before the call returns.
+        store.finish_and_claim(None, T0 + 99)
+        taken()
+        finish("r9", T0 + 100, durable=False)
+        assert taken() == ["NORMAL", "COMMIT", "flush"]
+        # On the caller's thread: never a flush, not even when it claims nothing (the
+        # caller syncs off the loop), and declined while another thread holds the store.
+        for rid in ("rc", "rd"):
+            store.insert_run(EffectRun(rid, "t", "record", EffectStatus.PENDING, None,
+                                       T0 + 99, T0))
+        store.finish_and_claim(None, T0 + 100)
+        taken()
+        assert store.finish_inline(Finish("rc", EffectStatus.COMPLETED, None, T0 + 100),
+                                   T0 + 100) is not None
+        assert store.finish_inline(Finish("rd", EffectStatus.COMPLETED, None, T0 + 100),
+                                   T0 + 100) == (ANY, None, None)
+        assert taken() == ["NORMAL", "COMMIT", "NORMAL", "COMMIT"]
+        with store._lock:  # type: ignore[attr-defined]
+            assert store.finish_inline(Finish("rd", EffectStatus.FAILED, None, T0), T0) is None
+        store.sync()
+        assert taken() == ["flush"]
+        # What is committed without a flush is in the file for a crash's next process.
+        store.finish_and_claim(None, T0 + 100)
+        reader = sqlite3.connect(backend.thread_path("t"))
+        try:
+            assert reader.execute("SELECT count(*) FROM effect_runs WHERE status = "
+                                  "'completed'").fetchone()[0] == 9
+        finally:
+            reader.close()
+        # Closed with an outcome still unsynced: flushed first.
+        for rid in ("ra", "rb"):
+            store.insert_run(EffectRun(rid, "t", "record", EffectStatus.PENDING, None,
+                                       T0 + 100, T0))
+        store.finish_and_claim(None, T0 + 100)
+        finish("ra", T0 + 101, durable=False)
+        taken()
+        store.close()
+        assert taken() == ["flush"]
+    finally:
+        store.close()
+        rtdb.close()
+        backend.close()
+
+
+def test_a_normal_store_has_no_group_commit_and_every_outcome_keeps_its_level(
+    tmp_path: Path,
+) -> None:
+    backend = SQLiteBackend(tmp_path, "NORMAL")
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    try:
+        assert not store.group_commit
+        for i in range(2):
+            store.insert_run(EffectRun(f"r{i}", "t", "record", EffectStatus.PENDING, None,
+                                       T0, T0))
+        store.finish_and_claim(None, T0)
+        finished, claimed, _ = store.finish_and_claim(
+            Finish("r0", EffectStatus.COMPLETED, None, T0), T0, durable=False)
+        assert finished is not None and claimed is not None and claimed.id == "r1"
+        store.sync()
+        assert store._wal_fd is None  # type: ignore[attr-defined]
     finally:
         store.close()
         rtdb.close()
