@@ -3374,7 +3374,9 @@ class PostgresBackend(StorageBackend):
         run another transaction is changing (its row locked) is skipped, never waited for:
         the node changing it writes its index row after that change commits, and a wait
         here could deadlock with a run's transaction locking the thread's rows in another
-        order.
+        order. The threads' registry rows are key-share locked as the index batches' are
+        (`_INDEX_RUNS`), skipping a thread whose deletion holds its row: no entry of a
+        deleted thread is written.
 
         Returns:
             How many index rows were written.
@@ -3398,7 +3400,7 @@ class PostgresBackend(StorageBackend):
             f"r.canceled_by, r.schedule_id, t.user_id "
             f"FROM effect_runs r JOIN threads t ON t.id = r.thread_id "
             f"WHERE r.thread_id = ANY(%s) ORDER BY r.thread_id, r.id "
-            f"FOR SHARE OF r SKIP LOCKED {_INDEX_UPSERT}"
+            f"FOR SHARE OF r SKIP LOCKED FOR KEY SHARE OF t SKIP LOCKED {_INDEX_UPSERT}"
             f"WHERE (run_index.status, run_index.run_at, run_index.started_at, "
             f"run_index.finished_at, run_index.attempts, run_index.error, "
             f"run_index.canceled_by) IS DISTINCT FROM (excluded.status, excluded.run_at, "
