@@ -36,8 +36,9 @@ DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432"
 
 def child(url: str, runs: int, threads: int) -> dict[str, float]:
     """Measure one case in this process (its ``runtime`` is the root's)."""
+    from runtime.config import RetentionPolicy
     from runtime.effects import EffectRun, EffectStatus
-    from runtime.storage.base import ThreadInfo
+    from runtime.storage.base import RunQuery, ThreadInfo
     from runtime.storage.postgres import PostgresBackend
 
     backend = PostgresBackend(url)
@@ -58,11 +59,12 @@ def child(url: str, runs: int, threads: int) -> dict[str, float]:
     for k in range(0, runs, 100):
         rtdb.index_runs(made[k:k + 100])
     indexed = runs / (time.perf_counter() - started)
+    listed = sum(rtdb.count_indexed_runs(RunQuery(), 3.0, RetentionPolicy()).values())
     for store in stores:
         store.close()
     rtdb.close()
     backend.close()
-    return {"inserts_per_s": inserts, "index_rows_per_s": indexed}
+    return {"inserts_per_s": inserts, "index_rows_per_s": indexed, "indexed": listed}
 
 
 def main() -> None:
@@ -94,7 +96,10 @@ def main() -> None:
                     [sys.executable, __file__, "--child", url, "--runs", str(opts.runs),
                      "--threads", str(opts.threads)],
                     env=env, capture_output=True, text=True, check=True, cwd=root)
-                figures[str(root)].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                if row["indexed"] != opts.runs:
+                    raise SystemExit(f"{root}: {row['indexed']} of {opts.runs} runs indexed")
+                figures[str(root)].append(row)
     finally:
         with psycopg.connect(opts.server_url + "/postgres", autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
