@@ -513,6 +513,34 @@ def test_a_deletion_commits_after_an_index_batch_that_holds_the_thread_and_remov
         backend.close()
 
 
+def test_a_nodes_start_removes_index_entries_of_threads_no_longer_registered(
+    pg_url: str,
+) -> None:
+    # Left by an index batch that overlapped a deletion before the batches locked their
+    # threads' rows: listed `pending` on every node, for good, and inherited by a thread
+    # created again with the id.
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    _thread_with_a_due_run(rtdb, backend, "kept").close()
+    rtdb.index_runs([_due_run("kept", "kept1", 2.0)])
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, options=f"-c search_path={schema}") as conn:
+        conn.execute(
+            "INSERT INTO run_index (run_id, thread_id, name, status, run_at, created_at, "
+            "attempts) VALUES ('gone1', 'gone', 'note', 'pending', 2, 1, 0)")
+    rtdb.close()
+    backend.close()
+    again = PostgresBackend(pg_url)
+    rtdb = again.open()
+    try:
+        runs, _ = rtdb.list_indexed_runs(RunQuery(statuses=(EffectStatus.PENDING,)), 10.0,
+                                         RetentionPolicy(), 10)
+        assert [(r.thread_id, r.id) for r in runs] == [("kept", "kept1")]
+    finally:
+        rtdb.close()
+        again.close()
+
+
 async def test_a_schedule_or_pause_overtaken_by_another_nodes_deletion_answers_404(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
