@@ -307,7 +307,17 @@ class ActorTable:
 
     async def _open_actor(self, thread_id: str, transition: _Transition) -> ThreadActor:
         info = await self.info(thread_id)
-        store = await self._run_sync(self._backend.open_thread_store, thread_id)
+        try:
+            store = await self._run_sync(self._backend.open_thread_store, thread_id)
+        except ThreadStorageError as exc:
+            # Another node may have deleted the thread since its entry was read here, and
+            # removed its store after the deletion's commit: then the call was overtaken
+            # by a deletion (not found), not given a damaged thread to restore.
+            assert self.registry is not None
+            if not exc.unavailable and await self._run_sync(
+                    self.registry.get_thread, thread_id) is None:
+                raise ThreadNotFound(thread_id) from None
+            raise
         try:
             # The actor did not exist, so nothing in this process runs this thread's
             # effects: a run still marked running was interrupted by a crash.

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 from runtime.abc import Clock
 from runtime.alarms import AlarmIndex
-from runtime.events import EVENT_TYPES, EffectChanged, RelayedFrame, ThreadDeleted, ThreadEvent
+from runtime.events import EVENT_TYPES, RelayedFrame, ThreadDeleted, ThreadEvent
 from runtime.frames import ChangeHub
 from runtime.storage.base import (
     FRAMES_CHANNEL,
@@ -99,6 +99,12 @@ relay, or it was pruned) is skipped once this passed, and its subscribers see th
 GAP_RECHECK_SECONDS = 0.25
 """While waiting for a missing frame number, the ``frames`` table is read again this often
 (a frame whose notification was lost is found there)."""
+
+MAX_IDLE_ORDERS = 10_000
+"""How many threads' delivery states (`_Order`) a node keeps before it forgets the idle
+ones of threads nobody here subscribes to by id (kept for the subscribers of every
+thread's run changes). A forgotten thread's next frame starts afresh: its number before
+is looked up in the ``frames`` table, as for a thread's first frame."""
 
 PRUNE_EVERY_SECONDS = 60.0
 """How often a node deletes the frames past ``frame_keep_seconds``."""
@@ -527,15 +533,10 @@ class ClusterNode:
         for events in by_thread.values():
             events.sort(key=lambda e: e.seq, reverse=True)
         for event in [by_thread[e.thread_id].pop() for e in numbered]:
-            if hub.subscribed(event.thread_id):
+            if hub.subscribed(event.thread_id) or hub.subscribed_to_all:
                 self._offer(event.thread_id, event.seq, event)
             else:
                 self._order.pop(event.thread_id, None)
-                if hub.subscribed_to_all and (
-                        isinstance(event, (EffectChanged, ThreadDeleted))
-                        or (isinstance(event, RelayedFrame)
-                            and event.event_type in ("effect_changed", "thread_deleted"))):
-                    hub.deliver_numbered(event)
 
     async def _prune_loop(self) -> None:
         while True:
@@ -576,18 +577,21 @@ class ClusterNode:
             event: ThreadEvent | None = None
             if f.text is not None:
                 event = RelayedFrame(f.thread_id, f.seq, f.kind, f.text)
-            if not hub.subscribed(f.thread_id):
+            if not hub.subscribed(f.thread_id) and not hub.subscribed_to_all:
                 self._order.pop(f.thread_id, None)
-                # Subscribers of every thread see run changes and deletions as they come.
-                if event is not None and f.kind in ("effect_changed", "thread_deleted") \
-                        and hub.subscribed_to_all:
-                    hub.deliver_numbered(event)
                 continue
+            # Subscribers of every thread's run changes get them in each thread's seq
+            # order too: a run's `scheduled` frame, numbered in the run's transaction on
+            # the node that scheduled it, can reach this node after its `started` frame
+            # from the node that claimed it. (Every frame of the thread goes through the
+            # order, the hub hands on only the run changes and deletions.)
             self._offer(f.thread_id, f.seq, event)
 
     def _offer(self, thread_id: str, seq: int, event: ThreadEvent | None) -> None:
         order = self._order.get(thread_id)
         if order is None:  # the first frame since this node subscribed
+            if len(self._order) >= MAX_IDLE_ORDERS:
+                self._forget_idle()
             order = self._order[thread_id] = _Order(next_seq=seq, buffer={})
             if seq > 1:
                 # The number before it may be a frame numbered in its change's transaction
@@ -602,6 +606,13 @@ class ClusterNode:
             order.arrived.set()  # a fill waits for a missing number: maybe this one
         self._release(thread_id, order)
 
+    def _forget_idle(self) -> None:
+        """Forget the idle delivery states of threads nobody here subscribes to by id."""
+        hub = self.hub
+        for thread_id, order in list(self._order.items()):
+            if not order.buffer and not order.filling and not hub.subscribed(thread_id):
+                del self._order[thread_id]
+
     def _deliver_ready(self, thread_id: str, order: _Order) -> bool:
         """Deliver the buffered frames that follow on from ``order.next_seq``, in order.
 
@@ -615,6 +626,12 @@ class ClusterNode:
             order.next_seq += 1
             self.hub.deliver_numbered(event)
             if self._order.get(thread_id) is not order:
+                return False
+            if isinstance(event, ThreadDeleted) or (
+                    isinstance(event, RelayedFrame) and event.event_type == "thread_deleted"):
+                # The thread's streams ended; a thread created again with its id numbers
+                # on from here (its first frame starts a new order).
+                self._order.pop(thread_id, None)
                 return False
         return True
 
@@ -736,9 +753,14 @@ class ClusterNode:
             del self._syncs[key]
 
     def _on_frames_reconnect(self) -> None:
-        # Frames announced while the bus was down are in the table: read them.
+        # Frames announced while the bus was down are in the table: read them. Those of
+        # threads kept only for the subscribers of every thread are not read: those
+        # subscribers are dropped below (they reload), and a thread's next frame starts
+        # its order afresh.
         for thread_id, order in list(self._order.items()):
-            if not order.filling:
+            if not self.hub.subscribed(thread_id) and not order.filling:
+                del self._order[thread_id]
+            elif not order.filling:
                 order.filling = True
                 self._spawn(self._fill(thread_id, order, None))
         if not self._frames_listening:  # the first time: nothing was missed

@@ -165,6 +165,21 @@ def test_bench_pg_claims_small_runs_every_run_and_counts_its_commits() -> None:
     assert figures["server_cpu_per_run"] is not None and figures["server_cpu_per_run"] >= 0
 
 
+def test_bench_pg_writes_small_inserts_and_indexes_every_run_per_round() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_pg_writes.py"), "--runs", "50",
+         "--threads", "5", "--rounds", "2", "--server-url", PG_SERVER, "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "50 runs over 5 threads, one caller, 2 rounds" in result.stdout
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert list(figures) == [str(ROOT)]
+    rounds = figures[str(ROOT)]
+    assert [r["indexed"] for r in rounds] == [50, 50]
+    assert all(r["inserts_per_s"] > 0 and r["index_rows_per_s"] > 0 for r in rounds)
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_bench_schedule_floor_small_prints_every_way_against_the_floor(backend: str) -> None:
     extra = ["--postgres", PG_SERVER] if backend == "postgres" else []

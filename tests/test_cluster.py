@@ -196,6 +196,40 @@ async def test_a_runs_scheduled_frame_comes_before_its_start_when_the_scheduling
         assert changes(got) == ["scheduled", "started", "completed"]
 
 
+async def test_every_threads_stream_gets_a_runs_scheduled_frame_before_its_start_on_every_node(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, for the subscribers of every thread's run changes (`WS /api/stream`).
+
+    a schedules (its relay held) and b runs the run: the frames of b (2, 3) reach a and c
+    before a's own scheduled frame (1). Before, the subscribers of every thread got each
+    frame as it came: ``started`` and ``completed`` before ``scheduled``, on a and on c.
+    """
+    monkeypatch.setattr(cluster, "GAP_WAIT_SECONDS", GUARD)
+    fast = {"cluster_wake_grace_seconds": 0.1}
+    async with node(pg_url, tmp_path, "a", max_concurrent_runs=0, **fast) as a, \
+            node(pg_url, tmp_path, "b", **fast) as b, \
+            node(pg_url, tmp_path, "c", max_concurrent_runs=0, **fast) as c:
+        assert a.cluster is not None and c.cluster is not None
+        ta = await a.create_thread()
+        all_a, all_b, all_c = a.subscribe_runs(), b.subscribe_runs(), c.subscribe_runs()
+        gate = hold_appends(a)
+        run_id = await ta.schedule_effect("note", {"text": "late frame"})
+        tb = await b.get_thread(ta.thread_id)
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.COMPLETED:
+                await asyncio.sleep(0.02)
+        for rt in (a, c):  # b's frames 2 and 3 are held there: 1 is missing
+            await until(lambda rt=rt: (o := rt.cluster._order.get(ta.thread_id)) is not None
+                        and {2, 3} <= set(o.buffer), "b's frames held")
+        assert all_a.pending == 0 and all_c.pending == 0  # nothing delivered out of order
+        gate.set()
+        got = [await take(sub, 3) for sub in (all_a, all_b, all_c)]
+    for events in got:
+        assert [(e.thread_id, e.seq) for e in events] == [(ta.thread_id, n) for n in (1, 2, 3)]
+        assert changes(events) == ["scheduled", "started", "completed"]
+
+
 async def test_a_scheduled_frame_its_node_never_relays_is_skipped_after_the_wait(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -27,9 +27,9 @@ from pg import query
 from runtime import Runtime
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun, EffectStatus
-from runtime.errors import RuntimeStorageError, ThreadStorageError
+from runtime.errors import RuntimeStorageError, ThreadNotFound, ThreadStorageError
 from runtime.recurrence import Recurrence, Schedule, ScheduleState
-from runtime.storage.base import Finish, RuntimeStore, ThreadInfo, ThreadStore
+from runtime.storage.base import Finish, RunQuery, RuntimeStore, ThreadInfo, ThreadStore
 from runtime.storage.postgres import (
     CLAIM_TRANSACTIONS_IN_FLIGHT,
     PostgresBackend,
@@ -247,7 +247,7 @@ def test_activity_of_a_thread_whose_row_is_held_is_left_for_later_not_waited_for
     try:
         for tid in ("a", "b"):
             assert rtdb.add_thread(ThreadInfo(id=tid, created_at_ts=1.0))
-        holder.execute(f"SELECT 1 FROM {schema}.threads WHERE id = 'a' FOR UPDATE")
+        holder.execute(f"SELECT 1 FROM {schema}.threads WHERE id = 'a' FOR NO KEY UPDATE")
         started = time.monotonic()
         left = rtdb.touch_threads({"a": 50.0, "b": 60.0, "gone": 70.0})
         run = EffectRun("r1", "b", "note", EffectStatus.COMPLETED, None, 80.0, 80.0,
@@ -283,7 +283,7 @@ async def test_a_threads_activity_left_for_later_reaches_the_listing_once_its_ro
         try:
             # Another transaction (a claim of another node, say) holds the older thread's row.
             await holder.execute(
-                f"SELECT 1 FROM {schema}.threads WHERE id = %s FOR UPDATE", (older,))
+                f"SELECT 1 FROM {schema}.threads WHERE id = %s FOR NO KEY UPDATE", (older,))
             state = await api.rt.get_thread(older)
             message = await state.inject_message("a notice")
 
@@ -392,7 +392,8 @@ def _rows_held(url: str, *thread_ids: str) -> Iterator[Callable[[], None]]:
     function (or the block's end) releases them."""
     base, schema = split_schema(url)
     with psycopg.connect(base, options=f"-c search_path={schema}") as conn:
-        conn.execute("SELECT 1 FROM threads WHERE id = ANY(%s) FOR UPDATE", (list(thread_ids),))
+        conn.execute("SELECT 1 FROM threads WHERE id = ANY(%s) FOR NO KEY UPDATE",
+                     (list(thread_ids),))
         yield conn.commit
         conn.commit()
 
@@ -408,6 +409,166 @@ def _lead(stores: dict[str, Any]) -> dict[str, concurrent.futures.Future[object]
     time.sleep(0.2)
     assert not any(f.done() for f in first.values())
     return first
+
+
+@contextmanager
+def _deletion_held(
+    rtdb: RuntimeStore, backend: PostgresBackend, thread_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[concurrent.futures.Future[object]]:
+    """Run ``rtdb.delete_thread(thread_id)`` in a worker thread and hold its transaction
+    open (everything done but the commit) for the block; it commits as the block ends."""
+    entered, release = threading.Event(), threading.Event()
+    real = backend.cluster.notify_sql
+
+    def held(cursor: Any, channel: str, payload: str) -> None:
+        real(cursor, channel, payload)
+        entered.set()
+        assert release.wait(30)
+
+    monkeypatch.setattr(backend.cluster, "notify_sql", held)
+    deletion = _in_threads({"d": partial(rtdb.delete_thread, thread_id,
+                                         notify=("commands", "deleted"))})["d"]
+    assert entered.wait(10)
+    try:
+        yield deletion
+    finally:
+        release.set()
+        assert deletion.result(10) is True
+
+
+def test_index_batches_schedules_and_pauses_overlapping_a_deletion_leave_nothing_behind(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A deletion on one node while another writes the thread's run index entries,
+    # schedules a run or pauses the thread: each write either commits before the
+    # deletion (which then removes it) or finds the thread gone. Before, an index batch
+    # and a pause that read the registry row while the deletion's transaction was open
+    # committed after it: `?status=pending` listed the run for good (a thread created
+    # again with the id inherited it, and the pause), and the schedule answered a run
+    # that the deletion's removal of the rows then took away.
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    retention = RetentionPolicy()
+    pending = RunQuery(statuses=(EffectStatus.PENDING,))
+    try:
+        store = _thread_with_a_due_run(rtdb, backend, "d")
+        with _deletion_held(rtdb, backend, "d", monkeypatch):
+            late = _in_threads({
+                "index": partial(rtdb.index_runs, [_due_run("d", "d1", 2.0)]),
+                "pause": partial(rtdb.set_paused, "d", True),
+                "schedule": partial(store.insert_run, _due_run("d", "d2", 3.0)),
+            })
+            time.sleep(0.3)  # their statements read the registry before the commit
+        late["index"].result(10)
+        store.close()
+        backend.remove_thread_store("d")
+        assert rtdb.list_indexed_runs(pending, 10.0, retention, 10) == ([], None)
+        assert rtdb.count_indexed_runs(pending, 10.0, retention)[EffectStatus.PENDING] == 0
+        assert late["pause"].result(10) is False
+        with pytest.raises(ThreadNotFound):
+            late["schedule"].result(10)
+        # A thread created again with the id starts empty and running.
+        info = ThreadInfo(id="d", created_at_ts=20.0)
+        assert rtdb.add_thread(info)
+        backend.create_thread_store(info).close()
+        assert rtdb.list_indexed_runs(RunQuery(thread_id="d"), 30.0, retention, 10) == \
+            ([], None)
+        assert rtdb.paused_flags(["d"]) == {"d": False}
+        url, schema = split_schema(pg_url)
+        with psycopg.connect(url) as conn:
+            left = conn.execute(
+                f"SELECT 'runs', count(*) FROM {schema}.effect_runs UNION ALL "
+                f"SELECT 'index', count(*) FROM {schema}.run_index UNION ALL "
+                f"SELECT 'alarms', count(*) FROM {schema}.alarms").fetchall()
+        assert dict(left) == {"runs": 0, "index": 0, "alarms": 0}
+    finally:
+        rtdb.close()
+        backend.close()
+
+
+def test_a_deletion_commits_after_an_index_batch_that_holds_the_thread_and_removes_it(
+    pg_url: str,
+) -> None:
+    # The other order: the batch holds its threads' rows (key share) until it commits;
+    # the deletion waits for it and then removes what it wrote.
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    url, schema = split_schema(pg_url)
+    try:
+        _thread_with_a_due_run(rtdb, backend, "d").close()
+        with psycopg.connect(url, options=f"-c search_path={schema}") as batch:
+            batch.execute("SELECT 1 FROM threads WHERE id = 'd' FOR KEY SHARE")
+            deletion = _in_threads({"d": partial(rtdb.delete_thread, "d")})["d"]
+            time.sleep(0.3)
+            batch.execute(
+                "INSERT INTO run_index (run_id, thread_id, name, status, run_at, "
+                "created_at, attempts) VALUES ('d1', 'd', 'note', 'pending', 2, 1, 0)")
+            batch.commit()
+        assert deletion.result(10) is True
+        pending = RunQuery(statuses=(EffectStatus.PENDING,))
+        assert rtdb.list_indexed_runs(pending, 10.0, RetentionPolicy(), 10) == ([], None)
+    finally:
+        rtdb.close()
+        backend.close()
+
+
+def test_a_nodes_start_removes_index_entries_of_threads_no_longer_registered(
+    pg_url: str,
+) -> None:
+    # Left by an index batch that overlapped a deletion before the batches locked their
+    # threads' rows: listed `pending` on every node, for good, and inherited by a thread
+    # created again with the id.
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    _thread_with_a_due_run(rtdb, backend, "kept").close()
+    rtdb.index_runs([_due_run("kept", "kept1", 2.0)])
+    url, schema = split_schema(pg_url)
+    with psycopg.connect(url, options=f"-c search_path={schema}") as conn:
+        conn.execute(
+            "INSERT INTO run_index (run_id, thread_id, name, status, run_at, created_at, "
+            "attempts) VALUES ('gone1', 'gone', 'note', 'pending', 2, 1, 0)")
+    rtdb.close()
+    backend.close()
+    again = PostgresBackend(pg_url)
+    rtdb = again.open()
+    try:
+        runs, _ = rtdb.list_indexed_runs(RunQuery(statuses=(EffectStatus.PENDING,)), 10.0,
+                                         RetentionPolicy(), 10)
+        assert [(r.thread_id, r.id) for r in runs] == [("kept", "kept1")]
+    finally:
+        rtdb.close()
+        again.close()
+
+
+async def test_a_schedule_or_pause_overtaken_by_another_nodes_deletion_answers_404(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Node b reads the thread's registry entry to open it; node a's deletion commits and
+    # removes the thread's store before b opens it. Before, b answered 500
+    # `thread_storage_error` ("its store is missing ... restore it").
+    async with serve_api(tmp_path / "a", clock=FakeClock(), database_url=pg_url,
+                         node_id="a") as a, \
+            serve_api(tmp_path / "b", clock=FakeClock(), database_url=pg_url,
+                      node_id="b") as b:
+        registry_a, registry_b = a.rt.actors.registry, b.rt.actors.registry
+        assert registry_a is not None and registry_b is not None
+        read = registry_b.get_thread
+
+        def read_then_deleted_elsewhere(thread_id: str) -> ThreadInfo | None:
+            info = read(thread_id)
+            if info is not None:
+                assert registry_a.delete_thread(thread_id)
+                a.rt.storage.remove_thread_store(thread_id)
+            return info
+
+        monkeypatch.setattr(registry_b, "get_thread", read_then_deleted_elsewhere)
+        for call in ("effects", "pause"):
+            tid = await a.new_thread()
+            body = {"name": "note", "args": {"text": "x"}} if call == "effects" else None
+            res = await b.client.post(f"/api/threads/{tid}/{call}", json=body)
+            assert res.status_code == 404, res.text
+            assert res.json()["error"]["code"] == "thread_not_found"
 
 
 def test_claims_that_wait_behind_one_in_flight_commit_together_each_with_its_answer(

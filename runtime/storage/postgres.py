@@ -241,14 +241,24 @@ _INDEX_RUNS = (
     f"SELECT u.*, t.user_id FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], "
     f"%b::float8[], %b::float8[], %b::float8[], %b::float8[], %b::bigint[], %b::text[], "
     f"%b::text[], %b::text[], %b::text[], %b::text[]) AS u({_INDEX_COLUMNS}) "
-    f"JOIN threads t ON t.id = u.thread_id ORDER BY u.thread_id, u.run_id {_INDEX_UPSERT}"
+    f"JOIN threads t ON t.id = u.thread_id ORDER BY u.thread_id, u.run_id "
+    f"FOR KEY SHARE OF t {_INDEX_UPSERT}"
     f"WHERE run_index.status NOT IN ('completed', 'failed', 'canceled') "
     f"OR excluded.status IN ('completed', 'failed', 'canceled')"
 )
 """Index entries of runs, one statement: arrays of each `_INDEX_COLUMNS` column (one
 element per run, unique (thread, run), sorted by them); a run whose thread is not
-registered is skipped. An entry in a final status (completed, failed, canceled: final for
-good, a replay is a new run) is never replaced by a pending or running one: nodes write
+registered is skipped. The threads' rows are locked ``FOR KEY SHARE`` until the batch
+commits: a deletion of one of them (which locks its row ``FOR UPDATE`` before it removes the
+thread's entries, `PostgresRuntimeStore.delete_thread`) either waits for the batch and
+removes its entries, or commits first and the batch, having waited for it, skips the
+thread (under READ COMMITTED a locked row that was deleted meanwhile is left out). Without
+the lock a batch overlapping a deletion committed entries of a thread no longer registered,
+listed as ``pending`` for good and inherited by a thread created again with that id.
+Claims and activity updates lock the rows ``FOR NO KEY UPDATE``, which a key-share lock
+does not conflict with, so batches and claims never wait for each other. An entry in a
+final status (completed, failed, canceled: final for good, a replay is a new run) is never
+replaced by a pending or running one: nodes write
 their batches after their own commits, so a batch of the node that scheduled a run can
 arrive after the batch of the node that ran it to its end."""
 _STORED_RUNS = (
@@ -274,7 +284,7 @@ _THREAD_COLUMNS = (
 _TOUCH = (
     "WITH u AS (SELECT * FROM unnest(%b::text[], %b::float8[]) AS u(id, ts)), "
     "l AS (SELECT t.id, u.ts FROM threads t JOIN u ON t.id = u.id ORDER BY t.id "
-    "FOR UPDATE OF t SKIP LOCKED), "
+    "FOR NO KEY UPDATE OF t SKIP LOCKED), "
     "w AS (UPDATE threads SET last_activity_at = GREATEST(coalesce(last_activity_at, "
     "created_at), l.ts) FROM l WHERE threads.id = l.id RETURNING threads.id) "
     "SELECT u.id, u.ts FROM u, (SELECT set_config('synchronous_commit', 'off', true)) s "
@@ -322,7 +332,10 @@ def _insert_run_sql(*, keyed: bool, trace: bool, wake: bool) -> str:
     # Only into a registered thread: a node that missed another's deletion of the thread
     # (its listening connection down) must not acknowledge a run that nothing would run.
     # (A CTE, read first, so that the server types %(t)s as the column it is compared to.)
-    ctes = ["reg AS (SELECT 1 FROM threads WHERE id = %(t)s)"]
+    # Locked (``FOR KEY SHARE``, until the commit) so that a deletion committing meanwhile
+    # cannot miss the run: it either waits for this commit and removes the run with the
+    # thread's rows, or commits first and this statement, having waited, inserts nothing.
+    ctes = ["reg AS (SELECT 1 FROM threads WHERE id = %(t)s FOR KEY SHARE)"]
     registered = "EXISTS (SELECT 1 FROM reg)"
     if keyed:
         ctes.append(
@@ -893,7 +906,7 @@ CLAIM_TRANSACTIONS_IN_FLIGHT = 4
 calls queue for a group (`_ClaimGroup`)."""
 
 _LOCK_THREADS = (
-    "SELECT id FROM threads WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED"
+    "SELECT id FROM threads WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED"
 )
 """Lock the rows of the given threads that no other transaction holds, in id order; the
 ids of the rows locked. It never waits: a row another transaction holds (another node's
@@ -1340,7 +1353,8 @@ class PostgresThreadStore(ThreadStore):
             # A replay made once across nodes: its checks need the original's row
             # lock, so it is a transaction of its own (not the one statement below).
             def tx(c: Cursor) -> EffectRun | None:
-                if c.execute("SELECT 1 FROM threads WHERE id = %s",
+                # Key-share locked: a deletion committing meanwhile cannot miss the replay.
+                if c.execute("SELECT 1 FROM threads WHERE id = %s FOR KEY SHARE",
                              (self.thread_id,)).fetchone() is None:
                     raise ThreadNotFound(self.thread_id)  # deleted by another node
                 # The original's row serializes the replays of it across nodes.
@@ -1621,7 +1635,7 @@ class PostgresThreadStore(ThreadStore):
             # after the one that took the lock: under READ COMMITTED a statement sees the
             # data as of its start, so a check made in the statement that waited for the
             # lock would miss the run the lock's last holder just claimed.
-            locked = claim and c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE",
+            locked = claim and c.execute("SELECT 1 FROM threads WHERE id = %s FOR NO KEY UPDATE",
                                          (self.thread_id,)).fetchone() is not None
             return locked_tx(c, locked)
 
@@ -1715,7 +1729,7 @@ class PostgresThreadStore(ThreadStore):
 
         def tx(c: Cursor) -> list[EffectRun]:
             # Serialized with other nodes' claims of the thread (`finish_and_claim`).
-            c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE", (self.thread_id,))
+            c.execute("SELECT 1 FROM threads WHERE id = %s FOR NO KEY UPDATE", (self.thread_id,))
             # A run another node holds under a live lease is that node's, and with
             # dead_nodes_only so is every run of this node.
             mine = "" if dead_nodes_only else "a.node_id = %s OR "
@@ -2211,7 +2225,9 @@ class PostgresRuntimeStore(RuntimeStore):
 
     def set_paused(self, thread_id: str, paused: bool) -> bool:  # noqa: D102
         def tx(c: Cursor) -> bool:
-            if c.execute("SELECT 1 FROM threads WHERE id = %s", (thread_id,)).fetchone() is None:
+            # Key-share locked, so that a deletion committing meanwhile cannot miss the mark.
+            if c.execute("SELECT 1 FROM threads WHERE id = %s FOR KEY SHARE",
+                         (thread_id,)).fetchone() is None:
                 return False
             if paused:
                 c.execute("INSERT INTO paused_threads (thread_id) VALUES (%s) "
@@ -2236,6 +2252,12 @@ class PostgresRuntimeStore(RuntimeStore):
                 row = c.execute(_TAKE_DELETION_SEQ, (thread_id,)).fetchone()
                 if row is not None:
                     bus.append_frames_in(c, [replace(frame, seq=int(row[0]))], now)
+            else:
+                c.execute("SELECT 1 FROM threads WHERE id = %s FOR UPDATE", (thread_id,))
+            # The registry row is locked by the statement above, so the one below (a new
+            # snapshot under READ COMMITTED) sees every index entry and pause mark of the
+            # thread committed by transactions that held the row's key-share lock (an index
+            # batch, a run's insert, a pause): none can commit one after it.
             existed: bool = c.execute(_DELETE_THREAD, {"t": thread_id}).rowcount == 1
             if existed and notify is not None:
                 bus.notify_sql(c, *notify)  # sent at the commit, after the frame's
@@ -3227,7 +3249,10 @@ class PostgresBackend(StorageBackend):
             for (thread_id,) in rows:
                 log.warning("removing the rows of thread %s: no registry entry names it "
                             "(left by a crash during a create or delete)", thread_id)
-            for table in THREAD_TABLES:
+            # And the run index entries of threads no longer registered: a batch that
+            # overlapped a deletion could commit some before the batches locked the
+            # threads' rows (`_INDEX_RUNS`).
+            for table in (*THREAD_TABLES, "run_index"):
                 c.execute(
                     f"DELETE FROM {table} x WHERE NOT EXISTS "
                     f"(SELECT 1 FROM threads t WHERE t.id = x.thread_id)"
@@ -3379,7 +3404,9 @@ class PostgresBackend(StorageBackend):
         run another transaction is changing (its row locked) is skipped, never waited for:
         the node changing it writes its index row after that change commits, and a wait
         here could deadlock with a run's transaction locking the thread's rows in another
-        order.
+        order. The threads' registry rows are key-share locked as the index batches' are
+        (`_INDEX_RUNS`), skipping a thread whose deletion holds its row: no entry of a
+        deleted thread is written.
 
         Returns:
             How many index rows were written.
@@ -3403,7 +3430,7 @@ class PostgresBackend(StorageBackend):
             f"r.canceled_by, r.schedule_id, t.user_id "
             f"FROM effect_runs r JOIN threads t ON t.id = r.thread_id "
             f"WHERE r.thread_id = ANY(%s) ORDER BY r.thread_id, r.id "
-            f"FOR SHARE OF r SKIP LOCKED {_INDEX_UPSERT}"
+            f"FOR SHARE OF r SKIP LOCKED FOR KEY SHARE OF t SKIP LOCKED {_INDEX_UPSERT}"
             f"WHERE (run_index.status, run_index.run_at, run_index.started_at, "
             f"run_index.finished_at, run_index.attempts, run_index.error, "
             f"run_index.canceled_by) IS DISTINCT FROM (excluded.status, excluded.run_at, "
