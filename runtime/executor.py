@@ -788,7 +788,7 @@ class EffectExecutor:
                           "CancelledError: the effect cancelled itself", now)
         error = task.exception()
         if error is None:
-            return Finish(run.id, EffectStatus.COMPLETED, None, now)
+            return Finish(run.id, EffectStatus.COMPLETED, None, now, attempt=run.attempts)
         if self._stopping() and refused_by_shutdown(error):
             # Not the effect's fault: like a crash, an interruption (pending again).
             log.info("effect %s (run %s, thread %s) was refused by the shutdown; it will "
@@ -834,18 +834,22 @@ async def _call(defn: EffectDefinition, run: EffectRun, state: Any, args: Any) -
     IN_EFFECT.set(True)
     CURRENT_RUN.set((run.thread_id, run.id))
     try:
-        async with asyncio.timeout(defn.timeout_seconds):
-            if defn.is_async:
-                await cast(Awaitable[None], defn.fn(*call_args))
-            else:
-                # A sync effect runs in a worker thread; if it overruns or the thread
-                # is deleted, that worker thread is abandoned (Python cannot kill it).
-                result = await anyio.to_thread.run_sync(
-                    partial(defn.fn, *call_args), abandon_on_cancel=True
-                )
-                if inspect.isawaitable(result):
-                    # A callable that is not a coroutine function but returns one.
-                    await result
+        if defn.timeout_seconds is None and defn.is_async:
+            # The common case: no deadline to arm and leave, no worker thread.
+            await cast(Awaitable[None], defn.fn(*call_args))
+        else:
+            async with asyncio.timeout(defn.timeout_seconds):
+                if defn.is_async:
+                    await cast(Awaitable[None], defn.fn(*call_args))
+                else:
+                    # A sync effect runs in a worker thread; if it overruns or the thread
+                    # is deleted, that worker thread is abandoned (Python cannot kill it).
+                    result = await anyio.to_thread.run_sync(
+                        partial(defn.fn, *call_args), abandon_on_cancel=True
+                    )
+                    if inspect.isawaitable(result):
+                        # A callable that is not a coroutine function but returns one.
+                        await result
     except TimeoutError as exc:
         if defn.timeout_seconds is None:
             raise

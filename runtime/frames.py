@@ -20,10 +20,10 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from runtime.effects import EffectRun
+from runtime.effects import EffectRun, replace_run
 from runtime.errors import SubscriptionOverflow
 from runtime.events import (
     EVENT_TYPES,
@@ -56,18 +56,6 @@ ALL_THREADS = "*"
 
 Listener = Callable[[ThreadEvent], None]
 """A callback that sees every event of every thread (`ChangeHub.add_listener`)."""
-
-
-_RUN_FIELDS = tuple(f.name for f in fields(EffectRun) if f.name != "args")
-
-
-def _without_args(run: EffectRun) -> EffectRun:
-    """A copy of ``run`` with ``args=None`` (what `dataclasses.replace` does, faster)."""
-    bare = object.__new__(EffectRun)
-    for name in _RUN_FIELDS:
-        object.__setattr__(bare, name, getattr(run, name))
-    object.__setattr__(bare, "args", None)
-    return bare
 
 
 class FrameRelay(Protocol):
@@ -450,7 +438,7 @@ class ChangeHub:
         ``seq``: the number the change already took in its own transaction
         (`ThreadStore.frame_seq`, with a relay only); None: numbered as usual.
         """
-        bare = run if run.args is None else _without_args(run)
+        bare = run if run.args is None else replace_run(run, args=None)
         return self._deliver(
             run.thread_id,
             lambda seq: EffectChanged(thread_id=run.thread_id, seq=seq, change=change, run=bare),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ from runtime.actors import ActorTable, ThreadActor
 from runtime.alarms import AlarmIndex
 from runtime.config import IMMEDIATE_RUN_SECONDS, Settings
 from runtime.discovery import EffectRegistry
-from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunAttempt
+from runtime.effects import EffectDefinition, EffectRun, EffectStatus, RunAttempt, replace_run
 from runtime.errors import (
     EffectNotFound,
     InvalidArgument,
@@ -99,6 +98,9 @@ def parse_statuses(
             )
     return [EffectStatus(s) for s in raw]
 
+
+_ARGS_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+"""How args are written (what ``json.dumps`` with these options builds at every call)."""
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
@@ -190,7 +192,7 @@ class RunOperations:
         if not flat:
             check_args_depth(name, args)
         try:
-            text = json.dumps(args, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            text = _ARGS_ENCODER.encode(args)
         except RecursionError:
             raise InvalidEffectArgs(f"Args for effect {name} are nested too deeply") from None
         except (TypeError, ValueError) as exc:
@@ -297,9 +299,10 @@ class RunOperations:
             return Scheduled(existing.id, created=False)
         if defn.concurrent and self._executor is not None:
             self._executor.poke(state.thread_id)  # it need not wait for a running run
-        # Due at once behind a running run: the frame says so, as a listing would.
-        self._hub.publish(RunChange.SCHEDULED, self._waiting(actor, [run], self._now())[0],
-                          seq)
+        # Due at once behind a running run: the frame says so, as a listing would (one
+        # copy of the run for both: marked, and without its args).
+        shown = self._behind(run, actor.current_run, self._now(), bare=True)
+        self._hub.publish(RunChange.SCHEDULED, shown, seq)
         return Scheduled(run.id, created=True)
 
     def _waiting(
@@ -316,20 +319,23 @@ class RunOperations:
             return runs
         return [self._behind(run, current, now) for run in runs]
 
-    def _behind(self, run: EffectRun, current: EffectRun | None, now: float) -> EffectRun:
+    def _behind(
+        self, run: EffectRun, current: EffectRun | None, now: float, *, bare: bool = False
+    ) -> EffectRun:
         """``run`` marked as waiting behind ``current``, or ``run`` as it is.
 
         Marked when it is due and pending, and not of a concurrent effect (which waits for
-        nothing).
+        nothing). ``bare``: without its args too (a frame's run), in the same copy.
         """
+        strip = {"args": None} if bare and run.args is not None else {}
         if (
             current is not None
             and run.status is EffectStatus.PENDING
             and run.run_at_ts <= now
             and not self._concurrent(run.name)
         ):
-            return replace(run, waiting_for=current.id)
-        return run
+            return replace_run(run, waiting_for=current.id, **strip)
+        return replace_run(run, **strip) if strip else run
 
     async def mark_waiting(
         self, store: RuntimeStore, runs: list[EffectRun], now: float

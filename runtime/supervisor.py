@@ -30,6 +30,7 @@ thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import json
@@ -165,31 +166,65 @@ def _default_backend(settings: Settings) -> StorageBackend:
     return SQLiteBackend(settings.data_dir, settings.synchronous)
 
 
-def _set_result(future: asyncio.Future[Any], result: Any) -> None:
-    if not future.done():
-        future.set_result(result)
+class _Completions:
+    """The finished calls of a `_StoragePool` for one event loop, handed back in batches.
 
+    A storage thread appends its call's outcome and wakes the loop only if no wake-up is
+    pending yet (one ``call_soon_threadsafe``, which writes the loop's self-pipe); the loop
+    clears the mark *before* it empties the queue, so an outcome appended meanwhile is
+    either taken by this round or has woken the loop again. Calls that end close together
+    (several threads' store calls) cost one wake-up and one pipe read, not one each.
+    """
 
-def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+    __slots__ = ("_done", "_wake_pending", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._done: collections.deque[tuple[asyncio.Future[Any], bool, Any]] = (
+            collections.deque())
+        self._wake_pending = False
+
+    def add(self, future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+        """Hand an outcome to the loop (called in a storage thread)."""
+        self._done.append((future, ok, value))
+        if not self._wake_pending:
+            self._wake_pending = True
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self.loop.call_soon_threadsafe(self._complete)
+
+    def _complete(self) -> None:
+        self._wake_pending = False
+        done = self._done
+        while done:
+            future, ok, value = done.popleft()
+            if future.done():  # cancelled meanwhile
+                continue
+            try:
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            except Exception:  # a StopIteration cannot be set: the others still are
+                log.exception("a storage call's outcome could not be handed back")
 
 
 class _StoragePool:
     """OS threads that run blocking store calls for the event loop.
 
     Lighter than ``loop.run_in_executor`` on a ``ThreadPoolExecutor``: a call is one queue
-    item and its outcome one ``call_soon_threadsafe`` onto an asyncio future (no
-    ``concurrent.futures.Future`` with its condition variable, no future chaining) — the
-    hop is paid by every scheduled and every executed run. A call whose future was
-    cancelled before a thread took it up is skipped, as the executor would.
+    item and its outcome goes back through `_Completions` onto an asyncio future (no
+    ``concurrent.futures.Future`` with its condition variable, no future chaining, one
+    wake-up of the loop for calls that end together) — the hop is paid by every store call
+    that does not run on the loop. A call whose future was cancelled before a thread took
+    it up is skipped, as the executor would.
     """
 
     def __init__(self, threads: int, name: str) -> None:
         self._queue: queue.SimpleQueue[
-            tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any],
-                  tuple[Any, ...]] | None
+            tuple[_Completions, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
+            | None
         ] = queue.SimpleQueue()
+        self._completions: _Completions | None = None
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
             for i in range(threads)
@@ -200,25 +235,26 @@ class _StoragePool:
     def _work(self) -> None:
         get = self._queue.get
         while (item := get()) is not None:
-            loop, future, fn, args = item
+            completions, future, fn, args = item
             if future.cancelled():
                 continue
             try:
                 result = fn(*args)
             except BaseException as exc:  # handed to the caller, as an executor does
-                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                    loop.call_soon_threadsafe(_set_exception, future, exc)
+                completions.add(future, False, exc)
             else:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_set_result, future, result)
-            del item, future, fn, args
+                completions.add(future, True, result)
+            del item, future, fn, args, completions
 
     def submit(
         self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T], args: tuple[Any, ...]
     ) -> asyncio.Future[T]:
         """Queue ``fn(*args)``; the future gets its result or exception."""
+        completions = self._completions
+        if completions is None or completions.loop is not loop:
+            completions = self._completions = _Completions(loop)
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put((loop, future, fn, args))
+        self._queue.put((completions, future, fn, args))
         return future
 
     def shutdown(self) -> None:

@@ -136,6 +136,33 @@ async def test_sync_effect_without_args_runs_in_a_worker_thread(rt: Runtime) -> 
     assert (rt.settings.data_dir / "cleanup.log").read_text() == thread.thread_id + "\n"
 
 
+async def test_store_calls_that_end_together_each_get_their_own_outcome(rt: Runtime) -> None:
+    # The storage threads hand outcomes back to the loop in batches (one wake-up for the
+    # calls that end close together): each caller still gets its own result or error, and
+    # a caller that gave up is skipped without disturbing the others.
+    release = threading.Event()
+
+    def call(i: int) -> int:
+        release.wait(10)
+        if i % 3 == 0:
+            raise ValueError(f"call {i} failed")
+        return i * 10
+
+    tasks = [asyncio.ensure_future(rt.run_sync(call, i)) for i in range(12)]
+    await asyncio.sleep(0)  # every call queued
+    tasks[1].cancel()
+    release.set()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(outcomes[1], asyncio.CancelledError)
+    for i, outcome in enumerate(outcomes):
+        if i == 1:
+            continue
+        if i % 3 == 0:
+            assert isinstance(outcome, ValueError) and str(outcome) == f"call {i} failed"
+        else:
+            assert outcome == i * 10
+
+
 async def test_effect_over_its_timeout_fails(rt: Runtime) -> None:
     thread = await rt.create_thread()
     run_id = await thread.schedule_effect("overrun")

@@ -223,6 +223,9 @@ def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]
     return result
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+"""``json.dumps(value, separators=(",", ":"))``, without building an encoder per call."""
+
 _STATUS = {str(s): s for s in EffectStatus}
 """The statuses by their stored text (a look-up, cheaper than calling the enum)."""
 
@@ -605,7 +608,7 @@ class SQLiteThreadStore(ThreadStore):
         return self._tx(tx)
 
     def _insert_run_in(self, c: sqlite3.Connection, run: EffectRun) -> None:
-        args = json.dumps(run.args, separators=(",", ":")) if run.args is not None else None
+        args = _COMPACT_JSON.encode(run.args) if run.args is not None else None
         c.execute(
             "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, "
             "attempts, replay_of, \"key\", schedule_id) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
