@@ -165,6 +165,13 @@ class ConversationExtension(Extension):
             task.cancel()
             await asyncio.wait([task])
             raise
+        except TurnLeaseLost:
+            if await _deleted(state):
+                # The deletion dropped the turn lease, refusing the turn's writes.
+                raise ThreadNotFound(tid) from None
+            if self.turns.shared is not None:
+                self._stopped_threads.add(tid)  # see below
+            raise
         except (ThreadStorageError, RuntimeStorageError):
             # The database failed the turn (a cut connection: HTTP 503), maybe after its row
             # said running: resumed within a third of the node lease (a no-op if it was not).
@@ -277,6 +284,17 @@ class ConversationExtension(Extension):
             with contextlib.suppress(BaseException):
                 await task
         await self.turns.stop_resuming()
+
+
+async def _deleted(state: ThreadState) -> bool:
+    """Whether the thread is deleted (or its id taken by a thread created since)."""
+    try:
+        info = await state.runtime.actors.info(state.thread_id)
+    except ThreadNotFound:
+        return True
+    except Exception:
+        return False  # the database cannot say: the caller's error stands
+    return info.created_at_ts != state.info.created_at_ts
 
 
 register_default_extension(ConversationExtension)

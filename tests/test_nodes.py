@@ -997,6 +997,41 @@ async def test_a_turn_deleted_while_taking_its_lease_leaves_none_for_the_id_crea
         assert await asyncio.to_thread(a.storage.held_turn_leases) == []
 
 
+async def test_a_turn_whose_thread_another_node_deleted_answers_thread_not_found(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.errors import ThreadNotFound
+    from runtime.testing import override_model
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return ModelResponse(parts=[TextPart("too late")])
+
+    x = PostgresBackend(pg_url, node_id="node-x")
+    rx = x.open()
+    try:
+        a = _turn_node(pg_url, tmp_path, "node-a", lease_seconds=30)
+        async with a:
+            thread_a = await a.create_thread()
+            with override_model(a, FunctionModel(slow)):
+                turn = asyncio.create_task(thread_a.send_message("hello"))
+                await entered.wait()
+                # Deleted on node x before node a hears of it: the turn's lease goes too.
+                assert await asyncio.to_thread(rx.delete_thread, thread_a.thread_id)
+                release.set()
+                with pytest.raises(ThreadNotFound):
+                    await asyncio.wait_for(turn, 10)
+    finally:
+        rx.close()
+        x.close()
+
+
 async def test_a_dead_nodes_turn_lease_on_a_deleted_thread_is_dropped_quietly(
     pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
