@@ -231,8 +231,7 @@ class ConversationExtension(Extension):
                 resuming[thread_id] = asyncio.create_task(
                     self._resume_thread(runtime, thread_id), name=f"resume-turns-{thread_id}")
 
-    @staticmethod
-    async def _resume_thread(runtime: Runtime, thread_id: str) -> int:
+    async def _resume_thread(self, runtime: Runtime, thread_id: str) -> int:
         try:
             return await turns.resume_thread_turns(runtime, thread_id)
         except ThreadNotFound:
@@ -240,6 +239,9 @@ class ConversationExtension(Extension):
             # resume; the row goes, quietly.
             await turns.drop_orphaned_turn_lease(runtime, thread_id)
             return 0
+        except (ThreadStorageError, RuntimeStorageError):
+            self._stopped_threads.add(thread_id)  # the database failed: tried again later
+            raise
 
     def lease_lost(self, runtime: Runtime, why: str) -> None:
         """Stop every running turn: once the node lease expired, other nodes resume them.

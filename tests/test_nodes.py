@@ -1059,8 +1059,9 @@ async def test_a_dead_nodes_turn_lease_on_a_deleted_thread_is_dropped_quietly(
         x.close()
 
 
+@pytest.mark.parametrize("resume_cut", [False, True], ids=["resumed", "resume-cut-once"])
 async def test_a_turn_whose_answer_the_database_refused_is_resumed_not_left_running(
-    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resume_cut: bool,
 ) -> None:
     from runtime import turns as turns_module
     from runtime.errors import DatabaseUnavailable
@@ -1082,6 +1083,18 @@ async def test_a_turn_whose_answer_the_database_refused_is_resumed_not_left_runn
             await store(rt, thread_id, messages, created_at_ts)
 
         monkeypatch.setattr(turns_module, "_store", cut_answer)
+        load = turns_module.load_turns
+        resumes: list[str] = []
+
+        async def cut_first_resume(rt: Runtime, thread_id: str) -> Any:
+            task = asyncio.current_task()
+            if task is not None and task.get_name().startswith("resume-turns-"):
+                resumes.append(thread_id)
+                if resume_cut and len(resumes) == 1:  # still cut when the resume reads
+                    raise DatabaseUnavailable("connection lost")
+            return await load(rt, thread_id)
+
+        monkeypatch.setattr(turns_module, "load_turns", cut_first_resume)
         with override_model(a, _answering("answer")):
             with pytest.raises(DatabaseUnavailable):
                 await thread_a.send_message("hello")
@@ -1093,6 +1106,7 @@ async def test_a_turn_whose_answer_the_database_refused_is_resumed_not_left_runn
             await wait_until(ended, seconds=15)
         contents = [m.content for m in (await thread_a.get_messages()).messages]
         assert contents == ["hello", "answer"]
+        assert len(resumes) >= (2 if resume_cut else 1)
 
 
 def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
