@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 from runtime import hooks as _hooks
 from runtime import turns
 from runtime.agents import AgentApp, load_agent_app
-from runtime.errors import RuntimeClosed, ThreadNotFound, ThreadPaused, TurnLeaseLost
+from runtime.errors import (
+    RuntimeClosed,
+    RuntimeStorageError,
+    ThreadNotFound,
+    ThreadPaused,
+    ThreadStorageError,
+    TurnLeaseLost,
+)
 from runtime.executor import IN_EFFECT
 from runtime.extension import Extension, register_default_extension
 
@@ -158,6 +165,19 @@ class ConversationExtension(Extension):
             task.cancel()
             await asyncio.wait([task])
             raise
+        except TurnLeaseLost:
+            if await _deleted(state):
+                # The deletion dropped the turn lease, refusing the turn's writes.
+                raise ThreadNotFound(tid) from None
+            if self.turns.shared is not None:
+                self._stopped_threads.add(tid)  # see below
+            raise
+        except (ThreadStorageError, RuntimeStorageError):
+            # The database failed the turn (a cut connection: HTTP 503), maybe after its row
+            # said running: resumed within a third of the node lease (a no-op if it was not).
+            if self.turns.shared is not None:
+                self._stopped_threads.add(tid)
+            raise
         finally:
             tasks = self._turn_tasks.get(tid)
             if tasks is not None:
@@ -186,28 +206,42 @@ class ConversationExtension(Extension):
             await asyncio.sleep(period)
             if runtime.storage.lock_problem() is not None or runtime.shutting_down:
                 continue
-            try:
-                orphaned = await runtime.run_sync(runtime.storage.orphaned_turns)
-            except Exception:
-                log.exception("could not look for turns of dead nodes")
-                continue
-            # The turns this node stopped when its lease lapsed, unless another node
-            # resumed them meanwhile (`resume_thread_turns` leaves those alone).
-            orphaned = [*orphaned, *sorted(self._stopped_threads - set(orphaned))]
-            self._stopped_threads.clear()
-            for thread_id in orphaned:
-                if thread_id in resuming and not resuming[thread_id].done():
-                    continue
-                log.warning("thread %s: resuming the turn of a node whose lease expired",
-                            thread_id)
-                resuming[thread_id] = asyncio.create_task(
-                    turns.resume_thread_turns(runtime, thread_id),
-                    name=f"resume-turns-{thread_id}")
             for thread_id in [t for t, task in resuming.items() if task.done()]:
                 task = resuming.pop(thread_id)
                 if not task.cancelled() and task.exception() is not None:
                     log.error("could not resume the turns of thread %s: %s", thread_id,
                               task.exception())
+            try:
+                await self.turns.release_lost_turn_leases(runtime)
+                orphaned = await runtime.run_sync(runtime.storage.orphaned_turns)
+            except Exception:
+                log.exception("could not look for turns of dead nodes")
+                continue
+            # The turns this node stopped when its lease lapsed or a write of theirs failed,
+            # unless another node resumed them meanwhile (`resume_thread_turns` leaves
+            # those alone, and those no longer running).
+            stopped = sorted(self._stopped_threads - set(orphaned))
+            self._stopped_threads.clear()
+            for thread_id in [*orphaned, *stopped]:
+                if thread_id in resuming:
+                    continue
+                if thread_id in orphaned:
+                    log.warning("thread %s: resuming the turn of a node whose lease expired",
+                                thread_id)
+                resuming[thread_id] = asyncio.create_task(
+                    self._resume_thread(runtime, thread_id), name=f"resume-turns-{thread_id}")
+
+    async def _resume_thread(self, runtime: Runtime, thread_id: str) -> int:
+        try:
+            return await turns.resume_thread_turns(runtime, thread_id)
+        except ThreadNotFound:
+            # Deleted (its turn lease row left by a take racing the deletion): no turn to
+            # resume; the row goes, quietly.
+            await turns.drop_orphaned_turn_lease(runtime, thread_id)
+            return 0
+        except (ThreadStorageError, RuntimeStorageError):
+            self._stopped_threads.add(thread_id)  # the database failed: tried again later
+            raise
 
     def lease_lost(self, runtime: Runtime, why: str) -> None:
         """Stop every running turn: once the node lease expired, other nodes resume them.
@@ -252,6 +286,17 @@ class ConversationExtension(Extension):
             with contextlib.suppress(BaseException):
                 await task
         await self.turns.stop_resuming()
+
+
+async def _deleted(state: ThreadState) -> bool:
+    """Whether the thread is deleted (or its id taken by a thread created since)."""
+    try:
+        info = await state.runtime.actors.info(state.thread_id)
+    except ThreadNotFound:
+        return True
+    except Exception:
+        return False  # the database cannot say: the caller's error stands
+    return info.created_at_ts != state.info.created_at_ts
 
 
 register_default_extension(ConversationExtension)

@@ -141,6 +141,9 @@ class TurnTracker:
         self.model_override: Model | None = None  # see runtime.testing.override_model
         self.models: dict[str, Model] = {}  # model names resolved at startup (resolve_models)
         self._resuming: asyncio.Task[int] | None = None
+        # Tokens of the turn leases this node's turns hold or are taking (added before the
+        # take): any other lease the store says this node holds lost its release.
+        self._lease_tokens: set[str] = set()
 
     def start_resuming(self, rt: Runtime) -> None:
         """Resume, in the background, the turns an earlier process left running."""
@@ -186,14 +189,22 @@ class TurnTracker:
                 if turn is None or rt is None:
                     yield
                 else:
-                    token = await self._take_lease(rt, thread_id)
-                    # The turn's writes carry the token: refused once the lease moved on.
-                    fence = _TURN_FENCE.set((thread_id, token))
+                    token = uuid.uuid4().hex
+                    self._lease_tokens.add(token)
                     try:
-                        yield
+                        await self._take_lease(rt, thread_id, token)
+                        # The turn's writes carry the token: refused once the lease moved.
+                        fence = _TURN_FENCE.set((thread_id, token))
+                        try:
+                            yield
+                        finally:
+                            _TURN_FENCE.reset(fence)
                     finally:
-                        _TURN_FENCE.reset(fence)
-                        with contextlib.suppress(Exception):  # a dead node's lease lapses
+                        # Also when the take failed or was cancelled: it may have committed.
+                        # A release that fails (a cut connection) or is cancelled leaves a
+                        # row no turn holds: `release_lost_turn_leases` gives it back.
+                        self._lease_tokens.discard(token)
+                        with contextlib.suppress(Exception):
                             await rt.run_sync(rt.storage.release_turn_lease, thread_id, token)
         finally:
             if turn is not None:
@@ -202,15 +213,36 @@ class TurnTracker:
             if slot.users == 0:
                 self._slots.pop(thread_id, None)
 
+    async def release_lost_turn_leases(self, rt: Runtime) -> list[str]:
+        """Give back the turn leases this node holds for no turn of it; their threads.
+
+        A lease's release can be lost (the connection cut as it was given back, or a take
+        that committed while its caller was cancelled or cut). The row would make turns
+        of its thread on every other node wait for as long as this node lives; the
+        runtime calls this every third of the node lease.
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        held = await rt.run_sync(rt.storage.held_turn_leases)
+        # A token listed was taken before the read; one no turn holds now never will again.
+        lost = [(tid, token) for tid, token in held if token not in self._lease_tokens]
+        for tid, token in lost:
+            await rt.run_sync(rt.storage.release_turn_lease, tid, token)
+        if lost:
+            log.warning("gave back %d turn lease(s) held for no turn of this node, their "
+                        "release lost (threads %s)", len(lost),
+                        ", ".join(t for t, _ in lost[:10]))
+        return [tid for tid, _ in lost]
+
     @staticmethod
-    async def _take_lease(rt: Runtime, thread_id: str) -> str:
-        """Wait until this node holds the thread's turn lease; the lease's token."""
-        token = uuid.uuid4().hex
+    async def _take_lease(rt: Runtime, thread_id: str, token: str) -> None:
+        """Wait until this node holds the thread's turn lease under ``token``."""
         said = False
         while True:
             holder = await rt.run_sync(rt.storage.take_turn_lease, thread_id, token)
             if holder is None:
-                return token
+                return
             if not said:
                 log.info("thread %s: a turn runs on node %s; this one waits for it",
                          thread_id, holder)
@@ -859,6 +891,11 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
             done += 1
             break
     return done
+
+
+async def drop_orphaned_turn_lease(rt: Runtime, thread_id: str) -> None:
+    """Drop the thread's turn lease if no live node holds it (a deleted thread's orphan)."""
+    await _runs_elsewhere(rt, thread_id)  # takes the free lease, then gives it back
 
 
 async def _runs_elsewhere(rt: Runtime, thread_id: str) -> bool:

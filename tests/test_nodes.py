@@ -912,6 +912,203 @@ async def test_a_turn_of_a_node_whose_lease_expired_is_resumed_by_another_node(
             await a.close()
 
 
+def _turn_node(pg_url: str, tmp_path: Path, node_id: str, lease_seconds: float = 1.5) -> Runtime:
+    """A node of the turns app; a short lease: it looks for lost turn leases every 0.5 s."""
+    return Runtime(app_dir=TURNS_APP, data_dir=tmp_path / node_id, load_packages=False,
+                   storage=PostgresBackend(pg_url, node_id=node_id, lease_seconds=lease_seconds))
+
+
+def _answering(text: str) -> Any:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(text)])
+
+    return FunctionModel(answer)
+
+
+async def test_a_turn_lease_whose_release_was_cut_frees_the_thread_for_other_nodes(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.errors import DatabaseUnavailable
+    from runtime.testing import override_model
+
+    a, b = _turn_node(pg_url, tmp_path, "node-a"), _turn_node(pg_url, tmp_path, "node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        release = a.storage.release_turn_lease
+        cut: list[str] = []
+
+        def cut_once(thread_id: str, token: str) -> None:
+            if not cut:  # the connection is cut as the turn gives its lease back
+                cut.append(thread_id)
+                raise DatabaseUnavailable("connection lost")
+            release(thread_id, token)
+
+        monkeypatch.setattr(a.storage, "release_turn_lease", cut_once)
+        with override_model(a, _answering("from a")), override_model(b, _answering("from b")):
+            assert (await thread_a.send_message("first")).reply is not None
+            assert cut == [tid]
+            thread_b = await b.get_thread(tid)
+            # No turn runs on node a (alive): node b's turn runs once a gave the row back.
+            result = await asyncio.wait_for(thread_b.send_message("second"), 15)
+        assert result.reply is not None and result.reply.content == "from b"
+        assert await asyncio.to_thread(a.storage.held_turn_leases) == []
+
+
+async def test_a_turn_deleted_while_taking_its_lease_leaves_none_for_the_id_created_again(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from runtime.errors import ThreadNotFound
+    from runtime.testing import override_model
+
+    a, b = _turn_node(pg_url, tmp_path, "node-a"), _turn_node(pg_url, tmp_path, "node-b")
+    async with a, b:
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        take = a.storage.take_turn_lease
+        asked, go, taken = threading.Event(), threading.Event(), threading.Event()
+
+        def slow_take(thread_id: str, token: str) -> str | None:
+            asked.set()
+            go.wait(10)  # the deletion lands meanwhile; the take commits after it
+            try:
+                return take(thread_id, token)
+            finally:
+                taken.set()
+
+        monkeypatch.setattr(a.storage, "take_turn_lease", slow_take)
+        with override_model(a, _answering("from a")), override_model(b, _answering("from b")):
+            turn = asyncio.create_task(thread_a.send_message("hello"))
+            assert await asyncio.to_thread(asked.wait, 10)
+            assert await b.delete_thread(tid)
+            with pytest.raises(ThreadNotFound):  # node a heard it and cancelled the turn
+                await asyncio.wait_for(turn, 10)
+            go.set()
+            assert await asyncio.to_thread(taken.wait, 10)
+            monkeypatch.setattr(a.storage, "take_turn_lease", take)
+            again = await b.create_thread(tid)
+            result = await asyncio.wait_for(again.send_message("again"), 15)
+        assert result.reply is not None and result.reply.content == "from b"
+        assert await asyncio.to_thread(a.storage.held_turn_leases) == []
+
+
+async def test_a_turn_whose_thread_another_node_deleted_answers_thread_not_found(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from runtime.errors import ThreadNotFound
+    from runtime.testing import override_model
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        entered.set()
+        await release.wait()
+        return ModelResponse(parts=[TextPart("too late")])
+
+    x = PostgresBackend(pg_url, node_id="node-x")
+    rx = x.open()
+    try:
+        a = _turn_node(pg_url, tmp_path, "node-a", lease_seconds=30)
+        async with a:
+            thread_a = await a.create_thread()
+            with override_model(a, FunctionModel(slow)):
+                turn = asyncio.create_task(thread_a.send_message("hello"))
+                await entered.wait()
+                # Deleted on node x before node a hears of it: the turn's lease goes too.
+                assert await asyncio.to_thread(rx.delete_thread, thread_a.thread_id)
+                release.set()
+                with pytest.raises(ThreadNotFound):
+                    await asyncio.wait_for(turn, 10)
+    finally:
+        rx.close()
+        x.close()
+
+
+async def test_a_dead_nodes_turn_lease_on_a_deleted_thread_is_dropped_quietly(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    x = PostgresBackend(pg_url, node_id="node-x")
+    rx = x.open()
+    try:
+        assert x.take_turn_lease("gone", "turn-x") is None  # its thread deleted since
+        x._watch_stop.set()  # node x dies
+        expire_lease(pg_url, "node-x")
+        b = _turn_node(pg_url, tmp_path, "node-b")
+        with caplog.at_level(logging.INFO, logger="runtime"):
+            async with b:
+                assert await asyncio.to_thread(b.storage.orphaned_turns) == ["gone"]
+
+                async def dropped() -> bool:
+                    return await asyncio.to_thread(b.storage.orphaned_turns) == []
+
+                await wait_until(dropped, seconds=15)
+                await asyncio.sleep(1.2)  # two more looks: nothing more to say
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        resumed = [r for r in caplog.records if "resuming the turn" in r.getMessage()]
+        assert len(resumed) == 1
+    finally:
+        rx.close()
+        x.close()
+
+
+@pytest.mark.parametrize("resume_cut", [False, True], ids=["resumed", "resume-cut-once"])
+async def test_a_turn_whose_answer_the_database_refused_is_resumed_not_left_running(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resume_cut: bool,
+) -> None:
+    from runtime import turns as turns_module
+    from runtime.errors import DatabaseUnavailable
+    from runtime.testing import override_model
+    from runtime.turns import TurnStatus, load_turns
+
+    a = _turn_node(pg_url, tmp_path, "node-a")
+    async with a:
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        store = turns_module._store
+        calls: list[int] = []
+
+        async def cut_answer(rt: Runtime, thread_id: str, messages: list[Any],
+                             created_at_ts: float | None = None) -> None:
+            calls.append(len(messages))
+            if len(calls) == 2:  # the answer's write: the connection is cut (HTTP 503)
+                raise DatabaseUnavailable("connection lost")
+            await store(rt, thread_id, messages, created_at_ts)
+
+        monkeypatch.setattr(turns_module, "_store", cut_answer)
+        load = turns_module.load_turns
+        resumes: list[str] = []
+
+        async def cut_first_resume(rt: Runtime, thread_id: str) -> Any:
+            task = asyncio.current_task()
+            if task is not None and task.get_name().startswith("resume-turns-"):
+                resumes.append(thread_id)
+                if resume_cut and len(resumes) == 1:  # still cut when the resume reads
+                    raise DatabaseUnavailable("connection lost")
+            return await load(rt, thread_id)
+
+        monkeypatch.setattr(turns_module, "load_turns", cut_first_resume)
+        with override_model(a, _answering("answer")):
+            with pytest.raises(DatabaseUnavailable):
+                await thread_a.send_message("hello")
+
+            async def ended() -> bool:
+                rows = await load_turns(a, tid)
+                return [r.status for r in rows.values()] == [TurnStatus.SUCCEEDED]
+
+            await wait_until(ended, seconds=15)
+        contents = [m.content for m in (await thread_a.get_messages()).messages]
+        assert contents == ["hello", "answer"]
+        assert len(resumes) >= (2 if resume_cut else 1)
+
+
 def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
     (a, ra), (b, _) = two_nodes
     sa, sb = thread_on_both(a, ra, b)

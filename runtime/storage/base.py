@@ -925,6 +925,12 @@ class RuntimeStore(ABC):
     ) -> bool:
         """Remove a thread, its alarm, its pause mark and its indexed runs in one transaction.
 
+        A backend shared by several nodes also drops the thread's turn lease
+        (`StorageBackend.take_turn_lease`) in that transaction, whichever node holds it: a
+        deleted thread leaves none, and a thread created again under the id starts free. A
+        turn of the deleted thread still running on a node then has its writes refused
+        (`TurnLeaseLost`).
+
         Args:
             thread_id: The thread.
             frame: The deletion's ``thread_deleted`` frame. A backend with a cluster bus
@@ -1685,6 +1691,21 @@ class StorageBackend(ABC):
     def release_turn_lease(self, thread_id: str, token: str) -> None:
         """Give the thread's turn lease back, if ``token`` still holds it (idempotent)."""
         return None
+
+    def held_turn_leases(self) -> list[tuple[str, str]]:
+        """``(thread_id, token)`` of every turn lease this node id holds, by thread id.
+
+        A node compares them with the turns it runs: a lease whose release was lost (a
+        connection cut while it was given back, or a take that committed while its caller
+        was cancelled or cut) is one no turn of the node holds, and the node gives it back
+        (`release_turn_lease`) rather than make turns of its thread on other nodes wait
+        for as long as it lives. Always empty for one process per backend (SQLite,
+        memory).
+
+        Raises:
+            RuntimeStorageError: the backend failed (PostgreSQL: psycopg.Error).
+        """
+        return []
 
     def orphaned_turns(self) -> list[str]:
         """Threads whose turn lease is held by a node whose lease expired.

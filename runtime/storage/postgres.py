@@ -390,11 +390,12 @@ _TAKE_DELETION_SEQ = (
 _DELETE_THREAD = (
     "WITH a AS (DELETE FROM alarms WHERE thread_id = %(t)s), "
     "p AS (DELETE FROM paused_threads WHERE thread_id = %(t)s), "
-    "i AS (DELETE FROM run_index WHERE thread_id = %(t)s) "
+    "i AS (DELETE FROM run_index WHERE thread_id = %(t)s), "
+    "l AS (DELETE FROM turn_leases WHERE thread_id = %(t)s) "
     "DELETE FROM threads WHERE id = %(t)s"
 )
-"""A thread's registry entry, alarm row, pause mark and run index rows, in one statement
-(its row count: whether the thread existed)."""
+"""A thread's registry entry, alarm row, pause mark, run index rows and turn lease, in one
+statement (its row count: whether the thread existed)."""
 
 
 _FINISH_RUN = (
@@ -3484,6 +3485,12 @@ class PostgresBackend(StorageBackend):
         with self.transaction() as c:
             c.execute("DELETE FROM turn_leases WHERE thread_id = %s AND token = %s",
                       (thread_id, token))
+
+    def held_turn_leases(self) -> list[tuple[str, str]]:  # noqa: D102
+        with self.transaction() as c:
+            rows = c.execute("SELECT thread_id, token FROM turn_leases WHERE node_id = %s "
+                             "ORDER BY thread_id", (self.node_id,)).fetchall()
+        return [(str(t), str(k)) for t, k in rows]
 
     def orphaned_turns(self) -> list[str]:  # noqa: D102
         with self.transaction() as c:

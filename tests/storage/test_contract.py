@@ -1854,6 +1854,28 @@ def test_a_turns_writes_are_fenced_by_its_turn_lease_token(
     assert [m.id for m in store.all_messages()] == ["m0001", "m0003", "m0004"]
 
 
+def test_the_turn_leases_a_node_holds_are_listed(harness: Harness, rtdb: RuntimeStore) -> None:
+    backend = harness.backend
+    assert backend.take_turn_lease("u", "turn-u") is None
+    assert backend.take_turn_lease("t", "turn-t") is None
+    shared = not backend.exclusive
+    assert backend.held_turn_leases() == ([("t", "turn-t"), ("u", "turn-u")] if shared else [])
+    backend.release_turn_lease("u", "turn-u")
+    assert backend.held_turn_leases() == ([("t", "turn-t")] if shared else [])
+    backend.release_turn_lease("t", "turn-t")
+    assert backend.held_turn_leases() == []
+
+
+def test_a_deleted_thread_leaves_no_turn_lease(harness: Harness, rtdb: RuntimeStore) -> None:
+    backend = harness.backend
+    info = ThreadInfo(id="t", created_at_ts=T0)
+    assert rtdb.add_thread(info)
+    assert backend.take_turn_lease("t", "turn-1") is None
+    assert rtdb.delete_thread("t")
+    assert backend.held_turn_leases() == []  # the deletion dropped it
+    assert backend.orphaned_turns() == []
+
+
 def test_one_node_is_alone(harness: Harness, rtdb: RuntimeStore) -> None:
     assert harness.backend.alone() is True
 
