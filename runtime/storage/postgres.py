@@ -67,6 +67,7 @@ from runtime.storage.base import (
     ThreadInfo,
     ThreadQuery,
     ThreadStore,
+    interrupted_error,
 )
 from runtime.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION, THREAD_TABLES
 from runtime.storage.records import (
@@ -1708,6 +1709,7 @@ class PostgresThreadStore(ThreadStore):
         *,
         retention: RetentionPolicy | None = None,
         dead_nodes_only: bool = False,
+        reason: str | None = None,
     ) -> list[EffectRun]:
         if run_ids is not None and not run_ids:
             return []
@@ -1737,9 +1739,7 @@ class PostgresThreadStore(ThreadStore):
                         c,
                         f"UPDATE effect_runs SET status = 'failed', finished_at = %s, "
                         f"error = %s WHERE thread_id = %s AND id = %s RETURNING {_RUN_COLUMNS}",
-                        (now,
-                         f"Interrupted {attempts} times (by a restart or shutdown, not by its "
-                         f"own error); gave up after {max_attempts} attempts",
+                        (now, interrupted_error(attempts, max_attempts, reason),
                          self.thread_id, run_id),
                     )
                 else:
@@ -1750,7 +1750,7 @@ class PostgresThreadStore(ThreadStore):
                         (now, self.thread_id, run_id),
                     )
                 if run is not None:
-                    self._end_attempt(c, run, "interrupted", now, None)
+                    self._end_attempt(c, run, "interrupted", now, reason)
                     if run.status.finished:
                         self._drop_trace(c, run)
                     changed.append(run)
