@@ -1757,6 +1757,9 @@ class PostgresThreadStore(ThreadStore):
             pending = [r.run_at_ts for r in changed if r.status is EffectStatus.PENDING]
             if pending:
                 c.execute(_LOWER_ALARM, (self.thread_id, min(pending)))
+                # Announced at commit: a node shutting down re-queues its runs here, and
+                # another node takes them on this wake-up, not at its next alarm poll.
+                self._backend.cluster.wake_in(c, self.thread_id, min(pending))
             if retention is not None:
                 self._prune_in(c, now, retention)
             return changed
