@@ -485,18 +485,21 @@ async def note(state: ThreadState) -> None:
     await state.inject_message("noted")
 
 
-effect = define_effect("Waits for the test, then writes a message.", note)
+effect = define_effect("Waits for the test, then writes a message.", note,
+                       concurrent=CONCURRENT)
 '''
 
 
+@pytest.mark.parametrize("concurrent", [False, True], ids=["in_line", "concurrent"])
 async def test_a_run_whose_store_call_loses_the_database_is_requeued_not_failed(
-    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, concurrent: bool
 ) -> None:
     # The effect's own call through ThreadState fails because the runtime's database went
-    # away: the outage is the runtime's, so the run runs again once it is back.
+    # away: the outage is the runtime's, so the run runs again once it is back. (A
+    # concurrent effect's run records its outcome itself, beside the drain.)
     app = tmp_path / "app"
     (app / "effects").mkdir(parents=True)
-    (app / "effects" / "note.py").write_text(NOTE_APP)
+    (app / "effects" / "note.py").write_text(f"CONCURRENT = {concurrent}\n" + NOTE_APP)
     proxy = TcpProxy(("127.0.0.1", 5432))
     proxy.start()
     url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
