@@ -588,8 +588,10 @@ class EffectExecutor:
     ) -> Finish | None:
         """Run one claimed run; its outcome, or None if it was interrupted (delete/shutdown).
 
-        Never raises for anything the effect does: whatever goes wrong becomes a failed run,
-        so no run is left ``running`` behind a live worker. ``side``: a concurrent
+        Never raises for anything the effect does: whatever goes wrong becomes a failed run
+        (or, when the effect raised because the runtime's database could not be reached, a
+        re-queue: status ``pending``, see `_is_requeue`), so no run is left ``running``
+        behind a live worker. ``side``: a concurrent
         effect's run (its task is kept in ``actor.side_tasks``, not ``effect_task``). The
         attempt is traced by a span (`runtime.telemetry.run_span`), current while the effect
         runs.
