@@ -322,7 +322,8 @@ class ActorTable:
             # The actor did not exist, so nothing in this process runs this thread's
             # effects: a run still marked running was interrupted by a crash.
             recovered = await self._run_sync(
-                partial(store.recover_interrupted, retention=self._retention),
+                partial(store.recover_interrupted, retention=self._retention,
+                        reason="its process ended (a crash or restart) before it did"),
                 self._now(),
                 MAX_ATTEMPTS,
             )

@@ -10,6 +10,11 @@ raises is ``failed`` with its error text and never run again; a run interrupted 
 thread's deletion or by shutdown is left for recovery (``pending`` again, at most
 `runtime.config.MAX_ATTEMPTS` attempts). So is a run whose effect raised because the
 runtime refused a call while shutting down (`RuntimeClosed`): a shutdown never fails a run.
+Nor does an outage: a run whose effect raised because the runtime's own database could not
+be reached (`DatabaseUnavailable`, or a `ThreadStorageError` marked ``unavailable``, in the
+error or its causes) is re-queued at once under the same attempt rule, its attempt ended
+``interrupted`` with the reason; the re-queue is retried like any outcome until the store
+answers.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from pydantic import ValidationError
 from runtime.abc import RunSync
 from runtime.actors import ActorState, ThreadActor
 from runtime.alarms import AlarmIndex
-from runtime.config import RetentionPolicy
+from runtime.config import MAX_ATTEMPTS, RetentionPolicy
 from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
 from runtime.errors import (
+    DatabaseUnavailable,
     EffectNotFound,
     RunStateError,
     RuntimeClosed,
@@ -75,6 +81,9 @@ RETRY_MAX_SECONDS = 30.0
 
 MAX_ERROR_CHARS = 8192
 """A failed run's stored error is cut to this many UTF-8 bytes (it travels in every frame)."""
+
+MAX_REASON_CHARS = 1000
+"""Why an outage interrupted an attempt (stored as the attempt's error), cut to this many bytes."""
 
 
 class _Held:
@@ -225,6 +234,12 @@ class EffectExecutor:
                 paused = actor.info.paused and not self._shared
                 stop = stopping or paused or done >= DRAIN_BATCH
                 try:
+                    if finish is not None and _is_requeue(finish):
+                        # Interrupted by an outage: pending again before anything else.
+                        recorded = await self._record(actor, finish)
+                        self._release_held(thread_id)  # a durable commit: all before it
+                        self._publish_all(recorded)
+                        finish = None
                     if not stop:
                         finish = await self._fire_schedules(actor, finish)
                         if actor.deleted:
@@ -351,14 +366,9 @@ class EffectExecutor:
             if actor.next_fire is None or actor.next_fire > now:
                 return finish
         if finish is not None:
-            finished, _, _ = await self._run_sync(
-                partial(actor.store.finish_and_claim, claim=False, retention=self._retention),
-                finish,
-                now,
-            )
+            recorded = await self._record(actor, finish)
             self._release_held(actor.thread_id)  # a durable commit: synced, all before it
-            if finished is not None:
-                self._hub.publish(_change_of(finished), finished)
+            self._publish_all(recorded)
         actor.next_fire_known = False  # unknown if the fire fails
         fired, actor.next_fire = await self._run_sync(
             fire_due, actor.store, now, self._retention or RetentionPolicy(), up_since,
@@ -478,6 +488,39 @@ class EffectExecutor:
                                    name=f"group-flush-{actor.thread_id}")
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
+
+    async def _record(self, actor: ThreadActor, finish: Finish) -> list[EffectRun]:
+        """Write one run's outcome, claiming nothing (with the actor lock held).
+
+        An outage's re-queue (`_is_requeue`) goes through `ThreadStore.recover_interrupted`
+        (the attempt rule, the reason stored on the attempt); any other outcome through
+        `ThreadStore.finish_and_claim`. Returns the runs as written (none if fencing
+        dropped the outcome).
+
+        Raises:
+            ThreadStorageError: the store failed; nothing was written.
+        """
+        now = self._now()
+        if not _is_requeue(finish):
+            finished, _, _ = await self._run_sync(
+                partial(actor.store.finish_and_claim, claim=False, retention=self._retention),
+                finish,
+                now,
+            )
+            return [] if finished is None else [finished]
+        changed = await self._run_sync(
+            partial(actor.store.recover_interrupted, retention=self._retention,
+                    reason=finish.error),
+            now, MAX_ATTEMPTS, [finish.run_id],
+        )
+        pending = [r.run_at_ts for r in changed if r.status is EffectStatus.PENDING]
+        if pending:
+            await self._alarms.lower(actor.thread_id, min(pending))
+        return changed
+
+    def _publish_all(self, runs: list[EffectRun]) -> None:
+        for run in runs:
+            self._hub.publish(_change_of(run), run)
 
     def _known_effect(self, name: str) -> bool:
         # Run in a worker thread (`fire_due`). An effect another live node runs is known:
@@ -603,12 +646,7 @@ class EffectExecutor:
                     if actor.deleted:
                         return
                     try:
-                        finished, _, _ = await self._run_sync(
-                            partial(actor.store.finish_and_claim, claim=False,
-                                    retention=self._retention),
-                            finish,
-                            self._now(),
-                        )
+                        changed = await self._record(actor, finish)
                     except ThreadStorageError as exc:
                         if self._stopping():
                             log.error("run %s of thread %s: outcome not recorded: %s",
@@ -623,8 +661,7 @@ class EffectExecutor:
                         break
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_SECONDS)
-            if finished is not None:
-                self._hub.publish(_change_of(finished), finished)
+            self._publish_all(changed)
             if not actor.side_runs and self._wake is not None:
                 self._wake(actor.thread_id)  # a drain settles the alarm without a hold
         finally:
@@ -714,8 +751,10 @@ class EffectExecutor:
     ) -> Finish | None:
         """Run one claimed run; its outcome, or None if it was interrupted (delete/shutdown).
 
-        Never raises for anything the effect does: whatever goes wrong becomes a failed run,
-        so no run is left ``running`` behind a live worker. ``side``: a concurrent
+        Never raises for anything the effect does: whatever goes wrong becomes a failed run
+        (or, when the effect raised because the runtime's database could not be reached, a
+        re-queue: status ``pending``, see `_is_requeue`), so no run is left ``running``
+        behind a live worker. ``side``: a concurrent
         effect's run (its task is kept in ``actor.side_tasks``, not ``effect_task``). The
         attempt is traced by a span (`runtime.telemetry.run_span`), current while the effect
         runs.
@@ -794,6 +833,14 @@ class EffectExecutor:
             log.info("effect %s (run %s, thread %s) was refused by the shutdown; it will "
                      "run again", run.name, run.id, actor.thread_id)
             return None
+        if refused_by_outage(error):
+            # Not the effect's fault either: the runtime's database blinked under it.
+            reason = truncate(f"the database could not be reached while it ran: "
+                              f"{error_text(error)}", MAX_REASON_CHARS)
+            log.warning("effect %s (run %s, thread %s) was interrupted by a database outage; "
+                        "it is re-queued: %s", run.name, run.id, actor.thread_id,
+                        truncate(error_text(error), 500))
+            return Finish(run.id, EffectStatus.PENDING, reason, now)
         message = error_text(error, bare=isinstance(error, _EffectTimeout))
         log.info("effect %s (run %s, thread %s) failed: %s", run.name, run.id,
                  actor.thread_id, truncate(message, 500))
@@ -822,7 +869,17 @@ async def _until_done(task: asyncio.Task[None]) -> None:
 
 _CHANGE_OF = {
     EffectStatus.COMPLETED: RunChange.COMPLETED, EffectStatus.CANCELED: RunChange.CANCELED,
+    EffectStatus.PENDING: RunChange.REQUEUED,
 }
+
+
+def _is_requeue(finish: Finish) -> bool:
+    """Whether ``finish`` asks for a re-queue (an outage interrupted the attempt).
+
+    Such an outcome is the executor's own (status ``pending``, the reason as its error) and
+    never reaches `ThreadStore.finish_and_claim`: `EffectExecutor._record` routes it.
+    """
+    return finish.status is EffectStatus.PENDING
 
 
 def _change_of(finished: EffectRun) -> RunChange:
@@ -865,6 +922,20 @@ async def _call(defn: EffectDefinition, run: EffectRun, state: Any, args: Any) -
 
 def refused_by_shutdown(error: BaseException) -> bool:
     """Whether ``error`` is, was caused by, or groups a `RuntimeClosed`."""
+    return _in_chain(error, lambda exc: isinstance(exc, RuntimeClosed))
+
+
+def refused_by_outage(error: BaseException) -> bool:
+    """Whether ``error`` is, was caused by, or groups an unreachable runtime database.
+
+    That is a `DatabaseUnavailable` or a `ThreadStorageError` marked ``unavailable``: the
+    runtime's own store lost its server, nothing the effect did wrong.
+    """
+    return _in_chain(error, lambda exc: isinstance(exc, DatabaseUnavailable) or (
+        isinstance(exc, ThreadStorageError) and exc.unavailable))
+
+
+def _in_chain(error: BaseException, match: Callable[[BaseException], bool]) -> bool:
     seen: set[int] = set()
     todo: list[BaseException] = [error]
     while todo:
@@ -872,7 +943,7 @@ def refused_by_shutdown(error: BaseException) -> bool:
         if id(exc) in seen:
             continue
         seen.add(id(exc))
-        if isinstance(exc, RuntimeClosed):
+        if match(exc):
             return True
         if isinstance(exc, BaseExceptionGroup):
             todo.extend(exc.exceptions)

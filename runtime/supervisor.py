@@ -688,7 +688,8 @@ class Runtime:
                 continue  # closed meanwhile (deleted): nothing of it to re-queue
             try:
                 changed = await self.run_sync(
-                    partial(actor.store.recover_interrupted, retention=self.settings.retention),
+                    partial(actor.store.recover_interrupted, retention=self.settings.retention,
+                            reason=f"node {self.node_id} shut down before it ended"),
                     now,
                     MAX_ATTEMPTS,
                 )
@@ -1622,9 +1623,14 @@ class Runtime:
                         self._lease_abandoned.pop(thread_id, None)
                 # Without dead_nodes_only, the runs named that this node's attempt holds
                 # are re-queued too (the given-up ones are never another's).
+                reason = (
+                    f"node {self.node_id} lost its lease (the database could not be "
+                    f"reached long enough), so it stopped the run" if mine else
+                    f"its node's lease expired (the node stopped or lost the database); "
+                    f"node {self.node_id} re-queued it")
                 runs = await self.run_sync(
-                    partial(actor.store.recover_interrupted,
-                            retention=self.settings.retention, dead_nodes_only=not mine),
+                    partial(actor.store.recover_interrupted, retention=self.settings.retention,
+                            dead_nodes_only=not mine, reason=reason),
                     self.clock.now(), MAX_ATTEMPTS, run_ids,
                 )
         except (ThreadNotFound, InvalidThreadId, RuntimeClosed):

@@ -393,6 +393,36 @@ async def test_a_run_due_now_starts_on_another_node_when_its_own_cannot_take_it(
         release(a, "k")
 
 
+async def test_a_run_a_clean_shutdown_requeues_starts_on_another_node_by_its_wake_up(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """The re-queue announces the run: the poll is an hour away, so it cannot be the poll."""
+    slow = {"cluster_poll_seconds": 3600.0, "cluster_wake_grace_seconds": 0.5}
+    async with node(pg_url, tmp_path, "b", **slow) as b:
+        a = Runtime(data_dir=tmp_path / "a", app_dir=SERVER_APP, load_packages=False,
+                    storage=PostgresBackend(pg_url), node_id="node-a",
+                    shutdown_grace_seconds=0.1, **slow)
+        await a.start()
+        try:
+            ta = await a.create_thread()
+            run_id = await ta.schedule_effect("hold", {"key": "stays"})
+            await until(lambda: any(x.current_run for x in a.actors.open_actors()), "hold")
+            await b.cluster.poll()  # b knows a is alive (a wake-up's sender gets the grace)
+        finally:
+            await a.close()  # the run is re-queued: pending, due now
+        assert b.cluster is not None
+        tb = await b.get_thread(ta.thread_id)
+        async with asyncio.timeout(GUARD):
+            while (await tb.get_run(run_id)).status is not EffectStatus.RUNNING:
+                await asyncio.sleep(0.02)
+        first, second = await tb.get_run_attempts(run_id)
+        assert (first.node_id, first.outcome) == ("node-a", "interrupted")
+        assert first.error == "node node-a shut down before it ended"
+        assert (second.node_id, second.outcome) == ("node-b", "running")
+        assert b.cluster.polls == 2  # the one at start and ours: the wake-up did it
+        release(b, "stays")
+
+
 async def test_a_lost_wake_up_only_delays_the_run_until_the_poll(
     pg_url: str, tmp_path: Path,
 ) -> None:

@@ -242,6 +242,9 @@ def test_three_nodes_one_killed_every_run_completes_once_in_due_order(
         # Only the killed node can have left an attempt unfinished.
         for attempt in attempts[:-1]:
             assert (attempt["nodeId"], attempt["outcome"]) == (killed, "interrupted"), run
+            # What the detail (and the pane) says of it: the lease, not a restart.
+            assert attempt["error"].startswith("its node's lease expired (the node stopped "
+                                               "or lost the database); node "), run
         if len(attempts) > 1:
             requeued_from_killed += 1
         # From the effect's side: it ended exactly once on the surviving nodes, on the

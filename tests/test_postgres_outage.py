@@ -468,3 +468,67 @@ async def test_ready_answers_503_within_seconds_of_an_outage_and_200_soon_after_
             assert status == 200
     finally:
         proxy.stop()
+
+
+NOTE_APP = '''
+import asyncio
+
+from runtime import ThreadState, define_effect
+
+GATE = asyncio.Event()
+CALLS = []
+
+
+async def note(state: ThreadState) -> None:
+    CALLS.append(state.thread_id)
+    await GATE.wait()
+    await state.inject_message("noted")
+
+
+effect = define_effect("Waits for the test, then writes a message.", note,
+                       concurrent=CONCURRENT)
+'''
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["in_line", "concurrent"])
+async def test_a_run_whose_store_call_loses_the_database_is_requeued_not_failed(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, concurrent: bool
+) -> None:
+    # The effect's own call through ThreadState fails because the runtime's database went
+    # away: the outage is the runtime's, so the run runs again once it is back. (A
+    # concurrent effect's run records its outcome itself, beside the drain.)
+    app = tmp_path / "app"
+    (app / "effects").mkdir(parents=True)
+    (app / "effects" / "note.py").write_text(f"CONCURRENT = {concurrent}\n" + NOTE_APP)
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    caplog.set_level(logging.WARNING)
+    try:
+        async with Runtime(app_dir=app, data_dir=tmp_path / "data", database_url=url,
+                           load_packages=False) as rt:
+            thread = await rt.create_thread("t")
+            run_id = await thread.schedule_effect("note")
+            await wait_for(thread, run_id, EffectStatus.RUNNING)
+            effect_globals = rt.registry.app["note"].fn.__globals__
+            proxy.stop()
+            effect_globals["GATE"].set()  # its inject_message finds no database
+            for _ in range(400):
+                if "interrupted by a database outage" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
+            assert "interrupted by a database outage" in caplog.text
+            proxy.start()
+            await wait_for(thread, run_id, EffectStatus.COMPLETED)
+            run = await thread.get_run(run_id)
+            assert run.attempts == 2 and run.error is None
+            first, second = await thread.get_run_attempts(run_id)
+            assert first.outcome == "interrupted"
+            assert first.error is not None
+            assert first.error.startswith("the database could not be reached while it ran")
+            assert second.outcome == "completed"
+            assert effect_globals["CALLS"] == ["t", "t"]
+            messages = (await thread.get_messages()).messages
+            assert [m.content for m in messages] == ["noted"]
+    finally:
+        proxy.stop()

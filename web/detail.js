@@ -33,8 +33,19 @@ const OUTCOME = {
   running: "running",
   completed: "completed",
   failed: "failed",
-  interrupted: "interrupted (a restart or shutdown stopped it)",
+  interrupted: "interrupted",
 };
+
+/**
+ * Why an interrupted attempt stopped: the reason the server stored as its error (a
+ * shutdown, a crash or restart, its node's lost lease, the database), or, for an attempt
+ * stored before reasons were, every cause it may have been.
+ */
+function interruptedBy(a) {
+  return a.error
+    ? `Interrupted: ${String(a.error)}`
+    : "Interrupted by a restart, a shutdown or its node's lost lease (not recorded which).";
+}
 
 /**
  * The run's attempts, first first, from the single-run answer's `attemptDetails`: when
@@ -55,7 +66,9 @@ function attemptsSection(run, now) {
             <div class="small">Started <span title=${a.startedAt || ""}>${a.startedAt ? fmtLocal(a.startedAt, { full: true, now }) : "—"}</span>,
               ended <span title=${a.endedAt || ""}>${a.endedAt ? fmtLocal(a.endedAt, { full: true, now }) : "—"}</span>${a.nodeId
                 ? html`, on node <code data-testid="attempt-node">${String(a.nodeId)}</code>` : nothing}</div>
-            ${a.error ? html`<pre class="pre pre-error" data-testid="attempt-error">${String(a.error)}</pre>` : nothing}
+            ${a.outcome === "interrupted"
+              ? html`<div class="small muted" data-testid="attempt-reason">${interruptedBy(a)}</div>`
+              : a.error ? html`<pre class="pre pre-error" data-testid="attempt-error">${String(a.error)}</pre>` : nothing}
           </li>`)}</ol>`}`;
 }
 

@@ -456,6 +456,7 @@ class ThreadStore(ABC):
         *,
         retention: RetentionPolicy | None = None,
         dead_nodes_only: bool = False,
+        reason: str | None = None,
     ) -> list[EffectRun]:
         """Return interrupted ``running`` runs to ``pending`` (due ``now``), or fail them.
 
@@ -474,6 +475,11 @@ class ThreadStore(ABC):
             dead_nodes_only: Only runs of other nodes whose lease expired (the runs
                 `StorageBackend.orphaned_runs` names), never this node's own. Ignored by
                 a backend of one process (SQLite, memory).
+            reason: What interrupted the attempts, in words that follow "interrupted"
+                (``"its node's lease expired; node b re-queued it"``): stored as each ended
+                attempt's ``error`` (`RunAttempt.error`, outcome ``interrupted``) and
+                named in the error of a run failed at the limit. None: nothing stored
+                (a restart or shutdown, as readers assume).
 
         On a backend shared by several processes (PostgreSQL), a run another node runs
         under a live lease is never touched; this node's own runs are (the thread is being
@@ -1301,6 +1307,14 @@ class ClusterBus(ABC):
 
 WAKE_CHANNEL = "wake"
 """The `ClusterBus` channel on which a backend announces runs as their rows commit."""
+
+
+def interrupted_error(attempts: int, max_attempts: int, reason: str | None) -> str:
+    """The error of a run `ThreadStore.recover_interrupted` fails at the attempt limit."""
+    text = (f"Interrupted {attempts} times (by a restart, a shutdown, a lost lease or an "
+            f"unreachable database, not by its own error); gave up after {max_attempts} "
+            f"attempts")
+    return text if reason is None else f"{text} (the last time: {reason})"
 
 
 def encode_wake(sender: str, thread_id: str, due_at: float) -> str:

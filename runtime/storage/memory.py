@@ -35,6 +35,7 @@ from runtime.storage.base import (
     ThreadInfo,
     ThreadQuery,
     ThreadStore,
+    interrupted_error,
 )
 from runtime.storage.records import (
     Claim,
@@ -419,6 +420,7 @@ class MemoryThreadStore(ThreadStore):
         *,
         retention: RetentionPolicy | None = None,
         dead_nodes_only: bool = False,
+        reason: str | None = None,
     ) -> list[EffectRun]:
         with self._data.lock:
             data = self._open_data()
@@ -430,14 +432,11 @@ class MemoryThreadStore(ThreadStore):
                     continue
                 if wanted is not None and run.id not in wanted:
                     continue
-                self._end_attempt(stored, "interrupted", now, None)
+                self._end_attempt(stored, "interrupted", now, reason)
                 if run.attempts >= max_attempts:
                     changed.append(self._update(
                         data, seq, status=EffectStatus.FAILED, finished_at_ts=now,
-                        error=(
-                            f"Interrupted {run.attempts} times (by a restart or shutdown, "
-                            f"not by its own error); gave up after {max_attempts} attempts"
-                        ),
+                        error=interrupted_error(run.attempts, max_attempts, reason),
                     ))
                 else:
                     changed.append(self._update(

@@ -67,6 +67,7 @@ from runtime.storage.base import (
     ThreadInfo,
     ThreadQuery,
     ThreadStore,
+    interrupted_error,
 )
 from runtime.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION, THREAD_TABLES
 from runtime.storage.records import (
@@ -1724,6 +1725,7 @@ class PostgresThreadStore(ThreadStore):
         *,
         retention: RetentionPolicy | None = None,
         dead_nodes_only: bool = False,
+        reason: str | None = None,
     ) -> list[EffectRun]:
         if run_ids is not None and not run_ids:
             return []
@@ -1753,9 +1755,7 @@ class PostgresThreadStore(ThreadStore):
                         c,
                         f"UPDATE effect_runs SET status = 'failed', finished_at = %s, "
                         f"error = %s WHERE thread_id = %s AND id = %s RETURNING {_RUN_COLUMNS}",
-                        (now,
-                         f"Interrupted {attempts} times (by a restart or shutdown, not by its "
-                         f"own error); gave up after {max_attempts} attempts",
+                        (now, interrupted_error(attempts, max_attempts, reason),
                          self.thread_id, run_id),
                     )
                 else:
@@ -1766,13 +1766,16 @@ class PostgresThreadStore(ThreadStore):
                         (now, self.thread_id, run_id),
                     )
                 if run is not None:
-                    self._end_attempt(c, run, "interrupted", now, None)
+                    self._end_attempt(c, run, "interrupted", now, reason)
                     if run.status.finished:
                         self._drop_trace(c, run)
                     changed.append(run)
             pending = [r.run_at_ts for r in changed if r.status is EffectStatus.PENDING]
             if pending:
                 c.execute(_LOWER_ALARM, (self.thread_id, min(pending)))
+                # Announced at commit: a node shutting down re-queues its runs here, and
+                # another node takes them on this wake-up, not at its next alarm poll.
+                self._backend.cluster.wake_in(c, self.thread_id, min(pending))
             if retention is not None:
                 self._prune_in(c, now, retention)
             return changed

@@ -50,6 +50,7 @@ from runtime.storage.base import (
     ThreadInfo,
     ThreadQuery,
     ThreadStore,
+    interrupted_error,
 )
 from runtime.storage.records import Claim, EffectRecord, EffectRecordPage, EffectRecordStatus
 
@@ -951,6 +952,7 @@ class SQLiteThreadStore(ThreadStore):
         *,
         retention: RetentionPolicy | None = None,
         dead_nodes_only: bool = False,
+        reason: str | None = None,
     ) -> list[EffectRun]:
         def tx(c: sqlite3.Connection) -> list[EffectRun]:
             if run_ids is None:
@@ -973,11 +975,7 @@ class SQLiteThreadStore(ThreadStore):
                         f"WHERE id = ? RETURNING {_RUN_COLUMNS}"
                     )
                     params: tuple[Any, ...] = (
-                        now,
-                        f"Interrupted {attempts} times (by a restart or shutdown, not by its "
-                        f"own error); gave up after {max_attempts} attempts",
-                        run_id,
-                    )
+                        now, interrupted_error(attempts, max_attempts, reason), run_id)
                 else:
                     sql = (
                         f"UPDATE effect_runs SET status = 'pending', run_at = min(run_at, ?) "
@@ -986,7 +984,7 @@ class SQLiteThreadStore(ThreadStore):
                     params = (now, run_id)
                 run = self._one(c, sql, params)
                 if run is not None:
-                    self._end_attempt(c, run, "interrupted", now, None)
+                    self._end_attempt(c, run, "interrupted", now, reason)
                     if run.status.finished:
                         self._drop_trace(c, run)
                     changed.append(run)

@@ -837,7 +837,8 @@ def test_recovery_requeues_interrupted_runs_and_fails_them_at_the_attempt_limit(
     failed, requeued = changed
     assert failed.status is EffectStatus.FAILED and failed.finished_at_ts == T0 + 4
     assert failed.error == (
-        "Interrupted 3 times (by a restart or shutdown, not by its own error); "
+        "Interrupted 3 times (by a restart, a shutdown, a lost lease or an unreachable "
+        "database, not by its own error); "
         "gave up after 3 attempts"
     )
     assert requeued.status is EffectStatus.PENDING
@@ -850,6 +851,26 @@ def test_recovery_requeues_interrupted_runs_and_fails_them_at_the_attempt_limit(
     assert claimed is not None and claimed.id == later.id
     (back,) = store.recover_interrupted(T0 + 11, 3, [later.id])
     assert back.run_at_ts == T0 + 10
+
+
+def test_recover_interrupted_stores_its_reason(store: ThreadStore) -> None:
+    # What interrupted an attempt is its error; a run failed at the limit names the last.
+    a = run(run_at=T0)
+    store.insert_run(a)
+    store.finish_and_claim(None, T0)
+    (back,) = store.recover_interrupted(T0 + 1, 3, [a.id])
+    assert back.status is EffectStatus.PENDING
+    reasons = ["the database could not be reached", "its node's lease expired"]
+    for attempt, reason in enumerate(reasons, start=2):
+        _, claimed, _ = store.finish_and_claim(None, T0 + attempt)
+        assert claimed is not None and claimed.id == a.id
+        (back,) = store.recover_interrupted(T0 + attempt, 3, [a.id], reason=reason)
+    assert back.status is EffectStatus.FAILED
+    assert back.error is not None and back.error.endswith(
+        "(the last time: its node's lease expired)")
+    attempts = store.run_attempts(a.id)
+    assert [(x.outcome, x.error) for x in attempts] == [
+        ("interrupted", None), ("interrupted", reasons[0]), ("interrupted", reasons[1])]
 
 
 def test_cancel_and_run_now_change_only_pending_runs(store: ThreadStore) -> None:

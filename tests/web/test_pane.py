@@ -1673,6 +1673,9 @@ def test_a_runs_detail_lists_each_attempt(tmp_path: Path, browser: Browser) -> N
         expect(rows.nth(0)).to_have_attribute("data-outcome", "interrupted")
         expect(rows.nth(0)).to_contain_text("Attempt 1")
         expect(rows.nth(0).get_by_test_id("attempt-outcome")).to_contain_text("interrupted")
+        # Why, as the server recorded it: this node's shutdown, not a generic guess.
+        expect(rows.nth(0).get_by_test_id("attempt-reason")).to_have_text(
+            re.compile(r"^Interrupted: node \S+ shut down before it ended$"))
         expect(rows.nth(0)).not_to_contain_text("ended —")  # it has ended
         expect(rows.nth(1)).to_have_attribute("data-outcome", "running")
         expect(rows.nth(1)).to_contain_text("ended —")  # still running
