@@ -666,7 +666,9 @@ def test_a_thread_deleted_in_another_browser_leaves_this_one(pane: Pane) -> None
     expect(page.get_by_test_id("thread-error")).to_be_hidden()
     expect(page.get_by_test_id("schedule-submit")).to_be_enabled()
     expect(page.get_by_test_id("runs-empty")).to_have_text("No runs in this thread yet.")
-    assert pane.errors == []
+    # A request the page had in flight when the thread went (a refresh of the run's
+    # detail) may be answered 404, which the browser logs; nothing else may fail.
+    assert all("404" in e for e in pane.errors), pane.errors
 
 
 def test_an_action_answered_404_for_a_deleted_thread_clears_it_too(pane: Pane) -> None:
