@@ -950,3 +950,34 @@ def test_the_same_key_scheduled_at_once_through_two_nodes_gives_the_one_run(
         rtdb.close()
         two.close()
         one.close()
+
+
+def test_a_schedule_made_on_a_thread_another_node_deleted_is_refused_not_left(
+    pg_url: str,
+) -> None:
+    # Another node's deletion committed after this node opened the thread's store: the
+    # schedule's insert finds the registry row gone (it holds it FOR KEY SHARE until its
+    # commit, so a deletion cannot slip in between) and writes nothing.
+    from runtime.errors import ThreadNotFound
+
+    backend = PostgresBackend(pg_url)
+    rtdb = backend.open()
+    url, schema = split_schema(pg_url)
+    try:
+        assert rtdb.add_thread(ThreadInfo(id="gone", created_at_ts=1.0))
+        store = backend.create_thread_store(ThreadInfo(id="gone", created_at_ts=1.0))
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DELETE FROM {schema}.threads WHERE id = 'gone'")
+        schedule = Schedule(id="s1", thread_id="gone", name="note", args=None,
+                            recurrence=Recurrence(every_seconds=60.0),
+                            state=ScheduleState.ACTIVE, next_fire_at_ts=100.0,
+                            created_at_ts=1.0)
+        with pytest.raises(ThreadNotFound):
+            store.insert_schedule(schedule)
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute(
+                f"SELECT count(*) FROM {schema}.schedules").fetchone() == (0,)
+        store.close()
+    finally:
+        rtdb.close()
+        backend.close()

@@ -1449,6 +1449,11 @@ class PostgresThreadStore(ThreadStore):
         rec = schedule.recurrence
 
         def tx(c: Cursor) -> Schedule | None:
+            # Key-share locked until the commit, as a run's insert is: a deletion
+            # committing meanwhile either removes this schedule or is seen here.
+            if c.execute("SELECT 1 FROM threads WHERE id = %s FOR KEY SHARE",
+                         (self.thread_id,)).fetchone() is None:
+                raise ThreadNotFound(self.thread_id)  # deleted by another node
             if schedule.key is not None:
                 row = c.execute(
                     f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE thread_id = %s "
