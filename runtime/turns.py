@@ -49,6 +49,7 @@ from runtime.agents import AgentApp, AgentDefinition
 from runtime.config import MAX_ATTEMPTS
 from runtime.effects import iso
 from runtime.errors import (
+    DatabaseUnavailable,
     MessageNotFound,
     ModelNotAvailable,
     RuntimeClosed,
@@ -57,6 +58,7 @@ from runtime.errors import (
     TurnFailed,
     TurnInProgress,
     TurnRunIdConflict,
+    database_unreachable,
 )
 from runtime.hooks import HookPoint
 from runtime.ids import new_id
@@ -786,15 +788,25 @@ async def _run_turn(
             created.append(await _hooks.before_create_message(before, end_state, message))
         created.extend(turn.injected)
         await _store(rt, tid, created)
+        # The database failing the turn (wherever it surfaced: a store call, the journal,
+        # a tool) is no failure of the turn: its row stays running, to be resumed.
+        unreachable = failure is not None and database_unreachable(failure)
         if failure is None:
             row = replace(row, status=TurnStatus.SUCCEEDED, updated_at=rt.clock.now())
-        else:
+            await _save_turn(rt, tid, row)
+        elif not unreachable:
             row = replace(row, status=TurnStatus.FAILED, error=_reason(failure),
                           updated_at=rt.clock.now())
-        await _save_turn(rt, tid, row)
+            await _save_turn(rt, tid, row)
     # Outside the slot: a hook here may inject (it then waits for the slot like any caller).
     for message in created:
         await _hooks.after_create_message(after, end_state, message)
+    if failure is not None and unreachable:
+        raise DatabaseUnavailable(
+            f"Turn {run_id} of thread {tid} stopped: the database cannot be reached "
+            f"({_reason(failure)}); it is resumed (tool calls that finished are not run "
+            f"again), or post the same content with run_id {run_id!r}"
+        ) from failure
     if failure is not None:
         why = (f"Turn {run_id} of thread {tid} failed: {_reason(failure)}; post the same "
                f"content with run_id {run_id!r} to retry it (tool calls that finished are "

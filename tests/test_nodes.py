@@ -1109,6 +1109,91 @@ async def test_a_turn_whose_answer_the_database_refused_is_resumed_not_left_runn
         assert len(resumes) >= (2 if resume_cut else 1)
 
 
+def _noting() -> Any:
+    """A model that calls ``schedule_note`` once, then answers "Noted."."""
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returned = [p for m in messages if isinstance(m, ModelRequest) for p in m.parts
+                    if isinstance(p, ToolReturnPart)]
+        if returned:
+            return ModelResponse(parts=[TextPart(f"Noted: {returned[-1].content}")])
+        return ModelResponse(parts=[ToolCallPart(
+            "schedule_note", {"text": "x", "delay_seconds": 60}, tool_call_id="call-1")])
+
+    return FunctionModel(answer)
+
+
+@pytest.mark.parametrize("where", ["tool", "journal"])
+async def test_a_turn_the_database_failed_inside_its_run_is_resumed_not_failed(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+) -> None:
+    """A cut in a tool's own runtime call, or in the journal's write of a tool call, is
+    the database's failure: 503 and resumed, not a failed turn (502) nor a tool failure
+    shown to the model."""
+    from runtime import ThreadState
+    from runtime import durable as durable_module
+    from runtime.errors import DatabaseUnavailable, ThreadStorageError
+    from runtime.testing import override_model
+    from runtime.turns import TurnStatus, load_turns
+
+    a = _turn_node(pg_url, tmp_path, "node-a")
+    async with a:
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        cut: list[str] = []
+        if where == "tool":
+            schedule = ThreadState.schedule_effect
+
+            async def cut_schedule(self: ThreadState, *args: Any, **kwargs: Any) -> Any:
+                if not cut:  # the tool's schedule_effect loses its connection
+                    cut.append("schedule_effect")
+                    raise ThreadStorageError(self.thread_id, "connection lost",
+                                             unavailable=True)
+                return await schedule(self, *args, **kwargs)
+
+            monkeypatch.setattr(ThreadState, "schedule_effect", cut_schedule)
+        else:
+            finish = durable_module.Journal.finish
+
+            async def cut_finish(self: Any, key: str, **kwargs: Any) -> Any:
+                if ":call:" in key and not cut:  # the tool ran; its record's write is cut
+                    cut.append(key)
+                    raise DatabaseUnavailable("connection lost")
+                return await finish(self, key, **kwargs)
+
+            monkeypatch.setattr(durable_module.Journal, "finish", cut_finish)
+        with override_model(a, _noting()):
+            with pytest.raises(DatabaseUnavailable):
+                await thread_a.send_message("note it")
+            assert cut
+            rows = await load_turns(a, tid)
+            assert [r.status for r in rows.values()] == [TurnStatus.RUNNING]
+
+            async def ended() -> bool:
+                rows = await load_turns(a, tid)
+                return [r.status for r in rows.values()] == [TurnStatus.SUCCEEDED]
+
+            await wait_until(ended, seconds=15)
+        messages = (await thread_a.get_messages()).messages
+        replies = [m.content for m in messages if m.role == "assistant" and m.content]
+        assert len(replies) == 1 and replies[0].startswith("Noted: ")
+        results = [r for m in messages for r in m.tool_results]
+        assert [(r.tool_name, r.is_error) for r in results] == [("schedule_note", False)]
+        runs = (await thread_a.list_runs()).runs
+        # Cut before the tool scheduled: once. Cut after it, before its record: the resume
+        # runs it again (docs/durable-turns.md, "The crash window").
+        assert [r.name for r in runs] == (["note"] if where == "tool" else ["note", "note"])
+
+
 def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
     (a, ra), (b, _) = two_nodes
     sa, sb = thread_on_both(a, ra, b)
