@@ -754,6 +754,7 @@ async def _run_turn(
         journal = Journal(rt.effect_records.journal(), thread_id=tid,
                           cross_run_store=rt.runtime_records)
         failure: Exception | None = None
+        unreachable = False
         replayed: set[str] = set()
         with capture_run_messages() as captured:
             try:
@@ -771,6 +772,13 @@ async def _run_turn(
                 failure = exc
         if failure is None:
             new = result.new_messages()
+        elif unreachable := database_unreachable(failure):
+            log.warning("turn %s of thread %s stopped, the database cannot be reached (it "
+                        "is resumed): %r", run_id, tid, failure)
+            # Interrupted, not failed: like a crash, the attempt leaves the user message (and
+            # what tools injected); its steps are stored by the attempt that ends it, so the
+            # next turn's history holds no tool result without its answer.
+            new = []
         else:
             log.warning("turn %s of thread %s failed: %r", run_id, tid, failure)
             # Tool calls that completed are kept with their results, so the conversation
@@ -790,7 +798,6 @@ async def _run_turn(
         await _store(rt, tid, created)
         # The database failing the turn (wherever it surfaced: a store call, the journal,
         # a tool) is no failure of the turn: its row stays running, to be resumed.
-        unreachable = failure is not None and database_unreachable(failure)
         if failure is None:
             row = replace(row, status=TurnStatus.SUCCEEDED, updated_at=rt.clock.now())
             await _save_turn(rt, tid, row)

@@ -1109,8 +1109,9 @@ async def test_a_turn_whose_answer_the_database_refused_is_resumed_not_left_runn
         assert len(resumes) >= (2 if resume_cut else 1)
 
 
-def _noting() -> Any:
-    """A model that calls ``schedule_note`` once, then answers "Noted."."""
+def _noting(seen: list[list[Any]]) -> Any:
+    """A model: to "note it", calls ``schedule_note`` then answers "Noted: <result>"; to
+    anything else, answers "ok" (what it saw then is added to ``seen``)."""
     from pydantic_ai.messages import (
         ModelMessage,
         ModelRequest,
@@ -1118,12 +1119,17 @@ def _noting() -> Any:
         TextPart,
         ToolCallPart,
         ToolReturnPart,
+        UserPromptPart,
     )
     from pydantic_ai.models.function import AgentInfo, FunctionModel
 
     async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        returned = [p for m in messages if isinstance(m, ModelRequest) for p in m.parts
-                    if isinstance(p, ToolReturnPart)]
+        parts = [p for m in messages if isinstance(m, ModelRequest) for p in m.parts]
+        prompt = [p for p in parts if isinstance(p, UserPromptPart)][-1]
+        if prompt.content != "note it":
+            seen.append(parts)
+            return ModelResponse(parts=[TextPart("ok")])
+        returned = [p for p in parts if isinstance(p, ToolReturnPart)]
         if returned:
             return ModelResponse(parts=[TextPart(f"Noted: {returned[-1].content}")])
         return ModelResponse(parts=[ToolCallPart(
@@ -1132,15 +1138,19 @@ def _noting() -> Any:
     return FunctionModel(answer)
 
 
-@pytest.mark.parametrize("where", ["tool", "journal"])
+@pytest.mark.parametrize("where", ["tool", "record", "answer"])
 async def test_a_turn_the_database_failed_inside_its_run_is_resumed_not_failed(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
 ) -> None:
-    """A cut in a tool's own runtime call, or in the journal's write of a tool call, is
-    the database's failure: 503 and resumed, not a failed turn (502) nor a tool failure
-    shown to the model."""
+    """A cut in a tool's own runtime call, or in the journal's write of a tool call or of
+    the model's answer after it, is the database's failure: 503 and resumed, not a failed
+    turn (502) nor a tool failure shown to the model; until resumed it leaves only its
+    user message (no tool result without its answer in the next turn's history)."""
+    from pydantic_ai.messages import ToolReturnPart
+
     from runtime import ThreadState
     from runtime import durable as durable_module
+    from runtime import turns as turns_module
     from runtime.errors import DatabaseUnavailable, ThreadStorageError
     from runtime.testing import override_model
     from runtime.turns import TurnStatus, load_turns
@@ -1165,33 +1175,50 @@ async def test_a_turn_the_database_failed_inside_its_run_is_resumed_not_failed(
             finish = durable_module.Journal.finish
 
             async def cut_finish(self: Any, key: str, **kwargs: Any) -> Any:
-                if ":call:" in key and not cut:  # the tool ran; its record's write is cut
+                # The tool ran: the write of its record, or of the answer after it, is cut.
+                if not cut and (":call:" in key if where == "record"
+                                else key.endswith(":model:2")):
                     cut.append(key)
                     raise DatabaseUnavailable("connection lost")
                 return await finish(self, key, **kwargs)
 
             monkeypatch.setattr(durable_module.Journal, "finish", cut_finish)
-        with override_model(a, _noting()):
+        resume = turns_module.resume_thread_turns
+        go = asyncio.Event()
+
+        async def gated_resume(rt: Runtime, thread_id: str) -> int:
+            await go.wait()  # the next message first
+            return await resume(rt, thread_id)
+
+        monkeypatch.setattr(turns_module, "resume_thread_turns", gated_resume)
+        seen: list[list[Any]] = []
+        with override_model(a, _noting(seen)):
             with pytest.raises(DatabaseUnavailable):
                 await thread_a.send_message("note it")
             assert cut
             rows = await load_turns(a, tid)
             assert [r.status for r in rows.values()] == [TurnStatus.RUNNING]
+            contents = [m.content for m in (await thread_a.get_messages()).messages]
+            assert contents == ["note it"]
+            # The next message's turn sees no tool result without its answer.
+            assert (await thread_a.send_message("next")).reply is not None
+            assert not [p for p in seen[0] if isinstance(p, ToolReturnPart)]
+            go.set()
 
             async def ended() -> bool:
                 rows = await load_turns(a, tid)
-                return [r.status for r in rows.values()] == [TurnStatus.SUCCEEDED]
+                return [r.status for r in rows.values()] == [TurnStatus.SUCCEEDED] * 2
 
             await wait_until(ended, seconds=15)
         messages = (await thread_a.get_messages()).messages
         replies = [m.content for m in messages if m.role == "assistant" and m.content]
-        assert len(replies) == 1 and replies[0].startswith("Noted: ")
+        assert replies[0] == "ok" and replies[1].startswith("Noted: ") and len(replies) == 2
         results = [r for m in messages for r in m.tool_results]
         assert [(r.tool_name, r.is_error) for r in results] == [("schedule_note", False)]
         runs = (await thread_a.list_runs()).runs
         # Cut before the tool scheduled: once. Cut after it, before its record: the resume
         # runs it again (docs/durable-turns.md, "The crash window").
-        assert [r.name for r in runs] == (["note"] if where == "tool" else ["note", "note"])
+        assert [r.name for r in runs] == (["note", "note"] if where == "record" else ["note"])
 
 
 def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
