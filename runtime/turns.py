@@ -516,7 +516,9 @@ class TurnRow:
         status: Running (an interrupted turn stays running until resumed), succeeded or
             failed.
         attempts: How many times the turn started (1, then one more per resume).
-        error: Why it failed.
+        error: Why it failed; on a running turn, set when the database stopped its last
+            attempt (`STOPPED_BY_DATABASE`: that attempt does not count toward
+            `MAX_ATTEMPTS`).
         started_at: When it was first started (seconds since the epoch, UTC).
         updated_at: When its row last changed (seconds since the epoch, UTC).
     """
@@ -805,6 +807,15 @@ async def _run_turn(
             row = replace(row, status=TurnStatus.FAILED, error=_reason(failure),
                           updated_at=rt.clock.now())
             await _save_turn(rt, tid, row)
+        else:
+            # Marked so that the resume does not count it as an interruption (several
+            # blinks must not fail the turn); if the database is still gone, it counts.
+            try:
+                await _save_turn(rt, tid, replace(row, error=STOPPED_BY_DATABASE,
+                                                  updated_at=rt.clock.now()))
+            except Exception as exc:
+                log.info("turn %s of thread %s: its stop could not be marked: %s",
+                         run_id, tid, exc)
     # Outside the slot: a hook here may inject (it then waits for the slot like any caller).
     for message in created:
         await _hooks.after_create_message(after, end_state, message)
@@ -820,6 +831,10 @@ async def _run_turn(
                f"not run again)")
         raise TurnFailed(tid, run_id, why) from failure
     return _answer(run_id, [user, *earlier, *created])
+
+
+STOPPED_BY_DATABASE = "stopped: the database could not be reached (it is resumed)"
+"""The error of a running turn whose last attempt the database stopped (`TurnRow.error`)."""
 
 
 def _reason(failure: BaseException) -> str:
@@ -860,7 +875,8 @@ async def _fail_interrupted(state: ThreadState, row: TurnRow) -> None:
 async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
     """Resume the turns of a thread left running by an earlier process.
 
-    A turn that already started `MAX_ATTEMPTS` times fails instead, with a message in the
+    A turn that already started `MAX_ATTEMPTS` times (not counting the last attempt if the
+    database stopped it: `STOPPED_BY_DATABASE`) fails instead, with a message in the
     conversation saying so (`interrupted_text`). On a backend shared by several nodes, a
     turn whose thread's turn lease another live node holds is that node's: left alone.
 
@@ -888,7 +904,7 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
             if state is None:
                 state = await rt.get_thread(thread_id)
             try:
-                if row.attempts >= MAX_ATTEMPTS:
+                if row.attempts >= MAX_ATTEMPTS and row.error != STOPPED_BY_DATABASE:
                     log.warning("turn %s of thread %s was interrupted %d times: failing it",
                                 run_id, thread_id, row.attempts)
                     await _fail_interrupted(state, row)

@@ -1221,6 +1221,47 @@ async def test_a_turn_the_database_failed_inside_its_run_is_resumed_not_failed(
         assert [r.name for r in runs] == (["note", "note"] if where == "record" else ["note"])
 
 
+async def test_a_turn_the_database_stopped_more_times_than_the_attempts_still_ends(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blinks are not interruptions: a turn stopped by the database at each of its first
+    MAX_ATTEMPTS attempts is resumed again, not failed as "interrupted"."""
+    from runtime import ThreadState
+    from runtime.errors import DatabaseUnavailable, ThreadStorageError
+    from runtime.testing import override_model
+    from runtime.turns import TurnStatus, load_turns
+
+    a = _turn_node(pg_url, tmp_path, "node-a")
+    async with a:
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        schedule = ThreadState.schedule_effect
+        cuts: list[int] = []
+
+        async def cut_schedule(self: ThreadState, *args: Any, **kwargs: Any) -> Any:
+            if len(cuts) < MAX_ATTEMPTS:  # each attempt's schedule_effect is cut
+                cuts.append(1)
+                raise ThreadStorageError(self.thread_id, "connection lost", unavailable=True)
+            return await schedule(self, *args, **kwargs)
+
+        monkeypatch.setattr(ThreadState, "schedule_effect", cut_schedule)
+        with override_model(a, _noting([])):
+            with pytest.raises(DatabaseUnavailable):
+                await thread_a.send_message("note it")
+
+            async def ended() -> bool:
+                rows = await load_turns(a, tid)
+                return [r.status for r in rows.values()] != [TurnStatus.RUNNING]
+
+            await wait_until(ended, seconds=20)
+        row, = (await load_turns(a, tid)).values()
+        assert (row.status, row.attempts, row.error) == (
+            TurnStatus.SUCCEEDED, MAX_ATTEMPTS + 1, None)
+        replies = [m.content for m in (await thread_a.get_messages()).messages
+                   if m.role == "assistant" and m.content]
+        assert len(replies) == 1 and replies[0].startswith("Noted: ")
+
+
 def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
     (a, ra), (b, _) = two_nodes
     sa, sb = thread_on_both(a, ra, b)
