@@ -25,6 +25,7 @@ from runtime import hooks as _hooks
 from runtime.agents import AgentApp, AgentDefinition
 from runtime.durable import IdempotencyWindow, durable_tool
 from runtime.effect_tools import EffectToolDefinition, EffectToolSettings, call_effect_tool
+from runtime.errors import database_unreachable
 from runtime.hooks import HookPoint
 from runtime.messages import ToolCall
 from runtime.telemetry import TRACER_NAME
@@ -96,6 +97,12 @@ def _tool(app: AgentApp, agent: AgentDefinition, defn: ToolDefinition) -> Tool[T
             await _hooks.after_tool_call_failure(failed, state, call, exc.message)
             raise
         except Exception as exc:
+            if database_unreachable(exc):
+                # The runtime's own database, not the tool, failed: the turn stops (HTTP
+                # 503) and is resumed, running this call again; the model never sees it.
+                log.info("tool %s in thread %s: the database cannot be reached: %s",
+                         defn.name, state.thread_id, exc)
+                raise
             error = str(exc) if isinstance(exc, ToolFailed | ValueError) and str(exc) else (
                 f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             )

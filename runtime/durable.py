@@ -67,7 +67,7 @@ from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import to_jsonable_python
 
-from runtime.errors import EffectKeyBusy
+from runtime.errors import EffectKeyBusy, database_unreachable
 from runtime.keys import NO_ARGS_HASH, args_hash, check_effect_key
 from runtime.storage.records import (
     FINISHED_STATUSES,
@@ -429,6 +429,10 @@ async def _journaled_call(
         await journal.release(key, window=window, owner=ctx.owner)
         raise
     except Exception as exc:
+        if database_unreachable(exc):
+            # Not the call's outcome: the key stays claimed, and the run's next attempt
+            # takes it over and runs the call again.
+            raise
         error = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
         await journal.finish(key, window=window, owner=ctx.owner,
                              status=EffectRecordStatus.FAILED, output_json=error)

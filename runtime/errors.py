@@ -297,6 +297,30 @@ class DatabaseUnavailable(RuntimeStorageError):
     """The database server (PostgreSQL) cannot be reached now; try again later (HTTP 503)."""
 
 
+def database_unreachable(error: BaseException) -> bool:
+    """Whether ``error`` is, was caused by, or groups an unreachable database server.
+
+    That is a `DatabaseUnavailable` or a `ThreadStorageError` marked ``unavailable``,
+    found in ``error`` itself, its ``__cause__``/``__context__`` chain or the members of an
+    exception group: the runtime's own store lost its server, nothing else went wrong.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException] = [error]
+    while todo:
+        exc = todo.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, DatabaseUnavailable) or (
+            isinstance(exc, ThreadStorageError) and exc.unavailable
+        ):
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            todo.extend(exc.exceptions)
+        todo.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+    return False
+
+
 class EffectKeyBusy(EffectsError):
     """Another call held an effect key's in-progress record longer than a caller would wait.
 

@@ -40,12 +40,12 @@ from runtime.config import MAX_ATTEMPTS, RetentionPolicy
 from runtime.discovery import EffectRegistry
 from runtime.effects import EffectDefinition, EffectRun, EffectStatus
 from runtime.errors import (
-    DatabaseUnavailable,
     EffectNotFound,
     RunStateError,
     RuntimeClosed,
     RuntimeStorageError,
     ThreadStorageError,
+    database_unreachable,
 )
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
@@ -931,8 +931,7 @@ def refused_by_outage(error: BaseException) -> bool:
     That is a `DatabaseUnavailable` or a `ThreadStorageError` marked ``unavailable``: the
     runtime's own store lost its server, nothing the effect did wrong.
     """
-    return _in_chain(error, lambda exc: isinstance(exc, DatabaseUnavailable) or (
-        isinstance(exc, ThreadStorageError) and exc.unavailable))
+    return database_unreachable(error)
 
 
 def _in_chain(error: BaseException, match: Callable[[BaseException], bool]) -> bool:

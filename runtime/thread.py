@@ -642,6 +642,10 @@ class ThreadState:
             TurnRunIdConflict: ``run_id`` names a turn of this thread with another message.
             ThreadPaused: the thread is paused (nothing is stored; resume it first).
             TurnFailed: the model or the agent loop failed (the user message stays stored).
+            DatabaseUnavailable: the database server could not be reached during the turn
+                (in a store call, the journal or a tool's own runtime call): the turn stays
+                ``running`` and is resumed (HTTP 503); send it again with its run id to
+                resume it now. A `ThreadStorageError` marked ``unavailable`` means the same.
             ThreadNotFound: the thread was deleted.
         """
         return await self._rt.conversation().send_message(self, content, run_id=run_id)

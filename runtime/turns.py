@@ -49,6 +49,7 @@ from runtime.agents import AgentApp, AgentDefinition
 from runtime.config import MAX_ATTEMPTS
 from runtime.effects import iso
 from runtime.errors import (
+    DatabaseUnavailable,
     MessageNotFound,
     ModelNotAvailable,
     RuntimeClosed,
@@ -57,6 +58,7 @@ from runtime.errors import (
     TurnFailed,
     TurnInProgress,
     TurnRunIdConflict,
+    database_unreachable,
 )
 from runtime.hooks import HookPoint
 from runtime.ids import new_id
@@ -514,7 +516,9 @@ class TurnRow:
         status: Running (an interrupted turn stays running until resumed), succeeded or
             failed.
         attempts: How many times the turn started (1, then one more per resume).
-        error: Why it failed.
+        error: Why it failed; on a running turn, set when the database stopped its last
+            attempt (`STOPPED_BY_DATABASE`: that attempt does not count toward
+            `MAX_ATTEMPTS`).
         started_at: When it was first started (seconds since the epoch, UTC).
         updated_at: When its row last changed (seconds since the epoch, UTC).
     """
@@ -752,6 +756,7 @@ async def _run_turn(
         journal = Journal(rt.effect_records.journal(), thread_id=tid,
                           cross_run_store=rt.runtime_records)
         failure: Exception | None = None
+        unreachable = False
         replayed: set[str] = set()
         with capture_run_messages() as captured:
             try:
@@ -769,6 +774,13 @@ async def _run_turn(
                 failure = exc
         if failure is None:
             new = result.new_messages()
+        elif unreachable := database_unreachable(failure):
+            log.warning("turn %s of thread %s stopped, the database cannot be reached (it "
+                        "is resumed): %r", run_id, tid, failure)
+            # Interrupted, not failed: like a crash, the attempt leaves the user message (and
+            # what tools injected); its steps are stored by the attempt that ends it, so the
+            # next turn's history holds no tool result without its answer.
+            new = []
         else:
             log.warning("turn %s of thread %s failed: %r", run_id, tid, failure)
             # Tool calls that completed are kept with their results, so the conversation
@@ -786,21 +798,43 @@ async def _run_turn(
             created.append(await _hooks.before_create_message(before, end_state, message))
         created.extend(turn.injected)
         await _store(rt, tid, created)
+        # The database failing the turn (wherever it surfaced: a store call, the journal,
+        # a tool) is no failure of the turn: its row stays running, to be resumed.
         if failure is None:
             row = replace(row, status=TurnStatus.SUCCEEDED, updated_at=rt.clock.now())
-        else:
+            await _save_turn(rt, tid, row)
+        elif not unreachable:
             row = replace(row, status=TurnStatus.FAILED, error=_reason(failure),
                           updated_at=rt.clock.now())
-        await _save_turn(rt, tid, row)
+            await _save_turn(rt, tid, row)
+        else:
+            # Marked so that the resume does not count it as an interruption (several
+            # blinks must not fail the turn); if the database is still gone, it counts.
+            try:
+                await _save_turn(rt, tid, replace(row, error=STOPPED_BY_DATABASE,
+                                                  updated_at=rt.clock.now()))
+            except Exception as exc:
+                log.info("turn %s of thread %s: its stop could not be marked: %s",
+                         run_id, tid, exc)
     # Outside the slot: a hook here may inject (it then waits for the slot like any caller).
     for message in created:
         await _hooks.after_create_message(after, end_state, message)
+    if failure is not None and unreachable:
+        raise DatabaseUnavailable(
+            f"Turn {run_id} of thread {tid} stopped: the database cannot be reached "
+            f"({_reason(failure)}); it is resumed (tool calls that finished are not run "
+            f"again), or post the same content with run_id {run_id!r}"
+        ) from failure
     if failure is not None:
         why = (f"Turn {run_id} of thread {tid} failed: {_reason(failure)}; post the same "
                f"content with run_id {run_id!r} to retry it (tool calls that finished are "
                f"not run again)")
         raise TurnFailed(tid, run_id, why) from failure
     return _answer(run_id, [user, *earlier, *created])
+
+
+STOPPED_BY_DATABASE = "stopped: the database could not be reached (it is resumed)"
+"""The error of a running turn whose last attempt the database stopped (`TurnRow.error`)."""
 
 
 def _reason(failure: BaseException) -> str:
@@ -841,7 +875,8 @@ async def _fail_interrupted(state: ThreadState, row: TurnRow) -> None:
 async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
     """Resume the turns of a thread left running by an earlier process.
 
-    A turn that already started `MAX_ATTEMPTS` times fails instead, with a message in the
+    A turn that already started `MAX_ATTEMPTS` times (not counting the last attempt if the
+    database stopped it: `STOPPED_BY_DATABASE`) fails instead, with a message in the
     conversation saying so (`interrupted_text`). On a backend shared by several nodes, a
     turn whose thread's turn lease another live node holds is that node's: left alone.
 
@@ -869,7 +904,7 @@ async def resume_thread_turns(rt: Runtime, thread_id: str) -> int:
             if state is None:
                 state = await rt.get_thread(thread_id)
             try:
-                if row.attempts >= MAX_ATTEMPTS:
+                if row.attempts >= MAX_ATTEMPTS and row.error != STOPPED_BY_DATABASE:
                     log.warning("turn %s of thread %s was interrupted %d times: failing it",
                                 run_id, thread_id, row.attempts)
                     await _fail_interrupted(state, row)

@@ -1109,6 +1109,159 @@ async def test_a_turn_whose_answer_the_database_refused_is_resumed_not_left_runn
         assert len(resumes) >= (2 if resume_cut else 1)
 
 
+def _noting(seen: list[list[Any]]) -> Any:
+    """A model: to "note it", calls ``schedule_note`` then answers "Noted: <result>"; to
+    anything else, answers "ok" (what it saw then is added to ``seen``)."""
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    async def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        parts = [p for m in messages if isinstance(m, ModelRequest) for p in m.parts]
+        prompt = [p for p in parts if isinstance(p, UserPromptPart)][-1]
+        if prompt.content != "note it":
+            seen.append(parts)
+            return ModelResponse(parts=[TextPart("ok")])
+        returned = [p for p in parts if isinstance(p, ToolReturnPart)]
+        if returned:
+            return ModelResponse(parts=[TextPart(f"Noted: {returned[-1].content}")])
+        return ModelResponse(parts=[ToolCallPart(
+            "schedule_note", {"text": "x", "delay_seconds": 60}, tool_call_id="call-1")])
+
+    return FunctionModel(answer)
+
+
+@pytest.mark.parametrize("where", ["tool", "record", "answer"])
+async def test_a_turn_the_database_failed_inside_its_run_is_resumed_not_failed(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str,
+) -> None:
+    """A cut in a tool's own runtime call, or in the journal's write of a tool call or of
+    the model's answer after it, is the database's failure: 503 and resumed, not a failed
+    turn (502) nor a tool failure shown to the model; until resumed it leaves only its
+    user message (no tool result without its answer in the next turn's history)."""
+    from pydantic_ai.messages import ToolReturnPart
+
+    from runtime import ThreadState
+    from runtime import durable as durable_module
+    from runtime import turns as turns_module
+    from runtime.errors import DatabaseUnavailable, ThreadStorageError
+    from runtime.testing import override_model
+    from runtime.turns import TurnStatus, load_turns
+
+    a = _turn_node(pg_url, tmp_path, "node-a")
+    async with a:
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        cut: list[str] = []
+        if where == "tool":
+            schedule = ThreadState.schedule_effect
+
+            async def cut_schedule(self: ThreadState, *args: Any, **kwargs: Any) -> Any:
+                if not cut:  # the tool's schedule_effect loses its connection
+                    cut.append("schedule_effect")
+                    raise ThreadStorageError(self.thread_id, "connection lost",
+                                             unavailable=True)
+                return await schedule(self, *args, **kwargs)
+
+            monkeypatch.setattr(ThreadState, "schedule_effect", cut_schedule)
+        else:
+            finish = durable_module.Journal.finish
+
+            async def cut_finish(self: Any, key: str, **kwargs: Any) -> Any:
+                # The tool ran: the write of its record, or of the answer after it, is cut.
+                if not cut and (":call:" in key if where == "record"
+                                else key.endswith(":model:2")):
+                    cut.append(key)
+                    raise DatabaseUnavailable("connection lost")
+                return await finish(self, key, **kwargs)
+
+            monkeypatch.setattr(durable_module.Journal, "finish", cut_finish)
+        resume = turns_module.resume_thread_turns
+        go = asyncio.Event()
+
+        async def gated_resume(rt: Runtime, thread_id: str) -> int:
+            await go.wait()  # the next message first
+            return await resume(rt, thread_id)
+
+        monkeypatch.setattr(turns_module, "resume_thread_turns", gated_resume)
+        seen: list[list[Any]] = []
+        with override_model(a, _noting(seen)):
+            with pytest.raises(DatabaseUnavailable):
+                await thread_a.send_message("note it")
+            assert cut
+            rows = await load_turns(a, tid)
+            assert [r.status for r in rows.values()] == [TurnStatus.RUNNING]
+            contents = [m.content for m in (await thread_a.get_messages()).messages]
+            assert contents == ["note it"]
+            # The next message's turn sees no tool result without its answer.
+            assert (await thread_a.send_message("next")).reply is not None
+            assert not [p for p in seen[0] if isinstance(p, ToolReturnPart)]
+            go.set()
+
+            async def ended() -> bool:
+                rows = await load_turns(a, tid)
+                return [r.status for r in rows.values()] == [TurnStatus.SUCCEEDED] * 2
+
+            await wait_until(ended, seconds=15)
+        messages = (await thread_a.get_messages()).messages
+        replies = [m.content for m in messages if m.role == "assistant" and m.content]
+        assert replies[0] == "ok" and replies[1].startswith("Noted: ") and len(replies) == 2
+        results = [r for m in messages for r in m.tool_results]
+        assert [(r.tool_name, r.is_error) for r in results] == [("schedule_note", False)]
+        runs = (await thread_a.list_runs()).runs
+        # Cut before the tool scheduled: once. Cut after it, before its record: the resume
+        # runs it again (docs/durable-turns.md, "The crash window").
+        assert [r.name for r in runs] == (["note", "note"] if where == "record" else ["note"])
+
+
+async def test_a_turn_the_database_stopped_more_times_than_the_attempts_still_ends(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blinks are not interruptions: a turn stopped by the database at each of its first
+    MAX_ATTEMPTS attempts is resumed again, not failed as "interrupted"."""
+    from runtime import ThreadState
+    from runtime.errors import DatabaseUnavailable, ThreadStorageError
+    from runtime.testing import override_model
+    from runtime.turns import TurnStatus, load_turns
+
+    a = _turn_node(pg_url, tmp_path, "node-a")
+    async with a:
+        thread_a = await a.create_thread()
+        tid = thread_a.thread_id
+        schedule = ThreadState.schedule_effect
+        cuts: list[int] = []
+
+        async def cut_schedule(self: ThreadState, *args: Any, **kwargs: Any) -> Any:
+            if len(cuts) < MAX_ATTEMPTS:  # each attempt's schedule_effect is cut
+                cuts.append(1)
+                raise ThreadStorageError(self.thread_id, "connection lost", unavailable=True)
+            return await schedule(self, *args, **kwargs)
+
+        monkeypatch.setattr(ThreadState, "schedule_effect", cut_schedule)
+        with override_model(a, _noting([])):
+            with pytest.raises(DatabaseUnavailable):
+                await thread_a.send_message("note it")
+
+            async def ended() -> bool:
+                rows = await load_turns(a, tid)
+                return [r.status for r in rows.values()] != [TurnStatus.RUNNING]
+
+            await wait_until(ended, seconds=20)
+        row, = (await load_turns(a, tid)).values()
+        assert (row.status, row.attempts, row.error) == (
+            TurnStatus.SUCCEEDED, MAX_ATTEMPTS + 1, None)
+        replies = [m.content for m in (await thread_a.get_messages()).messages
+                   if m.role == "assistant" and m.content]
+        assert len(replies) == 1 and replies[0].startswith("Noted: ")
+
+
 def test_a_bulk_replay_replays_a_failure_once_across_nodes(two_nodes: Any) -> None:
     (a, ra), (b, _) = two_nodes
     sa, sb = thread_on_both(a, ra, b)
