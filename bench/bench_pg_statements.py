@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from _args import positive_int  # bench/_args.py: bench/ is on the path
+from bench_pg_claims import _cpu_of, _server_pids  # the same reading of /proc
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -90,19 +91,7 @@ def start_private_server() -> str:
 
 def _server_cpu(url: str) -> float:
     """User + system seconds of the server processes serving ``url``'s database now."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        pids = [int(r[0]) for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()")]
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return _cpu_of(_server_pids(url)) or 0.0
 
 
 async def measure(url: str, runs: int, threads: int, top: int) -> dict[str, Any]:

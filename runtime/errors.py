@@ -43,6 +43,8 @@ the builtin hierarchy still catch them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def short_repr(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, for error messages about user input."""
@@ -304,6 +306,16 @@ def database_unreachable(error: BaseException) -> bool:
     found in ``error`` itself, its ``__cause__``/``__context__`` chain or the members of an
     exception group: the runtime's own store lost its server, nothing else went wrong.
     """
+    return in_chain(error, lambda exc: isinstance(exc, DatabaseUnavailable) or (
+        isinstance(exc, ThreadStorageError) and exc.unavailable))
+
+
+def in_chain(error: BaseException, match: Callable[[BaseException], bool]) -> bool:
+    """Whether ``match`` holds for ``error`` or for any error it was caused by or groups.
+
+    Walks the ``__cause__``/``__context__`` chain and the members of exception groups,
+    each error once.
+    """
     seen: set[int] = set()
     todo: list[BaseException] = [error]
     while todo:
@@ -311,9 +323,7 @@ def database_unreachable(error: BaseException) -> bool:
         if id(exc) in seen:
             continue
         seen.add(id(exc))
-        if isinstance(exc, DatabaseUnavailable) or (
-            isinstance(exc, ThreadStorageError) and exc.unavailable
-        ):
+        if match(exc):
             return True
         if isinstance(exc, BaseExceptionGroup):
             todo.extend(exc.exceptions)

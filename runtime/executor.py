@@ -46,6 +46,7 @@ from runtime.errors import (
     RuntimeStorageError,
     ThreadStorageError,
     database_unreachable,
+    in_chain,
 )
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
@@ -922,7 +923,7 @@ async def _call(defn: EffectDefinition, run: EffectRun, state: Any, args: Any) -
 
 def refused_by_shutdown(error: BaseException) -> bool:
     """Whether ``error`` is, was caused by, or groups a `RuntimeClosed`."""
-    return _in_chain(error, lambda exc: isinstance(exc, RuntimeClosed))
+    return in_chain(error, lambda exc: isinstance(exc, RuntimeClosed))
 
 
 def refused_by_outage(error: BaseException) -> bool:
@@ -932,22 +933,6 @@ def refused_by_outage(error: BaseException) -> bool:
     runtime's own store lost its server, nothing the effect did wrong.
     """
     return database_unreachable(error)
-
-
-def _in_chain(error: BaseException, match: Callable[[BaseException], bool]) -> bool:
-    seen: set[int] = set()
-    todo: list[BaseException] = [error]
-    while todo:
-        exc = todo.pop()
-        if id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        if match(exc):
-            return True
-        if isinstance(exc, BaseExceptionGroup):
-            todo.extend(exc.exceptions)
-        todo.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
-    return False
 
 
 def validation_summary(exc: ValidationError) -> str:

@@ -786,13 +786,17 @@ class Runtime:
             self._executor_pool = _StoragePool(_STORAGE_THREADS, "thread-effects-storage")
         try:
             return await self._executor_pool.submit(asyncio.get_running_loop(), fn, args)
-        except (ThreadStorageError, RuntimeClosed) as exc:
-            if self._stores_closing and not isinstance(exc, RuntimeClosed):
-                # A call in flight met a store that close() just closed.
-                raise RuntimeClosed(
-                    "The runtime was shut down while this call was in flight"
-                ) from exc
+        except ThreadStorageError as exc:
+            self._raise_if_closing(exc)
             raise
+
+    def _raise_if_closing(self, exc: ThreadStorageError) -> None:
+        """A store call failed while `close` closes the stores: raise `RuntimeClosed` instead.
+
+        (A call in flight met a store that close() just closed.)
+        """
+        if self._stores_closing:
+            raise RuntimeClosed("The runtime was shut down while this call was in flight") from exc
 
     async def run_short(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a short store call: on the loop when the backend says it is cheap, else `run_sync`.
@@ -814,10 +818,7 @@ class Runtime:
         try:
             result = fn(*args)
         except ThreadStorageError as exc:
-            if self._stores_closing:
-                raise RuntimeClosed(
-                    "The runtime was shut down while this call was in flight"
-                ) from exc
+            self._raise_if_closing(exc)
             raise
         self._inline_calls += 1
         if self._inline_calls >= _INLINE_YIELD_EVERY:
@@ -844,10 +845,7 @@ class Runtime:
         try:
             return store.claim_inline(now)
         except ThreadStorageError as exc:
-            if self._stores_closing:
-                raise RuntimeClosed(
-                    "The runtime was shut down while this call was in flight"
-                ) from exc
+            self._raise_if_closing(exc)
             raise
 
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
