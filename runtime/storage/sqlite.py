@@ -227,6 +227,21 @@ def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 """``json.dumps(value, separators=(",", ":"))``, without building an encoder per call."""
 
+def _transaction_unsynced(
+    conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], write: bool
+) -> T:
+    """`_transaction` committed at ``NORMAL`` on a ``FULL`` connection: no fsync of its own.
+
+    The WAL frames reach the file (a process crash keeps them); the next ``FULL`` commit
+    or flush of the file syncs them with its own.
+    """
+    conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        return _transaction(conn, fn, write)
+    finally:
+        conn.execute("PRAGMA synchronous=FULL")
+
+
 _STATUS = {str(s): s for s in EffectStatus}
 """The statuses by their stored text (a look-up, cheaper than calling the enum)."""
 
@@ -438,11 +453,7 @@ class SQLiteThreadStore(ThreadStore):
                         self._flush_wal()
                     self._unsynced = False
             else:
-                conn.execute("PRAGMA synchronous=NORMAL")
-                try:
-                    result = _transaction(conn, fn, write)
-                finally:
-                    conn.execute("PRAGMA synchronous=FULL")
+                result = _transaction_unsynced(conn, fn, write)
         except BaseException as exc:
             # Rolled back: what the transaction counted is unknown again.
             self._finished = None
@@ -1451,11 +1462,7 @@ class SQLiteRuntimeStore(RuntimeStore):
             conn = self._conn
             if conn is None:
                 raise RuntimeClosed(f"The runtime store {self.path} is closed")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            try:
-                _transaction(conn, fn, True)
-            finally:
-                conn.execute("PRAGMA synchronous=FULL")
+            _transaction_unsynced(conn, fn, True)
 
     @staticmethod
     def _info(row: Sequence[Any]) -> ThreadInfo:
