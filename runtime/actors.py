@@ -305,6 +305,16 @@ class ActorTable:
         future.set_result(actor)
         return actor
 
+    async def raise_if_unregistered(self, thread_id: str) -> None:
+        """Raise `ThreadNotFound` if the registry no longer holds the thread (read now).
+
+        For a call that found the thread's store or one of its runs gone: a deletion on
+        any node (its registry entry first, then its rows) overtook it.
+        """
+        assert self.registry is not None
+        if await self._run_sync(self.registry.get_thread, thread_id) is None:
+            raise ThreadNotFound(thread_id) from None
+
     async def _open_actor(self, thread_id: str, transition: _Transition) -> ThreadActor:
         info = await self.info(thread_id)
         try:
@@ -313,10 +323,8 @@ class ActorTable:
             # Another node may have deleted the thread since its entry was read here, and
             # removed its store after the deletion's commit: then the call was overtaken
             # by a deletion (not found), not given a damaged thread to restore.
-            assert self.registry is not None
-            if not exc.unavailable and await self._run_sync(
-                    self.registry.get_thread, thread_id) is None:
-                raise ThreadNotFound(thread_id) from None
+            if not exc.unavailable:
+                await self.raise_if_unregistered(thread_id)
             raise
         try:
             # The actor did not exist, so nothing in this process runs this thread's

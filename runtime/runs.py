@@ -457,18 +457,9 @@ class RunOperations:
         run = await self._run_sync(actor.store.get_run, run_id, self._now(),
                                    self._settings.retention)
         if run is None:
-            await self._raise_if_deleted(actor.thread_id)
+            await self._actors.raise_if_unregistered(actor.thread_id)
         return (run is not None and run.status is EffectStatus.CANCELED
                 and run.finished_at_ts is not None and run.finished_at_ts > asked_at)
-
-    async def _raise_if_deleted(self, thread_id: str) -> None:
-        """Raise `ThreadNotFound` if the thread is no longer registered.
-
-        Called when a run of it vanished: a deletion on any node removed it with its runs.
-        """
-        registry = self._actors.registry
-        if registry is not None and await self._run_sync(registry.get_thread, thread_id) is None:
-            raise ThreadNotFound(thread_id)
 
     async def _canceled_in_store(self, thread_id: str, run_id: str, canceled_by: str) -> bool:
         """Wait up to `CANCEL_WAIT_SECONDS` (plus a second) for ``run_id`` to end; canceled?
@@ -484,7 +475,7 @@ class RunOperations:
                 run = await self._run_sync(actor.store.get_run, run_id, self._now(),
                                            self._settings.retention)
             if run is None:
-                await self._raise_if_deleted(thread_id)
+                await self._actors.raise_if_unregistered(thread_id)
             if run is None or run.status is not EffectStatus.RUNNING:
                 return run is not None and run.status is EffectStatus.CANCELED
             if loop.time() >= deadline:
