@@ -98,6 +98,44 @@ def test_node_ids_are_validated_naming_the_rule() -> None:
         PostgresBackend("postgresql:///x", lease_seconds=0.1)
 
 
+def test_a_lease_renewed_on_a_new_connection_as_the_node_closes_leaks_no_connection(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The renewal connection was cut, a new one renewed the lease just as close() began:
+    # the cut connection is closed there and then (it was once left open, and psycopg
+    # warned when it was collected), and close() releases the lease on the new one.
+    import threading
+
+    backend = PostgresBackend(pg_url, node_id="node-a")
+    backend.open()
+    old = backend._lock_conn
+    assert old is not None
+    stop = threading.Event()
+    real_renew = backend._renew
+
+    def renew(conn: Any, *, take_over: bool = False) -> bool:
+        if not take_over:
+            raise psycopg.OperationalError("network cut (test)")
+        renewed = real_renew(conn, take_over=True)
+        stop.set()  # close() begins now
+        return renewed
+
+    monkeypatch.setattr(backend, "_renew", renew)
+    backend.lease_seconds = 0.3  # this call's period; the backend's own thread sleeps on
+    backend._heartbeat(stop, "test")  # returns once it has handed over the connection
+    new = backend._lock_conn
+    assert old.closed
+    assert new is not None and new is not old and not new.closed
+    backend.close()
+    assert new.closed
+    other = PostgresBackend(pg_url, node_id="node-b")
+    other.open()
+    try:
+        assert [n for n, _ in other.live_nodes()] == ["node-b"]  # node a's lease ended
+    finally:
+        other.close()
+
+
 def test_the_same_node_id_twice_is_refused_another_joins(pg_url: str) -> None:
     a = PostgresBackend(pg_url, node_id="node-a")
     store = a.open()

@@ -2941,11 +2941,16 @@ class PostgresBackend(StorageBackend):
                 continue
             with self._guard:
                 old, self._lock_conn = self._lock_conn, new
-            if old is None or stop.is_set():  # closed meanwhile
-                self._lock_conn = None
+                if old is None:  # closed meanwhile
+                    self._lock_conn = None
+            if old is None:
                 new.close()
                 return
+            # The replaced connection is closed here whatever happens next: a close()
+            # that began meanwhile takes (and releases the lease on) the new one.
             old.close()
+            if stop.is_set():
+                return
             self._lock_pid = new.info.backend_pid
             self._lock_problem = None
             self._lost_notified = False
