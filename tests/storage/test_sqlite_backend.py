@@ -469,3 +469,51 @@ def test_a_normal_store_has_no_group_commit_and_every_outcome_keeps_its_level(
         store.close()
         rtdb.close()
         backend.close()
+
+
+def test_new_files_get_1_kib_pages_and_older_files_keep_theirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.storage import sqlite as sqlite_backend
+
+    def page_size(path: Path) -> int:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return int(conn.execute("PRAGMA page_size").fetchone()[0])
+        finally:
+            conn.close()
+
+    # A data dir made by a runtime from before (SQLite's default page size).
+    monkeypatch.setattr(sqlite_backend, "PAGE_SIZE_BYTES", 4096)
+    old = SQLiteBackend(tmp_path)
+    rtdb = old.open()
+    info = ThreadInfo(id="old", created_at_ts=T0)
+    old.create_thread_store(info).close()
+    assert rtdb.add_thread(info)
+    rtdb.close()
+    old.close()
+    monkeypatch.undo()
+
+    backend = SQLiteBackend(tmp_path)
+    backend.open()
+    try:
+        new = backend.create_thread_store(ThreadInfo(id="new", created_at_ts=T0))
+        older = backend.open_thread_store("old")
+        for store in (new, older):
+            run = EffectRun("r", "t", "record", EffectStatus.PENDING, None, T0, T0)
+            store.insert_run(run)
+            _, claimed, _ = store.finish_and_claim(None, T0)
+            assert claimed is not None and claimed.status is EffectStatus.RUNNING
+            done, _, _ = store.finish_and_claim(
+                Finish("r", EffectStatus.COMPLETED, None, T0 + 1), T0 + 1, claim=False)
+            assert done is not None and done.status is EffectStatus.COMPLETED
+            store.close()
+    finally:
+        backend.close()
+    assert page_size(backend.thread_path("new")) == 1024
+    assert page_size(backend.thread_path("old")) == 4096  # fixed when the file was made
+    assert page_size(backend.runtime_path) == 4096
+    fresh = SQLiteBackend(tmp_path / "fresh")
+    fresh.open()
+    fresh.close()
+    assert page_size(fresh.runtime_path) == 1024
