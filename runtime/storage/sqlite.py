@@ -161,7 +161,7 @@ PAGE_SIZE_BYTES = 1024
 """Page size of a database file this runtime creates (bytes; SQLite's default is 4,096).
 
 A commit appends every page it changed to the WAL whole (a 24-byte header, the page, a
-checksum over both), and a run's commits change 5–6 pages of small rows (a run, its
+checksum over both), and a run's commits change 5 to 6 pages of small rows (a run, its
 attempt, their index entries): 1 KiB pages write a quarter of the bytes for the same
 rows. Measured with `bench/bench_cpu.py` (NORMAL, 5 alternations): process CPU per
 scheduled run 111 → 87 µs, per executed run 508 → 428 µs (medians); see bench/README.md,
