@@ -64,6 +64,18 @@ log = logging.getLogger("runtime")
 
 T = TypeVar("T")
 
+# Binding None (SQL NULL) to a parameter: Python 3.11's sqlite3 first looks for an adapter
+# of NoneType, then asks its PrepareProtocol type for ``__adapt__``, which raises and
+# clears an AttributeError with its message formatted (about 0.2 µs and 3,300 instructions
+# per None; a run binds 20 to 30 across its schedule, claim, finish and run index row).
+# With an adapter registered for NoneType the look-up ends at once, and the value bound is
+# the same NULL. Registered for the whole process (sqlite3 keeps one registry), unless the
+# application registered its own.
+_NOTHING: dict[None, None] = {}
+if (type(None), sqlite3.PrepareProtocol) not in sqlite3.adapters:
+    # ``_NOTHING.get(None)`` is None, answered in C (a Python function would add a frame).
+    sqlite3.register_adapter(type(None), _NOTHING.get)
+
 THREAD_SCHEMA_VERSION = 10
 """``PRAGMA user_version`` of a current thread file (2: the ``messages`` table; 3: the
 ``effect_records`` table; 4: a run's ``key`` and ``canceled_by``; 5: the ``run_traces``
