@@ -1169,11 +1169,11 @@ class SQLiteThreadStore(ThreadStore):
             sql = (
                 f"SELECT status, count(*) FROM effect_runs WHERE {_LIVE}{named} "
                 f"GROUP BY status UNION ALL "
-                f"SELECT status, count(*) FROM effect_runs WHERE {_DONE} AND {visible}{named} "
-                f"GROUP BY status"
+                f"SELECT status, count(*) FROM effect_runs WHERE {_DONE} "
+                f"AND status IN (?, ?, ?) AND {visible}{named} GROUP BY status"
             )
             by_name = () if name is None else (name,)
-            return c.execute(sql, (*by_name, *params, *by_name)).fetchall()
+            return c.execute(sql, (*by_name, *_FINISHED, *params, *by_name)).fetchall()
 
         rows = self._tx(read, write=False)
         counts = dict.fromkeys(EffectStatus, 0)
