@@ -151,7 +151,7 @@ def test_a_version_8_thread_file_is_rebuilt_with_fewer_pages_per_run(tmp_path: P
         store.close()
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 9
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite.THREAD_SCHEMA_VERSION
         (index_sql,) = conn.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'ix_effect_runs_pending_key'").fetchone()
         assert index_sql.endswith("WHERE status = 'pending' AND \"key\" IS NOT NULL")
@@ -164,6 +164,92 @@ def test_a_version_8_thread_file_is_rebuilt_with_fewer_pages_per_run(tmp_path: P
         assert conn.execute("SELECT count(*) FROM effect_runs INDEXED BY "
                             "ix_effect_runs_pending_key WHERE status = 'pending' "
                             "AND \"key\" IS NOT NULL").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def _index_entries(conn: sqlite3.Connection, index: str) -> int:
+    """The entries of an index, counted in its leaf pages (SQLite's ``dbstat`` table)."""
+    try:
+        row = conn.execute("SELECT sum(ncell) FROM dbstat WHERE name = ? AND pagetype = 'leaf'",
+                           (index,)).fetchone()
+    except sqlite3.OperationalError:
+        pytest.skip("this SQLite has no dbstat table")
+    return int(row[0] or 0)
+
+
+def test_a_version_9_thread_file_indexes_each_run_only_where_it_is_looked_up(
+    tmp_path: Path,
+) -> None:
+    """Version 10 keeps the due index to pending and running runs and the finished index to
+    finished ones (a run's insert, claim and finish write fewer pages); every read of runs
+    answers as before."""
+    path = tmp_path / "t.sqlite"
+    conn = sqlite3.connect(path)
+    for step in range(9):
+        for statement in schema.THREAD_MIGRATIONS[step]:
+            conn.execute(statement)
+    conn.execute("INSERT INTO thread_meta VALUES ('thread_id', 't')")
+    conn.execute(
+        "INSERT INTO effect_runs (id, name, status, run_at, created_at, started_at, "
+        "finished_at, attempts, error, \"key\") VALUES "
+        "('done', 'a.note', 'completed', 100.0, 90.0, 100.0, 101.0, 1, NULL, NULL), "
+        "('bad', 'a.note', 'failed', 100.0, 90.0, 100.0, 102.0, 1, 'boom', NULL), "
+        "('off', 'b.note', 'canceled', 300.0, 90.0, NULL, 103.0, 0, NULL, NULL), "
+        "('busy', 'b.note', 'running', 100.0, 90.0, 104.0, NULL, 1, NULL, 'k'), "
+        "('next', 'a.note', 'pending', 105.0, 90.0, NULL, NULL, 0, NULL, 'k'), "
+        "('later', 'b.note', 'pending', 500.0, 90.0, NULL, NULL, 0, NULL, NULL)"
+    )
+    conn.execute("PRAGMA user_version=9")
+    conn.commit()
+    conn.close()
+
+    retention = RetentionPolicy()
+    store = sqlite.SQLiteThreadStore("t", path)
+    try:
+        def ids(statuses: list[EffectStatus] | None = None, name: str | None = None) -> list[str]:
+            runs, _ = store.list_runs(110.0, retention, statuses=statuses, name=name)
+            return [r.id for r in runs]
+
+        assert ids() == ["later", "next", "busy", "off", "bad", "done"]
+        assert ids([EffectStatus.PENDING]) == ["later", "next"]
+        assert ids([EffectStatus.PENDING, EffectStatus.RUNNING]) == ["later", "next", "busy"]
+        assert ids([EffectStatus.COMPLETED, EffectStatus.FAILED]) == ["bad", "done"]
+        assert ids([EffectStatus.CANCELED, EffectStatus.PENDING], "b.note") == ["later", "off"]
+        assert store.count_runs(110.0, retention) == {
+            EffectStatus.PENDING: 2, EffectStatus.RUNNING: 1, EffectStatus.COMPLETED: 1,
+            EffectStatus.FAILED: 1, EffectStatus.CANCELED: 1,
+        }
+        assert store.count_runs(110.0, retention, name="b.note")[EffectStatus.PENDING] == 1
+        # The key is held by the running run and its pending successor, as before.
+        held = store.insert_run(EffectRun(
+            id="again", thread_id="t", name="a.note", status=EffectStatus.PENDING, args=None,
+            run_at_ts=400.0, created_at_ts=110.0, key="k"))
+        assert held is not None and held.id == "next"
+        # A run's claim and finish; a restart's recovery finds the running one.
+        finished, claimed, _ = store.finish_and_claim(
+            Finish("busy", EffectStatus.COMPLETED, None, 110.0, attempt=1), 110.0)
+        assert finished is not None and finished.status is EffectStatus.COMPLETED
+        assert claimed is not None and claimed.id == "next"
+        [requeued] = store.recover_interrupted(111.0, 3)
+        assert (requeued.id, requeued.status) == ("next", EffectStatus.PENDING)
+        # Over max_finished, the oldest finished runs go first.
+        assert store.prune(112.0, RetentionPolicy(max_finished=2)) == 2
+        assert ids([EffectStatus.COMPLETED, EffectStatus.FAILED, EffectStatus.CANCELED]) == [
+            "busy", "off"]
+    finally:
+        store.close()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 10
+        live = conn.execute(
+            "SELECT count(*) FROM effect_runs WHERE status IN ('pending', 'running')"
+        ).fetchone()[0]
+        done = conn.execute("SELECT count(*) FROM effect_runs WHERE status IN "
+                            "('completed', 'failed', 'canceled')").fetchone()[0]
+        assert (live, done) == (2, 2)
+        assert _index_entries(conn, "ix_effect_runs_due") == live
+        assert _index_entries(conn, "ix_effect_runs_finished") == done
     finally:
         conn.close()
 

@@ -62,8 +62,20 @@ class EffectRunRow(SQLModel, table=True):
 
     __tablename__ = "effect_runs"
     __table_args__ = (
-        Index("ix_effect_runs_due", "status", "run_at", "seq"),
-        Index("ix_effect_runs_finished", "status", "finished_at"),
+        # SQLite indexes only the runs each index serves (thread schema 10): the due index
+        # the pending and running runs (claims, wake-ups, recovery, the key check), the
+        # finished index the finished ones (retention; every finish sets ``finished_at``).
+        # A run's insert then writes neither the finished index nor, at its finish, the
+        # due index; its claim moves it within the due index alone: about four b-tree
+        # pages fewer per executed run. A query reaches a partial index only when its
+        # WHERE implies the index's (SQLite's rule: the same term, or a comparison of the
+        # column for ``IS NOT NULL``), so the queries of `runtime.storage.sqlite` spell
+        # these terms out. PostgreSQL keeps its indexes as created.
+        Index("ix_effect_runs_due", "status", "run_at", "seq",
+              sqlite_where=text("status = 'pending' OR status = 'running'"),
+              info={"sqlite_only_where": True}),
+        Index("ix_effect_runs_finished", "status", "finished_at",
+              sqlite_where=text("finished_at IS NOT NULL"), info={"sqlite_only_where": True}),
         Index("ix_effect_runs_name", "name", "seq"),
         # At most one pending run per key: the database itself keeps that part of the
         # promise of `ThreadState.schedule_effect(..., key=...)` (a running run holds its
@@ -394,6 +406,7 @@ THREAD_MIGRATION_MODELS: dict[int, tuple[type[SQLModel], ...]] = {
     6: (ScheduleRow,),
     7: (),
     8: (),
+    9: (),
 }
 """The tables each migration of a thread file creates: step N takes schema version N to
 N + 1 (version 0 is a new, empty file). Add a step for a new table; never change one."""
@@ -418,6 +431,7 @@ once from an empty table."""
 
 THREAD_MIGRATION_INDEXES: dict[int, tuple[tuple[type[SQLModel], str], ...]] = {
     8: ((EffectRunRow, "ix_effect_runs_pending_key"),),
+    9: ((EffectRunRow, "ix_effect_runs_due"), (EffectRunRow, "ix_effect_runs_finished")),
 }
 """The indexes each migration of a thread file drops and creates again as the model now
 defines them (a changed column list or ``WHERE``)."""
@@ -574,7 +588,8 @@ def _pg_table(model: type[SQLModel], name: str, metadata: MetaData) -> Table:
     otherwise ``thread_id`` is prepended to its primary key, to each unique constraint and
     to each index. An integer ``seq`` key becomes a ``BIGINT`` identity column (one
     sequence for all threads: scheduling order within a thread is its order). SQLite's
-    partial-index ``WHERE`` becomes PostgreSQL's.
+    partial-index ``WHERE`` becomes PostgreSQL's, unless the index's ``info`` has
+    ``sqlite_only_where``.
     """
     source = _table(model)
     names = [c.name for c in source.columns]
@@ -608,7 +623,7 @@ def _pg_table(model: type[SQLModel], name: str, metadata: MetaData) -> Table:
         if cols[0] != "thread_id" and name not in ("threads", "run_index"):
             cols = [*prefix, *cols] if prefix else cols
         where = index.dialect_options["postgresql"].get("where")
-        if where is None:
+        if where is None and not index.info.get("sqlite_only_where"):
             where = index.dialect_options["sqlite"].get("where")
         Index(
             str(index.name).replace("ix_effect_records", f"ix_{name}"),

@@ -41,8 +41,8 @@ EFFECT_RUNS_DDL: tuple[str, ...] = (
         "\tUNIQUE (id)\n"
         ")"
     ),
-    "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq)",
-    "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at)",
+    "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq) WHERE status = 'pending' OR status = 'running'",
+    "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at) WHERE finished_at IS NOT NULL",
     "CREATE INDEX ix_effect_runs_name ON effect_runs (name, seq)",
     "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending' AND \"key\" IS NOT NULL",
 )
@@ -262,8 +262,8 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
             "\tUNIQUE (id)\n"
             ")"
         ),
-        "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq)",
-        "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at)",
+        "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq) WHERE status = 'pending' OR status = 'running'",
+        "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at) WHERE finished_at IS NOT NULL",
         "CREATE INDEX ix_effect_runs_name ON effect_runs (name, seq)",
     ),
     1: (
@@ -377,6 +377,12 @@ THREAD_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE run_attempts__new RENAME TO run_attempts",
         "DROP INDEX IF EXISTS ix_effect_runs_pending_key",
         "CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") WHERE status = 'pending' AND \"key\" IS NOT NULL",
+    ),
+    9: (
+        "DROP INDEX IF EXISTS ix_effect_runs_due",
+        "CREATE INDEX ix_effect_runs_due ON effect_runs (status, run_at, seq) WHERE status = 'pending' OR status = 'running'",
+        "DROP INDEX IF EXISTS ix_effect_runs_finished",
+        "CREATE INDEX ix_effect_runs_finished ON effect_runs (status, finished_at) WHERE finished_at IS NOT NULL",
     ),
 }
 """Thread file: the statements that take schema version N to N + 1."""

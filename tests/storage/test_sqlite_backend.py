@@ -517,3 +517,49 @@ def test_new_files_get_1_kib_pages_and_older_files_keep_theirs(
     fresh.open()
     fresh.close()
     assert page_size(fresh.runtime_path) == 1024
+
+
+def test_none_binds_as_null_through_an_adapter_and_an_applications_own_adapter_stays(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    from runtime.storage import sqlite as sqlite_backend  # registers the adapter
+
+    assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)] == sqlite_backend._NOTHING.get
+    conn = sqlite3.connect(":memory:")
+    try:
+        assert conn.execute("SELECT ? IS NULL, typeof(?)", (None, None)).fetchone() == (
+            1, "null")
+    finally:
+        conn.close()
+    # A store's None fields are stored as NULL and read back as None.
+    backend = SQLiteBackend(tmp_path)
+    backend.open()
+    try:
+        store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+        store.insert_run(EffectRun("r", "t", "record", EffectStatus.PENDING, None, T0, T0))
+        [run] = store.pending_runs()
+        assert (run.args, run.key, run.replay_of, run.schedule_id) == (None, None, None, None)
+        store.close()
+    finally:
+        backend.close()
+    conn = sqlite3.connect(backend.thread_path("t"))
+    try:
+        assert conn.execute("SELECT typeof(args), typeof(\"key\"), typeof(replay_of) "
+                            "FROM effect_runs").fetchone() == ("null", "null", "null")
+    finally:
+        conn.close()
+    # An application that registered its own adapter of None first keeps it.
+    code = (
+        "import sqlite3\n"
+        "def mine(value): return 'none'\n"
+        "sqlite3.register_adapter(type(None), mine)\n"
+        "import runtime.storage.sqlite\n"
+        "assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)] is mine\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
