@@ -152,7 +152,17 @@ FRAME_BATCH_SECONDS = 0.05
 """After a write round to a thread's stream clients, the next one comes at most this much
 later (seconds; earlier once a quarter of a client's queue is pending): frames published
 meanwhile go out together, in one socket write per client. After a quiet spell the next
-frame goes out at once."""
+frame goes out at once. With more than 100 clients the bound grows with their number
+(`frame_batch_seconds`)."""
+
+FRAME_BATCH_SECONDS_PER_CLIENT = 0.0005
+"""How much later the next write round may come per client of the thread (seconds): a
+round costs one socket write per client (≈ 10 to 20 µs of the event loop each, nearly
+whatever it carries), so with many clients rounds come less often (`frame_batch_seconds`)."""
+
+FRAME_BATCH_MAX_SECONDS = 0.25
+"""The longest a frame waits for its write round, whatever the number of clients (seconds;
+earlier once a quarter of a client's queue is pending)."""
 
 SEND_FRAMES_EXTENSION = "thread_effects.send_frames"
 """The ASGI scope extension of this server's WebSocket protocol (`server_options`): its
@@ -1514,13 +1524,32 @@ class FrameStream:
 _WriteFrames = Callable[[bytes, list[bytes]], None]
 
 
+def frame_batch_seconds(clients: int) -> float:
+    """The longest a frame waits for its write round to a thread's ``clients`` stream clients.
+
+    `FRAME_BATCH_SECONDS` (50 ms) up to 100 clients, then `FRAME_BATCH_SECONDS_PER_CLIENT`
+    (0.5 ms) per client (100 ms for 200), at most `FRAME_BATCH_MAX_SECONDS` (250 ms, from
+    500 clients on). A round comes earlier once a quarter of a client's queue is pending,
+    and at once for the first frame after a quiet spell.
+
+    Args:
+        clients: How many clients the thread's writer serves (0 or more).
+
+    Returns:
+        Seconds.
+    """
+    return min(FRAME_BATCH_MAX_SECONDS,
+               max(FRAME_BATCH_SECONDS, clients * FRAME_BATCH_SECONDS_PER_CLIENT))
+
+
 class _FanOut:
     """The one writer of every stream client that reads the same event log on this server.
 
     A thread's clients (or those of every thread's run changes) share one log of its
     events (`Subscription.source`); this writes to all of them from one task instead of a
-    writer task per client. At most every `FRAME_BATCH_SECONDS` (earlier once a quarter of
-    a client's queue is pending; at once after a quiet spell) it gives every client whose
+    writer task per client. At most every `frame_batch_seconds` of its number of clients
+    (50 ms up to 100 clients, 100 ms for 200, at most 250 ms; earlier once a quarter of a
+    client's queue is pending; at once after a quiet spell) it gives every client whose
     socket takes more (its transport is not paused by flow control) everything it has not
     sent yet, as text messages in one socket write. Clients at the same position get the
     same bytes, built once per write round. A client whose socket does not drain is
@@ -1561,20 +1590,21 @@ class _FanOut:
             while self._clients:
                 behind = self._write_all()
                 sent_at = clock()
+                interval = frame_batch_seconds(len(self._clients))
                 lead = next((s for s in self._clients if not s.closed and not s.pending), None)
                 if lead is None:  # every socket is paused: try again later
-                    await asyncio.sleep(FRAME_BATCH_SECONDS)
+                    await asyncio.sleep(interval)
                     continue
                 if behind:
                     # A paused socket: no event says when it drains, so retry it at the
-                    # next round or after FRAME_BATCH_SECONDS, whichever comes first.
+                    # next round or after the interval, whichever comes first.
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(FRAME_BATCH_SECONDS):
+                        async with asyncio.timeout(interval):
                             await lead.wait(1)
                 else:
                     await lead.wait(1)  # a new event (every open client has it), or it closed
                 fill = lead.linger_fill
-                remaining = sent_at + FRAME_BATCH_SECONDS - clock()
+                remaining = sent_at + frame_batch_seconds(len(self._clients)) - clock()
                 if remaining > 0 and fill and not lead.closed:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(remaining):
