@@ -164,6 +164,12 @@ FRAME_BATCH_MAX_SECONDS = 0.25
 """The longest a frame waits for its write round, whatever the number of clients (seconds;
 earlier once a quarter of a client's queue is pending)."""
 
+FANOUT_SLICE_CLIENTS = 32
+"""A thread's write round lets the event loop run what is ready after writing to this many
+clients (about 0.5 to 1 ms of the loop): a round to hundreds of clients does not hold up
+the runs (a schedule's commit coming back, a drain's next step), the other threads' frames
+and the HTTP requests for its whole length."""
+
 SEND_FRAMES_EXTENSION = "thread_effects.send_frames"
 """The ASGI scope extension of this server's WebSocket protocol (`server_options`): its
 ``"writable"`` is ``writable() -> bool`` (whether the socket takes more now, i.e. its
@@ -1551,8 +1557,9 @@ class _FanOut:
     (50 ms up to 100 clients, 100 ms for 200, at most 250 ms; earlier once a quarter of a
     client's queue is pending; at once after a quiet spell) it gives every client whose
     socket takes more (its transport is not paused by flow control) everything it has not
-    sent yet, as text messages in one socket write. Clients at the same position get the
-    same bytes, built once per write round. A client whose socket does not drain is
+    sent yet, as text messages in one socket write, yielding to the event loop after every
+    `FANOUT_SLICE_CLIENTS` writes. Clients at the same position get the same bytes, built
+    once per position. A client whose socket does not drain is
     skipped and falls behind; past its queue size its subscription overflows and its
     `FrameStream` closes it with 1013, as before.
     """
@@ -1588,12 +1595,14 @@ class _FanOut:
         clock = asyncio.get_running_loop().time
         try:
             while self._clients:
-                behind = self._write_all()
+                behind = await self._write_round()
                 sent_at = clock()
                 interval = frame_batch_seconds(len(self._clients))
                 lead = next((s for s in self._clients if not s.closed and not s.pending), None)
-                if lead is None:  # every socket is paused: try again later
-                    await asyncio.sleep(interval)
+                if lead is None:
+                    # Every socket is paused (or the clients written last were, and the
+                    # others got events while the round yielded): try again a bit later.
+                    await asyncio.sleep(FRAME_BATCH_SECONDS)
                     continue
                 if behind:
                     # A paused socket: no event says when it drains, so retry it at the
@@ -1621,11 +1630,23 @@ class _FanOut:
             if self._registry.get(self._source) is self:
                 del self._registry[self._source]
 
-    def _write_all(self) -> bool:
-        """One write round; whether a client with unsent events could not take them now."""
+    async def _write_round(self) -> bool:
+        """One write round; whether a client with unsent events could not take them now.
+
+        After every `FANOUT_SLICE_CLIENTS` clients written to, the loop runs what is ready
+        first; a client that left meanwhile is skipped, one that came waits for the next
+        round.
+        """
         behind = False
         shared: dict[tuple[int, int], tuple[bytes, list[bytes]]] = {}
-        for sub, (writable, write, done) in list(self._clients.items()):
+        clients = self._clients
+        written = 0
+        for sub, (writable, write, done) in list(clients.items()):
+            if written >= FANOUT_SLICE_CLIENTS:
+                written = 0
+                await asyncio.sleep(0)
+                if sub not in clients:
+                    continue  # it left meanwhile
             if sub.overflowed or done.done():
                 continue  # its `FrameStream` closes it with 1013 (or saw it fail)
             try:
@@ -1643,6 +1664,7 @@ class _FanOut:
                         if key is not None:
                             shared[key] = frames
                     write(*frames)
+                    written += 1
                 if sub.closed and not sub.pending:
                     del self._clients[sub]
                     done.set_result(None)

@@ -709,6 +709,53 @@ async def test_with_many_clients_frames_wait_for_the_longer_round_or_a_quarter_q
         assert got[0] == got[1]
 
 
+async def test_a_write_round_lets_other_work_run_between_slices_of_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Slices of 2 clients: what the loop has ready runs after the 2nd write (here: client 2
+    # leaves, and gets nothing more), and every other client gets every frame in order.
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.events import RunChange
+    from runtime.frames import ChangeHub
+
+    monkeypatch.setattr(http, "FANOUT_SLICE_CLIENTS", 2)
+    hub = ChangeHub(queue_size=100)
+    subs = [hub.subscribe("t1") for _ in range(5)]
+    for i in range(3):
+        hub.publish(RunChange.SCHEDULED, EffectRun(
+            id=f"r{i}", thread_id="t1", name="noop", status=EffectStatus.PENDING,
+            args=None, run_at_ts=0.0, created_at_ts=0.0))
+    fanout = http._FanOut(subs[0].source, {})
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+    got: dict[int, list[int]] = {i: [] for i in range(5)}
+
+    def leave() -> None:
+        order.append("2 leaves")
+        fanout.remove(subs[2])
+        subs[2].close()
+
+    def writer(i: int) -> Callable[[bytes, list[bytes]], None]:
+        def write(wire: bytes, payloads: list[bytes]) -> None:
+            order.append(f"write {i}")
+            got[i].extend(json.loads(p)["seq"] for p in payloads)
+            if i == 0:
+                loop.call_soon(leave)
+        return write
+
+    done = [fanout.add(sub, lambda: True, writer(i)) for i, sub in enumerate(subs)]
+    async with asyncio.timeout(GUARD_SECONDS):
+        while len(order) < 5:
+            await asyncio.sleep(0)
+    assert order == ["write 0", "write 1", "2 leaves", "write 3", "write 4"]
+    assert got == {0: [1, 2, 3], 1: [1, 2, 3], 2: [], 3: [1, 2, 3], 4: [1, 2, 3]}
+    for i in (0, 1, 3, 4):
+        subs[i].close()
+    async with asyncio.timeout(GUARD_SECONDS):
+        await asyncio.gather(*(done[i] for i in (0, 1, 3, 4)))
+    done[2].cancel()  # what its `FrameStream` does when it leaves
+
+
 async def test_a_stream_asked_while_the_database_is_unreachable_is_closed_with_1013(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
