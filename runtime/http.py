@@ -1645,10 +1645,10 @@ class _FanOut:
             if written >= FANOUT_SLICE_CLIENTS:
                 written = 0
                 await asyncio.sleep(0)
-                if sub not in clients:
-                    continue  # it left meanwhile
-            if sub.overflowed or done.done():
-                continue  # its `FrameStream` closes it with 1013 (or saw it fail)
+            if sub not in clients or sub.overflowed or done.done():
+                # It left while the round yielded, or its `FrameStream` closes it with
+                # 1013 (or saw it fail).
+                continue
             try:
                 pending = sub.pending
                 if pending:

@@ -712,7 +712,7 @@ async def test_with_many_clients_frames_wait_for_the_longer_round_or_a_quarter_q
 async def test_a_write_round_lets_other_work_run_between_slices_of_clients(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Slices of 2 clients: what the loop has ready runs after the 2nd write (here: client 2
+    # Slices of 2 clients: what the loop has ready runs after the 2nd write (here: client 3
     # leaves, and gets nothing more), and every other client gets every frame in order.
     from runtime.effects import EffectRun, EffectStatus
     from runtime.events import RunChange
@@ -731,9 +731,9 @@ async def test_a_write_round_lets_other_work_run_between_slices_of_clients(
     got: dict[int, list[int]] = {i: [] for i in range(5)}
 
     def leave() -> None:
-        order.append("2 leaves")
-        fanout.remove(subs[2])
-        subs[2].close()
+        order.append("3 leaves")
+        fanout.remove(subs[3])
+        subs[3].close()
 
     def writer(i: int) -> Callable[[bytes, list[bytes]], None]:
         def write(wire: bytes, payloads: list[bytes]) -> None:
@@ -747,13 +747,13 @@ async def test_a_write_round_lets_other_work_run_between_slices_of_clients(
     async with asyncio.timeout(GUARD_SECONDS):
         while len(order) < 5:
             await asyncio.sleep(0)
-    assert order == ["write 0", "write 1", "2 leaves", "write 3", "write 4"]
-    assert got == {0: [1, 2, 3], 1: [1, 2, 3], 2: [], 3: [1, 2, 3], 4: [1, 2, 3]}
-    for i in (0, 1, 3, 4):
+    assert order == ["write 0", "write 1", "3 leaves", "write 2", "write 4"]
+    assert got == {0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2, 3], 3: [], 4: [1, 2, 3]}
+    for i in (0, 1, 2, 4):
         subs[i].close()
     async with asyncio.timeout(GUARD_SECONDS):
-        await asyncio.gather(*(done[i] for i in (0, 1, 3, 4)))
-    done[2].cancel()  # what its `FrameStream` does when it leaves
+        await asyncio.gather(*(done[i] for i in (0, 1, 2, 4)))
+    done[3].cancel()  # what its `FrameStream` does when it leaves
 
 
 async def test_a_stream_asked_while_the_database_is_unreachable_is_closed_with_1013(
