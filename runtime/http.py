@@ -152,7 +152,23 @@ FRAME_BATCH_SECONDS = 0.05
 """After a write round to a thread's stream clients, the next one comes at most this much
 later (seconds; earlier once a quarter of a client's queue is pending): frames published
 meanwhile go out together, in one socket write per client. After a quiet spell the next
-frame goes out at once."""
+frame goes out at once. With more than 100 clients the bound grows with their number
+(`frame_batch_seconds`)."""
+
+FRAME_BATCH_SECONDS_PER_CLIENT = 0.0005
+"""How much later the next write round may come per client of the thread (seconds): a
+round costs one socket write per client (≈ 10 to 20 µs of the event loop each, nearly
+whatever it carries), so with many clients rounds come less often (`frame_batch_seconds`)."""
+
+FRAME_BATCH_MAX_SECONDS = 0.25
+"""The longest a frame waits for its write round, whatever the number of clients (seconds;
+earlier once a quarter of a client's queue is pending)."""
+
+FANOUT_SLICE_CLIENTS = 32
+"""A thread's write round lets the event loop run what is ready after writing to this many
+clients (about 0.5 to 1 ms of the loop): a round to hundreds of clients does not hold up
+the runs (a schedule's commit coming back, a drain's next step), the other threads' frames
+and the HTTP requests for its whole length."""
 
 SEND_FRAMES_EXTENSION = "thread_effects.send_frames"
 """The ASGI scope extension of this server's WebSocket protocol (`server_options`): its
@@ -1514,16 +1530,36 @@ class FrameStream:
 _WriteFrames = Callable[[bytes, list[bytes]], None]
 
 
+def frame_batch_seconds(clients: int) -> float:
+    """The longest a frame waits for its write round to a thread's ``clients`` stream clients.
+
+    `FRAME_BATCH_SECONDS` (50 ms) up to 100 clients, then `FRAME_BATCH_SECONDS_PER_CLIENT`
+    (0.5 ms) per client (100 ms for 200), at most `FRAME_BATCH_MAX_SECONDS` (250 ms, from
+    500 clients on). A round comes earlier once a quarter of a client's queue is pending,
+    and at once for the first frame after a quiet spell.
+
+    Args:
+        clients: How many clients the thread's writer serves (0 or more).
+
+    Returns:
+        Seconds.
+    """
+    return min(FRAME_BATCH_MAX_SECONDS,
+               max(FRAME_BATCH_SECONDS, clients * FRAME_BATCH_SECONDS_PER_CLIENT))
+
+
 class _FanOut:
     """The one writer of every stream client that reads the same event log on this server.
 
     A thread's clients (or those of every thread's run changes) share one log of its
     events (`Subscription.source`); this writes to all of them from one task instead of a
-    writer task per client. At most every `FRAME_BATCH_SECONDS` (earlier once a quarter of
-    a client's queue is pending; at once after a quiet spell) it gives every client whose
+    writer task per client. At most every `frame_batch_seconds` of its number of clients
+    (50 ms up to 100 clients, 100 ms for 200, at most 250 ms; earlier once a quarter of a
+    client's queue is pending; at once after a quiet spell) it gives every client whose
     socket takes more (its transport is not paused by flow control) everything it has not
-    sent yet, as text messages in one socket write. Clients at the same position get the
-    same bytes, built once per write round. A client whose socket does not drain is
+    sent yet, as text messages in one socket write, yielding to the event loop after every
+    `FANOUT_SLICE_CLIENTS` writes. Clients at the same position get the same bytes, built
+    once per position. A client whose socket does not drain is
     skipped and falls behind; past its queue size its subscription overflows and its
     `FrameStream` closes it with 1013, as before.
     """
@@ -1559,22 +1595,25 @@ class _FanOut:
         clock = asyncio.get_running_loop().time
         try:
             while self._clients:
-                behind = self._write_all()
+                behind = await self._write_round()
                 sent_at = clock()
+                interval = frame_batch_seconds(len(self._clients))
                 lead = next((s for s in self._clients if not s.closed and not s.pending), None)
-                if lead is None:  # every socket is paused: try again later
+                if lead is None:
+                    # Every socket is paused (or the clients written last were, and the
+                    # others got events while the round yielded): try again a bit later.
                     await asyncio.sleep(FRAME_BATCH_SECONDS)
                     continue
                 if behind:
                     # A paused socket: no event says when it drains, so retry it at the
-                    # next round or after FRAME_BATCH_SECONDS, whichever comes first.
+                    # next round or after the interval, whichever comes first.
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(FRAME_BATCH_SECONDS):
+                        async with asyncio.timeout(interval):
                             await lead.wait(1)
                 else:
                     await lead.wait(1)  # a new event (every open client has it), or it closed
                 fill = lead.linger_fill
-                remaining = sent_at + FRAME_BATCH_SECONDS - clock()
+                remaining = sent_at + frame_batch_seconds(len(self._clients)) - clock()
                 if remaining > 0 and fill and not lead.closed:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(remaining):
@@ -1591,13 +1630,25 @@ class _FanOut:
             if self._registry.get(self._source) is self:
                 del self._registry[self._source]
 
-    def _write_all(self) -> bool:
-        """One write round; whether a client with unsent events could not take them now."""
+    async def _write_round(self) -> bool:
+        """One write round; whether a client with unsent events could not take them now.
+
+        After every `FANOUT_SLICE_CLIENTS` clients written to, the loop runs what is ready
+        first; a client that left meanwhile is skipped, one that came waits for the next
+        round.
+        """
         behind = False
         shared: dict[tuple[int, int], tuple[bytes, list[bytes]]] = {}
-        for sub, (writable, write, done) in list(self._clients.items()):
-            if sub.overflowed or done.done():
-                continue  # its `FrameStream` closes it with 1013 (or saw it fail)
+        clients = self._clients
+        written = 0
+        for sub, (writable, write, done) in list(clients.items()):
+            if written >= FANOUT_SLICE_CLIENTS:
+                written = 0
+                await asyncio.sleep(0)
+            if sub not in clients or sub.overflowed or done.done():
+                # It left while the round yielded, or its `FrameStream` closes it with
+                # 1013 (or saw it fail).
+                continue
             try:
                 pending = sub.pending
                 if pending:
@@ -1613,6 +1664,7 @@ class _FanOut:
                         if key is not None:
                             shared[key] = frames
                     write(*frames)
+                    written += 1
                 if sub.closed and not sub.pending:
                     del self._clients[sub]
                     done.set_result(None)

@@ -27,6 +27,7 @@ from conftest import DEMO_APP, Api, live_server, make_app
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from runtime import http
 from runtime.errors import SubscriptionOverflow
 from runtime.testing import FakeClock
 
@@ -670,6 +671,89 @@ async def test_many_clients_of_one_thread_get_the_same_frames_from_when_they_joi
         assert [f["seq"] for f in head] == [1, 2, 3]
         assert all(g == got[0] for g in got)
         assert [f["seq"] for f in got[0]] == list(range(4, 4 + 15))
+
+
+@pytest.mark.parametrize(("clients", "seconds"), [
+    (0, 0.05), (1, 0.05), (100, 0.05), (200, 0.1), (300, 0.15), (500, 0.25), (5000, 0.25),
+])
+def test_a_frame_waits_longer_for_its_write_round_with_more_clients(
+    clients: int, seconds: float,
+) -> None:
+    assert http.frame_batch_seconds(clients) == pytest.approx(seconds)
+
+
+async def test_with_many_clients_frames_wait_for_the_longer_round_or_a_quarter_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Scaled down: 2 clients make the round interval 60 s, and a quarter of a queue of 64
+    # (16 frames) pending ends the wait.
+    monkeypatch.setattr(http, "FRAME_BATCH_SECONDS_PER_CLIENT", 30.0)
+    monkeypatch.setattr(http, "FRAME_BATCH_MAX_SECONDS", 60.0)
+    async with running(tmp_path, subscriber_queue_size=64, synchronous="NORMAL") as live:
+        tid = await live.api.new_thread()
+        async with stream(live.url(tid)) as a, stream(live.url(tid)) as b:
+            await live.api.schedule(tid, "ping")
+            await live.api.rt.wait_idle()
+            # 3 frames pending, far from 16: held for the round (no client sees them yet).
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await a.recv()
+            for _ in range(5):
+                await live.api.schedule(tid, "ping")
+            # 18 frames: the round comes; every client gets them from the first, in order.
+            got = []
+            for ws in (a, b):
+                frames = await frames_until(ws, lambda f: f["seq"] >= 16)
+                assert [f["seq"] for f in frames] == list(range(1, len(frames) + 1))
+                got.append(frames[:16])
+        assert got[0] == got[1]
+
+
+async def test_a_write_round_lets_other_work_run_between_slices_of_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Slices of 2 clients: what the loop has ready runs after the 2nd write (here: client 3
+    # leaves, and gets nothing more), and every other client gets every frame in order.
+    from runtime.effects import EffectRun, EffectStatus
+    from runtime.events import RunChange
+    from runtime.frames import ChangeHub
+
+    monkeypatch.setattr(http, "FANOUT_SLICE_CLIENTS", 2)
+    hub = ChangeHub(queue_size=100)
+    subs = [hub.subscribe("t1") for _ in range(5)]
+    for i in range(3):
+        hub.publish(RunChange.SCHEDULED, EffectRun(
+            id=f"r{i}", thread_id="t1", name="noop", status=EffectStatus.PENDING,
+            args=None, run_at_ts=0.0, created_at_ts=0.0))
+    fanout = http._FanOut(subs[0].source, {})
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+    got: dict[int, list[int]] = {i: [] for i in range(5)}
+
+    def leave() -> None:
+        order.append("3 leaves")
+        fanout.remove(subs[3])
+        subs[3].close()
+
+    def writer(i: int) -> Callable[[bytes, list[bytes]], None]:
+        def write(wire: bytes, payloads: list[bytes]) -> None:
+            order.append(f"write {i}")
+            got[i].extend(json.loads(p)["seq"] for p in payloads)
+            if i == 0:
+                loop.call_soon(leave)
+        return write
+
+    done = [fanout.add(sub, lambda: True, writer(i)) for i, sub in enumerate(subs)]
+    async with asyncio.timeout(GUARD_SECONDS):
+        while len(order) < 5:
+            await asyncio.sleep(0)
+    assert order == ["write 0", "write 1", "3 leaves", "write 2", "write 4"]
+    assert got == {0: [1, 2, 3], 1: [1, 2, 3], 2: [1, 2, 3], 3: [], 4: [1, 2, 3]}
+    for i in (0, 1, 2, 4):
+        subs[i].close()
+    async with asyncio.timeout(GUARD_SECONDS):
+        await asyncio.gather(*(done[i] for i in (0, 1, 2, 4)))
+    done[3].cancel()  # what its `FrameStream` does when it leaves
 
 
 async def test_a_stream_asked_while_the_database_is_unreachable_is_closed_with_1013(
