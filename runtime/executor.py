@@ -50,6 +50,7 @@ from runtime.errors import (
 )
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
+from runtime.pacing import TurnBudget
 from runtime.schedules import fire_due, publish_fires
 from runtime.storage.base import Finish, ThreadInfo, ThreadStore
 from runtime.telemetry import end_run_span, run_span
@@ -136,6 +137,8 @@ class EffectExecutor:
             check decides (`ThreadStore.claim_blocked`), not the actor's cached one.
         claim_inline: Tries a claim on the loop (`Runtime.claim_inline`): None when it
             is not cheap now; by default the store's `ThreadStore.claim_inline`.
+        turn: The loop turn's budget a drain's step waits for when it is spent (shared
+            with the runtime's other paced steps); by default one of its own.
     """
 
     def __init__(
@@ -153,8 +156,10 @@ class EffectExecutor:
         shared: bool = False,
         known_elsewhere: Callable[[str], bool] | None = None,
         claim_inline: Callable[[ThreadStore, float], _Claimed | None] | None = None,
+        turn: TurnBudget | None = None,
     ) -> None:
         self._registry = registry
+        self._turn = turn or TurnBudget()
         self._claim_inline = claim_inline or (lambda store, now: store.claim_inline(now))
         self._known_elsewhere = known_elsewhere
         self._now = now
@@ -224,6 +229,9 @@ class EffectExecutor:
         beside = bool(self._concurrent_names())  # the app has concurrent effects
         group = actor.store.group_commit
         while True:
+            # Many drains ready in one loop turn (a burst on many threads): past the
+            # turn's budget, the rest go on in later turns, with timers and sockets between.
+            await self._pace()
             async with actor.lock:
                 if actor.deleted:
                     self._drop_held(thread_id)
@@ -346,6 +354,11 @@ class EffectExecutor:
             actor.current_run = None
             done += 1
 
+    async def _pace(self) -> None:
+        """Wait for a later loop turn when this one's budget is spent (`TurnBudget`)."""
+        if self._turn.spent():
+            await self._turn.wait_turn()
+
     async def _fire_schedules(self, actor: ThreadActor, finish: Finish | None) -> Finish | None:
         """Fire the thread's due recurring schedules (with the actor lock held).
 
@@ -364,6 +377,9 @@ class EffectExecutor:
         if not actor.next_fire_known:
             actor.next_fire = await self._run_sync(actor.store.next_schedule_fire)
             actor.next_fire_known = True
+            # Answers of the storage threads come back together: many drains (a thread's
+            # first, in a burst) would go on in this one turn.
+            await self._pace()
             if actor.next_fire is None or actor.next_fire > now:
                 return finish
         if finish is not None:
