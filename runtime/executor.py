@@ -304,7 +304,10 @@ class EffectExecutor:
                 if finished is not None:
                     self._hub.publish(_change_of(finished), finished)
                 if stop or claimed is None:
-                    await self._flush_held(actor)  # the drain ends: nothing stays held
+                    if stop:
+                        await self._flush_held(actor)  # nothing stays held
+                    elif thread_id in self._held:
+                        self._flush_soon(actor)
                 if stop:
                     # Let other due threads go first; come back to this one.
                     return not (stopping or paused)
@@ -692,6 +695,16 @@ class EffectExecutor:
     async def wait_side_idle(self) -> None:
         """Wait until no run of a concurrent effect is executing."""
         await self._side_idle.wait()
+
+    @property
+    def flushing(self) -> int:
+        """How many group flushes are in flight (the frames they make durable wait)."""
+        return len(self._flushes)
+
+    async def wait_flushed(self) -> None:
+        """Wait until no group flush is in flight (each one's frames delivered)."""
+        while self._flushes:
+            await asyncio.wait(set(self._flushes))
 
     async def stop_side(self, grace_seconds: float) -> None:
         """Shutdown: give concurrent runs ``grace_seconds``, then cancel them.

@@ -855,6 +855,9 @@ class Runtime:
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).
 
+        With ``synchronous=FULL``, also until the outcomes drains recorded are flushed to
+        the disk (a drain's last ones are flushed after it ends) and their frames sent.
+
         Runs due later (a delay that has not elapsed) do not count: with the real clock,
         wait for their due time first; with `runtime.testing.FakeClock`, advance it.
 
@@ -885,9 +888,14 @@ class Runtime:
                     if self._closing:
                         raise closed
                     if self.dispatcher.idle and not self.actors.opening:
-                        if not self.executor.side_running:
+                        if self.executor.side_running:
+                            waiting = self.executor.wait_side_idle()
+                        elif self.executor.flushing:
+                            # A drain's last outcomes are flushed after it ends: idle
+                            # once they are durable and their frames delivered.
+                            waiting = self.executor.wait_flushed()
+                        else:
                             return
-                        waiting = self.executor.wait_side_idle()
                     else:
                         waiting = self.dispatcher.wait_for_change()
                     changed = asyncio.ensure_future(waiting)
