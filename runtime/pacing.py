@@ -22,15 +22,19 @@ TURN_BUDGET_SECONDS = 0.005
 from the turn's first one, before the next one waits for a later turn."""
 
 
+_MOST_PER_TURN = 1024
+"""The most waiting steps one turn lets go."""
+
+
 class TurnBudget:
     """How much of one event-loop turn the runtime's paced steps may take.
 
     A step asks `spent` as it begins. The turn's first step starts the budget; a step
     that finds it spent, or finds steps waiting already, awaits `wait_turn`: it waits in
     line (first come, first served), and each later turn lets go as many waiting steps
-    as the last budget held (at least one), which then run without asking again. So a
-    turn runs about one budget of paced steps (at most that many steps let go, plus the
-    steps of one budget), and a waiting step goes in the turn its place in line comes.
+    as the last full budget held (twice as many after a turn whose budget they did not
+    fill), which then run without asking again. So a turn runs one to two budgets of
+    paced steps, and a waiting step goes in the turn its place in line comes.
 
     Args:
         seconds: The budget per turn (default `TURN_BUDGET_SECONDS`), > 0.
@@ -111,10 +115,15 @@ class TurnBudget:
     def _tick(self) -> None:
         # Once per turn while steps are paced: the budget starts again, and the next
         # waiting steps are let go (they run in the next turn, in line order). A budget
-        # that ran out says how many steps a turn holds; one that did not, at least that.
+        # that ran out says how many steps a turn holds; one that did not, with steps
+        # still in line, holds more: twice as many go next time (a budget cut short by
+        # a slow moment, the process preempted, recovers in a few turns).
         self._tick_queued = False
         if self._began is not None:
-            self._per_turn = self._fit if self._over else max(self._per_turn, self._fit)
+            if self._over:
+                self._per_turn = self._fit
+            elif self._waiting:
+                self._per_turn = min(2 * max(self._per_turn, self._fit), _MOST_PER_TURN)
             self._began = None
         waiting = self._waiting
         n = self._per_turn

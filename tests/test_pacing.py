@@ -69,6 +69,27 @@ async def test_steps_ready_together_go_on_over_several_turns_in_their_order() ->
     assert firsts == list(range(30))
 
 
+async def test_a_budget_cut_short_by_one_slow_step_lets_more_steps_go_again() -> None:
+    clock = [0.0]
+    budget = TurnBudget(4.0, clock=lambda: clock[0])
+    turns = Turns()
+    ran: list[int] = []
+
+    async def step(cost: float) -> None:
+        if budget.spent():
+            await budget.wait_turn()
+        ran.append(turns.now)
+        clock[0] += cost
+
+    # One slow step fills a budget alone (a process preempted looks the same): the
+    # next turn lets one waiting step go, but the turns after let more go each time.
+    await asyncio.gather(step(10.0), *(step(0.1) for _ in range(40)))
+    turns.stop()
+    assert len(ran) == 41
+    # One step per turn would take 40 turns.
+    assert max(ran) - min(ran) < 20
+
+
 async def test_a_step_cancelled_while_it_waits_lets_the_others_go() -> None:
     clock = [0.0]
     budget = TurnBudget(1.0, clock=lambda: clock[0])
