@@ -678,6 +678,12 @@ class Runtime:
             self.executor.stop_side(grace),
             *(self._drain_extension(extension, grace) for extension in self.extensions),
         )
+        # The last outcomes of drains that ended are flushed after them: their frames
+        # go out before the subscribers are closed (a stuck disk: the stores' close
+        # flushes, and those frames are not sent).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self.executor.wait_flushed()
         self._serving = False
         # New calls are refused now; creates, opens and deletes in flight end first, and
         # nothing is evicted any more, so the actors walked below stay open.

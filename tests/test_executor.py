@@ -247,3 +247,33 @@ async def test_a_run_does_not_wait_for_the_disk_flush_of_the_outcome_before_it(
         assert [f for f in frames if f[1] != "scheduled"] == [
             (first, "started"), (first, "completed"), (second, "started"), (second, "completed")
         ]
+
+
+async def test_a_shutdown_sends_the_frames_of_outcomes_still_being_flushed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL", load_packages=False)
+    await rt.start()
+    try:
+        thread = await rt.create_thread("t")
+        await thread.schedule("ping")
+        await rt.wait_idle()
+        entered, go = threading.Event(), threading.Event()
+        fdatasync = os.fdatasync
+
+        def slow(fd: int) -> None:
+            entered.set()
+            go.wait(30)
+            fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow)
+        sub = thread.subscribe()
+        run = (await thread.schedule("ping")).run_id
+        assert await asyncio.to_thread(entered.wait, 30)  # its outcome is being flushed
+        closing = asyncio.create_task(rt.close())
+        await asyncio.sleep(0.05)
+    finally:
+        go.set()
+    await closing
+    frames = [(e.run.id, str(e.change)) for e in sub.take() if isinstance(e, EffectChanged)]
+    assert (run, "completed") in frames
