@@ -490,11 +490,15 @@ class EffectExecutor:
             return  # released (or dropped) meanwhile
         self._hub.release(thread_id, mark)
         if self._hub.held(thread_id):
-            # Frames of commits that may have come after the flush: a group of their own.
+            # Frames of commits that may have come after the flush: a group of their own,
+            # flushed at once when no run in line goes on to join them (a schedule made
+            # while the flush ran, after the thread's drain ended).
             loop = asyncio.get_running_loop()
             held.timer.cancel()
             held.since, held.runs = loop.time(), 0
             held.timer = loop.call_later(GROUP_COMMIT_SECONDS, self._flush_soon, actor)
+            if actor.current_run is None:
+                self._flush_soon(actor)  # in `_flushes` before this flush ends
         else:
             held.timer.cancel()
             del self._held[thread_id]

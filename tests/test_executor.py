@@ -277,3 +277,35 @@ async def test_a_shutdown_sends_the_frames_of_outcomes_still_being_flushed(
     await closing
     frames = [(e.run.id, str(e.change)) for e in sub.take() if isinstance(e, EffectChanged)]
     assert (run, "completed") in frames
+
+
+async def test_a_schedule_made_while_an_outcome_is_flushed_is_shown_once_that_flush_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its frame waits behind the flushing group; it is not left for the group's timer.
+    async with Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL",
+                       load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        await thread.schedule("ping")
+        await rt.wait_idle()
+        entered, go = threading.Event(), threading.Event()
+        fdatasync = os.fdatasync
+
+        def slow(fd: int) -> None:
+            entered.set()
+            go.wait(30)
+            fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow)
+        sub = thread.subscribe()
+        try:
+            await thread.schedule("ping")
+            assert await asyncio.to_thread(entered.wait, 30)
+            later = (await thread.schedule("ping", delay=3600)).run_id
+        finally:
+            go.set()
+        await rt.wait_idle()
+        frames = [(e.run.id, str(e.change)) for e in sub.take()
+                  if isinstance(e, EffectChanged)]
+        sub.close()
+        assert frames[-1] == (later, "scheduled")
