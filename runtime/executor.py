@@ -50,6 +50,7 @@ from runtime.errors import (
 )
 from runtime.events import RunChange
 from runtime.frames import ChangeHub
+from runtime.pacing import TurnBudget
 from runtime.schedules import fire_due, publish_fires
 from runtime.storage.base import Finish, ThreadInfo, ThreadStore
 from runtime.telemetry import end_run_span, run_span
@@ -136,6 +137,8 @@ class EffectExecutor:
             check decides (`ThreadStore.claim_blocked`), not the actor's cached one.
         claim_inline: Tries a claim on the loop (`Runtime.claim_inline`): None when it
             is not cheap now; by default the store's `ThreadStore.claim_inline`.
+        turn: The loop turn's budget a drain's step waits for when it is spent (shared
+            with the runtime's other paced steps); by default one of its own.
     """
 
     def __init__(
@@ -153,8 +156,10 @@ class EffectExecutor:
         shared: bool = False,
         known_elsewhere: Callable[[str], bool] | None = None,
         claim_inline: Callable[[ThreadStore, float], _Claimed | None] | None = None,
+        turn: TurnBudget | None = None,
     ) -> None:
         self._registry = registry
+        self._turn = turn or TurnBudget()
         self._claim_inline = claim_inline or (lambda store, now: store.claim_inline(now))
         self._known_elsewhere = known_elsewhere
         self._now = now
@@ -224,6 +229,9 @@ class EffectExecutor:
         beside = bool(self._concurrent_names())  # the app has concurrent effects
         group = actor.store.group_commit
         while True:
+            # Many drains ready in one loop turn (a burst on many threads): past the
+            # turn's budget, the rest go on in later turns, with timers and sockets between.
+            await self._pace()
             async with actor.lock:
                 if actor.deleted:
                     self._drop_held(thread_id)
@@ -296,7 +304,10 @@ class EffectExecutor:
                 if finished is not None:
                     self._hub.publish(_change_of(finished), finished)
                 if stop or claimed is None:
-                    await self._flush_held(actor)  # the drain ends: nothing stays held
+                    if stop:
+                        await self._flush_held(actor)  # nothing stays held
+                    elif thread_id in self._held:
+                        self._flush_soon(actor)
                 if stop:
                     # Let other due threads go first; come back to this one.
                     return not (stopping or paused)
@@ -346,6 +357,11 @@ class EffectExecutor:
             actor.current_run = None
             done += 1
 
+    async def _pace(self) -> None:
+        """Wait for a later loop turn when this one's budget is spent (`TurnBudget`)."""
+        if self._turn.spent():
+            await self._turn.wait_turn()
+
     async def _fire_schedules(self, actor: ThreadActor, finish: Finish | None) -> Finish | None:
         """Fire the thread's due recurring schedules (with the actor lock held).
 
@@ -364,6 +380,9 @@ class EffectExecutor:
         if not actor.next_fire_known:
             actor.next_fire = await self._run_sync(actor.store.next_schedule_fire)
             actor.next_fire_known = True
+            # Answers of the storage threads come back together: many drains (a thread's
+            # first, in a burst) would go on in this one turn.
+            await self._pace()
             if actor.next_fire is None or actor.next_fire > now:
                 return finish
         if finish is not None:
@@ -471,11 +490,15 @@ class EffectExecutor:
             return  # released (or dropped) meanwhile
         self._hub.release(thread_id, mark)
         if self._hub.held(thread_id):
-            # Frames of commits that may have come after the flush: a group of their own.
+            # Frames of commits that may have come after the flush: a group of their own,
+            # flushed at once when no run in line goes on to join them (a schedule made
+            # while the flush ran, after the thread's drain ended).
             loop = asyncio.get_running_loop()
             held.timer.cancel()
             held.since, held.runs = loop.time(), 0
             held.timer = loop.call_later(GROUP_COMMIT_SECONDS, self._flush_soon, actor)
+            if actor.current_run is None:
+                self._flush_soon(actor)  # in `_flushes` before this flush ends
         else:
             held.timer.cancel()
             del self._held[thread_id]
@@ -676,6 +699,16 @@ class EffectExecutor:
     async def wait_side_idle(self) -> None:
         """Wait until no run of a concurrent effect is executing."""
         await self._side_idle.wait()
+
+    @property
+    def flushing(self) -> int:
+        """How many group flushes are in flight (the frames they make durable wait)."""
+        return len(self._flushes)
+
+    async def wait_flushed(self) -> None:
+        """Wait until no group flush is in flight (each one's frames delivered)."""
+        while self._flushes:
+            await asyncio.wait(set(self._flushes))
 
     async def stop_side(self, grace_seconds: float) -> None:
         """Shutdown: give concurrent runs ``grace_seconds``, then cancel them.

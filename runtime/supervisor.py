@@ -82,6 +82,7 @@ from runtime.executor import (
 from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
+from runtime.pacing import TurnBudget
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.schedules import ScheduleOperations
@@ -383,6 +384,8 @@ class Runtime:
         self.hub.add_listener(log_run_change)  # one log line per run transition
         self._executor_pool: _StoragePool | None = None
         self._inline_calls = 0  # short store calls made on the loop since it last yielded
+        # The loop turn's budget of the runtime's per-run steps (drains' steps).
+        self.turn_budget = TurnBudget()
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
@@ -425,6 +428,7 @@ class Runtime:
         self.executor = EffectExecutor(
             lambda: self.registry, self.clock.now, self.hub, self.alarms, self.run_short,
             self._state_for_effect, lambda: self._closing, claim_inline=self.claim_inline,
+            turn=self.turn_budget,
             retention=self.settings.retention,
             wake=lambda thread_id: self.dispatcher.wake(thread_id),
             shared=not self.storage.exclusive,
@@ -674,6 +678,12 @@ class Runtime:
             self.executor.stop_side(grace),
             *(self._drain_extension(extension, grace) for extension in self.extensions),
         )
+        # The last outcomes of drains that ended are flushed after them: their frames
+        # go out before the subscribers are closed (a stuck disk: the stores' close
+        # flushes, and those frames are not sent).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self.executor.wait_flushed()
         self._serving = False
         # New calls are refused now; creates, opens and deletes in flight end first, and
         # nothing is evicted any more, so the actors walked below stay open.
@@ -851,6 +861,9 @@ class Runtime:
     async def wait_idle(self, timeout_seconds: float = 30.0) -> None:
         """Wait until no thread is queued or running effects (for tests and scripts).
 
+        With ``synchronous=FULL``, also until the outcomes drains recorded are flushed to
+        the disk (a drain's last ones are flushed after it ends) and their frames sent.
+
         Runs due later (a delay that has not elapsed) do not count: with the real clock,
         wait for their due time first; with `runtime.testing.FakeClock`, advance it.
 
@@ -881,9 +894,14 @@ class Runtime:
                     if self._closing:
                         raise closed
                     if self.dispatcher.idle and not self.actors.opening:
-                        if not self.executor.side_running:
+                        if self.executor.side_running:
+                            waiting = self.executor.wait_side_idle()
+                        elif self.executor.flushing:
+                            # A drain's last outcomes are flushed after it ends: idle
+                            # once they are durable and their frames delivered.
+                            waiting = self.executor.wait_flushed()
+                        else:
                             return
-                        waiting = self.executor.wait_side_idle()
                     else:
                         waiting = self.dispatcher.wait_for_change()
                     changed = asyncio.ensure_future(waiting)

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from runtime import EffectStatus, Runtime
 from runtime import executor as executor_module
 from runtime.events import EffectChanged, ThreadEvent
 from runtime.testing import FakeClock
+from tests.conftest import release
 
 APP = Path(__file__).parent / "apps" / "scheduling"
 _OUTCOME = re.compile(r"^UPDATE effect_runs SET status = '(\w+)'.* WHERE id = '([^']+)'")
@@ -198,3 +200,112 @@ async def test_a_concurrent_run_in_a_burst_keeps_the_in_line_order_and_the_rule(
         assert [(e.run.id, str(e.change)) for e in events] == seen.frames
         assert [e.seq for e in events] == list(range(events[0].seq,
                                                      events[0].seq + len(events)))
+
+
+async def test_a_run_does_not_wait_for_the_disk_flush_of_the_outcome_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A drain whose last outcome waits for its flush has ended: the thread's next run is
+    # claimed and started meanwhile; the outcome's frame still waits for the flush.
+    async with Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL",
+                       load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        await thread.schedule("ping")
+        await rt.wait_idle()
+        entered, go = threading.Event(), threading.Event()
+        fdatasync = os.fdatasync
+
+        def slow(fd: int) -> None:
+            entered.set()
+            go.wait(30)
+            fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow)
+        sub = thread.subscribe()
+        frames: list[tuple[str, str]] = []
+
+        def take() -> None:
+            frames.extend((e.run.id, str(e.change)) for e in sub.take()
+                          if isinstance(e, EffectChanged))
+
+        try:
+            first = (await thread.schedule("ping")).run_id
+            assert await asyncio.to_thread(entered.wait, 30)  # its outcome is being flushed
+            second = (await thread.schedule("hold", {"key": "b"})).run_id
+            log = tmp_path / "hold.log"
+            async with asyncio.timeout(30):  # a hang guard
+                while not (log.exists() and "b started" in log.read_text()):
+                    await asyncio.sleep(0.01)
+            take()
+            assert (first, "completed") not in frames  # not durable yet: not shown
+        finally:
+            go.set()
+        release(rt, "b")
+        await rt.wait_idle()
+        take()
+        sub.close()
+        assert [f for f in frames if f[1] != "scheduled"] == [
+            (first, "started"), (first, "completed"), (second, "started"), (second, "completed")
+        ]
+
+
+async def test_a_shutdown_sends_the_frames_of_outcomes_still_being_flushed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL", load_packages=False)
+    await rt.start()
+    try:
+        thread = await rt.create_thread("t")
+        await thread.schedule("ping")
+        await rt.wait_idle()
+        entered, go = threading.Event(), threading.Event()
+        fdatasync = os.fdatasync
+
+        def slow(fd: int) -> None:
+            entered.set()
+            go.wait(30)
+            fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow)
+        sub = thread.subscribe()
+        run = (await thread.schedule("ping")).run_id
+        assert await asyncio.to_thread(entered.wait, 30)  # its outcome is being flushed
+        closing = asyncio.create_task(rt.close())
+        await asyncio.sleep(0.05)
+    finally:
+        go.set()
+    await closing
+    frames = [(e.run.id, str(e.change)) for e in sub.take() if isinstance(e, EffectChanged)]
+    assert (run, "completed") in frames
+
+
+async def test_a_schedule_made_while_an_outcome_is_flushed_is_shown_once_that_flush_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its frame waits behind the flushing group; it is not left for the group's timer.
+    async with Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL",
+                       load_packages=False) as rt:
+        thread = await rt.create_thread("t")
+        await thread.schedule("ping")
+        await rt.wait_idle()
+        entered, go = threading.Event(), threading.Event()
+        fdatasync = os.fdatasync
+
+        def slow(fd: int) -> None:
+            entered.set()
+            go.wait(30)
+            fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", slow)
+        sub = thread.subscribe()
+        try:
+            await thread.schedule("ping")
+            assert await asyncio.to_thread(entered.wait, 30)
+            later = (await thread.schedule("ping", delay=3600)).run_id
+        finally:
+            go.set()
+        await rt.wait_idle()
+        frames = [(e.run.id, str(e.change)) for e in sub.take()
+                  if isinstance(e, EffectChanged)]
+        sub.close()
+        assert frames[-1] == (later, "scheduled")

@@ -19,7 +19,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "runtime._limits", "runtime.keys"),
     1: ("runtime.effects", "runtime.events", "runtime.messages", "runtime.recurrence"),
     2: ("runtime.storage", "runtime.alarms", "runtime.frames", "runtime.discovery",
-        "runtime.watchdog"),
+        "runtime.watchdog", "runtime.pacing"),
     3: ("runtime.thread", "runtime.actors", "runtime.dispatcher", "runtime.executor",
         "runtime.effect_records",
         "runtime.runs", "runtime.extension", "runtime.supervisor", "runtime.telemetry",

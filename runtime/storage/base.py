@@ -277,7 +277,9 @@ class ThreadStore(ABC):
         After a ``finish_and_claim(..., durable=False)`` on a `group_commit` store: one
         disk flush for all of them, none when nothing is waiting for one (a later durable
         commit or a read already synced them). Does nothing where `group_commit` is
-        False.
+        False. Other calls of the store go on while it waits for the disk (a claim, an
+        outcome on the caller's thread); what they commit meanwhile waits for the next
+        flush.
 
         Raises:
             ThreadStorageError: the flush failed (or the store is closed with

@@ -425,6 +425,7 @@ class SQLiteThreadStore(ThreadStore):
         # them) or by the next FULL commit that writes; every read syncs them first.
         self.group_commit = synchronous == "FULL"
         self._unsynced = False
+        self._unsynced_commits = 0  # outcomes committed without a flush, ever (a counter)
         self._wal_fd: int | None = None  # the -wal file, opened at the first `sync`
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
@@ -519,6 +520,17 @@ class SQLiteThreadStore(ThreadStore):
         Raises:
             ThreadStorageError: the flush (or opening the WAL) failed.
         """
+        fd = self._wal()
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise ThreadStorageError(
+                self.thread_id, f"Thread {self.thread_id}: syncing {self.path}-wal failed: {exc}"
+            ) from exc
+        self._unsynced = False
+
+    def _wal(self) -> int:
+        """The descriptor of the WAL the connection writes now (``self._lock`` held)."""
         wal = f"{self.path}-wal"
         try:
             fd = self._wal_fd
@@ -529,20 +541,39 @@ class SQLiteThreadStore(ThreadStore):
                     self._wal_fd = None
                     os.close(fd)
                 fd = self._wal_fd = os.open(wal, os.O_RDONLY)
-            os.fdatasync(fd)
         except OSError as exc:
             raise ThreadStorageError(
                 self.thread_id, f"Thread {self.thread_id}: syncing {wal} failed: {exc}"
             ) from exc
-        self._unsynced = False
+        return fd
 
     def sync(self) -> None:  # noqa: D102 - contract in base
+        # The fdatasync runs without the store's lock (a claim or an outcome on the loop
+        # need not wait for the disk): on a descriptor of its own, and what it makes
+        # durable is what was committed before it began (`_unsynced_commits`).
         with self._lock:
             if not self._unsynced:
                 return
             if self._conn is None:
                 raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
-            self._flush_wal()
+            commits = self._unsynced_commits
+            try:
+                fd = os.dup(self._wal())
+            except OSError as exc:
+                raise ThreadStorageError(
+                    self.thread_id, f"Thread {self.thread_id}: syncing its WAL failed: {exc}"
+                ) from exc
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise ThreadStorageError(
+                self.thread_id, f"Thread {self.thread_id}: syncing {self.path}-wal failed: {exc}"
+            ) from exc
+        finally:
+            os.close(fd)
+        with self._lock:
+            if self._unsynced_commits == commits:
+                self._unsynced = False
 
     def _check_wal(self) -> None:
         try:
@@ -988,6 +1019,7 @@ class SQLiteThreadStore(ThreadStore):
         else:
             answer = self._tx_held(tx, sync=False)
             self._unsynced = True
+            self._unsynced_commits += 1
         if self._unsynced and flush and finish is not None and (durable or answer[1] is None):
             # Durable, or the caller's group ends here (nothing claimed): sync it all now.
             self._flush_wal()

@@ -448,6 +448,53 @@ def test_a_group_commit_flushes_the_wal_once_before_anything_is_read_or_closed(
         backend.close()
 
 
+def test_a_flush_in_progress_leaves_the_store_free_and_covers_what_came_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `sync` waits for the disk without the store's lock: an outcome and a claim on the
+    # loop go on meanwhile, and one committed during the flush is flushed by the next.
+    backend = SQLiteBackend(tmp_path, "FULL")
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    entered, go = threading.Event(), threading.Event()
+    fdatasync = os.fdatasync
+    flushes: list[int] = []
+
+    def slow(fd: int) -> None:
+        entered.set()
+        assert go.wait(30)
+        fdatasync(fd)
+        flushes.append(fd)
+
+    try:
+        for i in range(3):
+            store.insert_run(EffectRun(f"r{i}", "t", "record", EffectStatus.PENDING, None,
+                                       T0, T0))
+        store.finish_and_claim(None, T0)
+        done = store.finish_inline(Finish("r0", EffectStatus.COMPLETED, None, T0 + 1), T0 + 1)
+        assert done is not None and done[1] is not None and done[1].id == "r1"
+        monkeypatch.setattr(os, "fdatasync", slow)
+        flusher = threading.Thread(target=store.sync)
+        flusher.start()
+        assert entered.wait(30)
+        # The flush is on the disk: the store still answers on the caller's thread.
+        done = store.finish_inline(Finish("r1", EffectStatus.COMPLETED, None, T0 + 2), T0 + 2)
+        assert done is not None and done[1] is not None and done[1].id == "r2"
+        go.set()
+        flusher.join(30)
+        assert len(flushes) == 1
+        # r1's outcome was committed after that flush began: the next one covers it.
+        store.sync()
+        assert len(flushes) == 2
+        store.sync()
+        assert len(flushes) == 2
+    finally:
+        go.set()
+        store.close()
+        rtdb.close()
+        backend.close()
+
+
 def test_a_normal_store_has_no_group_commit_and_every_outcome_keeps_its_level(
     tmp_path: Path,
 ) -> None:

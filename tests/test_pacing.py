@@ -1,0 +1,132 @@
+"""The loop turn's budget (`runtime.pacing.TurnBudget`): many steps ready in one turn go
+on over several turns, in the order they came, with the loop's other work between; and a
+burst of runs due on many threads at once is drained that way.
+
+Time is a fake clock (a step "costs" what the test adds to it) or a budget no step fits
+in; no assertion depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import runtime.supervisor
+from runtime import Runtime
+from runtime.pacing import TurnBudget
+from runtime.testing import FakeClock
+
+APP = Path(__file__).parent / "apps" / "pacing"
+
+
+class Turns:
+    """Counts the loop's turns: a task that goes once round every turn."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            self.now += 1
+            await asyncio.sleep(0)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+def test_a_budget_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="seconds must be > 0"):
+        TurnBudget(0)
+
+
+async def test_steps_ready_together_go_on_over_several_turns_in_their_order() -> None:
+    clock = [0.0]
+    budget = TurnBudget(4.0, clock=lambda: clock[0])  # each step costs 1: 4 per budget
+    turns = Turns()
+    ran: list[tuple[int, int, int]] = []  # (turn, worker, step)
+
+    async def worker(k: int) -> None:
+        for step in range(3):
+            if budget.spent():
+                await budget.wait_turn()
+            ran.append((turns.now, k, step))
+            clock[0] += 1.0
+            await asyncio.sleep(0)  # as a drain awaits its effect
+
+    await asyncio.gather(*(worker(k) for k in range(30)))
+    turns.stop()
+    assert len(ran) == 90 and budget.waiting == 0
+    per_turn: dict[int, int] = {}
+    for turn, _, _ in ran:
+        per_turn[turn] = per_turn.get(turn, 0) + 1
+    # Without a budget all 30 workers' steps run in each of three turns.
+    assert max(per_turn.values()) <= 8
+    # First come, first served: a worker's first steps go in the order the workers came.
+    firsts = [k for _, k, step in ran if step == 0]
+    assert firsts == list(range(30))
+
+
+async def test_a_budget_cut_short_by_one_slow_step_lets_more_steps_go_again() -> None:
+    clock = [0.0]
+    budget = TurnBudget(4.0, clock=lambda: clock[0])
+    turns = Turns()
+    ran: list[int] = []
+
+    async def step(cost: float) -> None:
+        if budget.spent():
+            await budget.wait_turn()
+        ran.append(turns.now)
+        clock[0] += cost
+
+    # One slow step fills a budget alone (a process preempted looks the same): the
+    # next turn lets one waiting step go, but the turns after let more go each time.
+    await asyncio.gather(step(10.0), *(step(0.1) for _ in range(40)))
+    turns.stop()
+    assert len(ran) == 41
+    # One step per turn would take 40 turns.
+    assert max(ran) - min(ran) < 20
+
+
+async def test_a_step_cancelled_while_it_waits_lets_the_others_go() -> None:
+    clock = [0.0]
+    budget = TurnBudget(1.0, clock=lambda: clock[0])
+    assert not budget.spent()
+    clock[0] = 5.0
+    assert budget.spent()
+    waiting = [asyncio.create_task(budget.wait_turn()) for _ in range(3)]
+    await asyncio.sleep(0)
+    waiting[0].cancel()
+    await asyncio.gather(*waiting[1:])
+    assert budget.waiting == 0
+
+
+async def test_a_burst_due_on_many_threads_starts_few_runs_per_loop_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A budget no step fits in: a turn lets go one waiting drain step, and one more
+    # step may begin in it.
+    monkeypatch.setattr(runtime.supervisor, "TurnBudget", lambda: TurnBudget(1e-9))
+    clock = FakeClock()
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False,
+                       extensions=[]) as rt:
+        marks = rt.registry.app["mark"].fn.__globals__
+        starts: list[int] = marks["STARTS"]
+        starts.clear()
+        for k in range(30):
+            thread = await rt.create_thread(f"t{k}")
+            for i in range(3):
+                await thread.schedule_effect("mark", {"i": i}, delay=60)
+        turns = Turns()
+        marks["TURN"][0] = lambda: turns.now
+        clock.advance(60)  # 30 threads due in the same turn
+        await rt.wait_idle()
+        turns.stop()
+    assert len(starts) == 90
+    per_turn: dict[int, int] = {}
+    for turn in starts:
+        per_turn[turn] = per_turn.get(turn, 0) + 1
+    # Without the budget the 30 threads' first runs all start in one turn.
+    assert max(per_turn.values()) <= 3
