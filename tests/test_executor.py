@@ -202,6 +202,20 @@ async def test_a_concurrent_run_in_a_burst_keeps_the_in_line_order_and_the_rule(
                                                      events[0].seq + len(events)))
 
 
+def hold_fdatasync(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make every ``os.fdatasync`` wait for ``go``; ``entered`` is set once one waits."""
+    entered, go = threading.Event(), threading.Event()
+    fdatasync = os.fdatasync
+
+    def slow(fd: int) -> None:
+        entered.set()
+        go.wait(30)
+        fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow)
+    return entered, go
+
+
 async def test_a_run_does_not_wait_for_the_disk_flush_of_the_outcome_before_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,15 +226,7 @@ async def test_a_run_does_not_wait_for_the_disk_flush_of_the_outcome_before_it(
         thread = await rt.create_thread("t")
         await thread.schedule("ping")
         await rt.wait_idle()
-        entered, go = threading.Event(), threading.Event()
-        fdatasync = os.fdatasync
-
-        def slow(fd: int) -> None:
-            entered.set()
-            go.wait(30)
-            fdatasync(fd)
-
-        monkeypatch.setattr(os, "fdatasync", slow)
+        entered, go = hold_fdatasync(monkeypatch)
         sub = thread.subscribe()
         frames: list[tuple[str, str]] = []
 
@@ -258,15 +264,7 @@ async def test_a_shutdown_sends_the_frames_of_outcomes_still_being_flushed(
         thread = await rt.create_thread("t")
         await thread.schedule("ping")
         await rt.wait_idle()
-        entered, go = threading.Event(), threading.Event()
-        fdatasync = os.fdatasync
-
-        def slow(fd: int) -> None:
-            entered.set()
-            go.wait(30)
-            fdatasync(fd)
-
-        monkeypatch.setattr(os, "fdatasync", slow)
+        entered, go = hold_fdatasync(monkeypatch)
         sub = thread.subscribe()
         run = (await thread.schedule("ping")).run_id
         assert await asyncio.to_thread(entered.wait, 30)  # its outcome is being flushed
@@ -288,15 +286,7 @@ async def test_a_schedule_made_while_an_outcome_is_flushed_is_shown_once_that_fl
         thread = await rt.create_thread("t")
         await thread.schedule("ping")
         await rt.wait_idle()
-        entered, go = threading.Event(), threading.Event()
-        fdatasync = os.fdatasync
-
-        def slow(fd: int) -> None:
-            entered.set()
-            go.wait(30)
-            fdatasync(fd)
-
-        monkeypatch.setattr(os, "fdatasync", slow)
+        entered, go = hold_fdatasync(monkeypatch)
         sub = thread.subscribe()
         try:
             await thread.schedule("ping")

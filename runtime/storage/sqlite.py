@@ -520,14 +520,21 @@ class SQLiteThreadStore(ThreadStore):
         Raises:
             ThreadStorageError: the flush (or opening the WAL) failed.
         """
-        fd = self._wal()
+        self._fdatasync(self._wal())
+        self._unsynced = False
+
+    def _fdatasync(self, fd: int) -> None:
+        """``os.fdatasync(fd)`` of the WAL's descriptor.
+
+        Raises:
+            ThreadStorageError: the flush failed (the error names the file).
+        """
         try:
             os.fdatasync(fd)
         except OSError as exc:
             raise ThreadStorageError(
                 self.thread_id, f"Thread {self.thread_id}: syncing {self.path}-wal failed: {exc}"
             ) from exc
-        self._unsynced = False
 
     def _wal(self) -> int:
         """The descriptor of the WAL the connection writes now (``self._lock`` held)."""
@@ -564,11 +571,7 @@ class SQLiteThreadStore(ThreadStore):
                     self.thread_id, f"Thread {self.thread_id}: syncing its WAL failed: {exc}"
                 ) from exc
         try:
-            os.fdatasync(fd)
-        except OSError as exc:
-            raise ThreadStorageError(
-                self.thread_id, f"Thread {self.thread_id}: syncing {self.path}-wal failed: {exc}"
-            ) from exc
+            self._fdatasync(fd)
         finally:
             os.close(fd)
         with self._lock:
