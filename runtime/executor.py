@@ -137,8 +137,6 @@ class EffectExecutor:
             check decides (`ThreadStore.claim_blocked`), not the actor's cached one.
         claim_inline: Tries a claim on the loop (`Runtime.claim_inline`): None when it
             is not cheap now; by default the store's `ThreadStore.claim_inline`.
-        turn: The loop turn's budget a drain's step waits for when it is spent (shared
-            with the runtime's other paced steps); by default one of its own.
     """
 
     def __init__(
@@ -156,10 +154,9 @@ class EffectExecutor:
         shared: bool = False,
         known_elsewhere: Callable[[str], bool] | None = None,
         claim_inline: Callable[[ThreadStore, float], _Claimed | None] | None = None,
-        turn: TurnBudget | None = None,
     ) -> None:
         self._registry = registry
-        self._turn = turn or TurnBudget()
+        self._turn = TurnBudget()  # the loop turn's budget of the drains' steps
         self._claim_inline = claim_inline or (lambda store, now: store.claim_inline(now))
         self._known_elsewhere = known_elsewhere
         self._now = now

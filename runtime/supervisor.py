@@ -82,7 +82,6 @@ from runtime.executor import (
 from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
-from runtime.pacing import TurnBudget
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.schedules import ScheduleOperations
@@ -384,8 +383,6 @@ class Runtime:
         self.hub.add_listener(log_run_change)  # one log line per run transition
         self._executor_pool: _StoragePool | None = None
         self._inline_calls = 0  # short store calls made on the loop since it last yielded
-        # The loop turn's budget of the runtime's per-run steps (drains' steps).
-        self.turn_budget = TurnBudget()
         self._store: RuntimeStore | None = None
         self._started = False
         self._closing = False
@@ -428,7 +425,6 @@ class Runtime:
         self.executor = EffectExecutor(
             lambda: self.registry, self.clock.now, self.hub, self.alarms, self.run_short,
             self._state_for_effect, lambda: self._closing, claim_inline=self.claim_inline,
-            turn=self.turn_budget,
             retention=self.settings.retention,
             wake=lambda thread_id: self.dispatcher.wake(thread_id),
             shared=not self.storage.exclusive,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import runtime.supervisor
+import runtime.executor
 from runtime import Runtime
 from runtime.pacing import TurnBudget
 from runtime.testing import FakeClock
@@ -108,7 +108,7 @@ async def test_a_burst_due_on_many_threads_starts_few_runs_per_loop_turn(
 ) -> None:
     # A budget no step fits in: a turn lets go one waiting drain step, and one more
     # step may begin in it.
-    monkeypatch.setattr(runtime.supervisor, "TurnBudget", lambda: TurnBudget(1e-9))
+    monkeypatch.setattr(runtime.executor, "TurnBudget", lambda: TurnBudget(1e-9))
     clock = FakeClock()
     async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False,
                        extensions=[]) as rt:
