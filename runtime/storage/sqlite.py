@@ -138,6 +138,9 @@ _LIVE = "(status = 'pending' OR status = 'running')"
 _DONE = "finished_at IS NOT NULL"
 """ix_effect_runs_finished holds the finished runs."""
 
+_COUNT_FINISHED = f"SELECT count(*) FROM effect_runs WHERE status IN (?, ?, ?) AND {_DONE}"
+"""The thread's finished runs, hidden ones included (params: `_FINISHED`)."""
+
 SWEEP_SECONDS = 60.0
 """On the write path, runs past their retention age are deleted at most this often per
 store, and runs over ``max_finished`` once they exceed it by more than a tenth of it
@@ -424,8 +427,8 @@ class SQLiteThreadStore(ThreadStore):
         # an fsync of their own, synced by `sync` (one fdatasync of the WAL for all of
         # them) or by the next FULL commit that writes; every read syncs them first.
         self.group_commit = synchronous == "FULL"
-        self._unsynced = False
-        self._unsynced_commits = 0  # outcomes committed without a flush, ever (a counter)
+        self._group_commits = 0  # outcomes committed without a flush, ever (a counter)
+        self._synced_commits = 0  # how many of them a flush has made durable
         self._wal_fd: int | None = None  # the -wal file, opened at the first `sync`
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
@@ -489,7 +492,7 @@ class SQLiteThreadStore(ThreadStore):
                     # one that wrote nothing did not, and a durable write promises both.
                     if conn.total_changes == changes:
                         self._flush_wal()
-                    self._unsynced = False
+                    self._synced_commits = self._group_commits
             else:
                 result = _transaction_unsynced(conn, fn, write)
         except BaseException as exc:
@@ -511,6 +514,11 @@ class SQLiteThreadStore(ThreadStore):
                 self._check_wal()
         return result
 
+    @property
+    def _unsynced(self) -> bool:
+        """Whether an outcome committed without a flush is not durable yet."""
+        return self._group_commits != self._synced_commits
+
     def _flush_wal(self) -> None:
         """Flush the file's WAL (fdatasync ; ``self._lock`` held): commits so far are durable.
 
@@ -521,7 +529,7 @@ class SQLiteThreadStore(ThreadStore):
             ThreadStorageError: the flush (or opening the WAL) failed.
         """
         self._fdatasync(self._wal())
-        self._unsynced = False
+        self._synced_commits = self._group_commits
 
     def _fdatasync(self, fd: int) -> None:
         """``os.fdatasync(fd)`` of the WAL's descriptor.
@@ -557,13 +565,13 @@ class SQLiteThreadStore(ThreadStore):
     def sync(self) -> None:  # noqa: D102 - contract in base
         # The fdatasync runs without the store's lock (a claim or an outcome on the loop
         # need not wait for the disk): on a descriptor of its own, and what it makes
-        # durable is what was committed before it began (`_unsynced_commits`).
+        # durable is what was committed before it began (`_group_commits` then).
         with self._lock:
             if not self._unsynced:
                 return
             if self._conn is None:
                 raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
-            commits = self._unsynced_commits
+            commits = self._group_commits
             try:
                 fd = os.dup(self._wal())
             except OSError as exc:
@@ -575,8 +583,7 @@ class SQLiteThreadStore(ThreadStore):
         finally:
             os.close(fd)
         with self._lock:
-            if self._unsynced_commits == commits:
-                self._unsynced = False
+            self._synced_commits = max(self._synced_commits, commits)
 
     def _check_wal(self) -> None:
         try:
@@ -659,10 +666,7 @@ class SQLiteThreadStore(ThreadStore):
 
     def _count_finished(self, c: sqlite3.Connection) -> int:
         if self._finished is None:
-            row = c.execute(
-                f"SELECT count(*) FROM effect_runs WHERE status IN (?, ?, ?) AND {_DONE}",
-                _FINISHED,
-            ).fetchone()
+            row = c.execute(_COUNT_FINISHED, _FINISHED).fetchone()
             self._finished = int(row[0])
         return self._finished
 
@@ -1021,8 +1025,7 @@ class SQLiteThreadStore(ThreadStore):
             answer = self._tx_held(tx, sync=finish is not None)
         else:
             answer = self._tx_held(tx, sync=False)
-            self._unsynced = True
-            self._unsynced_commits += 1
+            self._group_commits += 1
         if self._unsynced and flush and finish is not None and (durable or answer[1] is None):
             # Durable, or the caller's group ends here (nothing claimed): sync it all now.
             self._flush_wal()
@@ -1228,10 +1231,7 @@ class SQLiteThreadStore(ThreadStore):
 
     def prune(self, now: float, retention: RetentionPolicy) -> int:  # noqa: D102
         def count_excess(c: sqlite3.Connection) -> int:
-            row = c.execute(
-                f"SELECT count(*) FROM effect_runs WHERE status IN (?, ?, ?) AND {_DONE}",
-                _FINISHED,
-            ).fetchone()
+            row = c.execute(_COUNT_FINISHED, _FINISHED).fetchone()
             return int(row[0]) - retention.max_finished
 
         def expired(c: sqlite3.Connection) -> bool:
