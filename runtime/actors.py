@@ -72,9 +72,10 @@ class ThreadActor:
         lock: Held around each store transaction (never while effect code runs), so
             effect code may schedule on its own thread without deadlocking.
         current_run: The run it executes now, if any.
-        unrecorded: The outcome of its last in-line run that the store failed to record
-            (the database was unreachable): the next drain records it first, and the
-            run is never executed again.
+        unrecorded: The outcome of its last in-line run, decided (its code ended) and not
+            recorded yet: the drain records it at its next commit; if the store failed to
+            (the database was unreachable), the next drain records it first, and the run
+            is never executed again. A cancel meanwhile changes nothing.
         effect_task: The task running that effect's code, if any.
         immediate_runs: ``(window_start, count)``: immediate runs (delay under 1 s) its
             effects scheduled in the current one-second window (the runaway guard, `runtime.runs`).

@@ -180,6 +180,9 @@ class EffectExecutor:
         still starting, before any occurrence could be claimed here: never counted as
         skipped (a re-queued occurrence covers them). One float per thread drained."""
         self._cancels: dict[str, str] = {}  # run id -> who asked to cancel it
+        # Runs whose effect code ended here (its outcome is decided) while the run is still
+        # the actor's current or side run: a cancel no longer changes their outcome.
+        self._ended: set[str] = set()
         self._side: set[asyncio.Task[None]] = set()  # concurrent runs executing now
         self._side_idle = asyncio.Event()
         self._side_idle.set()
@@ -347,11 +350,15 @@ class EffectExecutor:
             finally:
                 if slow is not None:
                     slow.cancel()
+                self._ended.discard(claimed.id)
+            actor.current_run = None
             if finish is None:  # interrupted: deletion, shutdown, or the lease was lost
-                actor.current_run = None
                 await self._flush_held(actor)
                 return False
-            actor.current_run = None
+            # Decided, not recorded yet: until the next commit records it (under the
+            # lock), a cancel finds it here and changes nothing (`cancel_running`, and
+            # on a shared store `Runtime._cancel_in_store`).
+            actor.unrecorded = finish
             done += 1
 
     async def _pace(self) -> None:
@@ -687,6 +694,7 @@ class EffectExecutor:
                 self._wake(actor.thread_id)  # a drain settles the alarm without a hold
         finally:
             actor.side_runs.pop(run.id, None)
+            self._ended.discard(run.id)
 
     @property
     def side_running(self) -> int:
@@ -723,6 +731,17 @@ class EffectExecutor:
         """Whether `cancel_running` asked ``run_id`` to stop and it has not ended yet."""
         return run_id in self._cancels
 
+    def code_ended(self, actor: ThreadActor, run_id: str) -> bool:
+        """Whether ``run_id``'s effect code ended here and its outcome is not recorded yet.
+
+        Such a run is still ``running`` in the store, but its outcome is decided: a cancel
+        no longer changes it. Call under the actor's lock.
+        """
+        if run_id in self._ended:
+            return True
+        unrecorded = actor.unrecorded
+        return unrecorded is not None and unrecorded.run_id == run_id
+
     def cancel_running(
         self, actor: ThreadActor, run_id: str, canceled_by: str
     ) -> tuple[bool, asyncio.Task[None] | None]:
@@ -734,9 +753,10 @@ class EffectExecutor:
 
         Returns:
             ``(asked, task)``: whether the run was asked to stop (False when it is not
-            running here: it finished meanwhile, or never ran), and the task of its code
-            (done once the effect stopped; None when its code has not started yet, and
-            then it never will).
+            running here: it finished meanwhile, or never ran; or when its code already
+            returned or raised, its outcome not recorded yet: that outcome stands), and
+            the task of its code (done once the effect stopped; None when its code has
+            not started yet, and then it never will).
 
         Raises:
             RunStateError: the run is a sync effect's, which runs in a worker thread that
@@ -744,8 +764,11 @@ class EffectExecutor:
         """
         side = actor.side_runs.get(run_id)
         run = actor.current_run if side is None else side
-        if run is None or run.id != run_id:
+        if run is None or run.id != run_id or run_id in self._ended:
             return False, None
+        task = actor.effect_task if side is None else actor.side_tasks.get(run_id)
+        if task is not None and task.done():
+            return False, None  # its code ended: the outcome it decided stands
         try:
             defn = self._registry().resolve(run.name)
         except EffectNotFound:
@@ -756,7 +779,6 @@ class EffectExecutor:
                 f"thread, which cannot be stopped; it can only be left to finish"
             )
         self._cancels[run_id] = canceled_by
-        task = actor.effect_task if side is None else actor.side_tasks.get(run_id)
         if task is not None:
             task.cancel()
         return True, task
@@ -800,6 +822,9 @@ class EffectExecutor:
             finally:
                 self._cancels.pop(run.id, None)
                 self._abandoned.discard(run.id)
+                # Its outcome is decided: a cancel from now on changes nothing (the
+                # caller drops the mark once the run is no longer its actor's).
+                self._ended.add(run.id)
                 if finish is None:
                     end_run_span(span, "interrupted")
                 else:

@@ -1495,7 +1495,9 @@ class Runtime:
         busy = set(actor.side_runs)
         if actor.current_run is not None:
             busy.add(actor.current_run.id)
-        if run_id in busy:
+        if run_id in busy or self.executor.code_ended(actor, run_id):
+            # Executing here, or its code ended here and the drain records its outcome
+            # next (a cancel then changes nothing, as on a store of one process).
             return False
         now = self.clock.now()
         run = await self.run_sync(actor.store.get_run, run_id, now, self.settings.retention)

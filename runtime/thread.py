@@ -423,7 +423,9 @@ class ThreadState:
         Returns:
             True if the run was canceled (or, running, was asked to stop), by this call or
             by a concurrent one (on any node) that canceled it after this call was made;
-            False for an unknown id, a run finished before this call, or a second cancel.
+            False for an unknown id, a run finished before this call, or a second cancel;
+            False too for a running run whose effect code has returned or raised (its
+            outcome, being recorded, stands).
             A canceled run stays in the history with status ``canceled``.
 
         Raises:

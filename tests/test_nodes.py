@@ -1874,3 +1874,81 @@ async def test_a_node_that_finds_a_newer_schema_stops_claiming_and_is_not_ready(
 
         await wait_until(ran, 15)
         await node.check_ready()
+
+
+async def test_a_cancel_from_another_node_after_the_effect_returned_answers_false(
+    nodes: tuple[Runtime, Runtime], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 13: node b's effect returned; before b recorded the outcome, node a asked b to
+    # cancel the run. B canceled it in the store (fencing out its own outcome) and a
+    # answered True. The outcome stands now, as on a store of one process.
+    a, b = nodes
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    run_id = await thread_b.schedule_effect("record", {"key": "done"}, 3600)
+    applied = asyncio.Event()
+    apply_command = b._apply_command
+
+    async def noted(op: str, thread_id: str, command: dict[str, Any]) -> None:
+        await apply_command(op, thread_id, command)
+        if op == "cancel":
+            applied.set()
+
+    monkeypatch.setattr(b, "_apply_command", noted)
+    cancel: list[asyncio.Task[bool]] = []
+    pace = b.executor._pace
+    ran = tmp_path / "node-b" / "record.jsonl"
+
+    async def cancel_from_a_first(*args: Any) -> None:
+        # B's drain, right after the effect returned: a cancel through node a, which
+        # node b applies before its drain goes on to record the outcome.
+        if ran.exists() and not cancel:
+            cancel.append(asyncio.create_task(thread_a.remove_scheduled_effect(run_id)))
+            await applied.wait()
+        await pace(*args)
+
+    monkeypatch.setattr(b.executor, "_pace", cancel_from_a_first)
+    await thread_b.run_now(run_id)
+
+    async def ended() -> bool:
+        return (await thread_a.get_run(run_id)).status.finished
+
+    await wait_until(ended, seconds=10)
+    assert cancel and await cancel[0] is False
+    run = await thread_a.get_run(run_id)
+    assert (run.status, run.canceled_by) == (EffectStatus.COMPLETED, None)
+    (attempt,) = await thread_a.get_run_attempts(run_id)
+    assert (attempt.outcome, attempt.node_id) == ("completed", "node-b")
+
+
+async def test_run_now_racing_its_claim_on_another_node_says_running_not_waits_for_itself(
+    nodes: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 13: four run-nows on four nodes; one node read the run pending, another node
+    # claimed it, then the first read the thread's running run: the run itself. It
+    # answered "cannot run now: it waits for run X ... (waitingFor: X)".
+    a, b = nodes
+    thread_a = await a.create_thread()
+    thread_b = await b.get_thread(thread_a.thread_id)
+    run_id = await thread_a.schedule_effect("slow", {"seconds": 30}, 3600)
+    loop = asyncio.get_running_loop()
+    stored_running = a.runs._stored_running
+
+    async def run_now_on_b() -> None:
+        await thread_b.run_now(run_id)
+        await wait_until(lambda: _status(thread_b, run_id, EffectStatus.RUNNING))
+
+    def claimed_on_b_meanwhile(store: ThreadStore, now: float) -> Any:
+        # Node a read the run pending (in a storage thread): node b runs it now, then
+        # node a reads the thread's running run.
+        asyncio.run_coroutine_threadsafe(run_now_on_b(), loop).result()
+        return stored_running(store, now)
+
+    monkeypatch.setattr(a.runs, "_stored_running", claimed_on_b_meanwhile)
+    with pytest.raises(RunStateError) as refused:
+        await thread_a.run_now(run_id)
+    assert str(refused.value) == f"Run {run_id} is running; only a pending run can be run now"
+    monkeypatch.undo()
+    run = await thread_a.get_run(run_id)
+    assert (run.status, run.waiting_for) == (EffectStatus.RUNNING, None)
+    assert await thread_a.remove_scheduled_effect(run_id) is True

@@ -252,6 +252,85 @@ async def test_a_canceled_pending_run_keeps_who_canceled_it(api: Api) -> None:
         await thread.remove_scheduled_effect(run_id, canceled_by="")
 
 
+# A cancel that comes once the effect's code has returned, before its outcome is recorded:
+# the outcome stands (the run ends completed) and the cancel answers False, on every backend
+# (on PostgreSQL it once canceled the run in the store and answered True, issue 13).
+
+
+@pytest.fixture
+async def any_api(tmp_path: Path, backend_settings: dict[str, Any]) -> AsyncIterator[Api]:
+    """The server on the scheduling test app, on the test's backend."""
+    async with serve_api(tmp_path / "data", clock=FakeClock(), app_dir=APP,
+                         **backend_settings) as running:
+        yield running
+
+
+def release_hold(rt: Runtime, key: str) -> None:
+    gates: dict[str, asyncio.Event] = rt.registry.app["hold"].fn.__globals__["GATES"]
+    gates.setdefault(key, asyncio.Event()).set()
+
+
+async def _cancel_after_the_code_returned(
+    api: Api, monkeypatch: pytest.MonkeyPatch, name: str, hook: str
+) -> None:
+    """Run ``name`` (``hold`` in line, ``long_work`` beside) and cancel it right after its
+    code returned: as `execute` returns (``hook="execute"``), or as the drain goes on to
+    record it (``hook="pace"``, in line only)."""
+    rt = api.rt
+    thread = await rt.create_thread()
+    answers: list[bool] = []
+    executor = rt.executor
+    returned = False
+    if hook == "execute":
+        execute = executor.execute
+
+        async def then_cancel(actor: Any, run: Any, **kw: Any) -> Any:
+            finish = await execute(actor, run, **kw)
+            if run.name == name:
+                answers.append(await thread.remove_scheduled_effect(run.id))
+            return finish
+
+        monkeypatch.setattr(executor, "execute", then_cancel)
+    else:
+        pace = executor._pace
+
+        async def cancel_first(*args: Any) -> None:
+            # The drain's first step after the released effect returned.
+            if returned and not answers:
+                answers.append(await thread.remove_scheduled_effect(run_id))
+            await pace(*args)
+
+        monkeypatch.setattr(executor, "_pace", cancel_first)
+    run_id = await thread.schedule_effect(name, {"key": "k"})
+    await wait_for(thread, run_id, EffectStatus.RUNNING)
+    returned = True  # from the release on (the drain waits for the effect meanwhile)
+    (release_long if name == "long_work" else release_hold)(rt, "k")
+    await wait_for(thread, run_id, EffectStatus.COMPLETED)
+    run = await thread.get_run(run_id)
+    assert (answers, run.status, run.canceled_by) == ([False], EffectStatus.COMPLETED, None)
+    (attempt,) = await thread.get_run_attempts(run_id)
+    assert attempt.outcome == "completed"
+    # The thread goes on; a cancel after the end answers False too.
+    assert await thread.remove_scheduled_effect(run_id) is False
+    after = await thread.schedule_effect("ping")
+    await wait_for(thread, after, EffectStatus.COMPLETED)
+
+
+@pytest.mark.every_backend
+@pytest.mark.parametrize("name", ["hold", "long_work"])
+async def test_a_cancel_as_the_effect_returned_answers_false_and_the_run_completes(
+    any_api: Api, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    await _cancel_after_the_code_returned(any_api, monkeypatch, name, "execute")
+
+
+@pytest.mark.every_backend
+async def test_a_cancel_before_the_returned_effects_outcome_is_recorded_changes_nothing(
+    any_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _cancel_after_the_code_returned(any_api, monkeypatch, "hold", "pace")
+
+
 # ------------------------------------------------------------------ long runs beside short ones
 
 
