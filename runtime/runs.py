@@ -330,6 +330,7 @@ class RunOperations:
         strip = {"args": None} if bare and run.args is not None else {}
         if (
             current is not None
+            and current.id != run.id  # read pending, then running: it waits for nothing
             and run.status is EffectStatus.PENDING
             and run.run_at_ts <= now
             and not self._concurrent(run.name)
@@ -535,6 +536,13 @@ class RunOperations:
                     f"Run {run_id} is {current.status}; only a pending run can be run now"
                 )
             running = actor.current_run or stored
+            if running is not None and running.id == run_id:
+                # Claimed (here or on another node) between the two reads of `read`: it
+                # is running now, and waits for nothing.
+                raise RunStateError(
+                    f"Run {run_id} is {EffectStatus.RUNNING}; only a pending run can be "
+                    f"run now"
+                )
             if running is not None and not self._concurrent(current.name):
                 raise RunStateError(
                     f"Run {run_id} cannot run now: it waits for run {running.id} "
