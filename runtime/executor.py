@@ -180,9 +180,9 @@ class EffectExecutor:
         still starting, before any occurrence could be claimed here: never counted as
         skipped (a re-queued occurrence covers them). One float per thread drained."""
         self._cancels: dict[str, str] = {}  # run id -> who asked to cancel it
-        # Runs whose effect code ended here (its outcome is decided) while the run is still
-        # the actor's current or side run: a cancel no longer changes their outcome.
-        self._ended: set[str] = set()
+        # Runs whose effect code ended here, by id, with the outcome it decided, while the
+        # run is still the actor's current or side run: a cancel no longer changes it.
+        self._ended: dict[str, Finish] = {}
         self._side: set[asyncio.Task[None]] = set()  # concurrent runs executing now
         self._side_idle = asyncio.Event()
         self._side_idle.set()
@@ -350,7 +350,7 @@ class EffectExecutor:
             finally:
                 if slow is not None:
                     slow.cancel()
-                self._ended.discard(claimed.id)
+                self._ended.pop(claimed.id, None)
             actor.current_run = None
             if finish is None:  # interrupted: deletion, shutdown, or the lease was lost
                 await self._flush_held(actor)
@@ -694,7 +694,7 @@ class EffectExecutor:
                 self._wake(actor.thread_id)  # a drain settles the alarm without a hold
         finally:
             actor.side_runs.pop(run.id, None)
-            self._ended.discard(run.id)
+            self._ended.pop(run.id, None)
 
     @property
     def side_running(self) -> int:
@@ -731,16 +731,18 @@ class EffectExecutor:
         """Whether `cancel_running` asked ``run_id`` to stop and it has not ended yet."""
         return run_id in self._cancels
 
-    def code_ended(self, actor: ThreadActor, run_id: str) -> bool:
-        """Whether ``run_id``'s effect code ended here and its outcome is not recorded yet.
+    def decided(self, actor: ThreadActor, run_id: str) -> Finish | None:
+        """The outcome ``run_id``'s effect code decided here, while it is not recorded yet.
 
-        Such a run is still ``running`` in the store, but its outcome is decided: a cancel
-        no longer changes it. Call under the actor's lock.
+        Such a run is still ``running`` in the store, but a cancel no longer changes its
+        outcome. None when its code did not end here (or its outcome is recorded). Call
+        under the actor's lock.
         """
-        if run_id in self._ended:
-            return True
-        unrecorded = actor.unrecorded
-        return unrecorded is not None and unrecorded.run_id == run_id
+        finish = self._ended.get(run_id)
+        if finish is None and actor.unrecorded is not None:
+            if actor.unrecorded.run_id == run_id:
+                finish = actor.unrecorded
+        return finish
 
     def cancel_running(
         self, actor: ThreadActor, run_id: str, canceled_by: str
@@ -753,10 +755,11 @@ class EffectExecutor:
 
         Returns:
             ``(asked, task)``: whether the run was asked to stop (False when it is not
-            running here: it finished meanwhile, or never ran; or when its code already
-            returned or raised, its outcome not recorded yet: that outcome stands), and
-            the task of its code (done once the effect stopped; None when its code has
-            not started yet, and then it never will).
+            running here: it finished meanwhile, or never ran), and the task of its code
+            (done once the effect stopped; None when its code has not started yet, and
+            then it never will). Once its code returned or raised, its outcome stands,
+            not recorded yet: ``(True, None)`` if it is ``canceled`` (a cancel asked
+            before this one stopped it), else ``(False, None)``.
 
         Raises:
             RunStateError: the run is a sync effect's, which runs in a worker thread that
@@ -764,11 +767,15 @@ class EffectExecutor:
         """
         side = actor.side_runs.get(run_id)
         run = actor.current_run if side is None else side
-        if run is None or run.id != run_id or run_id in self._ended:
+        decided = self.decided(actor, run_id)
+        if decided is not None:
+            return decided.status is EffectStatus.CANCELED, None
+        if run is None or run.id != run_id:
             return False, None
         task = actor.effect_task if side is None else actor.side_tasks.get(run_id)
         if task is not None and task.done():
-            return False, None  # its code ended: the outcome it decided stands
+            # Its code ended, its outcome is being decided: `_execute` reads the same.
+            return task.cancelled() and run_id in self._cancels, None
         try:
             defn = self._registry().resolve(run.name)
         except EffectNotFound:
@@ -824,7 +831,8 @@ class EffectExecutor:
                 self._abandoned.discard(run.id)
                 # Its outcome is decided: a cancel from now on changes nothing (the
                 # caller drops the mark once the run is no longer its actor's).
-                self._ended.add(run.id)
+                if finish is not None:
+                    self._ended[run.id] = finish
                 if finish is None:
                     end_run_span(span, "interrupted")
                 else:

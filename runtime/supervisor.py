@@ -1495,7 +1495,7 @@ class Runtime:
         busy = set(actor.side_runs)
         if actor.current_run is not None:
             busy.add(actor.current_run.id)
-        if run_id in busy or self.executor.code_ended(actor, run_id):
+        if run_id in busy or self.executor.decided(actor, run_id) is not None:
             # Executing here, or its code ended here and the drain records its outcome
             # next (a cancel then changes nothing, as on a store of one process).
             return False
