@@ -228,7 +228,11 @@ class EffectExecutor:
         while True:
             # Many drains ready in one loop turn (a burst on many threads): past the
             # turn's budget, the rest go on in later turns, with timers and sockets between.
-            await self._pace()
+            # Not a step that records a failure: a crash before that commit would re-queue
+            # the run as interrupted, and a run that raised must never run again, so the
+            # window between its raise and its commit holds no wait in line.
+            if finish is None or finish.status is not EffectStatus.FAILED:
+                await self._pace()
             async with actor.lock:
                 if actor.deleted:
                     self._drop_held(thread_id)
