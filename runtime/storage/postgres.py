@@ -1063,7 +1063,7 @@ class _ClaimCall:
         self.row = row
         self.settle = settle
         # The thread's row lock sent with the BEGIN (`_lock_threads_sql`), when claiming.
-        self.first = _lock_threads_sql((store.thread_id,), skip_locked=False) if claim else None
+        self.first = store._lock_first if claim else None
         self.result: _Claimed | None = None
         self.error: BaseException | None = None
         self.lead: list[_ClaimCall] | None = None
@@ -1257,6 +1257,8 @@ class PostgresThreadStore(ThreadStore):
         # A claim with nothing to finish skips its probe when this is due (see
         # `finish_and_claim`); it is a hint only, the claim itself checks the rows.
         self._due_seen: float | None = None
+        # The thread's row lock for a claim alone, sent with its BEGIN (`_ClaimCall`).
+        self._lock_first = _lock_threads_sql((thread_id,), skip_locked=False)
 
     def _saw_due(self, due_at: float) -> None:
         if self._due_seen is None or due_at < self._due_seen:
@@ -3116,7 +3118,13 @@ class PostgresBackend(StorageBackend):
             # Aborted by the lease watch if it waits on a database known unreachable.
             block: contextlib.AbstractContextManager[list[str]] = (
                 contextlib.nullcontext([]) if single else _plain_transaction(conn, first))
-            with self._bounded(conn), block as got, conn.cursor() as cur:
+            # One cursor per pooled connection, reused by every call on it (a new
+            # cursor per transaction was about 6 µs of CPU).
+            cur = getattr(conn, "te_cursor", None)
+            if cur is None or cur.closed:
+                cur = conn.cursor()
+                conn.te_cursor = cur  # type: ignore[attr-defined]
+            with self._bounded(conn), block as got:
                 if rows is not None:
                     rows.extend(got)
                 yield cur
