@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -610,3 +612,42 @@ def test_none_binds_as_null_through_an_adapter_and_an_applications_own_adapter_s
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def _dead_weakrefs() -> int:
+    """Weak references the collector tracks whose object is gone."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is weakref.ref and o() is None)
+
+
+def test_a_busy_store_leaves_no_dead_cursor_references_for_the_collector(
+    tmp_path: Path,
+) -> None:
+    # sqlite3 keeps a weak reference to every cursor a connection made and prunes the
+    # dead ones every 200 cursors: a cursor per statement left up to 200 per open file
+    # for every full collection to walk. The stores run theirs on one kept cursor.
+    backend = SQLiteBackend(tmp_path, "NORMAL")
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    assert rtdb.add_thread(ThreadInfo(id="t", created_at_ts=T0))
+    try:
+        before = _dead_weakrefs()
+        most = 0  # the dead references pile up, then are pruned: look along the way
+        for i in range(150):  # 9 statements each: over 1,300 on one connection
+            run = EffectRun(f"r{i}", "t", "record", EffectStatus.PENDING, {"i": i}, T0 + i, T0)
+            assert store.insert_run(run) is None
+            _, claimed, _ = store.finish_and_claim(None, T0 + i)
+            assert claimed is not None and claimed.id == run.id
+            done, _, _ = store.finish_and_claim(
+                Finish(run.id, EffectStatus.COMPLETED, None, T0 + i, attempt=1), T0 + i,
+                claim=False)
+            assert done is not None and done.status is EffectStatus.COMPLETED
+            rtdb.index_runs([done])
+            if i % 10 == 9:
+                most = max(most, _dead_weakrefs() - before)
+        assert [a.outcome for a in store.run_attempts("r149")] == ["completed"]
+        assert most < 10  # a cursor per statement: 100 to 200
+    finally:
+        store.close()
+        rtdb.close()
+        backend.close()
