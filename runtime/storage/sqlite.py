@@ -30,7 +30,7 @@ from typing import IO, Any, TypeVar
 
 from runtime._text import replace_lone_surrogates
 from runtime.config import RetentionPolicy
-from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt
+from runtime.effects import FINISHED_STATUSES, EffectRun, EffectStatus, RunAttempt, replace_run
 from runtime.errors import (
     DataDirLocked,
     RuntimeClosed,
@@ -443,6 +443,11 @@ class SQLiteThreadStore(ThreadStore):
         self._group_commits = 0  # outcomes committed without a flush, ever (a counter)
         self._synced_commits = 0  # how many of them a flush has made durable
         self._wal_fd: int | None = None  # the -wal file, opened at the first `sync`
+        # The runs this store claimed that are running, as claimed, with their args' text
+        # (run id -> (run, args)): a finish returns the run from here, changed as the
+        # finish changed its row, instead of the whole row through RETURNING (15 columns,
+        # cursor.description built per execute, the args decoded: ≈ 8 µs of ≈ 17).
+        self._claimed: dict[str, tuple[EffectRun, str | None]] = {}
         if not create and (not path.exists() or path.stat().st_size == 0):
             raise ThreadStorageError(
                 thread_id,
@@ -516,6 +521,7 @@ class SQLiteThreadStore(ThreadStore):
             self._swept_at = None
             self._next_fire = _UNKNOWN
             self._traces = None
+            self._claimed.clear()
             if not isinstance(exc, sqlite3.DatabaseError):
                 raise
             raise ThreadStorageError(
@@ -943,6 +949,33 @@ class SQLiteThreadStore(ThreadStore):
         finally:
             self._lock.release()
 
+    def _finish(self, c: sqlite3.Cursor, finish: Finish) -> EffectRun | None:
+        """Write ``finish`` if its run is running (in its attempt); the run as written.
+
+        The run comes from `_claimed` when this store claimed it (its row then holds what
+        the claim returned, and the finish's columns), its args decoded again from their
+        text (nothing shares them with the claimed run's); else from its row.
+        """
+        row = c.execute(
+            "UPDATE effect_runs SET status = ?, error = ?, finished_at = ?, "
+            "canceled_by = ? WHERE id = ? AND status = 'running' "
+            "AND attempts = coalesce(?, attempts) RETURNING attempts",
+            (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
+             finish.run_id, finish.attempt),
+        ).fetchone()
+        if row is None:
+            return None
+        claimed = self._claimed.pop(finish.run_id, None)
+        if claimed is None or claimed[0].attempts != row[0]:
+            return self._one(
+                c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ?", (finish.run_id,))
+        run, args = claimed
+        return replace_run(
+            run, status=finish.status, error=finish.error, finished_at_ts=finish.finished_at,
+            canceled_by=finish.canceled_by, trace_context=None,
+            args=json.loads(args) if args is not None else None,
+        )
+
     def _finish_and_claim(
         self,
         finish: Finish | None,
@@ -981,14 +1014,7 @@ class SQLiteThreadStore(ThreadStore):
         def tx(c: sqlite3.Cursor) -> tuple[EffectRun | None, EffectRun | None, float | None]:
             finished = None
             if finish is not None:
-                finished = self._one(
-                    c,
-                    f"UPDATE effect_runs SET status = ?, error = ?, finished_at = ?, "
-                    f"canceled_by = ? WHERE id = ? AND status = 'running' "
-                    f"AND attempts = coalesce(?, attempts) RETURNING {_RUN_COLUMNS}",
-                    (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
-                     finish.run_id, finish.attempt),
-                )
+                finished = self._finish(c, finish)
                 self._drop_trace(c, finished)
                 if finished is not None:
                     self._end_attempt(c, finished, str(finished.status), finish.finished_at,
@@ -997,16 +1023,18 @@ class SQLiteThreadStore(ThreadStore):
                     self._prune_in(c, now, retention, 1)
             if not claim:
                 return finished, None, None
-            claimed = self._one(
-                c,
+            row = c.execute(
                 f"UPDATE effect_runs SET status = 'running', attempts = attempts + 1, "
                 f"started_at = ? WHERE seq = (SELECT seq FROM effect_runs "
                 f"WHERE status = 'pending' AND run_at <= ?{where} ORDER BY run_at, seq LIMIT 1) "
                 f"RETURNING {_RUN_COLUMNS}",
                 (now, now, *names),
-            )
-            claimed = self._with_trace(c, claimed)
-            if claimed is not None:
+            ).fetchone()
+            claimed = None
+            if row is not None:
+                claimed = self._with_trace(c, _row_to_run(self.thread_id, row))
+                assert claimed is not None
+                self._claimed[claimed.id] = (claimed, row[4])
                 c.execute(
                     "INSERT OR REPLACE INTO run_attempts (run_id, attempt, started_at, "
                     "outcome, node_id) VALUES (?, ?, ?, 'running', ?)",
@@ -1087,6 +1115,7 @@ class SQLiteThreadStore(ThreadStore):
                     params = (now, run_id)
                 run = self._one(c, sql, params)
                 if run is not None:
+                    self._claimed.pop(run.id, None)
                     self._end_attempt(c, run, "interrupted", now, reason)
                     if run.status.finished:
                         self._drop_trace(c, run)
@@ -1305,6 +1334,7 @@ class SQLiteThreadStore(ThreadStore):
                         self._flush_wal()
                 self._conn.close()
                 self._conn = self._cur = None
+                self._claimed.clear()
             if self._wal_fd is not None:
                 os.close(self._wal_fd)
                 self._wal_fd = None

@@ -651,3 +651,62 @@ def test_a_busy_store_leaves_no_dead_cursor_references_for_the_collector(
         store.close()
         rtdb.close()
         backend.close()
+
+
+def test_a_finish_answers_the_run_as_written_whether_this_store_claimed_it_or_not(
+    tmp_path: Path,
+) -> None:
+    # A store answers a finish of a run it claimed from what the claim returned (not the
+    # whole row again); the answer must still be the row as written, args included.
+    backend = SQLiteBackend(tmp_path, "NORMAL")
+    backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    retention = RetentionPolicy()
+    try:
+        for i, args in enumerate(({"n": [1]}, None)):
+            assert store.insert_run(EffectRun(
+                f"r{i}", "t", "record", EffectStatus.PENDING, args, T0 + i, T0, key=f"k{i}",
+                trace_context="00-ab" if i else None)) is None
+        _, claimed, _ = store.finish_and_claim(None, T0 + 5)
+        assert claimed is not None and claimed.id == "r0" and claimed.args == {"n": [1]}
+        claimed.args["n"].append(2)  # what an effect may do to the args it was given
+        finished, second, _ = store.finish_and_claim(
+            Finish("r0", EffectStatus.FAILED, "boom", T0 + 6, attempt=1), T0 + 6)
+        assert finished == store.get_run("r0", T0 + 6, retention)
+        assert finished == EffectRun(
+            "r0", "t", "record", EffectStatus.FAILED, {"n": [1]}, T0, T0, T0 + 5, T0 + 6, 1,
+            "boom", key="k0")
+        assert second is not None and second.id == "r1" and second.trace_context == "00-ab"
+        # A stale attempt writes nothing and answers nothing.
+        stale, _, _ = store.finish_and_claim(
+            Finish("r1", EffectStatus.COMPLETED, None, T0 + 7, attempt=2), T0 + 7, claim=False)
+        assert stale is None
+        # Claimed by the store before it was closed: the file opened again answers from
+        # the row.
+        store.close()
+        store = backend.open_thread_store("t")
+        finished, _, _ = store.finish_and_claim(
+            Finish("r1", EffectStatus.CANCELED, None, T0 + 8, canceled_by="u", attempt=1),
+            T0 + 8, claim=False)
+        assert finished == store.get_run("r1", T0 + 8, retention)
+        assert finished == EffectRun(
+            "r1", "t", "record", EffectStatus.CANCELED, None, T0 + 1, T0, T0 + 6, T0 + 8, 1,
+            key="k1", canceled_by="u")
+        # Interrupted, claimed again: the finish answers the second attempt.
+        assert store.insert_run(EffectRun(
+            "r2", "t", "record", EffectStatus.PENDING, {"x": 1}, T0, T0)) is None
+        _, claimed, _ = store.finish_and_claim(None, T0 + 9)
+        assert claimed is not None and claimed.id == "r2"
+        [requeued] = store.recover_interrupted(T0 + 10, 3)
+        assert requeued.status is EffectStatus.PENDING
+        _, claimed, _ = store.finish_and_claim(None, T0 + 11)
+        assert claimed is not None and claimed.attempts == 2
+        finished, _, _ = store.finish_and_claim(
+            Finish("r2", EffectStatus.COMPLETED, None, T0 + 12, attempt=2), T0 + 12,
+            claim=False)
+        assert finished == store.get_run("r2", T0 + 12, retention)
+        assert finished is not None and (finished.started_at_ts, finished.attempts) == (
+            T0 + 11, 2)
+    finally:
+        store.close()
+        backend.close()
