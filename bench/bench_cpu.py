@@ -6,7 +6,8 @@
 SOURCE_ROOT defaults to this repository. Schedules the runs (no-op effect) across the
 threads, due in an hour (``sched``), then schedules as many due now and waits until all
 ran (``exec``, both steps), and prints one JSON line: process CPU time and wall time per
-run in µs, and the scheduling rate. ``synchronous=NORMAL`` by default, so fsync does not
+run in µs (the execute phase's also split into user and system time), and the scheduling
+rate. ``synchronous=NORMAL`` by default, so fsync does not
 dominate; ``gc.freeze()`` is called after start in either tree (the server's setting).
 Process CPU time (every thread of the process, the storage pool included) moves far less
 with other processes' load than wall time does, so running two trees alternately a few
@@ -33,6 +34,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import sqlite3
 import sys
 import tempfile
@@ -190,11 +192,11 @@ async def main() -> None:
             due = time.time() + 3600
             cpu0, wall0 = time.process_time(), time.perf_counter()
             await asyncio.gather(*(_schedule(t, RUNS // THREADS, due, 3600) for t in threads))
-            cpu1, wall1 = time.process_time(), time.perf_counter()
+            cpu1, wall1, times1 = time.process_time(), time.perf_counter(), os.times()
             now = time.time()
             await asyncio.gather(*(_schedule(t, RUNS // THREADS, now, 0) for t in threads))
             await rt.wait_idle(300)
-            cpu2, wall2 = time.process_time(), time.perf_counter()
+            cpu2, wall2, times2 = time.process_time(), time.perf_counter(), os.times()
     per_run = 1e6 / RUNS
     line: dict[str, float] = {
         "sched_cpu_us": round((cpu1 - cpu0) * per_run, 1),
@@ -202,6 +204,10 @@ async def main() -> None:
         "sched_per_second": round(RUNS / (wall1 - wall0)),
         "exec_cpu_us": round((cpu2 - cpu1) * per_run, 1),
         "exec_wall_us": round((wall2 - wall1) * per_run, 1),
+        # The execute phase's CPU split: user space (Python, SQLite's own code) and the
+        # kernel (SQLite's writes and locks); 10 ms ticks, so a few runs' worth of noise.
+        "exec_user_us": round((times2.user - times1.user) * per_run, 1),
+        "exec_sys_us": round((times2.system - times1.system) * per_run, 1),
     }
     if not OPTS.no_floor:
         floor_sched, floor_exec = _floor(grouped=False)
