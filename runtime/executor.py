@@ -231,7 +231,11 @@ class EffectExecutor:
         while True:
             # Many drains ready in one loop turn (a burst on many threads): past the
             # turn's budget, the rest go on in later turns, with timers and sockets between.
-            await self._pace()
+            # Not a step that records a failure: a crash before that commit would re-queue
+            # the run as interrupted, and a run that raised must never run again, so the
+            # window between its raise and its commit holds no wait in line.
+            if finish is None or finish.status is not EffectStatus.FAILED:
+                await self._pace()
             async with actor.lock:
                 if actor.deleted:
                     self._drop_held(thread_id)
@@ -249,18 +253,30 @@ class EffectExecutor:
                         self._release_held(thread_id)  # a durable commit: all before it
                         self._publish_all(recorded)
                         finish = None
-                    if not stop:
+                    answer: _Claimed | None = None
+                    if (not stop and finish is None and self._shared
+                            and not actor.next_fire_known):
+                        # A shared store (another node may have changed the schedules):
+                        # their next fire and, unless one is due, the claim, in one trip
+                        # to the storage pool (`_fire_or_claim`).
+                        now = self._now()
+                        self._first_fire_check.setdefault(thread_id, now)
+                        actor.next_fire, answer = await self._run_sync(
+                            _fire_or_claim, actor.store, now, self._retention)
+                        actor.next_fire_known = True
+                    if answer is None and not stop:
                         finish = await self._fire_schedules(actor, finish)
                         if actor.deleted:
                             self._drop_held(thread_id)
                             return False
-                    now = self._now()
-                    # A claim alone is often cheap enough for the loop itself (SQLite:
-                    # no fsync of its own); else, and with an outcome, a storage thread.
-                    answer = (
-                        self._claim_inline(actor.store, now)
-                        if finish is None and not stop else None
-                    )
+                    if answer is None:
+                        now = self._now()
+                        # A claim alone is often cheap enough for the loop itself (SQLite:
+                        # no fsync of its own); else, and with an outcome, a storage thread.
+                        answer = (
+                            self._claim_inline(actor.store, now)
+                            if finish is None and not stop else None
+                        )
                     # Group commit: an outcome followed by a claim need not wait for the
                     # disk; its frames (and every later one) are held until a flush.
                     durable = not (group and finish is not None and not stop
@@ -935,6 +951,23 @@ _CHANGE_OF = {
     EffectStatus.COMPLETED: RunChange.COMPLETED, EffectStatus.CANCELED: RunChange.CANCELED,
     EffectStatus.PENDING: RunChange.REQUEUED,
 }
+
+
+def _fire_or_claim(
+    store: ThreadStore, now: float, retention: RetentionPolicy | None,
+) -> tuple[float | None, _Claimed | None]:
+    """In a storage thread: the thread's next schedule fire, then the claim unless it is due.
+
+    Returns ``(next fire or None, finish_and_claim's answer)``; the answer is None when
+    a schedule is due by ``now`` (the drain fires it first, then claims).
+
+    Raises:
+        ThreadStorageError: the store failed.
+    """
+    fire = store.next_schedule_fire()
+    if fire is not None and fire <= now:
+        return fire, None
+    return fire, store.finish_and_claim(None, now, retention=retention)
 
 
 def _is_requeue(finish: Finish) -> bool:

@@ -148,6 +148,11 @@ WS_CLOSE_REASON_BYTES = 123
 
 WS_CLOSE_TIMEOUT_SECONDS = 10.0
 
+WS_PING_INTERVAL_SECONDS = 20.0
+"""Seconds between the server's keepalive pings on each WebSocket (uvicorn's default)."""
+WS_PING_TIMEOUT_SECONDS = 20.0
+"""Seconds a WebSocket has to answer a keepalive ping before it is closed (1011)."""
+
 FRAME_BATCH_SECONDS = 0.05
 """After a write round to a thread's stream clients, the next one comes at most this much
 later (seconds; earlier once a quarter of a client's queue is pending): frames published
@@ -2051,6 +2056,24 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
         super().connection_lost(exc)
         self.transport.cancel_abort()  # type: ignore[attr-defined]
 
+    def keepalive_timeout(self) -> None:
+        """No pong within the ping timeout: say so in one line, then uvicorn's close (1011).
+
+        A client that reads too slowly for its pong to come back in time (the frames ahead
+        of the ping fill the kernel's buffers, so `FrameStream`'s queue never fills and it
+        never sends 1013) or whose network is gone. Its close frame waits behind those
+        frames; what cannot be delivered within ``close_timeout_seconds`` is aborted.
+        """
+        if not (self.close_sent or self.transport.is_closing()):
+            peer = self.client
+            client = f"{peer[0]}:{peer[1]}" if peer else "a client"
+            scope = getattr(self, "scope", None)
+            log.info("closing WebSocket %s (%s): no answer to a keepalive ping within "
+                     "%.1f s: it reads too slowly, or its network is gone", client,
+                     scope.get("path", "?") if scope is not None else "?",
+                     self.ping_timeout or 0)
+        super().keepalive_timeout()
+
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
@@ -2170,6 +2193,8 @@ def server_options(
     *,
     header_timeout_seconds: float = HEADER_TIMEOUT_SECONDS,
     ws_close_timeout_seconds: float = WS_CLOSE_TIMEOUT_SECONDS,
+    ws_ping_interval_seconds: float = WS_PING_INTERVAL_SECONDS,
+    ws_ping_timeout_seconds: float = WS_PING_TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     """The uvicorn settings this app is meant to run with: ``uvicorn.Config(app, **these)``.
 
@@ -2181,13 +2206,18 @@ def server_options(
       close could not be delivered (a client that does not read): socket and unsent
       frames are released;
     - WebSocket messages are not compressed (no permessage-deflate): a frame is the same
-      bytes for every client, and several go out in one socket write (`FrameStream`).
+      bytes for every client, and several go out in one socket write (`FrameStream`);
+    - every ``ws_ping_interval_seconds`` the server pings each WebSocket; one whose pong
+      has not come back ``ws_ping_timeout_seconds`` later is closed (1011, logged in one
+      line): a client that reads too slowly for its pong to come back, or is gone.
 
     Bodies are bounded by `BodyLimitMiddleware` (size, and `BODY_IDLE_TIMEOUT_SECONDS`).
 
     Args:
         header_timeout_seconds: See above (tests make it short).
         ws_close_timeout_seconds: See above; give `create_app` the same value.
+        ws_ping_interval_seconds: See above (uvicorn's default, 20 s).
+        ws_ping_timeout_seconds: See above (uvicorn's default, 20 s).
 
     Returns:
         Keyword arguments for ``uvicorn.Config``.
@@ -2207,6 +2237,8 @@ def server_options(
         # Frames go out uncompressed: the same bytes for every client, made once
         # (compressing is per connection, per frame, on the loop).
         "ws_per_message_deflate": False,
+        "ws_ping_interval": ws_ping_interval_seconds,
+        "ws_ping_timeout": ws_ping_timeout_seconds,
         "h11_max_incomplete_event_size": 16 * 1024,
     }
 

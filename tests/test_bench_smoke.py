@@ -165,6 +165,24 @@ def test_bench_pg_claims_small_runs_every_run_and_counts_its_commits() -> None:
     assert figures["server_cpu_per_run"] is not None and figures["server_cpu_per_run"] >= 0
 
 
+def test_bench_pg_exec_small_runs_every_run_and_counts_its_statements() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_pg_exec.py"), "--runs", "60",
+         "--threads", "3", "--spread", "0.5", "--count", "--server-url", PG_SERVER,
+         "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "60 of 60 runs over 3 threads due over 0.5 s:" in result.stdout
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["executed"] == 60  # every run ran, once
+    assert figures["runs_per_second"] > 0 and figures["cpu_us_per_run"] > 0
+    # The claims' transactions were counted: at least a commit per two runs (a claim
+    # transaction finishes one run and claims the next, or groups several threads').
+    statements = figures["statements_per_run"]
+    assert statements.get("COMMIT", 0) > 0
+
+
 def test_bench_pg_writes_small_inserts_and_indexes_every_run_per_round() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_pg_writes.py"), "--runs", "50",

@@ -1542,8 +1542,10 @@ async def test_bulk_replays_on_two_nodes_at_once_each_report_only_the_replays_th
     a, b = make_node("node-a"), make_node("node-b")
     async with a, b:
         failed: list[str] = []
+        threads = []
         for _ in range(6):
             thread = await a.create_thread()
+            threads.append(thread.thread_id)
             for _ in range(4):
                 failed.append(await thread.schedule_effect("boom", {}))
         async def all_failed() -> bool:
@@ -1554,6 +1556,10 @@ async def test_bulk_replays_on_two_nodes_at_once_each_report_only_the_replays_th
             return True
 
         await wait_until(all_failed)
+        # The replays stay pending: a replay that ran (and failed, as boom does) before
+        # a later call of the six would be a failure of its own for that call to replay.
+        for thread_id in threads:
+            await a.pause_thread(thread_id)
         results = await asyncio.gather(*(node.replay_runs(name="boom")
                                          for node in (a, b, a, b, a, b)))
         reported = [run_id for result in results for run_id in result.ids]

@@ -130,3 +130,54 @@ async def test_a_burst_due_on_many_threads_starts_few_runs_per_loop_turn(
         per_turn[turn] = per_turn.get(turn, 0) + 1
     # Without the budget the 30 threads' first runs all start in one turn.
     assert max(per_turn.values()) <= 3
+
+
+async def test_a_failure_is_recorded_in_the_turn_its_effect_raised_not_after_the_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A crash between an effect's raise and the commit of its failure re-queues the run
+    # as interrupted, so it would run again: that window must not include a wait in the
+    # drains' line (a budget no step fits in puts every step of a burst in line).
+    import runtime.storage.sqlite as sqlite_store
+
+    monkeypatch.setattr(runtime.executor, "TurnBudget", lambda: TurnBudget(1e-9))
+    turns: list[Turns] = []
+    recorded: dict[str, int] = {}  # run id -> the turn its failure was committed in
+    finish_and_claim = sqlite_store.SQLiteThreadStore._finish_and_claim
+
+    def spy(self: sqlite_store.SQLiteThreadStore, finish: object, *args: object,
+            **kwargs: object) -> object:
+        answer = finish_and_claim(self, finish, *args, **kwargs)  # type: ignore[arg-type]
+        if finish is not None and str(finish.status) == "failed":  # type: ignore[attr-defined]
+            recorded[finish.run_id] = turns[0].now  # type: ignore[attr-defined]
+        return answer
+
+    monkeypatch.setattr(sqlite_store.SQLiteThreadStore, "_finish_and_claim", spy)
+    clock = FakeClock()
+    # NORMAL: every store call on the loop (`Runtime.run_short`), so the commit's turn
+    # is the drain's, never a storage thread's.
+    async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False,
+                       extensions=[], synchronous="NORMAL") as rt:
+        booms = rt.registry.app["boom"].fn.__globals__
+        raised: dict[tuple[str, int], int] = booms["RAISED"]
+        raised.clear()
+        ids: dict[str, tuple[str, int]] = {}
+        for k in range(30):
+            thread = await rt.create_thread(f"t{k}")
+            for i in range(3):
+                run_id = await thread.schedule_effect("boom", {"i": i}, delay=60)
+                ids[run_id] = (f"t{k}", i)
+        turns.append(Turns())
+        booms["TURN"][0] = lambda: turns[0].now
+        clock.advance(60)  # 30 threads due in the same turn
+        await rt.wait_idle()
+        turns[0].stop()
+        for k in range(30):
+            runs = (await (await rt.get_thread(f"t{k}")).list_runs()).runs
+            assert [r.status for r in runs] == ["failed"] * 3
+    assert len(raised) == 90 and set(recorded) == set(ids)
+    # The effect runs in a task of its own: its end wakes the drain two turns later, and
+    # the drain commits the failure in that turn (it waited up to 20 turns in line).
+    late = {run_id: (raised[ids[run_id]], turn) for run_id, turn in recorded.items()
+            if turn > raised[ids[run_id]] + 2}
+    assert late == {}  # (turn raised, turn recorded) of each failure recorded later

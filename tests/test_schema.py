@@ -424,6 +424,27 @@ def test_the_checked_in_postgres_schema_is_what_the_models_generate() -> None:
     assert pg_schema.SCHEMA_VERSION == len(pg_schema.MIGRATIONS)
 
 
+def test_every_postgres_migration_step_after_the_first_only_adds() -> None:
+    """A node of the previous version keeps serving on the migrated schema (rolling upgrade,
+    docs/scale-out.md "The schema"): each step may only create tables and indexes and add
+    columns that are nullable or have a default, never drop, rename or retype."""
+    import re
+
+    from runtime.storage import pg_schema
+
+    adds = re.compile(
+        r"^(CREATE TABLE \w+ \(|CREATE (UNIQUE )?INDEX \w+ ON \w+ |"
+        r"ALTER TABLE \w+ ADD COLUMN \w+ [A-Z ]+?(?<!NOT NULL)$|"
+        r"ALTER TABLE \w+ ADD COLUMN \w+ [A-Z ]+ NOT NULL DEFAULT .+$)"
+    )
+    for version, statements in pg_schema.MIGRATIONS.items():
+        if version == 0:
+            continue
+        for statement in statements:
+            assert adds.match(statement), (version, statement)
+            assert not re.search(r"\b(DROP|RENAME|TYPE)\b", statement), (version, statement)
+
+
 def test_every_postgres_table_is_keyed_by_thread_id_first(pg_url: str) -> None:
     """Citus distributes a table by a column of every unique key: thread_id, first."""
     import psycopg

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -423,6 +424,50 @@ async def test_a_client_that_does_not_read_is_dropped_and_others_get_every_frame
 def tcp_state(sock: socket.socket) -> int:
     """The kernel's TCP state of ``sock`` (1 = ESTABLISHED; 7 = CLOSE after a reset)."""
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+async def test_a_client_that_does_not_answer_pings_is_closed_and_the_log_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A client reading slower than the frames come, with megabytes of kernel buffers
+    # between, never fills the server's queue (no 1013): its pong comes too late. The
+    # server closes it after the ping timeout and says so in one line.
+    caplog.set_level(logging.INFO, logger="runtime.http")
+    async with running(
+        tmp_path, synchronous="NORMAL",
+        server={"ws_ping_interval_seconds": 0.2, "ws_ping_timeout_seconds": 0.3,
+                "ws_close_timeout_seconds": 0.3},
+    ) as live:
+        tid = await live.api.new_thread()
+        host, port = live.host.split(":")
+        loop = asyncio.get_running_loop()
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setblocking(False)
+        await loop.sock_connect(raw, (host, int(port)))
+        handshake = (
+            f"GET /api/threads/{tid}/stream HTTP/1.1\r\nHost: {live.host}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        await loop.sock_sendall(raw, handshake.encode())
+        head = b""
+        while b"\r\n\r\n" not in head:  # the 101 answer; then it never answers a ping
+            head += await loop.sock_recv(raw, 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        try:
+            async with asyncio.timeout(GUARD_SECONDS):
+                while tcp_state(raw) == 1:
+                    await asyncio.sleep(0.05)
+            rest = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := await loop.sock_recv(raw, 65536):
+                    rest += chunk
+            assert b"keepalive ping timeout" in rest  # the close frame (1011) it sent
+        finally:
+            raw.close()
+    lines = [r.getMessage() for r in caplog.records
+             if "no answer to a keepalive ping" in r.getMessage()]
+    assert len(lines) == 1 and f"/api/threads/{tid}/stream" in lines[0], lines
 
 
 async def test_a_client_that_never_reads_is_really_disconnected(tmp_path: Path) -> None:

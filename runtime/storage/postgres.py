@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar
 from urllib.parse import urlsplit
 
 from runtime._text import replace_lone_surrogates
@@ -54,7 +54,7 @@ from runtime.errors import (
     ThreadStorageError,
     TurnLeaseLost,
 )
-from runtime.ids import validate_thread_id
+from runtime.ids import THREAD_ID_RE, validate_thread_id
 from runtime.messages import Message, message_from_row
 from runtime.recurrence import Recurrence, Schedule, ScheduleState
 from runtime.storage import records as _records
@@ -156,7 +156,9 @@ def _adapters() -> Any:
 
 
 @contextmanager
-def _plain_transaction(conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[None]:
+def _plain_transaction(
+    conn: psycopg.Connection[tuple[Any, ...]], first: bytes | None = None,
+) -> Iterator[list[str]]:
     """One transaction on an autocommit connection: ``BEGIN``, the block, ``COMMIT``.
 
     As ``conn.transaction()`` without savepoint bookkeeping: ``BEGIN`` and ``COMMIT`` go
@@ -165,13 +167,22 @@ def _plain_transaction(conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[No
     block raises, the transaction is rolled back (`psycopg.Connection.rollback`, which
     also forgets the statements prepared in it) and the error goes on.
 
+    ``first``: a parameterless query (`_lock_threads_sql`) sent with the ``BEGIN`` in
+    the same round trip (the simple query protocol runs each statement of a string
+    with a snapshot of its own, as separate calls would); the block gets the first
+    column of its rows, decoded (empty without ``first``).
+
     Raises:
-        psycopg.Error: ``BEGIN`` or ``COMMIT`` failed (the connection lost, a deferred
-            check), or the block's own error.
+        psycopg.Error: ``BEGIN``, ``first`` or ``COMMIT`` failed (the connection lost, a
+            deferred check), or the block's own error.
     """
-    _command(conn, b"BEGIN")
     try:
-        yield
+        if first is None:
+            _command(conn, b"BEGIN")
+            rows: list[str] = []
+        else:
+            rows = _command_rows(conn, b"BEGIN; " + first)
+        yield rows
     except BaseException:
         if not conn.broken:
             with contextlib.suppress(Exception):
@@ -182,14 +193,53 @@ def _plain_transaction(conn: psycopg.Connection[tuple[Any, ...]]) -> Iterator[No
 
 def _command(conn: psycopg.Connection[tuple[Any, ...]], command: bytes) -> None:
     """Run a parameterless command through libpq; raise its error as psycopg does."""
-    from psycopg import errors, pq
+    from psycopg import pq
 
     result = conn.pgconn.exec_(command)
     if result.status != pq.ExecStatus.COMMAND_OK:
-        if conn.pgconn.status == pq.ConnStatus.BAD:
-            raise errors.OperationalError(
-                f"the connection was lost: {pq.error_message(conn.pgconn)}")
-        raise errors.error_from_result(result, encoding=conn.info.encoding)
+        _raise_from(conn, result)
+
+
+def _command_rows(conn: psycopg.Connection[tuple[Any, ...]], query: bytes) -> list[str]:
+    """Run parameterless ``query`` through libpq; its last statement's first column.
+
+    Raises:
+        psycopg.Error: a statement failed (the ones after it did not run).
+    """
+    from psycopg import pq
+
+    result = conn.pgconn.exec_(query)
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        _raise_from(conn, result)
+    encoding = conn.info.encoding
+    return [bytes(result.get_value(i, 0) or b"").decode(encoding)
+            for i in range(result.ntuples)]
+
+
+def _raise_from(conn: psycopg.Connection[tuple[Any, ...]], result: Any) -> NoReturn:
+    from psycopg import errors, pq
+
+    if conn.pgconn.status == pq.ConnStatus.BAD:
+        raise errors.OperationalError(
+            f"the connection was lost: {pq.error_message(conn.pgconn)}")
+    raise errors.error_from_result(result, encoding=conn.info.encoding)
+
+
+def _lock_threads_sql(thread_ids: Sequence[str], *, skip_locked: bool) -> bytes | None:
+    """The parameterless statement locking the rows of ``thread_ids`` ``FOR NO KEY UPDATE``.
+
+    In id order; ``skip_locked``: rows another transaction holds are left out (the
+    statement never waits). Its rows are the ids of the rows it locked. For
+    `_plain_transaction`'s ``first``: the ids are written in as literals, which only ids
+    that `THREAD_ID_RE` accepts (letters, digits, ``_`` and ``-``) make safe; None when
+    one is not such an id (the caller then locks with a statement of its own).
+    """
+    if not all(THREAD_ID_RE.match(t) for t in thread_ids):
+        return None
+    ids = ",".join(f"'{t}'" for t in thread_ids)
+    where = f"id = {ids}" if len(thread_ids) == 1 else f"id IN ({ids}) ORDER BY id"
+    skip = " SKIP LOCKED" if skip_locked else ""
+    return f"SELECT id FROM threads WHERE {where} FOR NO KEY UPDATE{skip}".encode()
 
 
 _KEY_RACE_TRIES = 3
@@ -997,8 +1047,8 @@ class _ClaimCall:
         by_itself: Set when the caller is to run its call alone after all.
     """
 
-    __slots__ = ("alone", "by_itself", "claim", "error", "lead", "ready", "result", "row",
-                 "settle", "store", "together")
+    __slots__ = ("alone", "by_itself", "claim", "error", "first", "lead", "ready", "result",
+                 "row", "settle", "store", "together")
 
     def __init__(
         self, store: PostgresThreadStore, claim: bool,
@@ -1012,6 +1062,8 @@ class _ClaimCall:
         self.together = together
         self.row = row
         self.settle = settle
+        # The thread's row lock sent with the BEGIN (`_lock_threads_sql`), when claiming.
+        self.first = store._lock_first if claim else None
         self.result: _Claimed | None = None
         self.error: BaseException | None = None
         self.lead: list[_ClaimCall] | None = None
@@ -1023,7 +1075,12 @@ class _ClaimCall:
         self.ready.acquire()
 
     def run_alone(self) -> _Claimed:
-        return self.store._tx(self.alone)
+        if self.first is None:
+            return self.store._tx(self.alone)
+        # The row lock in the BEGIN's round trip; the checks read by a later statement.
+        locked: list[str] = []
+        return self.store._tx(lambda c: self.together(c, bool(locked)), first=self.first,
+                              rows=locked)
 
     def answer(self) -> _Claimed:
         """What the caller returns once its call ran: alone after all, or in a group."""
@@ -1136,10 +1193,15 @@ class _ClaimGroup:
     def _run_group(self, group: list[_ClaimCall]) -> None:
         """Run ``group``'s calls in one transaction; mark those to run alone."""
         try:
-            with self._backend.transaction() as c:
-                claiming = sorted(call.store.thread_id for call in group
-                                  if call.claim and not call.store._closed)
-                locked = {row[0] for row in c.execute(_LOCK_THREADS, (claiming,))}
+            claiming = sorted(call.store.thread_id for call in group
+                              if call.claim and not call.store._closed)
+            # The rows locked in the BEGIN's round trip (ids fit to be literals), else
+            # by a statement of their own.
+            first = _lock_threads_sql(claiming, skip_locked=True) if claiming else None
+            got: list[str] = []
+            with self._backend.transaction(first=first, rows=got) as c:
+                locked = set(got) if first is not None or not claiming else {
+                    row[0] for row in c.execute(_LOCK_THREADS, (claiming,))}
                 arrayed: list[_ClaimCall] = []
                 for call in group:
                     call.result = None
@@ -1195,17 +1257,23 @@ class PostgresThreadStore(ThreadStore):
         # A claim with nothing to finish skips its probe when this is due (see
         # `finish_and_claim`); it is a hint only, the claim itself checks the rows.
         self._due_seen: float | None = None
+        # The thread's row lock for a claim alone, sent with its BEGIN (`_ClaimCall`).
+        self._lock_first = _lock_threads_sql((thread_id,), skip_locked=False)
 
     def _saw_due(self, due_at: float) -> None:
         if self._due_seen is None or due_at < self._due_seen:
             self._due_seen = due_at
 
-    def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False) -> T:
-        """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement."""
+    def _tx(self, fn: Callable[[Cursor], T], *, single: bool = False,
+            first: bytes | None = None, rows: list[str] | None = None) -> T:
+        """``fn`` in one transaction; ``single``: ``fn`` runs exactly one statement.
+
+        ``first`` and ``rows``: as `PostgresBackend.transaction`'s.
+        """
         if self._closed:
             raise ThreadStorageError(self.thread_id, f"Thread {self.thread_id} is closed")
         try:
-            with self._backend.transaction(single=single) as c:
+            with self._backend.transaction(single=single, first=first, rows=rows) as c:
                 return fn(c)
         except (_db_error(), RuntimeClosed, DatabaseUnavailable) as exc:
             self._swept_at = None
@@ -1519,7 +1587,9 @@ class PostgresThreadStore(ThreadStore):
         return [_row_to_schedule(self.thread_id, r) for r in rows]
 
     def next_schedule_fire(self) -> float | None:  # noqa: D102
-        return self._tx(self._next_fire)
+        # One read: autocommitted (a drain on a shared store asks it every time, so the
+        # BEGIN and COMMIT round trips were two thirds of its cost).
+        return self._tx(self._next_fire, single=True)
 
     def _next_fire(self, c: Cursor) -> float | None:
         row = c.execute(
@@ -3007,13 +3077,20 @@ class PostgresBackend(StorageBackend):
             ConnectionPool.check_connection(conn)
 
     @contextmanager
-    def transaction(self, *, single: bool = False) -> Iterator[Cursor]:
+    def transaction(
+        self, *, single: bool = False, first: bytes | None = None,
+        rows: list[str] | None = None,
+    ) -> Iterator[Cursor]:
         """A cursor in one transaction on a pooled connection (committed on success).
 
         Args:
             single: the caller runs exactly one statement: it runs in autocommit (the
                 statement is its own transaction), which saves the ``BEGIN`` and
                 ``COMMIT`` round trips.
+            first: a parameterless statement (`_lock_threads_sql`) run first in the
+                transaction, sent with its ``BEGIN`` in one round trip; not with
+                ``single``.
+            rows: filled with the first column of ``first``'s rows before the block runs.
 
         Raises:
             RuntimeClosed: the backend is not open.
@@ -3039,9 +3116,17 @@ class PostgresBackend(StorageBackend):
                 f"connection within {waited:.0f} s); try again later") from exc
         try:
             # Aborted by the lease watch if it waits on a database known unreachable.
-            with (self._bounded(conn),
-                  contextlib.nullcontext() if single else _plain_transaction(conn),
-                  conn.cursor() as cur):
+            block: contextlib.AbstractContextManager[list[str]] = (
+                contextlib.nullcontext([]) if single else _plain_transaction(conn, first))
+            # One cursor per pooled connection, reused by every call on it (a new
+            # cursor per transaction was about 6 µs of CPU).
+            cur = getattr(conn, "te_cursor", None)
+            if cur is None or cur.closed:
+                cur = conn.cursor()
+                conn.te_cursor = cur  # type: ignore[attr-defined]
+            with self._bounded(conn), block as got:
+                if rows is not None:
+                    rows.extend(got)
                 yield cur
         except _db_error() as exc:
             if conn.broken:

@@ -18,9 +18,9 @@ not: `EffectRecordStore.begin` claims it again, so the next attempt runs the cal
 
 The SQL is written so the same table can live in another database (a thread's own file):
 `EFFECT_RECORDS_DDL` creates it, and the ``sql_*`` functions take a ``sqlite3.Connection``
-and run inside the caller's transaction — they never begin or commit. A caller that needs
-`sql_begin` to be atomic against other connections runs it in a write transaction
-(``BEGIN IMMEDIATE``), as `SqliteEffectStore` does.
+or a cursor of one (`Executor`) and run inside the caller's transaction — they never begin
+or commit. A caller that needs `sql_begin` to be atomic against other connections runs it
+in a write transaction (``BEGIN IMMEDIATE``), as `SqliteEffectStore` does.
 
 Instants are aware UTC datetimes in records and seconds since the Unix epoch (floats) in
 the table; durations are seconds.
@@ -304,18 +304,22 @@ EFFECT_RECORDS_DDL: tuple[str, ...] = tuple(
 """Table ``effect_records`` and its indexes (generated from
 `runtime.storage.models.EffectRecordRow`, as in a thread file), each statement idempotent."""
 
+Executor = sqlite3.Connection | sqlite3.Cursor
+"""What the ``sql_*`` functions run their statements on: a connection, or a cursor of one
+(the SQLite backend's stores run every statement on one cursor kept per connection)."""
+
 _COLUMNS = ('thread_id, "key", tool_name, run_id, status, result, owner, lease_expires_at, '
             "created_at, updated_at")
 MAX_PAGE = 1000
 
 
-def create_effect_records_table(conn: sqlite3.Connection) -> None:
+def create_effect_records_table(conn: Executor) -> None:
     """Create the table and its indexes if missing (inside the caller's transaction)."""
     for statement in EFFECT_RECORDS_DDL:
         conn.execute(statement)
 
 
-def sql_get(conn: sqlite3.Connection, thread_id: str, key: str) -> EffectRecord | None:
+def sql_get(conn: Executor, thread_id: str, key: str) -> EffectRecord | None:
     """`EffectRecordStore.get` on a connection."""
     row = conn.execute(
         f'SELECT {_COLUMNS} FROM effect_records WHERE thread_id = ? AND "key" = ?',
@@ -325,7 +329,7 @@ def sql_get(conn: sqlite3.Connection, thread_id: str, key: str) -> EffectRecord 
 
 
 def sql_begin(
-    conn: sqlite3.Connection,
+    conn: Executor,
     thread_id: str,
     key: str,
     *,
@@ -372,7 +376,7 @@ def sql_begin(
 
 
 def sql_complete(
-    conn: sqlite3.Connection, thread_id: str, key: str, *, owner: str, result_json: str,
+    conn: Executor, thread_id: str, key: str, *, owner: str, result_json: str,
     now: float, status: EffectRecordStatus = EffectRecordStatus.APPLIED,
 ) -> EffectRecord:
     """`EffectRecordStore.complete` on a connection."""
@@ -390,7 +394,7 @@ def sql_complete(
 
 
 def sql_renew(
-    conn: sqlite3.Connection, thread_id: str, key: str, *, owner: str, lease_seconds: float,
+    conn: Executor, thread_id: str, key: str, *, owner: str, lease_seconds: float,
     now: float,
 ) -> bool:
     """`EffectRecordStore.renew` on a connection."""
@@ -403,7 +407,7 @@ def sql_renew(
     ).rowcount)
 
 
-def sql_release(conn: sqlite3.Connection, thread_id: str, key: str, *, owner: str) -> bool:
+def sql_release(conn: Executor, thread_id: str, key: str, *, owner: str) -> bool:
     """`EffectRecordStore.release` on a connection."""
     return bool(conn.execute(
         'DELETE FROM effect_records WHERE thread_id = ? AND "key" = ? AND status = ? '
@@ -413,7 +417,7 @@ def sql_release(conn: sqlite3.Connection, thread_id: str, key: str, *, owner: st
 
 
 def sql_list(
-    conn: sqlite3.Connection,
+    conn: Executor,
     thread_id: str,
     *,
     status: EffectRecordStatus | None = None,
@@ -453,7 +457,7 @@ def process_owner_prefix() -> str:
 
 
 def sql_expire_leases(
-    conn: sqlite3.Connection, thread_id: str, *, keep_owner_prefix: str, now: float
+    conn: Executor, thread_id: str, *, keep_owner_prefix: str, now: float
 ) -> int:
     """`EffectRecordTable.expire_leases` on a connection."""
     now = _quantize(now)
@@ -465,7 +469,7 @@ def sql_expire_leases(
     ).rowcount
 
 
-def sql_purge(conn: sqlite3.Connection, *, older_than: datetime) -> int:
+def sql_purge(conn: Executor, *, older_than: datetime) -> int:
     """`EffectRecordStore.purge` on a connection."""
     cutoff = _epoch(older_than)
     return conn.execute(
@@ -475,7 +479,7 @@ def sql_purge(conn: sqlite3.Connection, *, older_than: datetime) -> int:
     ).rowcount
 
 
-def sql_purge_thread(conn: sqlite3.Connection, thread_id: str) -> int:
+def sql_purge_thread(conn: Executor, thread_id: str) -> int:
     """`EffectRecordStore.purge_thread` on a connection."""
     return conn.execute("DELETE FROM effect_records WHERE thread_id = ?", (thread_id,)).rowcount
 
@@ -507,7 +511,7 @@ def _next_cursor(records: list[EffectRecord]) -> str:
     return encode_cursor(last.created_at, last.key)
 
 
-def _require(conn: sqlite3.Connection, thread_id: str, key: str) -> EffectRecord:
+def _require(conn: Executor, thread_id: str, key: str) -> EffectRecord:
     record = sql_get(conn, thread_id, key)
     assert record is not None, "a row read inside the transaction that wrote it"
     return record

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
 import threading
 import time
+import weakref
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -610,3 +612,101 @@ def test_none_binds_as_null_through_an_adapter_and_an_applications_own_adapter_s
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def _dead_weakrefs() -> int:
+    """Weak references the collector tracks whose object is gone."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is weakref.ref and o() is None)
+
+
+def test_a_busy_store_leaves_no_dead_cursor_references_for_the_collector(
+    tmp_path: Path,
+) -> None:
+    # sqlite3 keeps a weak reference to every cursor a connection made and prunes the
+    # dead ones every 200 cursors: a cursor per statement left up to 200 per open file
+    # for every full collection to walk. The stores run theirs on one kept cursor.
+    backend = SQLiteBackend(tmp_path, "NORMAL")
+    rtdb = backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    assert rtdb.add_thread(ThreadInfo(id="t", created_at_ts=T0))
+    try:
+        before = _dead_weakrefs()
+        most = 0  # the dead references pile up, then are pruned: look along the way
+        for i in range(150):  # 9 statements each: over 1,300 on one connection
+            run = EffectRun(f"r{i}", "t", "record", EffectStatus.PENDING, {"i": i}, T0 + i, T0)
+            assert store.insert_run(run) is None
+            _, claimed, _ = store.finish_and_claim(None, T0 + i)
+            assert claimed is not None and claimed.id == run.id
+            done, _, _ = store.finish_and_claim(
+                Finish(run.id, EffectStatus.COMPLETED, None, T0 + i, attempt=1), T0 + i,
+                claim=False)
+            assert done is not None and done.status is EffectStatus.COMPLETED
+            rtdb.index_runs([done])
+            if i % 10 == 9:
+                most = max(most, _dead_weakrefs() - before)
+        assert [a.outcome for a in store.run_attempts("r149")] == ["completed"]
+        assert most < 10  # a cursor per statement: 100 to 200
+    finally:
+        store.close()
+        rtdb.close()
+        backend.close()
+
+
+def test_a_finish_answers_the_run_as_written_whether_this_store_claimed_it_or_not(
+    tmp_path: Path,
+) -> None:
+    # A store answers a finish of a run it claimed from what the claim returned (not the
+    # whole row again); the answer must still be the row as written, args included.
+    backend = SQLiteBackend(tmp_path, "NORMAL")
+    backend.open()
+    store = backend.create_thread_store(ThreadInfo(id="t", created_at_ts=T0))
+    retention = RetentionPolicy()
+    try:
+        for i, args in enumerate(({"n": [1]}, None)):
+            assert store.insert_run(EffectRun(
+                f"r{i}", "t", "record", EffectStatus.PENDING, args, T0 + i, T0, key=f"k{i}",
+                trace_context="00-ab" if i else None)) is None
+        _, claimed, _ = store.finish_and_claim(None, T0 + 5)
+        assert claimed is not None and claimed.id == "r0" and claimed.args == {"n": [1]}
+        claimed.args["n"].append(2)  # what an effect may do to the args it was given
+        finished, second, _ = store.finish_and_claim(
+            Finish("r0", EffectStatus.FAILED, "boom", T0 + 6, attempt=1), T0 + 6)
+        assert finished == store.get_run("r0", T0 + 6, retention)
+        assert finished == EffectRun(
+            "r0", "t", "record", EffectStatus.FAILED, {"n": [1]}, T0, T0, T0 + 5, T0 + 6, 1,
+            "boom", key="k0")
+        assert second is not None and second.id == "r1" and second.trace_context == "00-ab"
+        # A stale attempt writes nothing and answers nothing.
+        stale, _, _ = store.finish_and_claim(
+            Finish("r1", EffectStatus.COMPLETED, None, T0 + 7, attempt=2), T0 + 7, claim=False)
+        assert stale is None
+        # Claimed by the store before it was closed: the file opened again answers from
+        # the row.
+        store.close()
+        store = backend.open_thread_store("t")
+        finished, _, _ = store.finish_and_claim(
+            Finish("r1", EffectStatus.CANCELED, None, T0 + 8, canceled_by="u", attempt=1),
+            T0 + 8, claim=False)
+        assert finished == store.get_run("r1", T0 + 8, retention)
+        assert finished == EffectRun(
+            "r1", "t", "record", EffectStatus.CANCELED, None, T0 + 1, T0, T0 + 6, T0 + 8, 1,
+            key="k1", canceled_by="u")
+        # Interrupted, claimed again: the finish answers the second attempt.
+        assert store.insert_run(EffectRun(
+            "r2", "t", "record", EffectStatus.PENDING, {"x": 1}, T0, T0)) is None
+        _, claimed, _ = store.finish_and_claim(None, T0 + 9)
+        assert claimed is not None and claimed.id == "r2"
+        [requeued] = store.recover_interrupted(T0 + 10, 3)
+        assert requeued.status is EffectStatus.PENDING
+        _, claimed, _ = store.finish_and_claim(None, T0 + 11)
+        assert claimed is not None and claimed.attempts == 2
+        finished, _, _ = store.finish_and_claim(
+            Finish("r2", EffectStatus.COMPLETED, None, T0 + 12, attempt=2), T0 + 12,
+            claim=False)
+        assert finished == store.get_run("r2", T0 + 12, retention)
+        assert finished is not None and (finished.started_at_ts, finished.attempts) == (
+            T0 + 11, 2)
+    finally:
+        store.close()
+        backend.close()
