@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from runtime.abc import AlarmCallback, AlarmTimer, Clock, RunSync
+from runtime.outage import OutageLog, log_failure
 from runtime.storage.base import RuntimeStore
 
 __all__ = [
@@ -330,11 +331,15 @@ class AlarmIndex:
         if self._timer is not None:
             self._timer.shutdown()
 
-    async def close(self) -> None:
+    async def close(self, *, write: bool = True) -> None:
         """Stop the flusher and write the rows still dirty (errors are logged).
 
         Warm threads cool at once: after a clean shutdown every row is at its thread's
         next pending run (or gone), so the next start wakes no thread for nothing.
+
+        Args:
+            write: False when the database is known unreachable: the rows are left as
+                they are (early at worst: a thread woken for nothing).
         """
         if self._flusher is not None:
             self._flusher.cancel()
@@ -343,10 +348,12 @@ class AlarmIndex:
             self._flusher = None
         self._dirty.update(self._warm)
         self._warm.clear()
+        if not write:
+            return
         try:
             await self.flush()
-        except Exception:
-            log.exception("could not update alarm rows at shutdown (they stay early)")
+        except Exception as exc:
+            log_failure(log, "updating the alarm rows at shutdown (they stay early)", exc)
 
     async def lower(self, thread_id: str, due_at: float) -> None:
         """Make the durable alarm at or before ``due_at`` now (call with the actor lock).
@@ -576,6 +583,7 @@ class AlarmIndex:
             self._dirty.discard(thread_id)
 
     async def _flush_loop(self) -> None:
+        failures = OutageLog(log, "updating the alarm rows")
         while True:
             if self._warm:  # wake now and then to let warm threads cool
                 with contextlib.suppress(TimeoutError):
@@ -587,8 +595,10 @@ class AlarmIndex:
             self._flush_needed.clear()
             try:
                 await self.flush()
-            except Exception:
-                log.exception("could not update alarm rows (they stay early: harmless)")
+            except Exception as exc:
+                failures.failed(exc, "they stay early: harmless; retried")
+            else:
+                failures.ok()
 
     async def flush(self) -> None:
         """Move dirty alarm rows to the timer's due times, in one transaction.

@@ -177,6 +177,7 @@ class ClusterNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._store: RuntimeStore | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._fills: set[asyncio.Future[Any]] = set()  # `_fill`s running (`flush` waits)
         # The claiming nodes with a live lease as the last poll read them, and the nodes
         # heard announcing themselves (loop time) since that read began.
         self._members: set[str] = set()
@@ -216,10 +217,22 @@ class ClusterNode:
             self._tasks.append(asyncio.create_task(coro, name=f"thread-effects-cluster-{name}"))
 
     async def flush(self, wait_seconds: float) -> bool:
-        """Wait up to ``wait_seconds`` for the frames queued so far to be written."""
+        """Wait up to ``wait_seconds`` for the queued frames to reach this node's streams.
+
+        They are written to the table, then handed to this node's subscribers. The first
+        frame of a thread that reaches this node's subscribers is handed on after a read
+        of the table (`_fill`, the frame before it may not be written yet):
+        the reads running are waited for too, so that a shutdown's last frames (its
+        ``requeued`` frames) reach this node's own streams before they are closed.
+
+        Returns:
+            True if all that happened in time.
+        """
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_seconds):
                 await self._idle.wait()
+                while self._fills:
+                    await asyncio.wait(list(self._fills))
                 return True
         return False
 
@@ -314,6 +327,12 @@ class ClusterNode:
         task = asyncio.ensure_future(coro)
         self._tasks.append(task)
         task.add_done_callback(self._forget)
+
+    def _spawn_fill(self, coro: Awaitable[Any]) -> None:
+        self._spawn(coro)
+        fill = self._tasks[-1]
+        self._fills.add(fill)
+        fill.add_done_callback(self._fills.discard)
 
     def _forget(self, task: asyncio.Task[Any]) -> None:
         if task in self._tasks:
@@ -643,7 +662,7 @@ class ClusterNode:
         buffer = order.buffer
         if buffer:  # a gap, or a frame announced without its text: read the table
             order.filling = True
-            self._spawn(self._fill(thread_id, order, max(buffer)))
+            self._spawn_fill(self._fill(thread_id, order, max(buffer)))
 
     async def _fill(self, thread_id: str, order: _Order, upto: int | None) -> None:
         # Read what is missing from the table; deliver what follows on; while a number
@@ -762,7 +781,7 @@ class ClusterNode:
                 del self._order[thread_id]
             elif not order.filling:
                 order.filling = True
-                self._spawn(self._fill(thread_id, order, None))
+                self._spawn_fill(self._fill(thread_id, order, None))
         if not self._frames_listening:  # the first time: nothing was missed
             self._frames_listening = True
             return

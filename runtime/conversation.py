@@ -30,6 +30,7 @@ from runtime.errors import (
 )
 from runtime.executor import IN_EFFECT
 from runtime.extension import Extension, register_default_extension
+from runtime.outage import OutageLog
 
 if TYPE_CHECKING:
     from runtime.messages import Message, MessagePage, MessageRole, TurnResult
@@ -202,6 +203,7 @@ class ConversationExtension(Extension):
     async def _resume_orphaned_turns(self, runtime: Runtime) -> None:
         period = getattr(runtime.storage, "lease_seconds", 30.0) / 3
         resuming: dict[str, asyncio.Task[int]] = {}
+        failures = OutageLog(log, "looking for turns of dead nodes")
         while True:
             await asyncio.sleep(period)
             if runtime.storage.lock_problem() is not None or runtime.shutting_down:
@@ -214,9 +216,10 @@ class ConversationExtension(Extension):
             try:
                 await self.turns.release_lost_turn_leases(runtime)
                 orphaned = await runtime.run_sync(runtime.storage.orphaned_turns)
-            except Exception:
-                log.exception("could not look for turns of dead nodes")
+            except Exception as exc:
+                failures.failed(exc)
                 continue
+            failures.ok()
             # The turns this node stopped when its lease lapsed or a write of theirs failed,
             # unless another node resumed them meanwhile (`resume_thread_turns` leaves
             # those alone, and those no longer running).

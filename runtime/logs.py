@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pythonjsonlogger.core import RESERVED_ATTRS
@@ -21,6 +22,59 @@ LOG_FORMATS = ("text", "json")
 
 LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 """The values of ``--log-level`` (uvicorn's; ``trace`` is uvicorn's level below debug)."""
+
+
+POOL_REPEAT_SECONDS = 60.0
+"""`PoolOutageFilter` passes one of the pool's connection warnings per this many seconds."""
+
+_POOL_CONNECT_WARNINGS = (
+    "error connecting in", "reconnection attempt in pool", "discarding closed connection",
+    "discarding broken connection",
+)
+"""The starts of psycopg_pool's warnings about connections it cannot make or keep."""
+
+
+class PoolOutageFilter(logging.Filter):
+    """Passes one of psycopg_pool's connection warnings a minute (the ``psycopg.pool`` logger).
+
+    While the database cannot be reached, each of a node's pools warns at every attempt
+    to connect (``error connecting in …``, ``reconnection attempt in pool … failed``):
+    several lines a second, for what the runtime says once itself (the lease renewal's
+    error, the bus's warning, one warning line per background loop). The first such
+    warning passes, with libpq's own reason (connection refused, authentication failed,
+    ...); the next ones within `POOL_REPEAT_SECONDS` are dropped, and the next one to
+    pass says how many were. The pool's other records pass unchanged. `log_config`
+    installs it unless the level is ``debug`` or ``trace`` (which show every warning).
+
+    Args:
+        repeat_seconds: The least time between two connection warnings passed.
+        clock: Seconds, monotonic (`time.monotonic`; a fake one in tests).
+    """
+
+    def __init__(self, repeat_seconds: float = POOL_REPEAT_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._repeat = repeat_seconds
+        self._clock = clock
+        self._passed_at: float | None = None
+        self.dropped = 0
+        """Connection warnings dropped since the last one passed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a connection warning within `POOL_REPEAT_SECONDS` of the last passed."""
+        if record.levelno != logging.WARNING or not (
+                isinstance(record.msg, str) and record.msg.startswith(_POOL_CONNECT_WARNINGS)):
+            return True
+        now = self._clock()
+        if self._passed_at is not None and now - self._passed_at < self._repeat:
+            self.dropped += 1
+            return False
+        if self.dropped:
+            record.msg = (f"{record.msg} ({self.dropped} more connection warning(s) of the "
+                          f"pools not logged since the last one; --log-level debug shows "
+                          f"them all)")  # no % in it: the record's args still fit
+        self._passed_at, self.dropped = now, 0
+        return True
 
 
 class UtcFormatter(logging.Formatter):
@@ -70,7 +124,7 @@ def log_config(log_format: str = "text", level: str = "info") -> dict[str, Any]:
             "()": "runtime.logs.UtcFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s: %(message)s",
         }
-    return {
+    config: dict[str, Any] = {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"default": formatter},
@@ -91,3 +145,8 @@ def log_config(log_format: str = "text", level: str = "info") -> dict[str, Any]:
             "apscheduler": {"level": max(numeric, logging.WARNING)},
         },
     }
+    if numeric > logging.DEBUG:
+        # A database outage: one of the pools' connection warnings a minute.
+        config["filters"] = {"pool_outage": {"()": "runtime.logs.PoolOutageFilter"}}
+        config["loggers"]["psycopg.pool"] = {"filters": ["pool_outage"]}
+    return config

@@ -36,6 +36,7 @@ from runtime.abc import RunSync
 from runtime.config import RetentionPolicy
 from runtime.effects import EffectRun
 from runtime.events import EffectChanged, MessageCreated, ThreadEvent
+from runtime.outage import OutageLog, log_failure
 from runtime.storage.base import RuntimeStore
 
 log = logging.getLogger("runtime")
@@ -108,13 +109,16 @@ class RunIndexer:
         return not self.complete
 
     async def _flush_loop(self) -> None:
+        failures = OutageLog(log, "writing the run index")
         while True:
             await self._wake.wait()
             await asyncio.sleep(FLUSH_SECONDS)  # gather a batch
             try:
                 await self.flush()
-            except Exception:
-                log.exception("could not write the run index (retried with the next batch)")
+            except Exception as exc:
+                failures.failed(exc, "retried with the next batch")
+            else:
+                failures.ok()
 
     async def flush(self) -> None:
         """Write every noted change to the index now (and prune it once a minute)."""
@@ -169,8 +173,14 @@ class RunIndexer:
         self.complete = True
         log.info("run index rebuilt: %d runs", count)
 
-    async def close(self) -> None:
-        """Stop the flusher, write what is left, and mark the index complete if it is."""
+    async def close(self, *, write: bool = True) -> None:
+        """Stop the flusher, write what is left, and mark the index complete if it is.
+
+        Args:
+            write: False when the database is known unreachable: nothing is written (one
+                warning line says how many changes are left to the next start's or
+                another node's repair, `StorageBackend.mark_dead_nodes_gaps`).
+        """
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -178,12 +188,19 @@ class RunIndexer:
             self._flusher = None
         if self._store is None:
             return
+        if not write:
+            if self._dirty or self._touched:
+                log.warning("shutdown: %d run change(s) not written to the run index, the "
+                            "database being unreachable (repaired once this node's lease "
+                            "has expired, or at the next start)", len(self._dirty))
+            return
         try:
             await self.flush()
             if self.complete:
                 await self._run_sync(self._store.set_run_index_complete, True)
-        except Exception:
-            log.exception("could not write the run index at shutdown (rebuilt at next start)")
+        except Exception as exc:
+            log_failure(log, "writing the run index at shutdown (rebuilt at the next start)",
+                        exc)
 
     def pending_changes(self) -> int:
         """How many noted run changes wait for the flusher."""

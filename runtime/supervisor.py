@@ -71,6 +71,7 @@ from runtime.errors import (
     RuntimeStorageError,
     ThreadNotFound,
     ThreadStorageError,
+    database_unreachable,
 )
 from runtime.events import RunChange, ThreadEvent
 from runtime.executor import (
@@ -82,6 +83,7 @@ from runtime.executor import (
 from runtime.extension import Conversation, Extension, default_extensions
 from runtime.frames import ChangeHub, Subscription
 from runtime.ids import THREAD_ID_RE, new_id, validate_thread_id
+from runtime.outage import OutageLog
 from runtime.run_index import RunIndexer
 from runtime.runs import MAX_PAGE, RunOperations, check_limit
 from runtime.schedules import ScheduleOperations
@@ -123,6 +125,11 @@ _INLINE_YIELD_EVERY = 8
 """`Runtime.run_short` lets the loop take a turn after this many calls made on the loop."""
 _BUS_LISTEN_WAIT = 10.0
 """How long `Runtime.start` waits for the cluster bus to listen (seconds)."""
+
+_UNREACHABLE_FLUSH_SECONDS = 1.0
+"""How long `Runtime.close` waits for its last frames to be written once it found the
+database unreachable (else the grace period and a second): a frame written in that time
+still reaches the other nodes' clients."""
 
 COMMANDS_CHANNEL = "commands"
 """The cluster bus channel of cancels, deletions and pauses made on one node for the
@@ -689,7 +696,12 @@ class Runtime:
         now = self.clock.now()
         requeued: list[EffectRun] = []
         failed: list[EffectRun] = []
-        for actor in self.actors.open_actors():
+        # Once a thread's re-queue finds the database unreachable, the others are not
+        # tried (each would wait for a connection in turn: 2 s a thread), nor are the
+        # last writes below: what is left is the lease rule's (docs/scale-out.md).
+        unreachable: ThreadStorageError | None = None
+        actors = [a for a in self.actors.open_actors() if a.state is ActorState.OPEN]
+        for left, actor in enumerate(actors):
             if actor.state is not ActorState.OPEN:
                 continue  # closed meanwhile (deleted): nothing of it to re-queue
             try:
@@ -699,7 +711,16 @@ class Runtime:
                     now,
                     MAX_ATTEMPTS,
                 )
-            except ThreadStorageError:
+            except ThreadStorageError as exc:
+                if database_unreachable(exc):
+                    unreachable = exc
+                    log.warning(
+                        "shutdown: the database cannot be reached (%s): the interrupted "
+                        "runs of %d open thread(s) are not re-queued here; they stay "
+                        "running under this node's lease, and once it has expired another "
+                        "node re-queues them, or this node when it starts again",
+                        exc, len(actors) - left)
+                    break
                 log.exception("could not re-queue interrupted runs of %s", actor.thread_id)
                 continue
             for run in changed:
@@ -712,13 +733,15 @@ class Runtime:
             log.warning("shutdown: %d interrupted run(s) failed (interrupted at their "
                         "attempt limit, %d): %s", len(failed), MAX_ATTEMPTS, _describe(failed))
         if self.cluster is not None:
-            # This node's last frames reach the other nodes' clients before it goes.
-            if not await self.cluster.flush(grace + 1.0):
+            # This node's last frames reach the other nodes' clients, and its own, before
+            # it goes (not waited for long once the database was found unreachable).
+            if not await self.cluster.flush(_UNREACHABLE_FLUSH_SECONDS
+                                            if unreachable is not None else grace + 1.0):
                 log.warning("shutdown: some frames could not be written to the database")
             await self.cluster.close()
         self.hub.close_all()
-        await self.alarms.close()
-        await self.run_index.close()
+        await self.alarms.close(write=unreachable is None)
+        await self.run_index.close(write=unreachable is None)
         self._stores_closing = True
         await self.actors.close_all()
         for extension in self.extensions:
@@ -1548,11 +1571,14 @@ class Runtime:
 
     async def _requeue_orphans_forever(self) -> None:
         period = self._lease_seconds() / 3
+        failures = OutageLog(log, "looking for runs of dead nodes")
         while True:
             try:
                 await self.requeue_orphans()
-            except Exception:  # the database blinked: the next round tries again
-                log.exception("could not look for runs of dead nodes")
+            except Exception as exc:  # the database blinked: the next round tries again
+                failures.failed(exc)
+            else:
+                failures.ok()
             await asyncio.sleep(period)
 
     async def requeue_orphans(self) -> int:

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "runtime"
 
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("runtime.errors", "runtime.config", "runtime.ids", "runtime.abc", "runtime._text",
-        "runtime._limits", "runtime.keys"),
+        "runtime._limits", "runtime.keys", "runtime.outage"),
     1: ("runtime.effects", "runtime.events", "runtime.messages", "runtime.recurrence"),
     2: ("runtime.storage", "runtime.alarms", "runtime.frames", "runtime.discovery",
         "runtime.watchdog", "runtime.pacing"),

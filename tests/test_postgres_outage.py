@@ -532,3 +532,66 @@ async def test_a_run_whose_store_call_loses_the_database_is_requeued_not_failed(
             assert [m.content for m in messages] == ["noted"]
     finally:
         proxy.stop()
+
+
+async def test_a_shutdown_while_the_database_is_unreachable_leaves_the_runs_to_the_lease_rule(
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node stopped during an outage tries the database once, not once per open thread.
+
+    Its log says in one warning line, with no traceback, what it left; the run it was
+    running stays ``running`` under its id, and its next start re-queues it (so does
+    another node once the lease expired: tests/test_nodes.py).
+    """
+    from runtime.storage.postgres import PostgresBackend
+
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+
+    def node(database_url: str) -> Runtime:
+        storage = PostgresBackend(database_url, node_id="stopper", lease_seconds=3.0)
+        return Runtime(app_dir=APP, data_dir=tmp_path / "data", load_packages=False,
+                       storage=storage, shutdown_grace_seconds=0.2)
+
+    rt = node(url)
+    await rt.start()
+    try:
+        threads = []
+        for i in range(6):
+            thread = await rt.create_thread(f"open{i}")
+            threads.append((thread, await thread.schedule_effect("ping")))
+        for thread, run_id in threads:
+            await wait_for(thread, run_id, EffectStatus.COMPLETED)
+        held = await rt.create_thread("held")
+        in_flight = await held.schedule_effect("hold", {"key": "stopped"})
+        await wait_for(held, in_flight, EffectStatus.RUNNING)
+        caplog.set_level(logging.WARNING)
+        caplog.clear()
+        proxy.stop()
+        for _ in range(400):  # a hang guard: the next renewal (within 1 s) notices
+            if rt.storage.lock_problem() is not None:
+                break
+            await asyncio.sleep(0.05)
+        await rt.close()
+    finally:
+        proxy.stop()
+        await rt.close()
+    ours = [r for r in caplog.records if r.name.startswith("runtime")]
+    left = [r for r in ours if "shutdown: the database cannot be reached" in r.getMessage()]
+    assert len(left) == 1, [r.getMessage() for r in ours]
+    assert "7 open thread(s)" in left[0].getMessage()
+    assert not [r for r in ours if "could not re-queue" in r.getMessage()]
+    assert not [r.getMessage() for r in ours if r.exc_info], "no traceback"
+
+    # Its next start re-queues the run it left running (the lease rule's own case).
+    rt = node(pg_url)
+    await rt.start()
+    try:
+        release(rt, "stopped")
+        held = await rt.get_thread("held")
+        await wait_for(held, in_flight, EffectStatus.COMPLETED)
+        attempts = await held.get_run_attempts(in_flight)
+        assert [a.outcome for a in attempts] == ["interrupted", "completed"]
+    finally:
+        await rt.close()

@@ -114,3 +114,31 @@ def test_the_timer_stops_quietly_with_an_alarm_due_in_flight(
     asyncio.run(main())
     assert fired == []
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_a_node_of_several_hands_its_requeued_frame_to_its_own_stream_before_closing(
+    pg_url: str, tmp_path: Path,
+) -> None:
+    """PostgreSQL: the stream of a thread whose first frame on this node is the shutdown's
+    ``requeued`` frame (subscribed while the run ran) gets it before it ends."""
+    from runtime.storage.postgres import PostgresBackend
+
+    rt = Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False,
+                 shutdown_grace_seconds=0.1,
+                 storage=PostgresBackend(pg_url, node_id="closing"))
+    await rt.start()
+    try:
+        thread = await rt.create_thread("t")
+        run_id = await thread.schedule_effect("slow", {"seconds": 60})
+        async with asyncio.timeout(30):
+            while (await thread.get_run(run_id)).status is not EffectStatus.RUNNING:
+                await asyncio.sleep(0.02)
+        sub = thread.subscribe()
+        await rt.close()
+        async with asyncio.timeout(30):  # a hang guard
+            events = [e async for e in sub]
+    finally:
+        await rt.close()
+    # (Its ``started`` frame comes first if it was relayed after the subscription.)
+    assert [str(e.change) for e in events] in (["requeued"], ["started", "requeued"])
+    assert (events[-1].run.id, events[-1].run.status) == (run_id, EffectStatus.PENDING)
