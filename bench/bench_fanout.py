@@ -179,10 +179,11 @@ async def _raw_client(url: str, expected: int, ready: asyncio.Event) -> dict[str
 def _probe(port: int, path: str) -> None:
     """The read prober (a process of its own): ``GET path`` every `PROBE_INTERVAL_SECONDS`.
 
-    Reads until a line comes on stdin, then prints ``{"reads": [seconds, ...]}``: each
-    read's latency (request sent → body read, one keep-alive connection). It is a process
-    of its own because the clients' process is saturated while it parses the frames (its
-    event loop lags by seconds): a read timed there measures the clients, not the server.
+    Reads once, prints ``ready``, reads until a line comes on stdin, then prints
+    ``{"reads": [seconds, ...]}``: each read's latency (request sent → body read, one
+    keep-alive connection). It is a process of its own because the clients' process is
+    saturated while it parses the frames (its event loop lags by seconds): a read timed
+    there measures the clients, not the server.
     """
     import http.client
     import threading
@@ -196,7 +197,7 @@ def _probe(port: int, path: str) -> None:
     threading.Thread(target=wait_for_stop, daemon=True).start()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=GUARD_SECONDS)
     latencies: list[float] = []
-    while not stop.is_set():
+    while True:
         start = time.perf_counter()
         conn.request("GET", path)
         response = conn.getresponse()
@@ -204,7 +205,10 @@ def _probe(port: int, path: str) -> None:
         if response.status != 200:
             raise RuntimeError(f"GET {path} answered {response.status}")
         latencies.append(time.perf_counter() - start)
-        stop.wait(PROBE_INTERVAL_SECONDS)
+        if len(latencies) == 1:
+            print("ready", flush=True)  # the first read answered: the runs may start
+        if stop.wait(PROBE_INTERVAL_SECONDS):
+            break
     conn.close()
     print(json.dumps({"reads": latencies}), flush=True)
 
@@ -236,6 +240,7 @@ async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )
     assert prober.stdin is not None and prober.stdout is not None
+    await prober.stdout.readline()  # "ready"
     start = time.perf_counter()
     cpu0 = time.process_time()
     child.stdin.write(b"go\n")
