@@ -21,7 +21,8 @@ client that got every frame got the same bytes, the server's CPU per run and the
 (this process's CPU while they receive: on a 2-core machine it competes with the server),
 and the latency of reads of the busy thread while its runs run (``GET
 /api/threads/{tid}/effects?limit=5`` every 0.2 s from a process of its own, not from the
-clients' process, whose event loop lags by seconds while it parses the frames).
+clients' process, whose event loop lags by seconds while it parses the frames) with
+``--reads``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ from _args import positive_int, source_tree  # bench/_args.py: bench/ is on the 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT  # the tree whose runtime serves (--source)
 CLIENT = "websockets"  # --client
+READS = False  # --reads
 FRAMES_PER_RUN = 3  # scheduled, started, completed
 GUARD_SECONDS = 600.0
 PROBE_INTERVAL_SECONDS = 0.2
@@ -219,6 +222,30 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
+    if READS:
+        return await _one_probed(clients, runs, synchronous)
+    return await _one_unprobed(clients, runs, synchronous, None)
+
+
+async def _one_probed(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
+    """`_one_unprobed` with the read prober reading the busy thread meanwhile."""
+    async def start_prober(port: int, tid: str) -> asyncio.subprocess.Process:
+        prober = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--probe", str(port),
+            f"/api/threads/{tid}/effects?limit=5",
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        assert prober.stdout is not None
+        await prober.stdout.readline()  # "ready"
+        return prober
+
+    return await _one_unprobed(clients, runs, synchronous, start_prober)
+
+
+async def _one_unprobed(
+    clients: int, runs: int, synchronous: str,
+    start_prober: Callable[[int, str], Awaitable[asyncio.subprocess.Process]] | None,
+) -> dict[str, Any]:
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--serve", "--runs", str(runs),
         "--synchronous", synchronous,
@@ -234,26 +261,24 @@ async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
     tasks = [asyncio.create_task(client(url, expected, r)) for r in readies]
     for r in readies:
         await r.wait()
-    prober = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--probe", str(hello["port"]),
-        f"/api/threads/{hello['tid']}/effects?limit=5",
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )
-    assert prober.stdin is not None and prober.stdout is not None
-    await prober.stdout.readline()  # "ready"
+    prober = (await start_prober(hello["port"], hello["tid"])
+              if start_prober is not None else None)
     start = time.perf_counter()
     cpu0 = time.process_time()
     child.stdin.write(b"go\n")
     await child.stdin.drain()
     result = json.loads(await child.stdout.readline())
-    prober.stdin.write(b"stop\n")
-    await prober.stdin.drain()
-    reads = json.loads(await prober.stdout.readline())["reads"]
-    await prober.wait()
-    result.update(
-        reads=len(reads), read_p50_ms=_quantile(reads, 0.5) * 1000,
-        read_p99_ms=_quantile(reads, 0.99) * 1000, read_max_ms=max(reads, default=0.0) * 1000,
-    )
+    if prober is not None:
+        assert prober.stdin is not None and prober.stdout is not None
+        prober.stdin.write(b"stop\n")
+        await prober.stdin.drain()
+        reads = json.loads(await prober.stdout.readline())["reads"]
+        await prober.wait()
+        result.update(
+            reads=len(reads), read_p50_ms=_quantile(reads, 0.5) * 1000,
+            read_p99_ms=_quantile(reads, 0.99) * 1000,
+            read_max_ms=max(reads, default=0.0) * 1000,
+        )
     async with asyncio.timeout(GUARD_SECONDS):
         got = await asyncio.gather(*tasks)
     clients_cpu = time.process_time() - cpu0
@@ -306,7 +331,7 @@ async def measure(clients: int, runs: int, synchronous: str, repeat: int) -> dic
         "closed_1013": max(f["closed_1013"] for _, f in pairs),
         "other": max(f["other"] for _, f in pairs),
         "identical": all(f["identical"] for _, f in pairs),
-        "reads": {
+        "reads": None if not READS else {
             key: {
                 "n": sum(r["reads"] for r in results),
                 "p50_ms": med([r["read_p50_ms"] for r in results]),
@@ -343,6 +368,8 @@ def table(r: dict[str, Any]) -> str:
         f"| {r['clients_cpu_us_per_run']:,.0f} |  |  |",
     ]
     for key, what in (("alone", "no client"), ("with_clients", f"{r['clients']} clients")):
+        if r["reads"] is None:
+            break
         reads = r["reads"][key]
         rows.append(
             f"| reads while the runs run, {what}: GET …/effects?limit=5 every "
@@ -369,15 +396,23 @@ def main() -> None:
         help="the clients: the websockets library, or a bare socket that only walks the "
         "frame headers (far less of the shared CPU)",
     )
+    parser.add_argument(
+        "--reads", action="store_true",
+        help="also time reads of the busy thread while its runs run, from a process of its "
+        "own (GET .../effects?limit=5 every 0.2 s); off by default, so that the runs/s "
+        "figures stay comparable with earlier rounds (a read takes the thread store's "
+        "lock, and first syncs outcomes a group commit left unsynced)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe", nargs=2, metavar=("PORT", "PATH"), help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.probe:
         _probe(int(opts.probe[0]), opts.probe[1])
         return
-    global SOURCE, CLIENT
+    global SOURCE, CLIENT, READS
     SOURCE = opts.source.resolve()
     CLIENT = opts.client
+    READS = opts.reads
     if opts.serve:
         asyncio.run(_serve(opts.runs, opts.synchronous))
         return

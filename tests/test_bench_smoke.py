@@ -68,7 +68,7 @@ def test_bench_durable_quick_runs_and_prints_the_tables(tmp_path: Path) -> None:
 def test_bench_fanout_small_runs_and_every_client_gets_every_frame(client: str) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_fanout.py"), "--clients", "5",
-         "--runs", "30", "--synchronous", "NORMAL", "--json", "--client", client],
+         "--runs", "30", "--synchronous", "NORMAL", "--json", "--client", client, "--reads"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
