@@ -18,7 +18,11 @@ Prints one Markdown table (or one JSON line with ``--json``): runs/s with and wi
 clients, their ratio (issue 14, target 5: ≥ 0.8), delivered frames/s (goal ≥ 20,000/s),
 how many clients got every frame, how many were closed with 1013, whether every
 client that got every frame got the same bytes, the server's CPU per run and the clients'
-(this process's CPU while they receive: on a 2-core machine it competes with the server).
+(this process's CPU while they receive: on a 2-core machine it competes with the server),
+and the latency of reads of the busy thread while its runs run (``GET
+/api/threads/{tid}/effects?limit=5`` every 0.2 s from a process of its own, not from the
+clients' process, whose event loop lags by seconds while it parses the frames) with
+``--reads``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +50,11 @@ from _args import positive_int, source_tree  # bench/_args.py: bench/ is on the 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT  # the tree whose runtime serves (--source)
 CLIENT = "websockets"  # --client
+READS = False  # --reads
 FRAMES_PER_RUN = 3  # scheduled, started, completed
 GUARD_SECONDS = 600.0
+PROBE_INTERVAL_SECONDS = 0.2
+"""The read prober's pause between two reads (as issue 14's tester polled)."""
 
 
 async def _serve(runs: int, synchronous: str) -> None:
@@ -171,7 +179,73 @@ async def _raw_client(url: str, expected: int, ready: asyncio.Event) -> dict[str
     return {"frames": got, "crc": crc, "last": last, "code": code}
 
 
+def _probe(port: int, path: str) -> None:
+    """The read prober (a process of its own): ``GET path`` every `PROBE_INTERVAL_SECONDS`.
+
+    Reads once, prints ``ready``, reads until a line comes on stdin, then prints
+    ``{"reads": [seconds, ...]}``: each read's latency (request sent → body read, one
+    keep-alive connection). It is a process of its own because the clients' process is
+    saturated while it parses the frames (its event loop lags by seconds): a read timed
+    there measures the clients, not the server.
+    """
+    import http.client
+    import threading
+
+    stop = threading.Event()
+
+    def wait_for_stop() -> None:
+        sys.stdin.readline()
+        stop.set()
+
+    threading.Thread(target=wait_for_stop, daemon=True).start()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=GUARD_SECONDS)
+    latencies: list[float] = []
+    while True:
+        start = time.perf_counter()
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"GET {path} answered {response.status}")
+        latencies.append(time.perf_counter() - start)
+        if len(latencies) == 1:
+            print("ready", flush=True)  # the first read answered: the runs may start
+        if stop.wait(PROBE_INTERVAL_SECONDS):
+            break
+    conn.close()
+    print(json.dumps({"reads": latencies}), flush=True)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
+
+
 async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
+    if READS:
+        return await _one_probed(clients, runs, synchronous)
+    return await _one_unprobed(clients, runs, synchronous, None)
+
+
+async def _one_probed(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
+    """`_one_unprobed` with the read prober reading the busy thread meanwhile."""
+    async def start_prober(port: int, tid: str) -> asyncio.subprocess.Process:
+        prober = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--probe", str(port),
+            f"/api/threads/{tid}/effects?limit=5",
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        assert prober.stdout is not None
+        await prober.stdout.readline()  # "ready"
+        return prober
+
+    return await _one_unprobed(clients, runs, synchronous, start_prober)
+
+
+async def _one_unprobed(
+    clients: int, runs: int, synchronous: str,
+    start_prober: Callable[[int, str], Awaitable[asyncio.subprocess.Process]] | None,
+) -> dict[str, Any]:
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--serve", "--runs", str(runs),
         "--synchronous", synchronous,
@@ -187,11 +261,24 @@ async def _one(clients: int, runs: int, synchronous: str) -> dict[str, Any]:
     tasks = [asyncio.create_task(client(url, expected, r)) for r in readies]
     for r in readies:
         await r.wait()
+    prober = (await start_prober(hello["port"], hello["tid"])
+              if start_prober is not None else None)
     start = time.perf_counter()
     cpu0 = time.process_time()
     child.stdin.write(b"go\n")
     await child.stdin.drain()
     result = json.loads(await child.stdout.readline())
+    if prober is not None:
+        assert prober.stdin is not None and prober.stdout is not None
+        prober.stdin.write(b"stop\n")
+        await prober.stdin.drain()
+        reads = json.loads(await prober.stdout.readline())["reads"]
+        await prober.wait()
+        result.update(
+            reads=len(reads), read_p50_ms=_quantile(reads, 0.5) * 1000,
+            read_p99_ms=_quantile(reads, 0.99) * 1000,
+            read_max_ms=max(reads, default=0.0) * 1000,
+        )
     async with asyncio.timeout(GUARD_SECONDS):
         got = await asyncio.gather(*tasks)
     clients_cpu = time.process_time() - cpu0
@@ -244,6 +331,16 @@ async def measure(clients: int, runs: int, synchronous: str, repeat: int) -> dic
         "closed_1013": max(f["closed_1013"] for _, f in pairs),
         "other": max(f["other"] for _, f in pairs),
         "identical": all(f["identical"] for _, f in pairs),
+        "reads": None if not READS else {
+            key: {
+                "n": sum(r["reads"] for r in results),
+                "p50_ms": med([r["read_p50_ms"] for r in results]),
+                "p99_ms": med([r["read_p99_ms"] for r in results]),
+                "max_ms": max(r["read_max_ms"] for r in results),
+            }
+            for key, results in (("alone", [a for a, _ in pairs]),
+                                 ("with_clients", [f for _, f in pairs]))
+        },
     }
 
 
@@ -270,6 +367,17 @@ def table(r: dict[str, Any]) -> str:
         f"| the clients' process CPU µs per run (on the same cores) "
         f"| {r['clients_cpu_us_per_run']:,.0f} |  |  |",
     ]
+    for key, what in (("alone", "no client"), ("with_clients", f"{r['clients']} clients")):
+        if r["reads"] is None:
+            break
+        reads = r["reads"][key]
+        rows.append(
+            f"| reads while the runs run, {what}: GET …/effects?limit=5 every "
+            f"{PROBE_INTERVAL_SECONDS:g} s from a process of its own, p50 / p99 / max ms "
+            f"({reads['n']} reads) | {reads['p50_ms']:,.0f} / {reads['p99_ms']:,.0f} / "
+            f"{reads['max_ms']:,.0f} | p99 < 1,000 "
+            f"| {'PASS' if reads['p99_ms'] < 1000 else 'MISS'} |"
+        )
     return "\n".join(rows)
 
 
@@ -288,11 +396,23 @@ def main() -> None:
         help="the clients: the websockets library, or a bare socket that only walks the "
         "frame headers (far less of the shared CPU)",
     )
+    parser.add_argument(
+        "--reads", action="store_true",
+        help="also time reads of the busy thread while its runs run, from a process of its "
+        "own (GET .../effects?limit=5 every 0.2 s); off by default, so that the runs/s "
+        "figures stay comparable with earlier rounds (a read takes the thread store's "
+        "lock, and first syncs outcomes a group commit left unsynced)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", nargs=2, metavar=("PORT", "PATH"), help=argparse.SUPPRESS)
     opts = parser.parse_args()
-    global SOURCE, CLIENT
+    if opts.probe:
+        _probe(int(opts.probe[0]), opts.probe[1])
+        return
+    global SOURCE, CLIENT, READS
     SOURCE = opts.source.resolve()
     CLIENT = opts.client
+    READS = opts.reads
     if opts.serve:
         asyncio.run(_serve(opts.runs, opts.synchronous))
         return

@@ -68,7 +68,7 @@ def test_bench_durable_quick_runs_and_prints_the_tables(tmp_path: Path) -> None:
 def test_bench_fanout_small_runs_and_every_client_gets_every_frame(client: str) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_fanout.py"), "--clients", "5",
-         "--runs", "30", "--synchronous", "NORMAL", "--json", "--client", client],
+         "--runs", "30", "--synchronous", "NORMAL", "--json", "--client", client, "--reads"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -77,6 +77,8 @@ def test_bench_fanout_small_runs_and_every_client_gets_every_frame(client: str) 
     assert (figures["complete"], figures["closed_1013"], figures["other"]) == (5, 0, 0)
     assert figures["identical"] is True
     assert figures["runs_per_second_alone"] > 0 and figures["frames_per_second"] > 0
+    # The prober (a process of its own) read the busy thread's runs, every read a 200.
+    assert figures["reads"]["alone"]["n"] >= 1 and figures["reads"]["with_clients"]["n"] >= 1
 
 
 def test_bench_schedule_wait_prints_both_cases_with_commit_counts() -> None:
