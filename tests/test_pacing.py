@@ -110,8 +110,11 @@ async def test_a_burst_due_on_many_threads_starts_few_runs_per_loop_turn(
     # step may begin in it.
     monkeypatch.setattr(runtime.executor, "TurnBudget", lambda: TurnBudget(1e-9))
     clock = FakeClock()
+    # NORMAL: every store call on the loop (`Runtime.run_short`); with FULL, outcomes and
+    # claims that storage threads committed at once under load woke several drains in
+    # one turn, past the line (a step's storage call is not paced, its start is).
     async with Runtime(app_dir=APP, data_dir=tmp_path, clock=clock, load_packages=False,
-                       extensions=[]) as rt:
+                       extensions=[], synchronous="NORMAL") as rt:
         marks = rt.registry.app["mark"].fn.__globals__
         starts: list[int] = marks["STARTS"]
         starts.clear()
