@@ -767,7 +767,10 @@ class EffectExecutor:
 
         The effect gets `asyncio.CancelledError` at its next ``await``; if it lets it
         through, the run ends ``canceled`` with ``canceled_by`` (never re-queued). An effect
-        that swallows it ends as it ends (completed or failed). Call under the actor's lock.
+        that swallows it ends as it ends (completed or failed). A second cancel while it
+        stops answers the same and cancels nothing again: the first canceler is kept, and
+        the effect's cleanup after its `asyncio.CancelledError` is not cut short. Call
+        under the actor's lock.
 
         Returns:
             ``(asked, task)``: whether the run was asked to stop (False when it is not
@@ -801,6 +804,10 @@ class EffectExecutor:
                 f"Run {run_id} of effect {run.name} is running a sync function in a worker "
                 f"thread, which cannot be stopped; it can only be left to finish"
             )
+        if run_id in self._cancels:
+            # Asked already and stopping: the first canceler stays, and the effect's own
+            # cleanup is not cut short by a second cancellation.
+            return True, task
         self._cancels[run_id] = canceled_by
         if task is not None:
             task.cancel()

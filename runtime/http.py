@@ -1485,14 +1485,17 @@ class FrameStream:
                 writer.cancel()
                 if self.metrics is not None:
                     self.metrics.frames_dropped.inc(sub.dropped)
+                peer = self.websocket.client
+                client = f"{peer.host}:{peer.port}" if peer is not None else "?"
                 if sub.lost is not None:
-                    log.info("closing a client of thread %s: %s", sub.thread_id, sub.lost)
+                    log.info("closing a client (%s) of thread %s: %s", client, sub.thread_id,
+                             sub.lost)
                     await self._close(CLOSE_TRY_AGAIN_LATER,
                                       f"{sub.lost}; reload and reconnect")
                     return
                 log.info(
-                    "closing a slow client of thread %s: %d frames unsent",
-                    sub.thread_id, sub.dropped,
+                    "closing a slow client (%s) of thread %s: %d frames unsent",
+                    client, sub.thread_id, sub.dropped,
                 )
                 await self._close(
                     CLOSE_TRY_AGAIN_LATER,

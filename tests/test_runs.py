@@ -203,6 +203,31 @@ async def test_canceling_a_running_async_run_stops_it_and_it_never_runs_again(
     assert (await thread.get_run(after)).status is EffectStatus.COMPLETED
 
 
+async def test_two_cancels_of_a_running_run_both_answer_true_and_the_first_is_kept(
+    api: Api, tmp_path: Path
+) -> None:
+    # The effect is slow to stop: the second cancel comes while the first one waits.
+    gates: dict[str, asyncio.Event] = api.rt.registry.app["hold"].fn.__globals__["GATES"]
+    stop = gates["twice:stop"] = asyncio.Event()
+    thread = await api.rt.create_thread()
+    run_id = await thread.schedule_effect("hold", {"key": "twice"})
+    await started(tmp_path / "data" / "hold.log", "twice")
+    first = asyncio.create_task(thread.remove_scheduled_effect(run_id, canceled_by="a"))
+    log = tmp_path / "data" / "hold.log"
+    for _ in range(2000):  # a hang guard: until the cancellation reached the effect
+        if "twice canceled" in log.read_text().splitlines():
+            break
+        await asyncio.sleep(0.005)
+    second = asyncio.create_task(thread.remove_scheduled_effect(run_id, canceled_by="b"))
+    await asyncio.sleep(0.05)
+    assert not first.done()  # still waiting for the effect to stop
+    stop.set()
+    assert await asyncio.gather(first, second) == [True, True]
+    await api.rt.wait_idle()
+    run = await thread.get_run(run_id)
+    assert (run.status, run.canceled_by) == (EffectStatus.CANCELED, "a")
+
+
 async def test_http_cancel_of_a_running_async_run_says_who(api: Api) -> None:
     tid = await api.new_thread()
     run_id = await api.schedule(tid, "hold", {"key": "h"})

@@ -1,6 +1,6 @@
 """Runs until the test releases it (``GATES[key].set()``), or until it is canceled; records
 ``<key> started`` and, when a cancellation reaches it, ``<key> canceled`` in
-<data_dir>/hold.log."""
+<data_dir>/hold.log; a canceled run with a ``GATES["<key>:stop"]`` stops once that is set."""
 
 import asyncio
 
@@ -23,6 +23,9 @@ async def hold(state: ThreadState, args: Hold) -> None:
     except asyncio.CancelledError:
         with open(state.runtime.settings.data_dir / "hold.log", "a") as f:
             f.write(f"{args.key} canceled\n")
+        stop = GATES.get(f"{args.key}:stop")
+        if stop is not None:  # slow to stop: until the test sets this gate too
+            await stop.wait()
         raise
 
 
