@@ -426,6 +426,30 @@ def tcp_state(sock: socket.socket) -> int:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
 
 
+async def raw_stream(host: str, tid: str, receive_buffer_bytes: int | None = None
+                     ) -> socket.socket:
+    """A TCP socket that opened ``tid``'s stream (the 101 read) and does nothing more:
+    it answers no ping and reads only when the test does."""
+    address, port = host.split(":")
+    loop = asyncio.get_running_loop()
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if receive_buffer_bytes is not None:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+    raw.setblocking(False)
+    await loop.sock_connect(raw, (address, int(port)))
+    handshake = (
+        f"GET /api/threads/{tid}/stream HTTP/1.1\r\nHost: {host}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    await loop.sock_sendall(raw, handshake.encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await loop.sock_recv(raw, 1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return raw
+
+
 async def test_a_client_that_does_not_answer_pings_is_closed_and_the_log_says_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -439,21 +463,8 @@ async def test_a_client_that_does_not_answer_pings_is_closed_and_the_log_says_wh
                 "ws_close_timeout_seconds": 0.3},
     ) as live:
         tid = await live.api.new_thread()
-        host, port = live.host.split(":")
         loop = asyncio.get_running_loop()
-        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        raw.setblocking(False)
-        await loop.sock_connect(raw, (host, int(port)))
-        handshake = (
-            f"GET /api/threads/{tid}/stream HTTP/1.1\r\nHost: {live.host}\r\n"
-            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
-        await loop.sock_sendall(raw, handshake.encode())
-        head = b""
-        while b"\r\n\r\n" not in head:  # the 101 answer; then it never answers a ping
-            head += await loop.sock_recv(raw, 1)
-        assert head.startswith(b"HTTP/1.1 101"), head
+        raw = await raw_stream(live.host, tid)  # it never answers a ping
         try:
             async with asyncio.timeout(GUARD_SECONDS):
                 while tcp_state(raw) == 1:
@@ -481,22 +492,8 @@ async def test_a_client_that_never_reads_is_really_disconnected(tmp_path: Path) 
         server={"ws_close_timeout_seconds": close_timeout},
     ) as live:
         tid = await live.api.new_thread()
-        host, port = live.host.split(":")
         loop = asyncio.get_running_loop()
-        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        raw.setblocking(False)
-        await loop.sock_connect(raw, (host, int(port)))
-        handshake = (
-            f"GET /api/threads/{tid}/stream HTTP/1.1\r\nHost: {live.host}\r\n"
-            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
-        await loop.sock_sendall(raw, handshake.encode())
-        head = b""
-        while b"\r\n\r\n" not in head:  # the 101 answer, then never another read
-            head += await loop.sock_recv(raw, 1)
-        assert head.startswith(b"HTTP/1.1 101"), head
+        raw = await raw_stream(live.host, tid, receive_buffer_bytes=4096)  # never reads
         try:
             state = await live.api.rt.get_thread(tid)
             for _ in range(60):
