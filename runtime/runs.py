@@ -531,17 +531,14 @@ class RunOperations:
             current, stored = await self._run_sync(read, actor.store)
             if current is None:
                 raise RunNotFound(thread_id, run_id)
-            if current.status is not EffectStatus.PENDING:
-                raise RunStateError(
-                    f"Run {run_id} is {current.status}; only a pending run can be run now"
-                )
             running = actor.current_run or stored
             if running is not None and running.id == run_id:
                 # Claimed (here or on another node) between the two reads of `read`: it
                 # is running now, and waits for nothing.
+                current = running
+            if current.status is not EffectStatus.PENDING:
                 raise RunStateError(
-                    f"Run {run_id} is {EffectStatus.RUNNING}; only a pending run can be "
-                    f"run now"
+                    f"Run {run_id} is {current.status}; only a pending run can be run now"
                 )
             if running is not None and not self._concurrent(current.name):
                 raise RunStateError(
