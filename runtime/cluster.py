@@ -323,14 +323,14 @@ class ClusterNode:
         except Exception:
             log.exception("cluster: could not arm thread %s", thread_id)
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.append(task)
         task.add_done_callback(self._forget)
+        return task
 
     def _spawn_fill(self, coro: Awaitable[Any]) -> None:
-        self._spawn(coro)
-        fill = self._tasks[-1]
+        fill = self._spawn(coro)
         self._fills.add(fill)
         fill.add_done_callback(self._fills.discard)
 
