@@ -963,9 +963,10 @@ class SQLiteThreadStore(ThreadStore):
             (str(finish.status), finish.error, finish.finished_at, finish.canceled_by,
              finish.run_id, finish.attempt),
         ).fetchone()
+        # Taken out either way: a finish that wrote nothing (fenced) ends that claim too.
+        claimed = self._claimed.pop(finish.run_id, None)
         if row is None:
             return None
-        claimed = self._claimed.pop(finish.run_id, None)
         if claimed is None or claimed[0].attempts != row[0]:
             return self._one(
                 c, f"SELECT {_RUN_COLUMNS} FROM effect_runs WHERE id = ?", (finish.run_id,))
