@@ -1485,8 +1485,7 @@ class FrameStream:
                 writer.cancel()
                 if self.metrics is not None:
                     self.metrics.frames_dropped.inc(sub.dropped)
-                peer = self.websocket.client
-                client = f"{peer.host}:{peer.port}" if peer is not None else "?"
+                client = _peer_text(self.websocket.client)
                 if sub.lost is not None:
                     log.info("closing a client (%s) of thread %s: %s", client, sub.thread_id,
                              sub.lost)
@@ -1536,6 +1535,11 @@ class FrameStream:
 
 
 _WriteFrames = Callable[[bytes, list[bytes]], None]
+
+
+def _peer_text(peer: tuple[str, int] | None) -> str:
+    """A stream client's address for a log line (``host:port``; ``?`` when unknown)."""
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
 def frame_batch_seconds(clients: int) -> float:
@@ -2068,8 +2072,7 @@ class _AbortingWebSockets(WebSocketsSansIOProtocol):
         frames; what cannot be delivered within ``close_timeout_seconds`` is aborted.
         """
         if not (self.close_sent or self.transport.is_closing()):
-            peer = self.client
-            client = f"{peer[0]}:{peer[1]}" if peer else "a client"
+            client = _peer_text(self.client)
             scope = getattr(self, "scope", None)
             log.info("closing WebSocket %s (%s): no answer to a keepalive ping within "
                      "%.1f s: it reads too slowly, or its network is gone", client,
