@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from runtime import EffectStatus, Runtime
+from runtime import EffectStatus, Runtime, ThreadState
 from runtime import executor as executor_module
 from runtime.events import EffectChanged, ThreadEvent
 from runtime.testing import FakeClock
@@ -216,6 +216,17 @@ def hold_fdatasync(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, th
     return entered, go
 
 
+async def thread_with_held_flushes(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ThreadState, threading.Event, threading.Event]:
+    """Thread ``t``, which ran one run already, then every flush held (`hold_fdatasync`)."""
+    thread = await rt.create_thread("t")
+    await thread.schedule("ping")
+    await rt.wait_idle()
+    entered, go = hold_fdatasync(monkeypatch)
+    return thread, entered, go
+
+
 async def test_a_run_does_not_wait_for_the_disk_flush_of_the_outcome_before_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -223,10 +234,7 @@ async def test_a_run_does_not_wait_for_the_disk_flush_of_the_outcome_before_it(
     # claimed and started meanwhile; the outcome's frame still waits for the flush.
     async with Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL",
                        load_packages=False) as rt:
-        thread = await rt.create_thread("t")
-        await thread.schedule("ping")
-        await rt.wait_idle()
-        entered, go = hold_fdatasync(monkeypatch)
+        thread, entered, go = await thread_with_held_flushes(rt, monkeypatch)
         sub = thread.subscribe()
         frames: list[tuple[str, str]] = []
 
@@ -261,10 +269,7 @@ async def test_a_shutdown_sends_the_frames_of_outcomes_still_being_flushed(
     rt = Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL", load_packages=False)
     await rt.start()
     try:
-        thread = await rt.create_thread("t")
-        await thread.schedule("ping")
-        await rt.wait_idle()
-        entered, go = hold_fdatasync(monkeypatch)
+        thread, entered, go = await thread_with_held_flushes(rt, monkeypatch)
         sub = thread.subscribe()
         run = (await thread.schedule("ping")).run_id
         assert await asyncio.to_thread(entered.wait, 30)  # its outcome is being flushed
@@ -283,10 +288,7 @@ async def test_a_schedule_made_while_an_outcome_is_flushed_is_shown_once_that_fl
     # Its frame waits behind the flushing group; it is not left for the group's timer.
     async with Runtime(app_dir=APP, data_dir=tmp_path, synchronous="FULL",
                        load_packages=False) as rt:
-        thread = await rt.create_thread("t")
-        await thread.schedule("ping")
-        await rt.wait_idle()
-        entered, go = hold_fdatasync(monkeypatch)
+        thread, entered, go = await thread_with_held_flushes(rt, monkeypatch)
         sub = thread.subscribe()
         try:
             await thread.schedule("ping")

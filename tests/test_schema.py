@@ -23,6 +23,17 @@ from runtime.storage.base import Finish, RunQuery, ThreadInfo
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def file_at(path: Path, migrations: dict[int, tuple[str, ...]], version: int
+            ) -> sqlite3.Connection:
+    """A new file at ``path`` with ``migrations``' steps 0 to ``version - 1`` run, as a
+    runtime of that schema version left it (``user_version`` not set: the caller does)."""
+    conn = sqlite3.connect(path)
+    for step in range(version):
+        for statement in migrations[step]:
+            conn.execute(statement)
+    return conn
+
+
 def test_the_checked_in_schema_is_what_the_models_generate() -> None:
     assert models.SCHEMA_PATH == Path(schema.__file__)
     assert models.SCHEMA_PATH.read_text(encoding="utf-8") == models.schema_source(), (
@@ -107,10 +118,7 @@ def test_a_version_8_thread_file_is_rebuilt_with_fewer_pages_per_run(tmp_path: P
     """Version 9 rebuilds ``run_attempts`` ``WITHOUT ROWID`` (its rows kept) and leaves runs
     without a key out of the pending-key index, which still holds a key once."""
     path = tmp_path / "t.sqlite"
-    conn = sqlite3.connect(path)
-    for step in range(8):
-        for statement in schema.THREAD_MIGRATIONS[step]:
-            conn.execute(statement)
+    conn = file_at(path, schema.THREAD_MIGRATIONS, 8)
     # The index as versions 4 to 8 created it (every pending run in it, keyed or not).
     conn.execute("DROP INDEX ix_effect_runs_pending_key")
     conn.execute("CREATE UNIQUE INDEX ix_effect_runs_pending_key ON effect_runs (\"key\") "
@@ -185,10 +193,7 @@ def test_a_version_9_thread_file_indexes_each_run_only_where_it_is_looked_up(
     finished ones (a run's insert, claim and finish write fewer pages); every read of runs
     answers as before."""
     path = tmp_path / "t.sqlite"
-    conn = sqlite3.connect(path)
-    for step in range(9):
-        for statement in schema.THREAD_MIGRATIONS[step]:
-            conn.execute(statement)
+    conn = file_at(path, schema.THREAD_MIGRATIONS, 9)
     conn.execute("INSERT INTO thread_meta VALUES ('thread_id', 't')")
     conn.execute(
         "INSERT INTO effect_runs (id, name, status, run_at, created_at, started_at, "
@@ -271,10 +276,7 @@ def test_a_thread_file_of_every_older_version_migrates(tmp_path: Path, version: 
     attempts are recorded from the first claim after the upgrade.
     """
     path = tmp_path / "t.sqlite"
-    conn = sqlite3.connect(path)
-    for step in range(version):
-        for statement in schema.THREAD_MIGRATIONS[step]:
-            conn.execute(statement)
+    conn = file_at(path, schema.THREAD_MIGRATIONS, version)
     conn.execute("INSERT INTO thread_meta VALUES ('thread_id', 't')")
     conn.execute(
         "INSERT INTO effect_runs (id, name, status, args, run_at, created_at, attempts) "
@@ -336,10 +338,7 @@ def test_a_runtime_database_of_every_older_version_migrates(
     is an occurrence of (version 6); one indexed before has none.
     """
     path = tmp_path / "runtime.sqlite"
-    conn = sqlite3.connect(path)
-    for step in range(version):
-        for statement in schema.RUNTIME_MIGRATIONS[step]:
-            conn.execute(statement)
+    conn = file_at(path, schema.RUNTIME_MIGRATIONS, version)
     conn.execute("INSERT INTO threads (id, created_at, user_id, tags) VALUES ('t', 1.0, 'u', '[]')")
     conn.execute("INSERT INTO alarms (thread_id, due_at) VALUES ('t', 5.0)")
     if version >= 2:
