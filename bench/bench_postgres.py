@@ -235,7 +235,9 @@ def _server_cpu_seconds() -> float | None:
 
     The whole server: this database's backends, the WAL writer, the checkpointer, and any
     other database's work at the same time (read it on a quiet machine). None when no
-    server process is readable here (a server on another host).
+    server process is readable here (a server on another host). Each process's reaped
+    children count too (``cutime``, ``cstime``: the postmaster's ended backends), so the
+    backends of a case's pools, gone when it is read again, are not lost.
     """
     total, seen = 0, False
     for entry in os.listdir("/proc"):
@@ -249,7 +251,7 @@ def _server_cpu_seconds() -> float | None:
         if name != "postgres" and not name.startswith("postgres"):
             continue
         fields = rest.split()
-        total += int(fields[11]) + int(fields[12])
+        total += sum(int(x) for x in fields[11:15])
         seen = True
     return total / os.sysconf("SC_CLK_TCK") if seen else None
 
