@@ -171,3 +171,60 @@ async def test_a_message_its_tool_call_and_the_effect_an_hour_later_are_one_trac
     # The same sequence, counted.
     assert "thread_effects_turns_total 1.0" in metrics
     assert 'thread_effects_tool_calls_total{outcome="ok",tool="set_reminder"} 1.0' in metrics
+
+
+_LATE_PROVIDER = """
+import asyncio, json, sys
+from pathlib import Path
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from runtime import Runtime
+
+async def main():
+    counts = []
+    exporter = InMemorySpanExporter()
+    async with Runtime(app_dir=Path(sys.argv[1]), data_dir=Path(sys.argv[2]),
+                       load_packages=False, extensions=[]) as rt:
+        thread = await rt.create_thread()
+        await thread.schedule_effect("record", {"key": "a"})
+        await rt.wait_idle()
+        counts.append(len(exporter.get_finished_spans()))
+        if sys.argv[3] == "set":
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+        else:
+            trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+        await thread.schedule_effect("record", {"key": "a"})
+        await rt.wait_idle()
+        counts.append(len(exporter.get_finished_spans()))
+    print(json.dumps(counts))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("how", ["set", "env"])
+def test_runs_are_traced_once_a_provider_is_installed_even_after_the_runtime_started(
+    tmp_path: Path, how: str
+) -> None:
+    """A process with no SDK provider records no spans; one installed later (in code, or
+    named by ``OTEL_PYTHON_TRACER_PROVIDER`` before start) traces the next runs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
+    if how == "env":
+        env["OTEL_PYTHON_TRACER_PROVIDER"] = "sdk_tracer_provider"
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_PROVIDER, str(APP), str(tmp_path / "data"), how],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    # "env": the provider is the SDK's from the start; its processor is added after the
+    # first run, so only the second run's span reaches the exporter either way.
+    assert (before, after) == (0, 1)
