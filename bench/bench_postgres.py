@@ -85,24 +85,32 @@ def _progress(message: str) -> None:
 # ---------------------------------------------------------------- raw baseline
 
 
-def raw_insert_rate(url: str, runs: int, *, explicit: bool) -> float:
-    """Runs inserted per second by one psycopg connection into the product's table.
+def raw_insert_rate(url: str, runs: int, *, explicit: bool, callers: int = 1) -> float:
+    """Runs inserted per second by psycopg connections into the product's table.
 
     ``explicit``: ``BEGIN; INSERT; COMMIT`` as psycopg does it outside autocommit (three
     round trips); otherwise one autocommitted ``INSERT`` (one round trip, one commit).
+    ``callers``: that many connections, each in a thread of its own inserting its share
+    one after another (the server's commits then share WAL flushes).
     """
+    import threading
+
     from runtime.storage.pg_schema import MIGRATIONS
 
-    schema = f"raw_{'tx' if explicit else 'ac'}"
+    schema = f"raw_{'tx' if explicit else 'ac'}_{callers}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
         conn.execute(f"SET search_path = {schema}")
         for ddl in MIGRATIONS[0]:  # the product's own tables and indexes
             conn.execute(ddl)
-        conn.autocommit = not explicit
-        now = time.time()
-        start = time.perf_counter()
-        for i in range(runs):
+    now = time.time()
+    conns = [psycopg.connect(url, autocommit=not explicit,
+                             options=f"-c search_path={schema}") for _ in range(callers)]
+    go = threading.Barrier(callers + 1)
+
+    def insert(conn: psycopg.Connection[Any], share: range) -> None:
+        go.wait()
+        for i in share:
             conn.execute(
                 "INSERT INTO effect_runs (thread_id, id, name, status, args, run_at, "
                 "created_at, attempts, replay_of, key, schedule_id) "
@@ -112,7 +120,20 @@ def raw_insert_rate(url: str, runs: int, *, explicit: bool) -> float:
             )
             if explicit:
                 conn.commit()
+
+    try:
+        workers = [threading.Thread(target=insert, args=(conn, range(k, runs, callers)))
+                   for k, conn in enumerate(conns)]
+        for worker in workers:
+            worker.start()
+        go.wait()
+        start = time.perf_counter()
+        for worker in workers:
+            worker.join()
         elapsed = time.perf_counter() - start
+    finally:
+        for conn in conns:
+            conn.close()
     return runs / elapsed
 
 
@@ -192,10 +213,16 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
             states = [await rt.get_thread(f"bench-{t}") for t in range(threads)]
             dues = _dues(runs, base, spec["spread"])
             await asyncio.sleep(max(0.0, t0 - time.time()))
+            mine = range(index, runs, processes)
+            callers = spec.get("callers", 1)
+
+            async def caller(share: Sequence[int]) -> None:
+                for i in share:
+                    await states[i % threads].schedule_effect(
+                        "noop", {"due": dues[i]}, delay=max(0.0, dues[i] - time.time()))
+
             started, cpu_started = time.time(), time.process_time()
-            for i in range(index, runs, processes):
-                await states[i % threads].schedule_effect(
-                    "noop", {"due": dues[i]}, delay=max(0.0, dues[i] - time.time()))
+            await asyncio.gather(*(caller(mine[k::callers]) for k in range(callers)))
             scheduled, cpu_scheduled = time.time(), time.process_time()
             limit = base + spec["spread"] + GUARD_SECONDS
             leftovers = None
@@ -257,10 +284,10 @@ def _server_cpu_seconds() -> float | None:
 
 
 def run_case(url: str, processes: int, runs: int, threads: int, spread: float,
-             lead: float) -> dict[str, Any]:
+             lead: float, callers: int = 1) -> dict[str, Any]:
     """Start ``processes`` product processes on a fresh schema of ``url`` and measure."""
     spec = {"url": url, "processes": processes, "runs": runs, "threads": threads,
-            "spread": spread}
+            "spread": spread, "callers": callers}
     procs: list[subprocess.Popen[str]] = []
     commits_before = _commits(url)
     server_before = _server_cpu_seconds()
@@ -399,7 +426,7 @@ def _peer_lag(row: dict[str, Any], key: str) -> str:
 def report_peers(raw: dict[str, float], cases: list[dict[str, Any]],
                  peers: list[dict[str, Any]]) -> None:
     """The second table: thread-effects (1 process) beside each peer, measured in this run."""
-    one = next((c for c in cases if c["processes"] == 1), None)
+    one = next((c for c in cases if c["processes"] == 1 and c.get("callers", 1) == 1), None)
     if one is None or not peers:
         return
     ours = one["schedule_rate"]
@@ -441,22 +468,29 @@ def report(raw: dict[str, float], cases: list[dict[str, Any]], skipped: dict[int
     print(f"\nPostgreSQL {raw['server_version']}, {opts.runs:,} runs over {opts.threads} "
           f"threads due over {opts.spread:g} s, one caller per process; raw psycopg: one "
           f"connection, one committed INSERT per run ({_fmt_rate(base)}; BEGIN/INSERT/COMMIT: "
-          f"{_fmt_rate(raw['explicit'])}).\n")
+          f"{_fmt_rate(raw['explicit'])})"
+          + (f"; with {raw['callers']} callers: {raw['callers']} connections, each in a "
+             f"thread of its own ({_fmt_rate(raw['autocommit_callers'])})"
+             if "callers" in raw else "") + ".\n")
     print(TABLE_HEADER)
     print("|---|---|---|---|---|---|---|")
     for case in cases:
-        p = case["processes"]
+        callers = case.get("callers", 1)
+        # The targets are read on the one-caller case of one process (the peers' shape).
+        judged = case["processes"] == 1 and callers == 1
+        p = case["processes"] if callers == 1 else f"{case['processes']} x {callers} callers"
         rate = case["schedule_rate"]
+        floor = base if callers == 1 else raw["autocommit_callers"]
         target = (f"≥ {TARGET_SCHEDULE_RATE:,.0f}/s (3 x {PEER_SCHEDULE_RATE:,.0f}/s)"
-                  if p == 1 else "-")
-        result = _verdict(rate >= TARGET_SCHEDULE_RATE) if p == 1 else "-"
-        print(f"| scheduled | {p} | {_fmt_rate(rate)} | {_fmt_rate(base)} | "
-              f"{rate / base:.2f} | {target} | {result} |")
+                  if judged else "-")
+        result = _verdict(rate >= TARGET_SCHEDULE_RATE) if judged else "-"
+        print(f"| scheduled | {p} | {_fmt_rate(rate)} | {_fmt_rate(floor)} | "
+              f"{rate / floor:.2f} | {target} | {result} |")
         print(f"| executed (runs / last start - first due) | {p} | "
               f"{_fmt_rate(case['exec_rate'])} | - | - | - | - |")
         print(f"| lag due→start p50 | {p} | {_fmt_ms(case['lag_p50'])} | - | - | - | - |")
-        target = f"< {_fmt_ms(TARGET_P99_LAG_SECONDS)}" if p == 1 else "-"
-        result = _verdict(case["lag_p99"] < TARGET_P99_LAG_SECONDS) if p == 1 else "-"
+        target = f"< {_fmt_ms(TARGET_P99_LAG_SECONDS)}" if judged else "-"
+        result = _verdict(case["lag_p99"] < TARGET_P99_LAG_SECONDS) if judged else "-"
         print(f"| lag due→start p99 | {p} | {_fmt_ms(case['lag_p99'])} | - | - | {target} "
               f"| {result} |")
         print(f"| lag due→start max | {p} | {_fmt_ms(case['lag_max'])} | - | - | - | - |")
@@ -520,6 +554,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="../shared/peers_bench (default: found next to the checkout)")
     parser.add_argument("--peers-venvs", type=Path, default=Path("/tmp/peers_bench"),
                         help="where peers_bench's setup.sh made the venvs (/tmp/peers_bench)")
+    parser.add_argument("--callers", type=positive_int, default=1,
+                        help="also run each process count with this many concurrent "
+                             "callers per process (each call still returns once its run "
+                             "is committed), beside a raw baseline with as many "
+                             "connections (default 1: one caller only)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -553,12 +592,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         _progress(f"raw psycopg: {opts.runs} committed INSERTs")
         raw["autocommit"] = raw_insert_rate(url, opts.runs, explicit=False)
         raw["explicit"] = raw_insert_rate(url, opts.runs, explicit=True)
+        if opts.callers > 1:
+            _progress(f"raw psycopg: {opts.runs} committed INSERTs, {opts.callers} callers")
+            raw["callers"] = opts.callers
+            raw["autocommit_callers"] = raw_insert_rate(url, opts.runs, explicit=False,
+                                                        callers=opts.callers)
         cases, skipped = [], {}
         for processes in (int(p) for p in opts.processes.split(",")):
             _progress(f"thread-effects, {processes} process(es)")
             try:
                 cases.append(run_case(f"{url}?schema=p{processes}", processes, opts.runs,
                                       opts.threads, opts.spread, opts.lead))
+                if opts.callers > 1:
+                    _progress(f"thread-effects, {processes} process(es), {opts.callers} "
+                              f"callers each")
+                    case = run_case(f"{url}?schema=p{processes}c", processes, opts.runs,
+                                    opts.threads, opts.spread, opts.lead, opts.callers)
+                    case["callers"] = opts.callers
+                    cases.append(case)
             except RuntimeError as exc:
                 if processes == 1:
                     raise
