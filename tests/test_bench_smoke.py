@@ -131,7 +131,7 @@ def test_bench_postgres_small_runs_and_prints_the_table() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_postgres.py"), "--runs", "60",
          "--threads", "3", "--spread", "0.3", "--processes", "1,3", "--json",
-         "--peers", "none"],
+         "--peers", "none", "--callers", "4"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -139,8 +139,15 @@ def test_bench_postgres_small_runs_and_prints_the_table() -> None:
         result.stdout)
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["raw"]["autocommit"] > 0
-    [one] = [case for case in figures["cases"] if case["processes"] == 1]
+    [one] = [case for case in figures["cases"] if case["processes"] == 1
+             and "callers" not in case]
     assert one["executed"] == 60  # every run ran, once
+    # The same with 4 concurrent callers per process, beside a raw baseline of 4 connections.
+    [four] = [case for case in figures["cases"] if case.get("callers") == 4
+              and case["processes"] == 1]
+    assert four["executed"] == 60
+    assert figures["raw"]["autocommit_callers"] > 0
+    assert "| scheduled | 1 x 4 callers |" in result.stdout
     assert one["commits_per_run"] >= 1  # at least each run's own schedule
     assert "| lag due→start p99 | 1 |" in result.stdout
     assert "| database commits per run, whole case | 1 |" in result.stdout
