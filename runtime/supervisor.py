@@ -395,6 +395,9 @@ class Runtime:
         self._closing = False
         # Threads whose drain failed on a storage error: the next delay, the pending retry.
         self._drain_retry_delay: dict[str, float] = {}
+        # One line per outage for the drains that failed for want of the database (not a
+        # line per thread per retry); a store's own failure keeps its thread's ERROR line.
+        self._drain_outage = OutageLog(log, "running the threads' effects")
         self._drain_retries: dict[str, asyncio.TimerHandle] = {}
         self._closing_started = asyncio.Event()
         # Set once the stores start closing: a store call that fails from then on failed
@@ -1301,7 +1304,7 @@ class Runtime:
                 return False
         try:
             async with self.actors.use(thread_id) as actor:
-                return await self.executor.drain(actor)
+                again = await self.executor.drain(actor)
         except (ThreadNotFound, InvalidThreadId):
             # Being deleted (its row goes with its registry entry, in the deletion's own
             # transaction), being created (not registered yet), or an alarm row with no
@@ -1314,11 +1317,21 @@ class Runtime:
             # delays the thread's runs, a broken store does not spin.
             delay = self._drain_retry_delay.get(thread_id, RETRY_FIRST_SECONDS)
             self._drain_retry_delay[thread_id] = min(delay * 2, RETRY_MAX_SECONDS)
-            log.error("thread %s cannot run its effects (retrying in %.0f s): %s",
-                      thread_id, delay, exc)
+            if exc.unavailable:
+                self._drain_outage.failed(
+                    exc, "each thread tries again with backoff, 1 s doubling to "
+                         f"{RETRY_MAX_SECONDS:.0f} s")
+            else:
+                log.error("thread %s cannot run its effects (retrying in %.0f s): %s",
+                          thread_id, delay, exc)
             self._retry_drain_later(thread_id, delay)
             return False
-        self._drain_retry_delay.pop(thread_id, None)
+        else:
+            # The store answered: the next failure backs off from the start again.
+            if self._drain_retry_delay.pop(thread_id, None) is not None and (
+                    self._drain_outage.in_outage):
+                self._drain_outage.ok()
+            return again
         return False
 
     # ------------------------------------------------------------ commands from any node

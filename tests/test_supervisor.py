@@ -930,3 +930,40 @@ async def test_a_corrupt_thread_is_retried_with_backoff_not_in_a_hot_loop(
         run_id = await good.schedule_effect("record", {"key": "fine"})
         await rt.wait_idle()
         assert (await good.get_run(run_id)).status is EffectStatus.COMPLETED
+
+
+async def test_a_thread_whose_store_answered_again_backs_off_from_one_second_at_its_next_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from runtime.errors import ThreadStorageError
+
+    async with Runtime(app_dir=APP, data_dir=tmp_path, load_packages=False) as rt:
+        await rt.create_thread("t")
+        real = rt.executor.drain
+        fails = [True, True, False, True]  # two failures, a drain that works, a failure
+        calls: list[bool] = []
+
+        async def drain(actor: object) -> bool:
+            fail = fails[len(calls)] if len(calls) < len(fails) else False
+            calls.append(fail)
+            if fail:
+                raise ThreadStorageError("t", "Thread t: the disk blinked")
+            return await real(actor)  # type: ignore[arg-type]
+
+        rt.executor.drain = drain  # type: ignore[method-assign]
+        caplog.set_level(logging.ERROR)
+        rt.dispatcher.wake("t")
+        for _ in range(200):  # a hang guard: the retries come after 1 s, then 2 s
+            if len(calls) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert calls == [True, True, False]
+        rt.dispatcher.wake("t")
+        for _ in range(100):
+            if len(calls) >= 4:
+                break
+            await asyncio.sleep(0.05)
+        lines = [r.getMessage() for r in caplog.records if "cannot run its effects" in
+                 r.getMessage()]
+        assert [line.split("(")[1].split(")")[0] for line in lines] == [
+            "retrying in 1 s", "retrying in 2 s", "retrying in 1 s"]
