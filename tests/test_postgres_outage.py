@@ -228,6 +228,10 @@ async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_agai
                     break
                 await asyncio.sleep(0.05)
             assert health["databaseConnected"] is False
+            for _ in range(400):  # the next renewal (0.2 s) finds it lost
+                if "connection renewing node" in caplog.text:
+                    break
+                await asyncio.sleep(0.05)
             assert "connection renewing node" in caplog.text
             for _ in range(400):
                 if "is held by another live process" in caplog.text:
@@ -247,6 +251,35 @@ async def test_losing_the_lock_connection_stops_runs_until_the_lock_is_held_agai
         await wait_for(thread, stopped, EffectStatus.COMPLETED, seconds=60)
         assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
         assert (await api.client.get("/api/ready")).status_code == 200
+
+
+async def test_health_says_the_connection_is_lost_as_soon_as_the_server_ends_it(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from runtime.storage.postgres import split_schema
+
+    url, schema = split_schema(pg_url)
+    # The default lease: renewed every 10 s, so the next renewal is seconds away.
+    async with serve_api(tmp_path / "data", app_dir=APP, database_url=pg_url) as api:
+        assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
+        with psycopg.connect(url, autocommit=True) as conn:
+            ended = conn.execute(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM "
+                "pg_stat_activity WHERE application_name = %s) t",
+                (f"thread-effects-node:{schema}",)).fetchone()
+        assert ended == (1,)
+        for _ in range(40):  # within 2 s, well before the renewal
+            health = (await api.client.get("/api/health")).json()
+            if health["databaseConnected"] is False:
+                break
+            await asyncio.sleep(0.05)
+        assert health["databaseConnected"] is False
+        # Nothing else is wrong: it says so again once the renewal reconnected.
+        for _ in range(400):  # a hang guard
+            if (await api.client.get("/api/health")).json()["databaseConnected"] is True:
+                break
+            await asyncio.sleep(0.05)
+        assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
 
 
 async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_traceback(

@@ -191,6 +191,16 @@ def _plain_transaction(
     _command(conn, b"COMMIT")
 
 
+def _readable(conn: psycopg.Connection[tuple[Any, ...]]) -> bool:
+    """Whether ``conn``'s socket has something to read now (no wait); True if it is gone."""
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, _db_error()):
+        return True
+
+
 def _command(conn: psycopg.Connection[tuple[Any, ...]], command: bytes) -> None:
     """Run a parameterless command through libpq; raise its error as psycopg does."""
     from psycopg import pq
@@ -2710,6 +2720,9 @@ class PostgresBackend(StorageBackend):
         self.connect_timeout = connect_timeout
         self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] | None = None
         self._lock_conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        # Renewals begun and ended on this backend's connections, counted by the one
+        # thread that renews: odd while one runs (`connection_held`).
+        self._renewals = 0
         self._guard = threading.Lock()
         # Set while this process does not hold the schema's lock after holding it.
         self._lock_problem: str | None = None
@@ -2779,11 +2792,22 @@ class PostgresBackend(StorageBackend):
     kind = "postgres"
 
     def connection_held(self) -> bool:
-        """Whether the backend is open, its node's connection alive and its lease held."""
+        """Whether the backend is open, its node's connection alive and its lease held.
+
+        Between two renewals (a third of the lease) the connection is known lost as soon
+        as its socket has something to read: nothing is sent to an idle connection but
+        the server's error as it ends the session (a shutdown, ``pg_terminate_backend``)
+        or the end of the stream. (Before, it was false only once the next renewal failed:
+        up to 10 s late with the default lease, while `/api/ready` already said 503.)
+        """
         conn = self._lock_conn
-        return (conn is not None and not conn.closed and not conn.broken
-                and self._lock_problem is None
-                and not (self._lock_conn is not None and self._lease_lapsed()))
+        if (conn is None or conn.closed or conn.broken or self._lock_problem is not None
+                or self._lease_lapsed()):
+            return False
+        renewals = self._renewals
+        if renewals % 2 == 0 and _readable(conn) and self._renewals == renewals:
+            return False  # no renewal ran meanwhile: the server ended the session
+        return True
 
     def lock_problem(self) -> str | None:
         """Why this process must not start runs now (its node lease is not held), or None."""
@@ -2885,16 +2909,20 @@ class PostgresBackend(StorageBackend):
         """
         started = time.monotonic()
         expired = f" OR lease_expires_at <= {_DB_NOW}" if take_over else ""
-        with self._bounded(conn, self.renew_deadline):
-            row = conn.execute(
-                f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, "
-                f"heartbeat_at = {_DB_NOW}, "
-                f"token = %s, claims = %s, effects = %s WHERE node_id = %s "
-                f"AND (token = %s{expired}) "
-                f"RETURNING (SELECT max(version) FROM schema_version)",
-                (self.lease_seconds, self._token, self.claims, self._effects_json(),
-                 self.node_id, self._token),
-            ).fetchone()
+        self._renewals += 1  # odd while the renewal runs (`connection_held`)
+        try:
+            with self._bounded(conn, self.renew_deadline):
+                row = conn.execute(
+                    f"UPDATE nodes SET lease_expires_at = {_DB_NOW} + %s, "
+                    f"heartbeat_at = {_DB_NOW}, "
+                    f"token = %s, claims = %s, effects = %s WHERE node_id = %s "
+                    f"AND (token = %s{expired}) "
+                    f"RETURNING (SELECT max(version) FROM schema_version)",
+                    (self.lease_seconds, self._token, self.claims, self._effects_json(),
+                     self.node_id, self._token),
+                ).fetchone()
+        finally:
+            self._renewals += 1
         if row is None:
             return False
         self._lease_valid_until = started + self.lease_seconds
