@@ -496,7 +496,8 @@ class AlarmIndex:
             self._dirty.add(thread_id)
 
     async def settle(
-        self, thread_id: str, due_at: float | None, *, hold_row_at: float | None = None
+        self, thread_id: str, due_at: float | None, *, hold_row_at: float | None = None,
+        active: bool = True,
     ) -> None:
         """After a drain: wake next at ``due_at`` (None: no pending run) (with the actor lock).
 
@@ -505,6 +506,13 @@ class AlarmIndex:
         a drain never waits for a commit to the shared runtime store. ``hold_row_at``:
         the row is never raised above it (the earliest run still running beside the
         drain, so that a crash reopens the thread to re-queue it); None lifts the hold.
+        ``active``: the drain recorded an outcome or started a run, which makes the
+        thread warm again; a drain that found nothing to do (woken by the alarm poll of a
+        shared store, which finds a warm thread's row overdue) leaves its warmth as it
+        was, so the thread cools `keep_seconds` after its last real activity and its row
+        goes. (Before, each such drain made it warm again: on PostgreSQL the row of every
+        thread that ever ran stayed, and each claiming node drained every such thread at
+        every poll, for good.)
         """
         assert self._timer is not None
         async with self._lock:
@@ -513,7 +521,7 @@ class AlarmIndex:
                 self._held.pop(thread_id, None)
             else:
                 self._held[thread_id] = hold_row_at
-            if self._keep > 0:
+            if self._keep > 0 and active:
                 if not self._warm:
                     self._flush_needed.set()  # the flusher then wakes to cool it later
                 self._warm.pop(thread_id, None)  # to the end: the dict stays oldest first

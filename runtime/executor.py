@@ -339,7 +339,8 @@ class EffectExecutor:
                     # Runs of concurrent effects still running hold the durable row
                     # at or before them; the last to end wakes the thread to lift it.
                     held = min((r.run_at_ts for r in actor.side_runs.values()), default=None)
-                    await self._alarms.settle(thread_id, next_due, hold_row_at=held)
+                    await self._alarms.settle(thread_id, next_due, hold_row_at=held,
+                                              active=done > 0 or finished is not None)
                     return False
                 side = self._is_concurrent(claimed)
                 if side:

@@ -787,3 +787,41 @@ async def test_a_frame_that_cannot_be_rendered_is_dropped_and_the_relay_goes_on(
     assert [f["data"]["id"] for f in frames_of(got_other)] == [other]
     dropped = [r.getMessage() for r in caplog.records if "cannot be rendered" in r.getMessage()]
     assert len(dropped) == 1 and ta.thread_id in dropped[0], dropped
+
+
+async def test_an_idle_threads_alarm_row_goes_once_it_cooled_though_the_poll_finds_it_overdue(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A thread that ran is warm: its row stays overdue for a while, and every alarm poll
+    drains the thread. Those drains find nothing and do not make it warm again: the row
+    goes once the thread cooled, and the polls stop draining it."""
+    url, schema = split_schema(pg_url)
+    async with node(pg_url, tmp_path, "a", cluster_poll_seconds=0.1) as a:
+        a.alarms._keep = 1.0  # a thread cools 1 s after its last run here (60 s by default)
+        drains: list[str] = []
+        real = a.executor.drain
+
+        async def drain(actor: Any) -> bool:
+            drains.append(actor.thread_id)
+            return bool(await real(actor))
+
+        a.executor.drain = drain  # type: ignore[method-assign]
+        thread = await a.create_thread("idle")
+        run_id = await thread.schedule_effect("ping", {})
+        await until(lambda: drains.count("idle") >= 1, "the run's drain")
+        await a.wait_idle()
+        assert (await thread.get_run(run_id)).status is EffectStatus.COMPLETED
+
+        def rows() -> list[tuple[Any, ...]]:
+            with psycopg.connect(url, autocommit=True,
+                                 options=f"-c search_path={schema}") as conn:
+                return conn.execute(
+                    "SELECT due_at FROM alarms WHERE thread_id = 'idle'").fetchall()
+
+        async with asyncio.timeout(GUARD):
+            while await asyncio.to_thread(rows):
+                await asyncio.sleep(0.1)
+        # Gone, and the polls no longer drain the thread.
+        seen = drains.count("idle")
+        await asyncio.sleep(1.0)  # ten polls
+        assert drains.count("idle") == seen
