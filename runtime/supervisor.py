@@ -776,6 +776,10 @@ class Runtime:
         problem = self.storage.lock_problem()
         if problem is not None:
             raise RuntimeStorageError(problem)
+        if self.storage.connection_held() is False:
+            # Known lost (the server ended it) before a read would wait out the pool.
+            raise RuntimeStorageError(
+                f"node {self.node_id} lost its connection to the database; it reconnects")
         await self.run_sync(self._store.list_threads, 1, None)
 
     async def _drain_extension(self, extension: Extension, grace: float) -> None:

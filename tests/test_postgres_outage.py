@@ -274,12 +274,43 @@ async def test_health_says_the_connection_is_lost_as_soon_as_the_server_ends_it(
                 break
             await asyncio.sleep(0.05)
         assert health["databaseConnected"] is False
-        # Nothing else is wrong: it says so again once the renewal reconnected.
-        for _ in range(400):  # a hang guard
+        # Nothing else is wrong: seeing it lost woke the renewal, which reconnected at
+        # once (not at its next period, seconds away).
+        for _ in range(60):  # within 3 s
             if (await api.client.get("/api/health")).json()["databaseConnected"] is True:
                 break
             await asyncio.sleep(0.05)
         assert (await api.client.get("/api/health")).json()["databaseConnected"] is True
+        assert (await api.client.get("/api/ready")).status_code == 200
+
+
+async def test_ready_answers_503_at_once_when_the_server_ended_the_nodes_connection(
+    pg_url: str, tmp_path: Path
+) -> None:
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxy.start()
+    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    try:
+        # The default lease: the next renewal is seconds away.
+        async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
+            assert (await api.client.get("/api/ready")).status_code == 200
+            proxy.stop()  # every connection closed, and no new one gets through
+            for _ in range(40):  # within 2 s
+                if (await api.client.get("/api/health")).json()["databaseConnected"] is False:
+                    break
+                await asyncio.sleep(0.05)
+            started = time.monotonic()
+            ready = await api.client.get("/api/ready")
+            assert ready.status_code == 503
+            assert time.monotonic() - started < 1.0  # not the pool's 2 s wait
+            proxy.start()
+            for _ in range(200):  # a hang guard
+                if (await api.client.get("/api/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await api.client.get("/api/ready")).status_code == 200
+    finally:
+        proxy.stop()
 
 
 async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_traceback(

@@ -2723,6 +2723,9 @@ class PostgresBackend(StorageBackend):
         # Renewals begun and ended on this backend's connections, counted by the one
         # thread that renews: odd while one runs (`connection_held`).
         self._renewals = 0
+        # Wakes the renewing thread before its period ends (a lost connection seen, or
+        # the backend closing).
+        self._renew_now = threading.Event()
         self._guard = threading.Lock()
         # Set while this process does not hold the schema's lock after holding it.
         self._lock_problem: str | None = None
@@ -2806,7 +2809,11 @@ class PostgresBackend(StorageBackend):
             return False
         renewals = self._renewals
         if renewals % 2 == 0 and _readable(conn) and self._renewals == renewals:
-            return False  # no renewal ran meanwhile: the server ended the session
+            # No renewal ran meanwhile: the server ended the session. The renewing thread
+            # is woken to find it lost (it stops claiming) and reconnect now, not at its
+            # next renewal.
+            self._renew_now.set()
+            return False
         return True
 
     def lock_problem(self) -> str | None:
@@ -2974,7 +2981,14 @@ class PostgresBackend(StorageBackend):
 
         period = self.lease_seconds / 3
         delay = min(LOCK_RETRY_FIRST_SECONDS, period)
-        while not stop.wait(period if self._lock_problem is None else delay):
+
+        def paused(seconds: float) -> bool:
+            """Wait ``seconds`` or until woken; whether the backend is closing."""
+            self._renew_now.wait(seconds)
+            self._renew_now.clear()
+            return stop.is_set()
+
+        while not paused(period if self._lock_problem is None else delay):
             if time.monotonic() > self._lease_valid_until:
                 self._lease_lost("not renewed within its period of "
                                  f"{self.lease_seconds:g} s")
@@ -3678,6 +3692,7 @@ class PostgresBackend(StorageBackend):
 
     def close(self) -> None:  # noqa: D102
         self._watch_stop.set()
+        self._renew_now.set()
         self.cluster.stop()
         with self._guard:
             pool, self._pool = self._pool, None
