@@ -49,8 +49,10 @@ from typing import Any, TypeVar
 
 from runtime.abc import Clock
 from runtime.alarms import AlarmIndex
+from runtime.errors import database_unreachable
 from runtime.events import EVENT_TYPES, RelayedFrame, ThreadDeleted, ThreadEvent
 from runtime.frames import ChangeHub
+from runtime.outage import OutageLog
 from runtime.storage.base import (
     FRAMES_CHANNEL,
     WAKE_CHANNEL,
@@ -472,6 +474,8 @@ class ClusterNode:
 
     async def _write_loop(self) -> None:
         delay = _RETRY_FIRST_SECONDS
+        # While the database cannot be reached: one line per outage, not one per retry.
+        failures = OutageLog(log, "cluster: writing frames")
         loop = asyncio.get_running_loop()
         appended_at = -FRAME_APPEND_INTERVAL  # loop.time() the last append started
         while True:
@@ -495,11 +499,16 @@ class ClusterNode:
             except Exception as exc:
                 if self._drop_unrenderable(batch):
                     continue  # the rest of the batch goes on at once
-                log.warning("cluster: could not write %d frame(s) (%s); retrying in %g s",
-                            len(batch), exc, delay)
+                if database_unreachable(exc):
+                    failures.failed(exc, f"{len(self._queue)} frame(s) wait; retried with "
+                                         f"backoff up to {_RETRY_MAX_SECONDS:g} s")
+                else:
+                    log.warning("cluster: could not write %d frame(s) (%s); retrying in %g s",
+                                len(batch), exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_SECONDS)
                 continue
+            failures.ok()
             delay = _RETRY_FIRST_SECONDS
             for _ in batch:
                 self._queue.popleft()

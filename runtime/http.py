@@ -44,6 +44,7 @@ import os
 import re
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -1888,18 +1889,58 @@ async def _health(request: Request) -> Response:
     return JSONResponse(body)
 
 
+READY_LOG_REPEAT_SECONDS = 60.0
+"""While readiness keeps failing for the same reason, its warning is repeated at most this
+often (a probe every second would otherwise log a line a second per node)."""
+
+
+class _ReadinessLog:
+    """The log lines of failed readiness checks: one per reason, then one a minute.
+
+    A WARNING at the first failure and whenever the reason changes, then at most one per
+    `READY_LOG_REPEAT_SECONDS` while it lasts (saying how many checks failed since), and
+    one INFO line when a check passes again.
+    """
+
+    def __init__(self) -> None:
+        self._reason: str | None = None
+        self._logged_at = 0.0
+        self._since = 0
+
+    def failed(self, reason: str) -> None:
+        now = time.monotonic()
+        if reason != self._reason:
+            log.warning("readiness check failed: %s", reason)
+            self._reason, self._logged_at, self._since = reason, now, 0
+        elif now - self._logged_at >= READY_LOG_REPEAT_SECONDS:
+            log.warning("readiness check still fails (%d check(s) since the last line): %s",
+                        self._since, reason)
+            self._logged_at, self._since = now, 0
+        else:
+            self._since += 1
+
+    def ok(self) -> None:
+        if self._reason is not None:
+            log.info("readiness check passes again")
+            self._reason, self._since = None, 0
+
+
 async def _ready(request: Request) -> Response:
     """Readiness: the runtime runs and its stores answer; 503 otherwise."""
     rt: Runtime | None = getattr(request.app.state, "runtime", None)
     if rt is None:
         return error_response(503, "not_ready", "The runtime has not started")
+    lines: _ReadinessLog | None = getattr(request.app.state, "readiness_log", None)
+    if lines is None:
+        lines = request.app.state.readiness_log = _ReadinessLog()
     try:
         await rt.check_ready()
     except RuntimeClosed as exc:
         return error_response(503, "not_ready", str(exc))
     except Exception as exc:  # a store that fails in any way is not ready
-        log.warning("readiness check failed: %s", exc)
+        lines.failed(str(exc))
         return error_response(503, "not_ready", f"{type(exc).__name__}: {exc}")
+    lines.ok()
     return JSONResponse({"status": "ready"})
 
 

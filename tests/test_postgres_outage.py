@@ -153,6 +153,9 @@ async def test_a_thread_goes_on_after_a_database_outage_and_runs_nothing_twice(
             # One line for the outage, none per thread; one when the drains work again.
             assert caplog.text.count(failed) == 1
             assert "cannot run its effects" not in caplog.text
+            # The frames waiting meanwhile: one line too, not one per retry.
+            assert caplog.text.count("cluster: writing frames failed") <= 1
+            assert "could not write" not in caplog.text
             assert "running the threads' effects works again" in caplog.text
             # Recorded from memory, never executed again.
             assert (await api.run(tid, in_flight))["attempts"] == 1
@@ -285,11 +288,12 @@ async def test_health_says_the_connection_is_lost_as_soon_as_the_server_ends_it(
 
 
 async def test_ready_answers_503_at_once_when_the_server_ended_the_nodes_connection(
-    pg_url: str, tmp_path: Path
+    pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     proxy = TcpProxy(("127.0.0.1", 5432))
     proxy.start()
     url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    caplog.set_level(logging.INFO, logger="runtime.http")
     try:
         # The default lease: the next renewal is seconds away.
         async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
@@ -303,12 +307,23 @@ async def test_ready_answers_503_at_once_when_the_server_ended_the_nodes_connect
             ready = await api.client.get("/api/ready")
             assert ready.status_code == 503
             assert time.monotonic() - started < 1.0  # not the pool's 2 s wait
+            # Once the renewal's reconnects fail too, the answer says why.
+            for _ in range(100):  # a hang guard
+                message = (await api.client.get("/api/ready")).json()["error"]["message"]
+                if "cannot be reached" in message:
+                    break
+                await asyncio.sleep(0.05)
+            assert "cannot be reached" in message, message
+            # A probe a moment does not make a log line a moment: one per reason.
+            failed = [r for r in caplog.records if "readiness check" in r.getMessage()]
+            assert 1 <= len(failed) <= 3, [r.getMessage() for r in failed]
             proxy.start()
             for _ in range(200):  # a hang guard
                 if (await api.client.get("/api/ready")).status_code == 200:
                     break
                 await asyncio.sleep(0.05)
             assert (await api.client.get("/api/ready")).status_code == 200
+            assert "readiness check passes again" in caplog.text
     finally:
         proxy.stop()
 

@@ -2723,6 +2723,8 @@ class PostgresBackend(StorageBackend):
         # Renewals begun and ended on this backend's connections, counted by the one
         # thread that renews: odd while one runs (`connection_held`).
         self._renewals = 0
+        # The node's connection last seen ended by the server (`connection_held`).
+        self._lost_conn: psycopg.Connection[tuple[Any, ...]] | None = None
         # Wakes the renewing thread before its period ends (a lost connection seen, or
         # the backend closing).
         self._renew_now = threading.Event()
@@ -2805,13 +2807,15 @@ class PostgresBackend(StorageBackend):
         """
         conn = self._lock_conn
         if (conn is None or conn.closed or conn.broken or self._lock_problem is not None
-                or self._lease_lapsed()):
+                or self._lease_lapsed() or conn is self._lost_conn):
             return False
         renewals = self._renewals
         if renewals % 2 == 0 and _readable(conn) and self._renewals == renewals:
-            # No renewal ran meanwhile: the server ended the session. The renewing thread
+            # No renewal ran meanwhile: the server ended the session (for good: the
+            # connection is known lost until the renewing thread replaces it). That thread
             # is woken to find it lost (it stops claiming) and reconnect now, not at its
             # next renewal.
+            self._lost_conn = conn
             self._renew_now.set()
             return False
         return True
@@ -2819,6 +2823,9 @@ class PostgresBackend(StorageBackend):
     def lock_problem(self) -> str | None:
         """Why this process must not start runs now (its node lease is not held), or None."""
         if self._lock_problem is not None:
+            if self._unreachable:  # its reconnects fail too: say so, not only what was lost
+                return (f"{self._lock_problem}; the database {redact_url(self.url)} cannot "
+                        f"be reached now")
             return self._lock_problem
         if self._schema_problem is not None:
             return self._schema_problem
