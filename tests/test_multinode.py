@@ -501,10 +501,8 @@ def test_a_node_cut_off_silently_stops_its_effects_and_answers_503_while_another
     """
     from test_postgres_outage import TcpProxy
 
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
+    proxy, url = TcpProxy.to_local(cluster.database_url)
     try:
-        url = cluster.database_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
         p = cluster.start("p", database_url=url, lease_seconds=6)
         threads = [httpx.post(f"{p.url}/api/threads", json={}).json()["id"] for _ in range(4)]
         run_ids = [httpx.post(f"{p.url}/api/threads/{tid}/effects",

@@ -51,6 +51,15 @@ class TcpProxy:
     def resume(self) -> None:
         self._flowing.set()
 
+    @classmethod
+    def to_local(cls, url: str) -> tuple[TcpProxy, str]:
+        """A started proxy to the local server, and ``url`` (on 127.0.0.1:5432) through it."""
+        proxy = cls(("127.0.0.1", 5432))
+        proxy.start()
+        through = url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        assert through != url
+        return proxy, through
+
     def start(self) -> None:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,10 +133,7 @@ async def wait_for(thread: ThreadState, run_id: str, status: EffectStatus,
 async def test_a_thread_goes_on_after_a_database_outage_and_runs_nothing_twice(
     pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-    assert url != pg_url
+    proxy, url = TcpProxy.to_local(pg_url)
     caplog.set_level(logging.INFO)
     try:
         async with serve_api(tmp_path / "data", app_dir=APP, database_url=url) as api:
@@ -290,9 +296,7 @@ async def test_health_says_the_connection_is_lost_as_soon_as_the_server_ends_it(
 async def test_ready_answers_503_at_once_when_the_server_ended_the_nodes_connection(
     pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    proxy, url = TcpProxy.to_local(pg_url)
     caplog.set_level(logging.INFO, logger="runtime.http")
     try:
         # The default lease: the next renewal is seconds away.
@@ -333,9 +337,7 @@ async def test_calls_during_an_outage_answer_503_database_unavailable_without_a_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
 
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    proxy, url = TcpProxy.to_local(pg_url)
     caplog.set_level(logging.ERROR)
     try:
         # The node lease is renewed every 0.2 s: the cut is noticed at once.
@@ -386,9 +388,7 @@ async def test_a_silent_network_cut_stops_the_node_before_its_lease_ends_and_cal
     from runtime.storage.postgres import split_schema
 
     direct, schema = split_schema(pg_url)
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    proxy, url = TcpProxy.to_local(pg_url)
     caplog.set_level(logging.INFO)
     log_file = tmp_path / "data" / "hold.log"
     try:
@@ -524,9 +524,7 @@ async def test_ready_answers_503_within_seconds_of_an_outage_and_200_soon_after_
     # 10 s to answer 503, and 6 to 8 s after the database came back to answer 200.
     from runtime.storage.postgres import split_schema
 
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    proxy, url = TcpProxy.to_local(pg_url)
     base, schema = split_schema(pg_url)
     assert schema is not None
     try:
@@ -585,9 +583,7 @@ async def test_a_run_whose_store_call_loses_the_database_is_requeued_not_failed(
     app = tmp_path / "app"
     (app / "effects").mkdir(parents=True)
     (app / "effects" / "note.py").write_text(f"CONCURRENT = {concurrent}\n" + NOTE_APP)
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    proxy, url = TcpProxy.to_local(pg_url)
     caplog.set_level(logging.WARNING)
     try:
         async with Runtime(app_dir=app, data_dir=tmp_path / "data", database_url=url,
@@ -630,9 +626,7 @@ async def test_a_shutdown_while_the_database_is_unreachable_leaves_the_runs_to_t
     """
     from runtime.storage.postgres import PostgresBackend
 
-    proxy = TcpProxy(("127.0.0.1", 5432))
-    proxy.start()
-    url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    proxy, url = TcpProxy.to_local(pg_url)
 
     def node(database_url: str) -> Runtime:
         storage = PostgresBackend(database_url, node_id="stopper", lease_seconds=3.0)
